@@ -1,0 +1,60 @@
+# sparsecomm: everything a user or CI runs goes through here.
+#   make env    project-local environment (.venv): OpenMPI, torch, TF, Horovod 0.28.1, ...
+#   make build  the compiled extension (torch ops; TF op library when TF is present)
+#   make test   env + build, then the whole suite (single-process and horovodrun multi-rank)
+#   make demo   train a small real model on 2 ranks, dense vs sparsecomm, print a table
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+# Horovod on CPU: the oversubscribed 2-core machines need Gloo's default timeouts relaxed.
+export HOROVOD_CPU_OPERATIONS ?= gloo
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+
+CSRC := $(shell find csrc -type f 2>/dev/null)
+
+.PHONY: env build test test-fast cuda-check demo clean distclean
+
+env: $(VENV)/.stamp-horovod
+
+$(VENV)/.stamp-system:
+	@scripts/setup_env.sh system
+	@mkdir -p $(VENV) && touch $@
+
+$(VENV)/.stamp-venv: $(VENV)/.stamp-system
+	@scripts/setup_env.sh venv
+	@touch $@
+
+$(VENV)/.stamp-deps: requirements.txt $(VENV)/.stamp-venv
+	@scripts/setup_env.sh deps
+	@touch $@
+
+$(VENV)/.stamp-horovod: scripts/setup_env.sh $(VENV)/.stamp-deps
+	@scripts/setup_env.sh horovod
+	@touch $@
+
+# The extension is rebuilt whenever a source under csrc/ or setup.py changes.
+build: $(VENV)/.stamp-build
+
+$(VENV)/.stamp-build: $(VENV)/.stamp-horovod setup.py $(CSRC)
+	@echo "[build] compiling sparsecomm's extension (torch ops; TF op library)"
+	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . > $(VENV)/build.log 2>&1 \
+	  || { tail -40 $(VENV)/build.log; echo "[build] FAILED: see $(VENV)/build.log"; exit 1; }
+	@touch $@
+
+# nvcc -c of every .cu (no GPU needed): run by `make test` whenever nvcc exists.
+cuda-check:
+	@scripts/cuda_check.sh
+
+test: build cuda-check
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+demo: build
+	$(PY) -m sparsecomm.demo
+
+clean:
+	rm -rf build *.egg-info sparsecomm/*.so sparsecomm/*/*.so $(VENV)/.stamp-build
+
+distclean: clean
+	rm -rf $(VENV)

@@ -1,0 +1,62 @@
+// CPU launchers for csrc/kernels/block.h. The cyclic block splits the tensor into at most
+// three contiguous ranges, each a branch-free loop the compiler vectorizes.
+#include "launchers.h"
+#include "../kernels/block.h"
+
+namespace sparsecomm {
+namespace cpu {
+namespace {
+
+// Calls in_block(i0, i1, j0) and outside(i0, i1) over the ranges of a cyclic block.
+template <typename InBlock, typename Outside>
+void for_block_ranges(int64_t numel, int64_t start, int64_t length, InBlock in_block, Outside outside) {
+  const int64_t end = start + length;
+  if (end <= numel) {
+    outside(0, start);
+    in_block(start, end, 0);
+    outside(end, numel);
+  } else {  // wraps around: [0, end - numel) are the block's last elements
+    in_block(0, end - numel, numel - start);
+    outside(end - numel, start);
+    in_block(start, numel, 0);
+  }
+}
+
+}  // namespace
+
+template <typename T>
+void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
+                int64_t numel, int64_t start, int64_t length) {
+  for_block_ranges(numel, start, length,
+      [&](int64_t i0, int64_t i1, int64_t j0) {
+        for (int64_t i = i0; i < i1; ++i)
+          block_pack_element(i, j0 + (i - i0), true, grad, residual_in, residual_out, values);
+      },
+      [&](int64_t i0, int64_t i1) {
+        if (!residual_out) return;  // no error feedback: nothing to do outside the block
+        for (int64_t i = i0; i < i1; ++i)
+          block_pack_element(i, 0, false, grad, residual_in, residual_out, values);
+      });
+}
+
+template <typename T>
+void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64_t length, float scale) {
+  for_block_ranges(numel, start, length,
+      [&](int64_t i0, int64_t i1, int64_t j0) {
+        for (int64_t i = i0; i < i1; ++i) dense[i] = block_unpack_element(j0 + (i - i0), true, values, scale);
+      },
+      [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) dense[i] = from_float<T>(0.0f);
+      });
+}
+
+#define SC_INSTANTIATE(T)                                                                       \
+  template void block_pack<T>(const T*, const float*, float*, T*, int64_t, int64_t, int64_t); \
+  template void block_unpack<T>(const T*, T*, int64_t, int64_t, int64_t, float);
+SC_INSTANTIATE(float)
+SC_INSTANTIATE(half16)
+SC_INSTANTIATE(bfloat16)
+#undef SC_INSTANTIATE
+
+}  // namespace cpu
+}  // namespace sparsecomm

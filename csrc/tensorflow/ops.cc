@@ -1,0 +1,170 @@
+// TensorFlow op library: the same csrc/cpu launchers as the torch extension, so both
+// frameworks compute identical bits from identical inputs. TF ops are functional: the
+// residual comes in and the updated residual goes out (the Python layer assigns it).
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "../cpu/launchers.h"
+#include "../kernels/philox.h"
+
+namespace sparsecomm {
+namespace tf_binding {
+
+using namespace tensorflow;  // NOLINT: the REGISTER_* macros expect it
+
+template <typename... Args>
+absl::Status invalid(const Args&... args) { return absl::InvalidArgumentError(absl::StrCat(args...)); }
+
+// TF element type -> framework-free storage type (same layout).
+template <typename T> struct Storage;
+template <> struct Storage<float> { using type = float; };
+template <> struct Storage<Eigen::half> { using type = half16; };
+template <> struct Storage<Eigen::bfloat16> { using type = bfloat16; };
+
+template <typename T>
+const typename Storage<T>::type* raw(const Tensor& t) {
+  return reinterpret_cast<const typename Storage<T>::type*>(t.flat<T>().data());
+}
+template <typename T>
+typename Storage<T>::type* raw(Tensor* t) {
+  return reinterpret_cast<typename Storage<T>::type*>(t->flat<T>().data());
+}
+
+absl::Status check_block(int64_t numel, int64_t start, int64_t length) {
+  if (length < 0 || length > numel)
+    return invalid("length should be in [0, numel=", numel, "], got ", length);
+  if (numel == 0 ? start != 0 : (start < 0 || start >= numel))
+    return invalid("start should be in [0, numel=", numel, "), got ", start);
+  return absl::OkStatus();
+}
+
+REGISTER_OP("SparsecommRandomBlockStart")
+    .Input("seed: int64")
+    .Input("tensor_id: int64")
+    .Input("step: int64")
+    .Input("numel: int64")
+    .Output("start: int64")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("Start of the cyclic random block (Philox4x32-10 selection stream of (seed, tensor_id, step)).");
+
+class RandomBlockStartOp : public OpKernel {
+ public:
+  explicit RandomBlockStartOp(OpKernelConstruction* c) : OpKernel(c) {}
+  void Compute(OpKernelContext* c) override {
+    int64_t args[4];
+    const char* names[4] = {"seed", "tensor_id", "step", "numel"};
+    for (int i = 0; i < 4; ++i) {
+      OP_REQUIRES(c, TensorShapeUtils::IsScalar(c->input(i).shape()),
+                  invalid(names[i], " should be a scalar, got shape ", c->input(i).shape().DebugString()));
+      args[i] = c->input(i).scalar<int64_t>()();
+    }
+    OP_REQUIRES(c, args[1] >= 0 && args[1] <= 0xffffffffLL, invalid("tensor_id should be a uint32, got ", args[1]));
+    OP_REQUIRES(c, args[2] >= 0, invalid("step should be >= 0, got ", args[2]));
+    OP_REQUIRES(c, args[3] >= 0, invalid("numel should be >= 0, got ", args[3]));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = random_block_start(uint64_t(args[0]), uint32_t(args[1]), uint64_t(args[2]), args[3]);
+  }
+};
+REGISTER_KERNEL_BUILDER(Name("SparsecommRandomBlockStart").Device(DEVICE_CPU), RandomBlockStartOp);
+
+REGISTER_OP("SparsecommBlockPack")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("length: int >= 0")
+    .Input("grad: T")
+    .Input("residual: float")
+    .Input("start: int64")
+    .Output("values: T")
+    .Output("residual_out: float")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int64_t length;
+      TF_RETURN_IF_ERROR(c->GetAttr("length", &length));
+      c->set_output(0, c->Vector(length));
+      c->set_output(1, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc("Error-feedback pack of a cyclic block (csrc/kernels/block.h). residual of 0 elements: no error feedback.");
+
+template <typename T>
+class BlockPackOp : public OpKernel {
+ public:
+  explicit BlockPackOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("length", &length_)); }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& grad = c->input(0);
+    const Tensor& residual = c->input(1);
+    const Tensor& start_t = c->input(2);
+    OP_REQUIRES(c, TensorShapeUtils::IsScalar(start_t.shape()),
+                invalid("start should be a scalar, got shape ", start_t.shape().DebugString()));
+    const int64_t numel = grad.NumElements(), start = start_t.scalar<int64_t>()();
+    OP_REQUIRES_OK(c, check_block(numel, start, length_));
+    const bool feedback = residual.NumElements() == numel;
+    OP_REQUIRES(c, feedback || residual.NumElements() == 0,
+                invalid("residual should have ", numel, " elements like grad (or 0 for no error "
+                                        "feedback), got ", residual.NumElements()));
+    Tensor* values = nullptr;
+    Tensor* residual_out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({length_}), &values));
+    OP_REQUIRES_OK(c, c->allocate_output(1, residual.shape(), &residual_out));
+    cpu::block_pack(raw<T>(grad), feedback ? residual.flat<float>().data() : nullptr,
+                    feedback ? residual_out->flat<float>().data() : nullptr, raw<T>(values), numel, start, length_);
+  }
+
+ private:
+  int64_t length_;
+};
+
+REGISTER_OP("SparsecommBlockUnpack")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("numel: int >= 0")
+    .Attr("scale: float = 1.0")
+    .Input("values: T")
+    .Input("start: int64")
+    .Output("dense: T")
+    .SetShapeFn([](shape_inference::InferenceContext* c) {
+      int64_t numel;
+      TF_RETURN_IF_ERROR(c->GetAttr("numel", &numel));
+      c->set_output(0, c->Vector(numel));
+      return absl::OkStatus();
+    })
+    .Doc("Dense vector of numel elements: scale * values in the cyclic block, zero elsewhere.");
+
+template <typename T>
+class BlockUnpackOp : public OpKernel {
+ public:
+  explicit BlockUnpackOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("numel", &numel_));
+    OP_REQUIRES_OK(c, c->GetAttr("scale", &scale_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& values = c->input(0);
+    const Tensor& start_t = c->input(1);
+    OP_REQUIRES(c, values.dims() == 1, invalid("values should be 1-D, got ", values.dims(), "-D"));
+    OP_REQUIRES(c, TensorShapeUtils::IsScalar(start_t.shape()),
+                invalid("start should be a scalar, got shape ", start_t.shape().DebugString()));
+    const int64_t start = start_t.scalar<int64_t>()();
+    OP_REQUIRES_OK(c, check_block(numel_, start, values.NumElements()));
+    Tensor* dense = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));
+    cpu::block_unpack(raw<T>(values), raw<T>(dense), numel_, start, values.NumElements(), scale_);
+  }
+
+ private:
+  int64_t numel_;
+  float scale_;
+};
+
+#define SC_REGISTER(T)                                                                                   \
+  REGISTER_KERNEL_BUILDER(Name("SparsecommBlockPack").Device(DEVICE_CPU).TypeConstraint<T>("T"), BlockPackOp<T>); \
+  REGISTER_KERNEL_BUILDER(Name("SparsecommBlockUnpack").Device(DEVICE_CPU).TypeConstraint<T>("T"), BlockUnpackOp<T>);
+SC_REGISTER(float)
+SC_REGISTER(Eigen::half)
+SC_REGISTER(Eigen::bfloat16)
+#undef SC_REGISTER
+
+}  // namespace tf_binding
+}  // namespace sparsecomm

@@ -1,0 +1,47 @@
+// The block ops' torch implementations, written once over a device policy `Device` that
+// provides: `Guard` (constructed from an at::Device) and the launchers
+// `block_pack<T>(...)` / `block_unpack<T>(...)` with csrc/cpu/launchers.h's signatures.
+#pragma once
+#include "common.h"
+
+namespace sparsecomm {
+namespace torch_binding {
+
+template <typename Device>
+at::Tensor block_pack(const at::Tensor& grad_in, const c10::optional<at::Tensor>& residual, int64_t start,
+                      int64_t length) {
+  const typename Device::Guard guard(grad_in.device());
+  const at::Tensor grad = grad_in.contiguous();
+  check_block("block_pack", grad.numel(), start, length);
+  check_residual("block_pack", grad, residual);
+  at::Tensor values = at::empty({length}, grad.options());
+  float* res = residual.has_value() ? residual->data_ptr<float>() : nullptr;
+  SC_DISPATCH_FLOAT_TYPES(grad.scalar_type(), "block_pack", [&] {
+    Device::template block_pack<scalar_t>(data_as<scalar_t>(grad), res, res, data_as<scalar_t>(values),
+                                           grad.numel(), start, length);
+  });
+  return values;
+}
+
+template <typename Device>
+at::Tensor block_unpack(const at::Tensor& values_in, int64_t numel, int64_t start, double scale) {
+  const typename Device::Guard guard(values_in.device());
+  const at::Tensor values = values_in.contiguous();
+  TORCH_CHECK(values.dim() == 1, "block_unpack: values should be 1-D, got ", values.dim(), "-D");
+  check_block("block_unpack", numel, start, values.numel());
+  at::Tensor dense = at::empty({numel}, values.options());
+  SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "block_unpack", [&] {
+    Device::template block_unpack<scalar_t>(data_as<scalar_t>(values), data_as<scalar_t>(dense), numel, start,
+                                            values.numel(), float(scale));
+  });
+  return dense;
+}
+
+template <typename Device>
+void register_block_ops(torch::Library& m) {
+  m.impl("block_pack", &block_pack<Device>);
+  m.impl("block_unpack", &block_unpack<Device>);
+}
+
+}  // namespace torch_binding
+}  // namespace sparsecomm

@@ -1,0 +1,51 @@
+// The sparsecomm op namespace: every schema in one place. Device implementations are
+// registered beside their launchers' bindings (cpu.cpp, cuda.cpp); shape-only Meta
+// implementations here make the ops traceable (torch.compile, opcheck).
+#include <Python.h>
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include "../kernels/philox.h"
+
+// `import sparsecomm._C` loads this library, which registers the ops below.
+extern "C" PyObject* PyInit__C(void) {
+  static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_C", nullptr, -1, nullptr};
+  return PyModule_Create(&module);
+}
+
+namespace sparsecomm {
+namespace {
+
+int64_t random_block_start_op(int64_t seed, int64_t tensor_id, int64_t step, int64_t numel) {
+  TORCH_CHECK(numel >= 0, "random_block_start: numel should be >= 0, got ", numel);
+  TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL,
+              "random_block_start: tensor_id should be a uint32, got ", tensor_id);
+  TORCH_CHECK(step >= 0, "random_block_start: step should be >= 0, got ", step);
+  return random_block_start(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel);
+}
+
+at::Tensor block_pack_meta(const at::Tensor& grad, const c10::optional<at::Tensor>&, int64_t, int64_t length) {
+  return at::empty({length}, grad.options());
+}
+
+at::Tensor block_unpack_meta(const at::Tensor& values, int64_t numel, int64_t, double) {
+  return at::empty({numel}, values.options());
+}
+
+}  // namespace
+
+TORCH_LIBRARY(sparsecomm, m) {
+  // The start of the cyclic random block of a tensor at a step: Philox4x32-10 selection stream.
+  m.def("random_block_start(int seed, int tensor_id, int step, int numel) -> int", &random_block_start_op);
+  // Error-feedback pack of the cyclic block [start, start+length) of grad (flattened).
+  // Returns the block's values in grad's dtype; updates residual (float32) in place.
+  m.def("block_pack(Tensor grad, Tensor(a!)? residual, int start, int length) -> Tensor");
+  // Dense tensor of numel elements: scale * values in the block, zero elsewhere.
+  m.def("block_unpack(Tensor values, int numel, int start, float scale) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(sparsecomm, Meta, m) {
+  m.impl("block_pack", &block_pack_meta);
+  m.impl("block_unpack", &block_unpack_meta);
+}
+
+}  // namespace sparsecomm

@@ -1,0 +1,36 @@
+"""Validation of compressor settings, shared by the torch and TensorFlow front ends.
+Every message names the argument, what was expected and what came."""
+import numbers
+import zlib
+
+_UINT64 = 2**64
+
+
+def check_ratio(owner, ratio):
+    if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0.0 < float(ratio) <= 1.0:
+        raise ValueError(f"{owner}: ratio should be a number in (0, 1], got {ratio!r}")
+    return float(ratio)
+
+
+def check_seed(owner, seed):
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < _UINT64:
+        raise ValueError(f"{owner}: seed should be an integer in [0, 2**64), got {seed!r}")
+    return int(seed)
+
+
+def seed_as_int64(seed):
+    """The uint64 seed as the int64 with the same bits (the ops' integer type)."""
+    return seed - _UINT64 if seed >= 2**63 else seed
+
+
+def selected_count(ratio, numel):
+    """k = max(1, floor(ratio * numel + 1/2)) for a non-empty tensor, never above numel."""
+    if numel == 0:
+        return 0
+    return min(numel, max(1, int(ratio * numel + 0.5)))
+
+
+def tensor_id(name):
+    """Stable 32-bit id of a parameter name: the same on every rank and in both frameworks
+    (CRC-32 of its UTF-8 bytes). It keys the parameter's random selection stream."""
+    return zlib.crc32(name.encode("utf-8"))

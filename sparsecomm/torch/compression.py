@@ -1,0 +1,96 @@
+"""Horovod compressors for PyTorch.
+
+Every compressor is an instance usable as ``hvd.DistributedOptimizer(...,
+compression=...)``: Horovod calls ``compress(tensor) -> (tensor, ctx)`` on each gradient,
+allreduces (sums, then scales for Average) what it returns, and sets the parameter's
+gradient to ``decompress(output, ctx)``.
+"""
+import time
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+
+from .. import _settings
+from . import ops
+from .state import ParameterBinding, ParameterState
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class _BoundCompressor:
+    """Shared plumbing: parameter binding, per-parameter state, argument checks, stats."""
+
+    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]):
+        self._name = type(self).__name__
+        self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
+        self._states: Dict[str, ParameterState] = {}
+        self._stats = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "compress_seconds": 0.0}
+
+    def _state_for(self, tensor: torch.Tensor) -> ParameterState:
+        if self._binding is None:
+            raise RuntimeError(
+                f"{self._name} keeps per-parameter state and needs named_parameters=: construct it as "
+                f"{self._name}(..., named_parameters=model.named_parameters())")
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _FLOAT_DTYPES:
+            got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise TypeError(f"{self._name}: gradients should be float32, float16 or bfloat16, got {got}")
+        name = self._binding.name_of(tensor)
+        state = self._states.get(name)
+        if state is None:
+            state = self._states[name] = ParameterState(name, _settings.tensor_id(name))
+        return state
+
+    def _account(self, tensor: torch.Tensor, sent: torch.Tensor, started: float) -> None:
+        self._stats["calls"] += 1
+        self._stats["dense_bytes"] += tensor.numel() * tensor.element_size()
+        self._stats["sent_bytes"] += sent.numel() * sent.element_size()
+        self._stats["compress_seconds"] += time.perf_counter() - started
+
+    def stats(self) -> dict:
+        """Totals since construction: compress calls, bytes a dense allreduce would have sent,
+        bytes actually handed to Horovod, and seconds spent in compress (host time)."""
+        return dict(self._stats)
+
+
+class RandomBlock(_BoundCompressor):
+    """Random-block sparsification with a shared seed (Eghlidi & Jaggi 2020), with error feedback.
+
+    Each step, every rank sends the same cyclic block of ``k = max(1, round(ratio * numel))``
+    contiguous elements of (residual + gradient); the block start is a pure function of
+    ``(seed, step, parameter name)`` (Philox4x32-10), never of a global RNG. Because all ranks
+    pick the same coordinates, the packed values ride Horovod's own allreduce with no indices
+    on the wire. What is not sent stays in a per-parameter float32 residual.
+
+    Args:
+        ratio: fraction of each tensor sent per step, in (0, 1].
+        seed: shared seed in [0, 2**64); must be the same on every rank.
+        named_parameters: the model's ``named_parameters()``; keys the per-parameter state.
+        error_feedback: keep what was not sent and add it to the next gradient (default True).
+    """
+
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True):
+        super().__init__(named_parameters)
+        self.ratio = _settings.check_ratio(self._name, ratio)
+        self.seed = _settings.check_seed(self._name, seed)
+        if not isinstance(error_feedback, bool):
+            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+
+    def compress(self, tensor: torch.Tensor):
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        numel = tensor.numel()
+        residual = None
+        if self.error_feedback:
+            if state.residual is None:
+                state.residual = torch.zeros(numel, dtype=torch.float32, device=tensor.device)
+            residual = state.residual
+        start = ops.random_block_start(self.seed, state.tensor_id, state.step, numel)
+        state.step += 1
+        values = ops.block_pack(tensor, residual, start, _settings.selected_count(self.ratio, numel))
+        self._account(tensor, values, started)
+        return values, (tensor.shape, start)
+
+    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+        shape, start = ctx
+        return ops.block_unpack(tensor, shape.numel(), start).view(shape)
