@@ -28,7 +28,8 @@ SC_HOST_DEVICE int64_t block_position(int64_t i, int64_t start, int64_t numel) {
 template <typename T>
 SC_HOST_DEVICE void block_pack_element(int64_t i, int64_t j, bool in_block, const T* grad,
                                        const float* residual_in, float* residual_out, T* values) {
-  const float acc = (residual_in ? residual_in[i] : 0.0f) + to_float(grad[i]);
+  const float g = to_float(grad[i]);
+  const float acc = residual_in ? residual_in[i] + g : g;  // not 0 + g: that would turn -0 into +0
   float left = acc;
   if (in_block) {
     const T sent = from_float<T>(acc);

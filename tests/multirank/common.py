@@ -1,0 +1,24 @@
+"""What the multi-rank workers and the single-process references share: the data
+(scikit-learn's digits, real 8x8 images), which rows each rank reads at each step, and the
+model. Neither is code under test."""
+import numpy as np
+
+BATCH = 16
+
+
+def digits():
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    return (x / 16.0).astype(np.float32), y.astype(np.int64)
+
+
+def rows(step, rank, size, n_rows, batch=BATCH):
+    """The rows rank `rank` of `size` reads at `step`: disjoint across ranks."""
+    first = (step * size + rank) * batch
+    return np.arange(first, first + batch) % n_rows
+
+
+def torch_model():
+    import torch
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))

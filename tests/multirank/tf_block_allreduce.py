@@ -1,0 +1,75 @@
+"""Worker: Horovod + TensorFlow + sparsecomm's TF op library together. Inside a tf.function,
+each rank error-feedback packs the shared-seed random block of its gradient with the op
+library, hvd.allreduce sums the packed values, and the op library unpacks them. Also one
+DistributedGradientTape step of a small model, to show the TF training path runs."""
+import argparse
+import os
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+
+import common
+from sparsecomm import _settings
+from sparsecomm.tensorflow import ops
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=4)
+args = parser.parse_args()
+hvd.init()
+
+SEED, RATIO = 5, 0.2
+TENSORS = {"w_f32": ([1000], tf.float32), "w_f16": ([257], tf.float16), "w_bf16": ([33, 5], tf.bfloat16)}
+
+
+def gradient(name, step, rank):
+    """Rank- and step-specific gradient, reproducible by the reference."""
+    shape, dtype = TENSORS[name]
+    rng = np.random.default_rng([step, rank, _settings.tensor_id(name)])
+    return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
+
+
+residuals = {name: tf.Variable(tf.zeros([int(np.prod(shape))]), name=f"res_{name}")
+             for name, (shape, _) in TENSORS.items()}
+
+
+@tf.function
+def exchange(grad, residual, step, name, numel, length):
+    start = ops.random_block_start(SEED, _settings.tensor_id(name), step, numel)
+    values, residual_out = ops.block_pack(grad, residual.read_value(), start, length)
+    residual.assign(residual_out)
+    # Horovod 0.28.1's TF allreduce has no bfloat16: such values travel as float32.
+    wire = tf.cast(values, tf.float32) if values.dtype == tf.bfloat16 else values
+    summed = tf.cast(hvd.allreduce(wire, op=hvd.Sum, name=f"block.{name}"), values.dtype)
+    return ops.block_unpack(summed, numel, start)
+
+
+out = {}
+for step in range(args.steps):
+    for name, (shape, dtype) in TENSORS.items():
+        numel = int(np.prod(shape))
+        dense = exchange(gradient(name, step, hvd.rank()), residuals[name], tf.constant(step, tf.int64), name, numel,
+                         _settings.selected_count(RATIO, numel))
+        out[f"{name}/dense/{step}"] = tf.cast(dense, tf.float32).numpy()
+        out[f"{name}/residual/{step}"] = residuals[name].numpy()
+
+# One DistributedGradientTape step (dense compression) of a linear model on digits.
+x_all, y_all = common.digits()
+idx = common.rows(0, hvd.rank(), hvd.size(), len(y_all))
+w = tf.Variable(tf.zeros([64, 10]))
+
+
+@tf.function
+def train_step(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x @ w))
+    tape = hvd.DistributedGradientTape(tape)
+    (grad,) = tape.gradient(loss, [w])
+    w.assign_sub(0.5 * grad)
+
+
+train_step(tf.constant(x_all[idx]), tf.constant(y_all[idx]))
+out["tape/w"] = w.numpy()
+np.savez(os.path.join(args.out, f"rank{hvd.rank()}.npz"), **out)
+print(f"rank {hvd.rank()}/{hvd.size()}: done")

@@ -1,0 +1,43 @@
+"""Worker: a few SGD steps of a small MLP on digits under hvd.DistributedOptimizer, for
+several compression settings; saves every rank's parameters after every step."""
+import argparse
+import os
+
+import horovod.torch as hvd
+import torch
+
+import common
+from sparsecomm.torch import RandomBlock
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=5)
+parser.add_argument("--lr", type=float, default=0.5)
+args = parser.parse_args()
+
+hvd.init()
+torch.set_num_threads(1)
+x_all, y_all = common.digits()
+CONFIGS = {
+    "dense": lambda model: hvd.Compression.none,
+    "random_block_0.1": lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters()),
+    "random_block_1.0": lambda model: RandomBlock(ratio=1.0, seed=7, named_parameters=model.named_parameters()),
+}
+results = {}
+for config, make_compression in CONFIGS.items():
+    model = common.torch_model()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+                                   named_parameters=model.named_parameters(),
+                                   compression=make_compression(model))
+    history = []
+    for step in range(args.steps):
+        idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx]))
+        loss.backward()
+        opt.step()
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    results[config] = history
+torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
+print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs x {args.steps} steps done")

@@ -1,0 +1,67 @@
+"""Independent reference implementations, in plain Python / torch / numpy.
+
+Nothing here imports sparsecomm: these are what the compiled kernels and the compressors
+are checked against.
+"""
+import math
+import zlib
+
+import numpy as np
+
+_M32 = 0xFFFFFFFF
+
+
+def philox4x32_10(counter, key):
+    """Philox4x32-10 (Salmon et al., SC'11) on 4 uint32 counter words and 2 key words."""
+    c0, c1, c2, c3 = counter
+    k0, k1 = key
+    for _ in range(10):
+        p0 = 0xD2511F53 * c0
+        p1 = 0xCD9E8D57 * c2
+        c0, c1, c2, c3 = ((p1 >> 32) ^ c1 ^ k0) & _M32, p1 & _M32, ((p0 >> 32) ^ c3 ^ k1) & _M32, p0 & _M32
+        k0 = (k0 + 0x9E3779B9) & _M32
+        k1 = (k1 + 0xBB67AE85) & _M32
+    return c0, c1, c2, c3
+
+
+def block_start(seed, tensor_id, step, numel):
+    """sparsecomm's selection stream: key = seed, counter = (draw 0, tensor id, step lo, step hi)."""
+    if numel == 0:
+        return 0
+    out = philox4x32_10((0, tensor_id, step & _M32, step >> 32), (seed & _M32, seed >> 32))
+    return (out[0] | (out[1] << 32)) % numel
+
+
+def tensor_id(name):
+    return zlib.crc32(name.encode("utf-8"))
+
+
+def count(ratio, numel):
+    return 0 if numel == 0 else min(numel, max(1, math.floor(ratio * numel + 0.5)))
+
+
+def block_indices(start, length, numel):
+    return (start + np.arange(length)) % max(numel, 1)
+
+
+def random_block_pack(grad, residual, start, length):
+    """(values, new residual) of the random-block error-feedback pack, in float32 torch.
+
+    values are rounded to grad's dtype; the rounding error stays in the residual."""
+    import torch
+    acc = grad.reshape(-1).float()
+    if residual is not None:
+        acc = residual + acc
+    idx = torch.as_tensor(block_indices(start, length, grad.numel()), dtype=torch.long)
+    values = acc[idx].to(grad.dtype)
+    left = acc.clone()
+    left[idx] = acc[idx] - values.float()
+    return values, left
+
+
+def random_block_unpack(values, numel, start, scale=1.0):
+    import torch
+    dense = torch.zeros(numel, dtype=values.dtype)
+    idx = torch.as_tensor(block_indices(start, values.numel(), numel), dtype=torch.long)
+    dense[idx] = (values.float() * scale).to(values.dtype)
+    return dense

@@ -1,0 +1,136 @@
+"""RandomBlock as a compressor, in one process: the compress/decompress contract Horovod
+relies on, error feedback conservation, binding, and bad input. Multi-rank behaviour is in
+test_multirank_torch.py."""
+import pytest
+import torch
+
+import reference
+from sparsecomm.torch import RandomBlock
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+
+
+def _backward(model, seed):
+    g = torch.Generator().manual_seed(seed)
+    model(torch.randn(5, 13, generator=g)).square().sum().backward()
+
+
+def test_round_trip_is_the_reference_block_with_error_feedback():
+    model = _model()
+    comp = RandomBlock(ratio=0.25, seed=11, named_parameters=model.named_parameters())
+    residuals = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}
+    for step in range(4):
+        model.zero_grad(set_to_none=True)
+        _backward(model, step)
+        for name, p in model.named_parameters():
+            n = p.numel()
+            start = reference.block_start(11, reference.tensor_id(name), step, n)
+            want_values, residuals[name] = reference.random_block_pack(p.grad, residuals[name], start,
+                                                                       reference.count(0.25, n))
+            values, ctx = comp.compress(p.grad)
+            assert torch.equal(values, want_values)
+            dense = comp.decompress(values, ctx)
+            assert dense.shape == p.shape and dense.dtype == p.dtype
+            assert torch.equal(dense.reshape(-1), reference.random_block_unpack(want_values, n, start))
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_error_feedback_conserves_the_gradient(set_to_none):
+    """Over T steps: sum of what was sent + final residual == sum of gradients (float32 rounding)."""
+    model = _model()
+    comp = RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters())
+    sent = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
+    total = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
+    for step in range(20):
+        model.zero_grad(set_to_none=set_to_none)
+        _backward(model, step)
+        for name, p in model.named_parameters():
+            total[name] += p.grad.double()
+            values, ctx = comp.compress(p.grad)
+            sent[name] += comp.decompress(values, ctx).double()
+    for name, p in model.named_parameters():
+        residual = comp._states[name].residual.reshape(p.shape).double()
+        torch.testing.assert_close(sent[name] + residual, total[name], rtol=0, atol=1e-5)
+        assert comp._states[name].step == 20
+
+
+def test_ratio_one_sends_everything_and_keeps_nothing():
+    model = _model()
+    comp = RandomBlock(ratio=1.0, seed=5, named_parameters=model.named_parameters())
+    _backward(model, 0)
+    for name, p in model.named_parameters():
+        values, ctx = comp.compress(p.grad)
+        assert values.numel() == p.numel()
+        assert torch.equal(comp.decompress(values, ctx), p.grad)
+        assert not comp._states[name].residual.any()
+
+
+def test_half_precision_gradients_keep_rounding_error_in_the_residual():
+    p = torch.nn.Parameter(torch.zeros(1000, dtype=torch.float16))
+    comp = RandomBlock(ratio=0.3, seed=1, named_parameters=[("w", p)])
+    p.grad = (torch.randn(1000) * 1e-3).half()
+    values, ctx = comp.compress(p.grad)
+    assert values.dtype == torch.float16
+    total = comp.decompress(values, ctx).float() + comp._states["w"].residual
+    assert torch.equal(total, p.grad.float())
+
+
+def test_selection_never_touches_the_global_rng():
+    model = _model()
+    comp = RandomBlock(ratio=0.5, seed=1, named_parameters=model.named_parameters())
+    torch.manual_seed(1234)
+    before = torch.get_rng_state()
+    _backward(model, 0)
+    for _, p in model.named_parameters():
+        comp.decompress(*comp.compress(p.grad))
+    assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_stats_count_bytes():
+    model = _model()
+    comp = RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters())
+    _backward(model, 0)
+    for _, p in model.named_parameters():
+        comp.compress(p.grad)
+    stats = comp.stats()
+    numels = [p.numel() for p in model.parameters()]
+    assert stats["calls"] == len(numels)
+    assert stats["dense_bytes"] == 4 * sum(numels)
+    assert stats["sent_bytes"] == 4 * sum(reference.count(0.1, n) for n in numels)
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    (dict(ratio=0.0), ValueError, r"RandomBlock: ratio should be a number in \(0, 1\], got 0.0"),
+    (dict(ratio=1.5), ValueError, r"ratio should be a number in \(0, 1\], got 1.5"),
+    (dict(ratio="0.1"), ValueError, r"ratio should be a number in \(0, 1\], got '0.1'"),
+    (dict(ratio=0.1, seed=-1), ValueError, r"seed should be an integer in \[0, 2\*\*64\), got -1"),
+    (dict(ratio=0.1, seed=1.5), ValueError, r"seed should be an integer"),
+    (dict(ratio=0.1, error_feedback=1), TypeError, r"error_feedback should be True or False, got 1"),
+])
+def test_bad_settings_are_named(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        RandomBlock(**kwargs)
+
+
+def test_bad_bindings_and_unattributable_gradients_fail_loudly():
+    model = _model()
+    with pytest.raises(TypeError, match="got the module itself; pass model.named_parameters()"):
+        RandomBlock(ratio=0.1, named_parameters=model)
+    with pytest.raises(ValueError, match="named_parameters is empty"):
+        RandomBlock(ratio=0.1, named_parameters=[])
+    w = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="same parameter is named both 'a' and 'b'"):
+        RandomBlock(ratio=0.1, named_parameters=[("a", w), ("b", w)])
+
+    with pytest.raises(RuntimeError, match=r"needs named_parameters="):
+        RandomBlock(ratio=0.1).compress(torch.zeros(3))
+    comp = RandomBlock(ratio=0.1, named_parameters=model.named_parameters())
+    _backward(model, 0)
+    with pytest.raises(LookupError, match=r"not the .grad of any parameter passed as named_parameters="):
+        comp.compress(model[0].weight.grad.clone())
+    w_int = torch.zeros(3, dtype=torch.int64)
+    with pytest.raises(TypeError, match=r"gradients should be float32, float16 or bfloat16, got torch.int64"):
+        comp.compress(w_int)
