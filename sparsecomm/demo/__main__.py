@@ -19,7 +19,7 @@ def main():
         out = os.path.join(tmp, "results.json")
         cmd = [os.path.join(bin_dir, "horovodrun"), "-np", str(args.np), "-H", f"localhost:{args.np}", "--gloo",
                sys.executable, "-m", "sparsecomm.demo.torch_digits", "--out", out, "--epochs", str(args.epochs)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+        env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
         print(f"$ {' '.join(cmd[:6])} ... sparsecomm.demo.torch_digits", flush=True)
         subprocess.run(cmd, env=env, check=True)
         with open(out) as f:
@@ -28,7 +28,7 @@ def main():
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(f"\nsparsecomm demo: MLP 64-256-10 on scikit-learn digits (1,437 train / 360 test images), "
-          f"{report['ranks']} ranks, {report['epochs']} epochs, SGD momentum 0.9")
+          f"{report['ranks']} ranks, {report['epochs']} epochs, SGD lr {report['lr']} momentum {report['momentum']}")
     header = f"{'method':<18}{'test accuracy':>14}{'bytes/rank/step':>17}{'vs dense':>10}{'step time':>12}"
     print(header + "\n" + "-" * len(header))
     dense_ms = report["results"][0]["step_ms"]
