@@ -14,6 +14,9 @@ step=${1:?usage: setup_env.sh system|venv|deps|horovod}
 say()  { printf '[setup:%s] %s\n' "$step" "$*"; }
 fail() { printf '\n[setup:%s] FAILED: %s\n[setup:%s] what to do: %s\n' "$step" "$1" "$step" "$2" >&2; exit 1; }
 
+# pip, minus the warnings this machine kind's global pip config prints for its local indexes.
+pip_() { "$PY" -m pip "$@" 2> >(grep -v "^WARNING: Location 'file:" >&2); }
+
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 case "$step" in
@@ -38,7 +41,7 @@ venv)
 
 deps)
   say "installing requirements.txt into $VENV (torch from the local wheel, TensorFlow from the registry)"
-  "$PY" -m pip install -q -r requirements.txt \
+  pip_ install -q -r requirements.txt \
     || fail "pip install -r requirements.txt" "read pip's message above; torch must stay pinned to 2.13.0 (a local CPU wheel)"
   ;;
 
@@ -46,6 +49,7 @@ horovod)
   # Horovod 0.28.1 is source-only and does not build as published against torch 2.13 / TF 2.21.
   # We build a wheel once, with two CMake fixes, and cache it OUTSIDE the clone keyed by every
   # version it was compiled against, so fresh clones (and CI) just install the cached wheel.
+  export TF_CPP_MIN_LOG_LEVEL=3  # TF's start-up logs say nothing useful here
   versions=$("$PY" - <<'PYEOF'
 import sys, torch, tensorflow as tf
 print(f"cp{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__.split('+')[0]}-tf{tf.__version__}")
@@ -57,7 +61,7 @@ PYEOF
     say "no cached wheel in $wheel_dir: building Horovod $HOROVOD_VERSION from source (about 8-10 minutes on 2 cores)"
     work=$(mktemp -d)
     trap 'rm -rf "$work"' EXIT
-    "$PY" -m pip download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
+    pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
       || fail "downloading the horovod==$HOROVOD_VERSION sdist" "check access to the package registry"
     tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
     src="$work/horovod-$HOROVOD_VERSION"
@@ -82,7 +86,7 @@ PYEOF
   else
     say "using cached wheel $wheel"
   fi
-  "$PY" -m pip install -q --no-deps --force-reinstall "$wheel" || fail "pip install $wheel" "delete $wheel_dir and re-run make env to rebuild it"
+  pip_ install -q --no-deps --force-reinstall "$wheel" || fail "pip install $wheel" "delete $wheel_dir and re-run make env to rebuild it"
   out=$(PATH="$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build 2>&1) || true
   echo "$out" | sed 's/^/    /'
   for fw in TensorFlow PyTorch MPI Gloo; do

@@ -14,3 +14,12 @@ def _devices():
 @pytest.fixture(params=_devices())
 def device(request):
     return request.param
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Lists the multi-rank jobs this run executed, so the log shows them whatever the verbosity."""
+    from launch import LAUNCHES
+    if LAUNCHES:
+        terminalreporter.section("multi-rank runs (real horovodrun)")
+        for command, status, seconds in LAUNCHES:
+            terminalreporter.write_line(f"{command:<55} exit {status}  {seconds:5.1f}s")
