@@ -6,7 +6,7 @@ parameter by identity (``p.grad is tensor``); this stays right when
 ``zero_grad(set_to_none=True)`` creates a new gradient tensor every step. A tensor that is
 no parameter's ``.grad`` is refused loudly: state is never mixed between tensors.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Tuple
 
 import torch
@@ -18,7 +18,6 @@ class ParameterState:
     tensor_id: int
     step: int = 0                            # compress calls so far (one per Horovod allreduce)
     residual: Optional[torch.Tensor] = None  # float32, numel of the parameter (error feedback)
-    extra: dict = field(default_factory=dict)
 
 
 class ParameterBinding:
