@@ -31,7 +31,7 @@ def snippets():
 @pytest.mark.parametrize("framework", list(DRIVERS))
 def test_readme_snippet_runs(framework, tmp_path):
     (code,) = [s for s in snippets() if f"import {framework} as hvd" in s]
-    script = tmp_path / "snippet.py"
+    script = tmp_path / f"readme_{framework.split('.')[1]}.py"
     script.write_text(code + DRIVERS[framework])
     output = horovodrun(2, script)
     assert output.count("snippet ok") == 2, output[-3000:]
