@@ -65,3 +65,41 @@ def random_block_unpack(values, numel, start, scale=1.0):
     idx = torch.as_tensor(block_indices(start, values.numel(), numel), dtype=torch.long)
     dense[idx] = (values.float() * scale).to(values.dtype)
     return dense
+
+
+def accumulate(grad, residual=None, momentum=None, momentum_factor=0.0):
+    """(acc, u) of error feedback with optional DGC momentum correction, in float32 torch."""
+    u = grad.reshape(-1).float()
+    if momentum is not None:
+        u = momentum_factor * momentum + u
+    return (u if residual is None else residual + u), u
+
+
+def send(acc, u, selected, dtype, residual=None, momentum=None, masking=True):
+    """What a pack sends from acc at the boolean mask `selected`, and the new state."""
+    values = acc[selected].to(dtype)
+    new_residual = new_momentum = None
+    if residual is not None:
+        new_residual = acc.clone()
+        new_residual[selected] = acc[selected] - values.float()
+    if momentum is not None:
+        new_momentum = u.clone()
+        if masking:
+            new_momentum[selected] = 0.0
+    return values, selected.nonzero().reshape(-1), new_residual, new_momentum
+
+
+def above(acc, threshold):
+    """|acc| >= threshold, NaN included."""
+    return ~(acc.abs() < threshold)
+
+
+def topk_mask(acc, k):
+    """The k largest |acc|, ties broken by the lower index (NaN counts as largest)."""
+    import torch
+    mag = torch.nan_to_num(acc.abs().double(), nan=float("inf"))
+    order = sorted(range(acc.numel()), key=lambda i: (-mag[i].item(), i))[:k] if acc.numel() < 5000 else \
+        torch.argsort(-mag, stable=True)[:k].tolist()
+    mask = torch.zeros(acc.numel(), dtype=torch.bool)
+    mask[order] = True
+    return mask

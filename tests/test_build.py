@@ -28,7 +28,7 @@ def test_there_are_cuda_sources():
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=os.path.basename)
 def test_cuda_source_compiles(source, tmp_path):
     arch = os.environ.get("SPARSECOMM_CUDA_ARCH", "sm_90")
-    cmd = ["nvcc", "-c", f"-arch={arch}", "-std=c++17", "-O3", "-Werror", "all-warnings", source,
+    cmd = ["nvcc", "-c", f"-arch={arch}", "-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", source,
            "-o", str(tmp_path / "out.o")]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stdout}\n{result.stderr}"

@@ -27,15 +27,18 @@ void for_block_ranges(int64_t numel, int64_t start, int64_t length, InBlock in_b
 template <typename T>
 void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
                 int64_t numel, int64_t start, int64_t length) {
+  Feedback fb;
+  fb.residual_in = residual_in;
+  fb.residual_out = residual_out;
   for_block_ranges(numel, start, length,
       [&](int64_t i0, int64_t i1, int64_t j0) {
         for (int64_t i = i0; i < i1; ++i)
-          block_pack_element(i, j0 + (i - i0), true, grad, residual_in, residual_out, values);
+          block_pack_element(i, j0 + (i - i0), true, grad, fb, values);
       },
       [&](int64_t i0, int64_t i1) {
         if (!residual_out) return;  // no error feedback: nothing to do outside the block
         for (int64_t i = i0; i < i1; ++i)
-          block_pack_element(i, 0, false, grad, residual_in, residual_out, values);
+          block_pack_element(i, 0, false, grad, fb, values);
       });
 }
 

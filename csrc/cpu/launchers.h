@@ -16,3 +16,36 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 
 }  // namespace cpu
 }  // namespace sparsecomm
+
+#include <vector>
+#include "../kernels/feedback.h"
+#include "../kernels/sample.h"
+
+namespace sparsecomm {
+namespace cpu {
+
+// The rank-th largest |acc| over the sampled positions (+inf for an empty tensor).
+template <typename T>
+float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan);
+
+// One pass: writes the state of every element as if nothing were sent (feedback.h) and
+// appends the candidates, selected(acc, threshold), to (acc, index) in index order.
+template <typename T>
+void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold,
+                           std::vector<float>& acc, std::vector<int32_t>& index);
+
+// Keeps, in place and in index order, the k candidates of largest magnitude (ties: lower
+// index first). Returns the new count, min(count, k).
+int64_t select_top(float* acc, int32_t* index, int64_t count, int64_t k);
+
+// Sends the selected candidates: values[j] = T(acc[j]); their state keeps only the rounding
+// error (and loses its momentum when masking).
+template <typename T>
+void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values);
+
+// dense = T(scale * sum of the values at each index), duplicates adding in input order.
+template <typename T>
+void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense);
+
+}  // namespace cpu
+}  // namespace sparsecomm

@@ -14,11 +14,11 @@ int grid_for(int64_t numel) {
 }
 
 template <typename T>
-__global__ void block_pack_kernel(const T* grad, const float* residual_in, float* residual_out, T* values,
-                                  int64_t numel, int64_t start, int64_t length) {
+__global__ void block_pack_kernel(const T* grad, Feedback fb, T* values, int64_t numel, int64_t start,
+                                  int64_t length) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = block_position(i, start, numel);
-    block_pack_element(i, j, j < length, grad, residual_in, residual_out, values);
+    block_pack_element(i, j, j < length, grad, fb, values);
   }
 }
 
@@ -37,8 +37,10 @@ template <typename T>
 void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
                 int64_t numel, int64_t start, int64_t length, cudaStream_t stream) {
   if (numel == 0) return;
-  block_pack_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, residual_in, residual_out, values,
-                                                                 numel, start, length);
+  Feedback fb;
+  fb.residual_in = residual_in;
+  fb.residual_out = residual_out;
+  block_pack_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, fb, values, numel, start, length);
 }
 
 template <typename T>

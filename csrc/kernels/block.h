@@ -12,10 +12,11 @@
 //     outside:   residual_out[i] = acc
 // so values (scattered back) + residual_out == residual_in + grad exactly, in float32.
 // residual_in == nullptr means zero; residual_out == nullptr means no error feedback.
+// These are feedback.h's accumulated / send / keep, with its NaN/Inf policy.
 //
 // Unpack, one write pass: dense[i] = T(scale * float(values[j])) in the block, 0 outside.
 #pragma once
-#include "common.h"
+#include "feedback.h"
 
 namespace sparsecomm {
 
@@ -26,17 +27,12 @@ SC_HOST_DEVICE int64_t block_position(int64_t i, int64_t start, int64_t numel) {
 }
 
 template <typename T>
-SC_HOST_DEVICE void block_pack_element(int64_t i, int64_t j, bool in_block, const T* grad,
-                                       const float* residual_in, float* residual_out, T* values) {
-  const float g = to_float(grad[i]);
-  const float acc = residual_in ? residual_in[i] + g : g;  // not 0 + g: that would turn -0 into +0
-  float left = acc;
-  if (in_block) {
-    const T sent = from_float<T>(acc);
-    values[j] = sent;
-    left = acc - to_float(sent);
-  }
-  if (residual_out) residual_out[i] = left;
+SC_HOST_DEVICE void block_pack_element(int64_t i, int64_t j, bool in_block, const T* grad, const Feedback& fb,
+                                       T* values) {
+  float u;
+  const float acc = accumulated(grad, fb, i, &u);
+  if (in_block) values[j] = send<T>(fb, i, acc);
+  else keep(fb, i, acc, u);
 }
 
 template <typename T>

@@ -13,9 +13,8 @@ at::Tensor block_pack(const at::Tensor& grad_in, const c10::optional<at::Tensor>
   const typename Device::Guard guard(grad_in.device());
   const at::Tensor grad = grad_in.contiguous();
   check_block("block_pack", grad.numel(), start, length);
-  check_residual("block_pack", grad, residual);
+  float* res = state_ptr("block_pack", "residual", grad, residual);
   at::Tensor values = at::empty({length}, grad.options());
-  float* res = residual.has_value() ? residual->data_ptr<float>() : nullptr;
   SC_DISPATCH_FLOAT_TYPES(grad.scalar_type(), "block_pack", [&] {
     Device::template block_pack<scalar_t>(data_as<scalar_t>(grad), res, res, data_as<scalar_t>(values),
                                            grad.numel(), start, length);

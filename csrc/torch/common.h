@@ -29,15 +29,33 @@ inline void check_block(const char* op, int64_t numel, int64_t start, int64_t le
               ": start should be in [0, numel=", numel, "), got ", start);
 }
 
-inline void check_residual(const char* op, const at::Tensor& grad, const c10::optional<at::Tensor>& residual) {
-  if (!residual.has_value()) return;
-  const at::Tensor& r = *residual;
-  TORCH_CHECK(r.scalar_type() == at::kFloat, op, ": residual should be float32, got ", r.scalar_type());
-  TORCH_CHECK(r.is_contiguous(), op, ": residual should be contiguous");
-  TORCH_CHECK(r.numel() == grad.numel(), op, ": residual should have numel ", grad.numel(), " like grad, got ",
-              r.numel());
-  TORCH_CHECK(r.device() == grad.device(), op, ": residual should be on ", grad.device(), " like grad, got ",
-              r.device());
+// A float32 state tensor (residual or momentum) matching `like` in numel and device.
+inline float* state_ptr(const char* op, const char* name, const at::Tensor& like,
+                        const c10::optional<at::Tensor>& state) {
+  if (!state.has_value()) return nullptr;
+  const at::Tensor& s = *state;
+  TORCH_CHECK(s.scalar_type() == at::kFloat, op, ": ", name, " should be float32, got ", s.scalar_type());
+  TORCH_CHECK(s.is_contiguous(), op, ": ", name, " should be contiguous");
+  TORCH_CHECK(s.numel() == like.numel(), op, ": ", name, " should have numel ", like.numel(), " like grad, got ",
+              s.numel());
+  TORCH_CHECK(s.device() == like.device(), op, ": ", name, " should be on ", like.device(), " like grad, got ",
+              s.device());
+  return s.data_ptr<float>();
+}
+
+// Indices are int32 on the wire: tensors of 2^31 elements or more are not supported.
+inline void check_indexable(const char* op, int64_t numel) {
+  TORCH_CHECK(numel < (int64_t(1) << 31), op, ": tensors of at most 2^31 - 1 elements are supported (int32 "
+              "indices), got ", numel);
+}
+
+inline void check_candidates(const char* op, const at::Tensor& acc, const at::Tensor& index) {
+  TORCH_CHECK(acc.scalar_type() == at::kFloat && acc.dim() == 1, op, ": acc should be a 1-D float32 tensor, got ",
+              acc.dim(), "-D ", acc.scalar_type());
+  TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 1, op,
+              ": index should be a 1-D int32 tensor, got ", index.dim(), "-D ", index.scalar_type());
+  TORCH_CHECK(acc.numel() == index.numel(), op, ": acc and index should have the same length, got ", acc.numel(),
+              " and ", index.numel());
 }
 
 }  // namespace torch_binding

@@ -31,6 +31,21 @@ at::Tensor block_unpack_meta(const at::Tensor& values, int64_t numel, int64_t, d
   return at::empty({numel}, values.options());
 }
 
+at::Tensor sample_threshold_meta(const at::Tensor& grad, const c10::optional<at::Tensor>&,
+                                 const c10::optional<at::Tensor>&, double, double, int64_t, int64_t, int64_t,
+                                 int64_t) {
+  return at::empty({}, grad.options().dtype(at::kFloat));
+}
+
+at::Tensor send_selected_meta(const at::Tensor& acc, const at::Tensor&, const c10::optional<at::Tensor>&,
+                              const c10::optional<at::Tensor>&, bool, at::ScalarType dtype) {
+  return at::empty_like(acc, acc.options().dtype(dtype));
+}
+
+at::Tensor sparse_unpack_meta(const at::Tensor& values, const at::Tensor&, int64_t numel, double) {
+  return at::empty({numel}, values.options());
+}
+
 }  // namespace
 
 TORCH_LIBRARY(sparsecomm, m) {
@@ -41,11 +56,34 @@ TORCH_LIBRARY(sparsecomm, m) {
   m.def("block_pack(Tensor grad, Tensor(a!)? residual, int start, int length) -> Tensor");
   // Dense tensor of numel elements: scale * values in the block, zero elsewhere.
   m.def("block_unpack(Tensor values, int numel, int start, float scale) -> Tensor");
+
+  // Selection with error feedback (csrc/kernels/feedback.h): acc = residual + (m * momentum + grad).
+  // The magnitude threshold (0-d float32) such that about `ratio` of a strided sample of |acc|
+  // passes (rank ceil(ratio * count) of sample_count positions; csrc/kernels/sample.h).
+  m.def("sample_threshold(Tensor grad, Tensor? residual, Tensor? momentum, float momentum_factor, float ratio, "
+        "int sample_count, int seed, int tensor_id, int step) -> Tensor");
+  // One pass: residual <- acc, momentum <- m * momentum + grad for every element; returns the
+  // candidates |acc| >= threshold (NaN included) as (acc float32, index int32) in index order.
+  m.def("accumulate_candidates(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor, "
+        "Tensor threshold) -> (Tensor, Tensor)");
+  // The k candidates of largest |acc| (ties: lower index), in index order.
+  m.def("select_top(Tensor acc, Tensor index, int k) -> (Tensor, Tensor)");
+  // Sends the selected candidates as `dtype` values; their residual keeps only the rounding
+  // error, their momentum is zeroed when masking.
+  m.def("send_selected(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
+        "ScalarType dtype) -> Tensor");
+  // Dense tensor of numel elements: scale * (sum of values at each index); duplicates add.
+  m.def("sparse_unpack(Tensor values, Tensor index, int numel, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(sparsecomm, Meta, m) {
   m.impl("block_pack", &block_pack_meta);
   m.impl("block_unpack", &block_unpack_meta);
+  m.impl("sample_threshold", &sample_threshold_meta);
+  m.impl("send_selected", &send_selected_meta);
+  m.impl("sparse_unpack", &sparse_unpack_meta);
+  // accumulate_candidates and select_top have data-dependent sizes: their fakes are
+  // registered in Python (sparsecomm/torch/ops.py).
 }
 
 }  // namespace sparsecomm

@@ -3,12 +3,13 @@
 The ops are registered when ``sparsecomm._C`` is imported; the wrappers add nothing but
 argument normalisation, so ``torch.ops.sparsecomm.X`` may be called directly too.
 """
+import math
 from typing import Optional
 
 import torch
 
 from .. import _C  # noqa: F401  (loads the extension, registering torch.ops.sparsecomm)
-from .._settings import seed_as_int64
+from .._settings import seed_as_int64, selected_count
 
 _ops = torch.ops.sparsecomm
 
@@ -32,3 +33,112 @@ def block_pack(grad: torch.Tensor, residual: Optional[torch.Tensor], start: int,
 def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.0) -> torch.Tensor:
     """Dense 1-D tensor of ``numel`` elements: ``scale * values`` in the block, zero elsewhere."""
     return _ops.block_unpack(values, numel, start, scale)
+
+
+# --- Selection with error feedback (csrc/kernels/feedback.h, sample.h; csrc/cpu/select.cpp) ---
+#
+# acc = residual + (momentum_factor * momentum + grad), element-wise; residual and momentum
+# (float32, grad's numel) are updated in place; None means that state is absent.
+
+@torch.library.register_fake("sparsecomm::accumulate_candidates")
+def _accumulate_candidates_fake(grad, residual, momentum, momentum_factor, threshold):
+    count = torch.library.get_ctx().new_dynamic_size()
+    return grad.new_empty(count, dtype=torch.float32), grad.new_empty(count, dtype=torch.int32)
+
+
+@torch.library.register_fake("sparsecomm::select_top")
+def _select_top_fake(acc, index, k):
+    count = torch.library.get_ctx().new_dynamic_size()
+    return acc.new_empty(count), index.new_empty(count)
+
+
+def sample_count(numel: int, ratio: float, sample_ratio: float = 0.01, min_hits: int = 256) -> int:
+    """How many positions to sample for a threshold at density `ratio`: `sample_ratio` of the
+    tensor, and at least enough that about `min_hits` sampled values pass it (the passing count
+    then has a relative standard deviation of about 1/sqrt(min_hits): 6% for 256)."""
+    return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))
+
+
+def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,
+                     seed=0, tensor_id=0, step=0) -> torch.Tensor:
+    """0-d float32 magnitude threshold that about `ratio` of a strided sample of |acc| passes.
+    The sample offset comes from the (seed, tensor_id, step) selection stream."""
+    return _ops.sample_threshold(grad, residual, momentum, momentum_factor, ratio,
+                                 sample_count(grad.numel(), ratio, sample_ratio), seed_as_int64(seed), tensor_id,
+                                 step)
+
+
+def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0):
+    """One pass: the state takes acc for every element; returns (acc, index int32) of the
+    elements with |acc| >= threshold (NaN included), in index order."""
+    if not isinstance(threshold, torch.Tensor):
+        threshold = torch.tensor(float(threshold))
+    return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold)
+
+
+def select_top(acc, index, k):
+    """The k candidates of largest |acc| (ties: lower index first), in index order."""
+    return _ops.select_top(acc, index, k)
+
+
+def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):
+    """Values to send, in `dtype`; the state of each sent element keeps only its rounding
+    error (and its momentum is zeroed when masking)."""
+    return _ops.send_selected(acc, index, residual, momentum, masking, dtype)
+
+
+def sparse_unpack(values, index, numel, scale=1.0):
+    """Dense 1-D tensor: scale * (sum of the values at each index); duplicates add (e.g. the
+    concatenated contributions of several ranks)."""
+    return _ops.sparse_unpack(values, index, numel, scale)
+
+
+def pack_above(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, masking=True):
+    """Error-feedback pack of exactly the elements with |acc| >= threshold, in index order:
+    one pass over the tensor. Returns (values in grad's dtype, index int32)."""
+    acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
+    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
+
+
+def _accumulated_state(grad, residual, momentum):
+    """After accumulate_candidates, the tensor that holds acc for every element."""
+    return residual if residual is not None else momentum if momentum is not None else grad
+
+
+def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
+              seed=0, tensor_id=0, step=0):
+    """Error-feedback pack of exactly the k elements of largest |acc| (ties: lower index),
+    in index order. A sampled threshold set for about 1.5k + 32 candidates keeps the exact
+    selection to a small candidate set: one pass over the tensor. If the sample overshoots
+    (fewer than k candidates) a second, read-only pass takes every element as a candidate."""
+    numel = grad.numel()
+    k = min(k, numel)
+    if k == 0:
+        threshold = float("inf")
+    else:
+        threshold = sample_threshold(grad, residual, min(1.0, (1.5 * k + 32) / numel), momentum=momentum,
+                                     momentum_factor=momentum_factor, sample_ratio=sample_ratio, seed=seed,
+                                     tensor_id=tensor_id, step=step)
+    acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
+    if acc.numel() < k:
+        acc, index = accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0)
+    acc, index = select_top(acc, index, k)
+    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
+
+
+def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
+                 sample_ratio=0.01, seed=0, tensor_id=0, step=0):
+    """Error-feedback pack by a sampled threshold (gradient dropping, DGC): about
+    k = ratio * numel elements, always between band[0] * k and band[1] * k (bounded
+    correction: above the band, the exact top k of the candidates; below it, a second,
+    read-only pass takes the exact top k). Returns (values in grad's dtype, index int32)."""
+    numel = grad.numel()
+    k = selected_count(ratio, numel)
+    threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
+                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
+    if acc.numel() > band[1] * k:
+        acc, index = select_top(acc, index, k)
+    elif acc.numel() < band[0] * k:
+        acc, index = select_top(*accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0), k)
+    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index

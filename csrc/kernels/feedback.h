@@ -1,0 +1,66 @@
+// Error feedback and DGC momentum correction, element by element. Every per-rank-coordinate
+// method (threshold, top-k, DGC, rTop-k) reads and writes its state through these.
+//
+//   u   = momentum * u_in + g        (momentum correction, DGC; u = g without momentum state)
+//   acc = residual_in + u            (error feedback; acc = u without a residual)
+// Before selection the state is written as if nothing were sent:
+//   residual_out = acc, momentum_out = u.
+// For an element that is sent as value T(acc) (send step):
+//   residual_out = acc - float(T(acc))   (only the rounding error stays)
+//   momentum_out = 0 when masking        (DGC momentum factor masking)
+//
+// Each operation rounds once, in the order written (the build disables FMA contraction), so
+// every device and framework, and a plain numpy/torch reference, give the same bits.
+//
+// NaN/Inf policy: an element whose acc is NaN counts as above every threshold. It is sent, so
+// it propagates to the result like a dense allreduce would. A sent NaN or Inf leaves 0 in the
+// residual: a non-finite value is never kept for later steps.
+#pragma once
+#include "common.h"
+
+namespace sparsecomm {
+
+struct Feedback {
+  const float* residual_in = nullptr;  // nullptr: zero
+  float* residual_out = nullptr;       // nullptr: no error feedback
+  const float* momentum_in = nullptr;  // nullptr: no momentum correction
+  float* momentum_out = nullptr;
+  float momentum = 0.0f;
+  bool masking = true;
+};
+
+// acc of element i, and the momentum term u, without writing anything.
+template <typename T>
+SC_HOST_DEVICE float accumulated(const T* grad, const Feedback& fb, int64_t i, float* u_out) {
+  float u = to_float(grad[i]);
+  if (fb.momentum_in) u = fb.momentum * fb.momentum_in[i] + u;
+  *u_out = u;
+  return fb.residual_in ? fb.residual_in[i] + u : u;  // not 0 + u: that would turn -0 into +0
+}
+
+// acc and u written as the state of an element nothing was sent from.
+SC_HOST_DEVICE void keep(const Feedback& fb, int64_t i, float acc, float u) {
+  if (fb.residual_out) fb.residual_out[i] = acc;
+  if (fb.momentum_out) fb.momentum_out[i] = u;
+}
+
+// Element i is sent as T(acc): returns it and leaves only its rounding error in the state.
+template <typename T>
+SC_HOST_DEVICE T send(const Feedback& fb, int64_t i, float acc) {
+  const T sent = from_float<T>(acc);
+  const float left = acc - to_float(sent);  // NaN exactly when acc is NaN or +-inf
+  if (fb.residual_out) fb.residual_out[i] = left == left ? left : 0.0f;
+  if (fb.momentum_out && fb.masking) fb.momentum_out[i] = 0.0f;
+  return sent;
+}
+
+// The selection rule shared by every threshold: |acc| >= t, and NaN always (see above).
+SC_HOST_DEVICE bool selected(float acc, float threshold) { return !(acc < threshold && -acc < threshold); }
+
+// Magnitude used for ordering: |x|, with NaN as +inf (a strict weak order for sorting).
+SC_HOST_DEVICE float magnitude(float x) {
+  const float a = x < 0.0f ? -x : x;
+  return a == a ? a : bits_float(0x7f800000u);
+}
+
+}  // namespace sparsecomm

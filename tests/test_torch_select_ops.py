@@ -1,0 +1,211 @@
+"""Selection with error feedback (sample_threshold, accumulate_candidates, select_top,
+send_selected, sparse_unpack and the pack_* composites) against plain torch references."""
+import pytest
+import torch
+
+import reference
+from sparsecomm.torch import ops
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def _state(numel, device, seed=0, with_momentum=False):
+    g = torch.Generator().manual_seed(seed)
+    residual = (torch.randn(numel, generator=g) * 0.5).to(device)
+    momentum = (torch.randn(numel, generator=g) * 0.5).to(device) if with_momentum else None
+    return residual, momentum
+
+
+def _grad(numel, dtype, device, seed=1, shape=None):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(shape or (numel,), generator=g).to(dtype).to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", [0, 1, 7, 1000, 4097])
+@pytest.mark.parametrize("mode", ["plain", "feedback", "momentum"])
+def test_pack_above_is_exactly_the_elements_at_or_above_the_threshold(device, dtype, numel, mode):
+    grad = _grad(numel, dtype, device)
+    residual, momentum = _state(numel, device, with_momentum=mode == "momentum")
+    if mode == "plain":
+        residual = None
+    m = 0.9 if mode == "momentum" else 0.0
+    acc, u = reference.accumulate(grad.cpu(), None if residual is None else residual.cpu(),
+                                  None if momentum is None else momentum.cpu(), m)
+    threshold = 1.0
+    want = reference.send(acc, u, reference.above(acc, threshold), dtype, residual, momentum)
+    total_before = acc.clone()
+    values, index = ops.pack_above(grad, residual, threshold, momentum=momentum, momentum_factor=m)
+    assert values.dtype == dtype and index.dtype == torch.int32
+    assert torch.equal(index.cpu().long(), want[1])
+    assert torch.equal(values.cpu(), want[0])
+    if residual is not None:
+        assert torch.equal(residual.cpu(), want[2])
+        sent = torch.zeros(numel).index_add_(0, index.cpu().long(), values.cpu().float())
+        assert torch.equal(sent + residual.cpu(), total_before)  # nothing lost, exactly
+    if momentum is not None:
+        assert torch.equal(momentum.cpu(), want[3])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel,k", [(1000, 10), (1000, 1000), (1000, 0), (1, 1), (0, 0), (100_003, 100),
+                                     (100_003, 5000)])
+def test_pack_topk_is_the_exact_top_k(device, dtype, numel, k):
+    grad = _grad(numel, dtype, device)
+    residual, _ = _state(numel, device)
+    acc, u = reference.accumulate(grad.cpu(), residual.cpu())
+    want = reference.send(acc, u, reference.topk_mask(acc, k), dtype, residual.cpu())
+    values, index = ops.pack_topk(grad, residual, k, seed=3, tensor_id=5, step=2)
+    assert torch.equal(index.cpu().long(), want[1])
+    assert torch.equal(values.cpu(), want[0])
+    assert torch.equal(residual.cpu(), want[2])
+
+
+def test_pack_topk_ties_go_to_the_lower_index_and_survive_a_sampling_miss():
+    grad = torch.tensor([1.0, 3.0, -3.0, 2.0, 3.0, 0.0, -3.0])
+    values, index = ops.pack_topk(grad, None, 3)
+    assert index.tolist() == [1, 2, 4] and values.tolist() == [3.0, -3.0, 3.0]
+    # All equal: every candidate ties; the first k win.
+    values, index = ops.pack_topk(torch.ones(10_000), None, 7)
+    assert index.tolist() == list(range(7))
+    # A few huge values the strided sample cannot see: the exact fallback still finds them.
+    grad = torch.zeros(1_000_000)
+    grad[[5, 500_001, 999_999]] = torch.tensor([7.0, -8.0, 9.0])
+    values, index = ops.pack_topk(grad, None, 3)
+    assert index.tolist() == [5, 500_001, 999_999]
+
+
+def test_pack_topk_matches_torch_topk_on_a_large_tensor():
+    x = torch.randn(1_000_003, generator=torch.Generator().manual_seed(4))
+    _, index = ops.pack_topk(x, None, 1000)
+    assert torch.equal(index.long(), x.abs().topk(1000).indices.sort().values)
+
+
+def _inputs(kind, numel, gen):
+    if kind == "normal":
+        return torch.randn(numel, generator=gen)
+    if kind == "heavy-tailed":  # Cauchy: no variance, rare enormous values
+        return torch.tan(torch.pi * (torch.rand(numel, generator=gen) - 0.5))
+    if kind == "many-ties":  # five distinct values only
+        return torch.randint(-2, 3, (numel,), generator=gen).float()
+    if kind == "mostly-zero":
+        x = torch.zeros(numel)
+        x[torch.randperm(numel, generator=gen)[: numel // 200]] = torch.randn(numel // 200, generator=gen)
+        return x
+    raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy-tailed", "many-ties", "mostly-zero"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01])
+def test_pack_sampled_counts_land_in_the_band(device, kind, ratio):
+    gen = torch.Generator().manual_seed(7)
+    for step in range(5):
+        x = _inputs(kind, 1_000_000, gen).to(device)
+        residual = torch.zeros_like(x)
+        before = x.clone()
+        k = int(ratio * x.numel() + 0.5)
+        values, index = ops.pack_sampled(x, residual, ratio, seed=1, tensor_id=2, step=step)
+        assert 0.8 * k <= index.numel() <= 1.3 * k, (kind, step, index.numel(), k)
+        sent = torch.zeros(x.numel(), device=device).index_add_(0, index.long(), values.float())
+        assert torch.equal(sent + residual, before)  # nothing lost
+        # What was sent is never smaller than what was kept.
+        assert values.abs().min() >= residual.abs().max()
+
+
+@pytest.mark.parametrize("kind", ["normal", "heavy-tailed"])
+@pytest.mark.parametrize("ratio", [0.001, 0.01])
+def test_sampled_threshold_alone_lands_in_the_band_on_continuous_inputs(kind, ratio):
+    gen = torch.Generator().manual_seed(8)
+    x = _inputs(kind, 2_000_000, gen)
+    k = ratio * x.numel()
+    for step in range(5):
+        t = ops.sample_threshold(x, None, ratio, seed=1, tensor_id=9, step=step)
+        assert t.shape == () and t.dtype == torch.float32
+        assert 0.8 * k <= (x.abs() >= t).sum().item() <= 1.3 * k
+
+
+def test_sample_threshold_sees_the_accumulated_values_and_is_deterministic():
+    x = torch.randn(100_000)
+    residual = torch.randn(100_000) * 10
+    t_grad = ops.sample_threshold(x, None, 0.01, seed=1, step=0)
+    t_acc = ops.sample_threshold(x, residual, 0.01, seed=1, step=0)
+    assert t_acc > 3 * t_grad  # the residual dominates |acc|
+    assert torch.equal(t_acc, ops.sample_threshold(x, residual, 0.01, seed=1, step=0))
+    assert torch.equal(ops.sample_threshold(torch.empty(0), None, 0.01), torch.tensor(float("inf")))
+    # The whole tensor sampled: the threshold is the exact k-th largest magnitude.
+    small = torch.randn(500)
+    t = ops._ops.sample_threshold(small, None, None, 0.0, 0.02, 500, 0, 0, 0)
+    assert t == small.abs().topk(10).values[-1]
+
+
+def test_nan_is_sent_not_kept():
+    grad = torch.tensor([0.1, float("nan"), 0.2, 5.0])
+    residual = torch.zeros(4)
+    values, index = ops.pack_above(grad, residual, 1.0)
+    assert index.tolist() == [1, 3] and values[0].isnan() and values[1] == 5.0
+    assert not residual.isnan().any()
+    values, index = ops.pack_topk(torch.tensor([0.1, float("nan"), 0.2]), None, 1)
+    assert index.tolist() == [1]
+
+
+def test_non_contiguous_grad(device):
+    grad = torch.randn(300, 200, device=device).t()
+    residual = torch.zeros(grad.numel(), device=device)
+    values, index = ops.pack_above(grad, residual, 2.0)
+    flat = grad.contiguous().reshape(-1).cpu()
+    assert torch.equal(index.cpu().long(), (flat.abs() >= 2.0).nonzero().reshape(-1))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 0.5, 1 / 3])
+def test_sparse_unpack_equals_index_add_with_duplicates(device, dtype, scale):
+    gen = torch.Generator().manual_seed(2)
+    # Three "ranks" sending overlapping index sets, concatenated.
+    index = torch.cat([torch.randperm(500, generator=gen)[:100] for _ in range(3)]).int()
+    values = torch.randn(300, generator=gen).to(dtype)
+    dense = ops.sparse_unpack(values.to(device), index.to(device), 500, scale)
+    want = (torch.zeros(500).index_add_(0, index.long(), values.float()) * scale).to(dtype)
+    assert dense.dtype == dtype and torch.equal(dense.cpu(), want)
+    assert torch.equal(ops.sparse_unpack(torch.empty(0, dtype=dtype), torch.empty(0, dtype=torch.int32), 4, 1.0),
+                       torch.zeros(4, dtype=dtype))
+
+
+def test_select_top_keeps_index_order():
+    acc = torch.tensor([1.0, -5.0, 2.0, 5.0, -0.5])
+    index = torch.tensor([3, 8, 9, 20, 31], dtype=torch.int32)
+    a, i = ops.select_top(acc, index, 3)
+    assert i.tolist() == [8, 9, 20] and a.tolist() == [-5.0, 2.0, 5.0]
+
+
+def test_ops_pass_opcheck():
+    grad = torch.randn(300)
+    t = torch.tensor(1.0)
+    torch.library.opcheck(torch.ops.sparsecomm.sample_threshold.default,
+                          (grad, torch.zeros(300), torch.zeros(300), 0.9, 0.01, 64, 1, 2, 3))
+    torch.library.opcheck(torch.ops.sparsecomm.accumulate_candidates.default,
+                          (grad, torch.zeros(300), torch.zeros(300), 0.9, t))
+    torch.library.opcheck(torch.ops.sparsecomm.accumulate_candidates.default, (grad, None, None, 0.0, t))
+    acc, index = ops.accumulate_candidates(grad, None, t)
+    torch.library.opcheck(torch.ops.sparsecomm.select_top.default, (acc, index, 5))
+    torch.library.opcheck(torch.ops.sparsecomm.send_selected.default,
+                          (acc, index, torch.zeros(300), torch.zeros(300), True, torch.float16))
+    torch.library.opcheck(torch.ops.sparsecomm.sparse_unpack.default, (acc, index, 300, 0.5))
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: ops.pack_above(torch.randn(10), torch.zeros(9), 1.0), r"residual should have numel 10 like grad, got 9"),
+    (lambda: ops.pack_above(torch.randn(10), None, 1.0, momentum=torch.zeros(10, dtype=torch.float64)),
+     r"momentum should be float32, got Double"),
+    (lambda: ops.pack_above(torch.arange(10), None, 1.0), r"expected a float32, float16 or bfloat16 tensor, got Long"),
+    (lambda: ops.sample_threshold(torch.randn(10), None, 1.5), r"ratio should be in \(0, 1\], got 1.5"),
+    (lambda: ops.sparse_unpack(torch.ones(2), torch.tensor([0, 5], dtype=torch.int32), 5),
+     r"index should be in \[0, 5\), got values in \[0, 5\]"),
+    (lambda: ops.sparse_unpack(torch.ones(2), torch.tensor([0, 1]), 5), r"index should be a 1-D int32 tensor"),
+    (lambda: ops.select_top(torch.ones(2), torch.zeros(3, dtype=torch.int32), 1),
+     r"acc and index should have the same length, got 2 and 3"),
+    (lambda: ops.send_selected(torch.ones(1), torch.tensor([10], dtype=torch.int32), torch.zeros(10),
+                               torch.float32), r"index should be in \[0, 10\), got values in \[10, 10\]"),
+])
+def test_bad_arguments_are_named(call, message):
+    with pytest.raises(RuntimeError, match=message):
+        call()
