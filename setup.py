@@ -35,7 +35,8 @@ def _cpu_flags():
     # No floating-point contraction (FMA): kernels compute in the written order with one rounding
     # per operation, so CPU, CUDA, torch, TF and a plain numpy reference agree bit for bit.
     # The C++ standard comes from torch / TF.
-    return ["-O3", "-ffp-contract=off"] + ([f"-march={arch}"] if arch else [])
+    # OpenMP splits the memory-bound passes over the cores (the runtime torch already uses).
+    return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}"] if arch else [])
 
 
 def torch_extension():
@@ -45,11 +46,12 @@ def torch_extension():
         with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
     sources = _sources("csrc/torch/ops.cpp") + _sources("csrc/torch/cpu.cpp") + _sources("csrc/cpu/*.cpp")
     if not with_cuda:
-        return cpp_extension.CppExtension("sparsecomm._C", sources, extra_compile_args={"cxx": _cpu_flags()})
+        return cpp_extension.CppExtension("sparsecomm._C", sources, extra_compile_args={"cxx": _cpu_flags()},
+                                          extra_link_args=["-fopenmp"])
     sources += _sources("csrc/torch/cuda.cpp") + _sources("csrc/cuda/*.cu")
     return cpp_extension.CUDAExtension(
         "sparsecomm._C", sources,
-        extra_compile_args={"cxx": _cpu_flags(), "nvcc": ["-O3", "--fmad=false"]})
+        extra_compile_args={"cxx": _cpu_flags(), "nvcc": ["-O3", "--fmad=false"]}, extra_link_args=["-fopenmp"])
 
 
 def tensorflow_extension():
@@ -73,7 +75,7 @@ def tensorflow_extension():
         _sources("csrc/tensorflow/*.cc") + _sources("csrc/cpu/*.cpp"),
         language="c++",
         extra_compile_args=compile_flags + _cpu_flags() + ["-Wno-deprecated-declarations"],  # TF headers
-        extra_link_args=link_flags + [f"-Wl,-rpath,{d}" for d in lib_dirs],
+        extra_link_args=link_flags + ["-fopenmp"] + [f"-Wl,-rpath,{d}" for d in lib_dirs],
     )
 
 

@@ -1,25 +1,37 @@
 // CPU launchers for csrc/kernels/block.h. The cyclic block splits the tensor into at most
 // three contiguous ranges, each a branch-free loop the compiler vectorizes.
+#include <algorithm>
+
 #include "launchers.h"
+#include "parallel.h"
 #include "../kernels/block.h"
 
 namespace sparsecomm {
 namespace cpu {
 namespace {
 
-// Calls in_block(i0, i1, j0) and outside(i0, i1) over the ranges of a cyclic block.
+// Calls in_block(i0, i1, j0) and outside(i0, i1) over the ranges of a cyclic block, the
+// tensor split into chunks over the cores.
 template <typename InBlock, typename Outside>
 void for_block_ranges(int64_t numel, int64_t start, int64_t length, InBlock in_block, Outside outside) {
   const int64_t end = start + length;
-  if (end <= numel) {
-    outside(0, start);
-    in_block(start, end, 0);
-    outside(end, numel);
-  } else {  // wraps around: [0, end - numel) are the block's last elements
-    in_block(0, end - numel, numel - start);
-    outside(end - numel, start);
-    in_block(start, numel, 0);
-  }
+  // The block as up to two tensor ranges [b0, e0) and [b1, e1), with the block position of b_i.
+  const int64_t b0 = end <= numel ? start : 0, e0 = end <= numel ? end : end - numel;
+  const int64_t j0 = end <= numel ? 0 : numel - start;
+  const int64_t b1 = end <= numel ? numel : start, e1 = numel;
+  for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
+    int64_t i = lo;
+    auto walk = [&](int64_t b, int64_t e, int64_t j) {  // the ranges before and inside [b, e)
+      const int64_t cb = std::max(b, lo), ce = std::min(e, hi);
+      if (cb >= ce) return;
+      if (i < cb) outside(i, cb);
+      in_block(cb, ce, j + (cb - b));
+      i = ce;
+    };
+    walk(b0, e0, j0);
+    walk(b1, e1, 0);
+    if (i < hi) outside(i, hi);
+  });
 }
 
 }  // namespace

@@ -44,6 +44,7 @@ template <typename T>
 void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values);
 
 // dense = T(scale * sum of the values at each index), duplicates adding in input order.
+// dense may be any buffer of numel elements (its old contents are overwritten).
 template <typename T>
 void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense);
 

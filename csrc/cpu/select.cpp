@@ -1,8 +1,10 @@
 // CPU launchers for threshold / top-k selection with error feedback (feedback.h, sample.h).
 #include <algorithm>
 #include <cmath>
+#include <stdexcept>
 
 #include "launchers.h"
+#include "parallel.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -12,11 +14,27 @@ float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const S
   if (numel == 0 || plan.count == 0) return INFINITY;
   std::vector<float> sample(plan.count);
   float u;
-  for (int64_t j = 0; j < plan.count; ++j)
-    sample[j] = magnitude(accumulated(grad, fb, plan.offset + j * plan.stride, &u));
-  auto nth = sample.begin() + (plan.rank - 1);
-  std::nth_element(sample.begin(), nth, sample.end(), std::greater<float>());
-  return *nth;
+  float* out = sample.data();
+  for (int64_t r = 0; r < plan.runs; ++r) {  // nested loops: no division per sample
+    const int64_t first = plan.offset + r * plan.stride;
+    for (int64_t q = 0; q < plan.run; ++q) *out++ = magnitude(accumulated(grad, fb, first + q, &u));
+  }
+  if (plan.rank * 8 > plan.count) {
+    auto nth = sample.begin() + (plan.rank - 1);
+    std::nth_element(sample.begin(), nth, sample.end(), std::greater<float>());
+    return *nth;
+  }
+  // A small rank: a min-heap of the `rank` largest so far; most values fail one comparison.
+  std::vector<float> heap(sample.begin(), sample.begin() + plan.rank);
+  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
+  for (int64_t j = plan.rank; j < plan.count; ++j) {
+    if (sample[j] > heap.front()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+      heap.back() = sample[j];
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
+  }
+  return heap.front();
 }
 
 namespace {
@@ -25,22 +43,27 @@ namespace {
 // blocks with a candidate are walked again to append it.
 constexpr int64_t kBlock = 64;
 
-template <typename T, bool kResidualIn, bool kMomentum>
-void accumulate_blocks(const T* grad, const Feedback& fb, int64_t numel, float threshold,
+template <typename T, bool kResidual, bool kMomentum>
+void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t end, float threshold,
                        std::vector<float>& acc_out, std::vector<int32_t>& index_out) {
+  const float* residual_in = fb.residual_in;
+  float* residual_out = fb.residual_out;
+  const float* momentum_in = fb.momentum_in;
+  float* momentum_out = fb.momentum_out;
+  const float m = fb.momentum;
   float acc[kBlock];
-  for (int64_t first = 0; first < numel; first += kBlock) {
-    const int64_t n = std::min(kBlock, numel - first);
-    const T* g = grad + first;
+  for (int64_t first = begin; first < end; first += kBlock) {
+    const int64_t n = std::min(kBlock, end - first);
     int any = 0;
     for (int64_t j = 0; j < n; ++j) {
-      float u = to_float(g[j]);
+      const int64_t i = first + j;
+      float u = to_float(grad[i]);
       if (kMomentum) {
-        u = fb.momentum * fb.momentum_in[first + j] + u;
-        if (fb.momentum_out) fb.momentum_out[first + j] = u;
+        u = m * momentum_in[i] + u;
+        momentum_out[i] = u;
       }
-      const float a = kResidualIn ? fb.residual_in[first + j] + u : u;
-      if (fb.residual_out) fb.residual_out[first + j] = a;
+      const float a = kResidual ? residual_in[i] + u : u;
+      if (kResidual) residual_out[i] = a;
       acc[j] = a;
       any |= int(selected(a, threshold));
     }
@@ -59,11 +82,27 @@ void accumulate_blocks(const T* grad, const Feedback& fb, int64_t numel, float t
 template <typename T>
 void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold,
                            std::vector<float>& acc, std::vector<int32_t>& index) {
-  // The state layout is fixed per call: specialize the hot loop on it.
-  if (fb.residual_in && fb.momentum_in) accumulate_blocks<T, true, true>(grad, fb, numel, threshold, acc, index);
-  else if (fb.residual_in) accumulate_blocks<T, true, false>(grad, fb, numel, threshold, acc, index);
-  else if (fb.momentum_in) accumulate_blocks<T, false, true>(grad, fb, numel, threshold, acc, index);
-  else accumulate_blocks<T, false, false>(grad, fb, numel, threshold, acc, index);
+  // The state layout is fixed per call: specialize the hot loop on it. A state is read and
+  // written (in place, or in -> out), or absent.
+  const bool residual = fb.residual_in && fb.residual_out, momentum = fb.momentum_in && fb.momentum_out;
+  if ((fb.residual_in || fb.residual_out) != residual || (fb.momentum_in || fb.momentum_out) != momentum)
+    throw std::invalid_argument("accumulate_candidates: residual and momentum need both an input and an output");
+  auto pass = residual && momentum ? accumulate_blocks<T, true, true>
+            : residual             ? accumulate_blocks<T, true, false>
+            : momentum             ? accumulate_blocks<T, false, true>
+                                   : accumulate_blocks<T, false, false>;
+  const int chunks = pass_threads(numel);
+  if (chunks == 1) return pass(grad, fb, 0, numel, threshold, acc, index);
+  // Each chunk collects its own candidates; concatenated in chunk order they stay in index order.
+  std::vector<std::vector<float>> chunk_acc(chunks);
+  std::vector<std::vector<int32_t>> chunk_index(chunks);
+  for_chunks(numel, chunks, kBlock, [&](int c, int64_t begin, int64_t end) {
+    pass(grad, fb, begin, end, threshold, chunk_acc[c], chunk_index[c]);
+  });
+  for (int c = 0; c < chunks; ++c) {
+    acc.insert(acc.end(), chunk_acc[c].begin(), chunk_acc[c].end());
+    index.insert(index.end(), chunk_index[c].begin(), chunk_index[c].end());
+  }
 }
 
 int64_t select_top(float* acc, int32_t* index, int64_t count, int64_t k) {
@@ -92,18 +131,17 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
 
 template <typename T>
 void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense) {
-  std::vector<float> sum(numel, 0.0f);
+  // Sums in float32 go to a per-thread scratch buffer that is all zero between calls (grown
+  // once, then reused: no page faults on the hot path). One parallel pass writes the output;
+  // only the touched scratch entries are zeroed again.
+  static thread_local std::vector<float> scratch;
+  if (int64_t(scratch.size()) < numel) scratch.assign(numel, 0.0f);
+  float* sum = scratch.data();
   for (int64_t j = 0; j < count; ++j) sum[index[j]] += to_float(values[j]);
-  for (int64_t i = 0; i < numel; ++i) dense[i] = from_float<T>(scale * sum[i]);
-}
-
-template <>
-void sparse_unpack<float>(const float* values, const int32_t* index, int64_t count, float scale, int64_t numel,
-                          float* dense) {
-  std::fill(dense, dense + numel, 0.0f);
-  for (int64_t j = 0; j < count; ++j) dense[index[j]] += values[j];
-  if (scale != 1.0f)
-    for (int64_t i = 0; i < numel; ++i) dense[i] *= scale;
+  for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) dense[i] = from_float<T>(scale * sum[i]);
+  });
+  for (int64_t j = 0; j < count; ++j) sum[index[j]] = 0.0f;
 }
 
 #define SC_INSTANTIATE(T)                                                                                     \

@@ -55,7 +55,8 @@ SC_HOST_DEVICE T send(const Feedback& fb, int64_t i, float acc) {
 }
 
 // The selection rule shared by every threshold: |acc| >= t, and NaN always (see above).
-SC_HOST_DEVICE bool selected(float acc, float threshold) { return !(acc < threshold && -acc < threshold); }
+// (& not &&: branch-free, so loops over it vectorize.)
+SC_HOST_DEVICE bool selected(float acc, float threshold) { return !((acc < threshold) & (-acc < threshold)); }
 
 // Magnitude used for ordering: |x|, with NaN as +inf (a strict weak order for sorting).
 SC_HOST_DEVICE float magnitude(float x) {

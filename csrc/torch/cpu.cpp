@@ -105,13 +105,17 @@ at::Tensor send_selected_cpu(const at::Tensor& acc_in, const at::Tensor& index_i
   return values;
 }
 
-at::Tensor sparse_unpack_cpu(const at::Tensor& values_in, const at::Tensor& index_in, int64_t numel, double scale) {
+void sparse_unpack_into_cpu(const at::Tensor& values_in, const at::Tensor& index_in, double scale,
+                            const at::Tensor& out) {
   TORCH_CHECK(values_in.dim() == 1, "sparse_unpack: values should be 1-D, got ", values_in.dim(), "-D");
   TORCH_CHECK(index_in.scalar_type() == at::kInt && index_in.dim() == 1,
               "sparse_unpack: index should be a 1-D int32 tensor, got ", index_in.dim(), "-D ", index_in.scalar_type());
   TORCH_CHECK(values_in.numel() == index_in.numel(), "sparse_unpack: values and index should have the same length, "
               "got ", values_in.numel(), " and ", index_in.numel());
-  TORCH_CHECK(numel >= 0, "sparse_unpack: numel should be >= 0, got ", numel);
+  TORCH_CHECK(out.scalar_type() == values_in.scalar_type(), "sparse_unpack: out should be ", values_in.scalar_type(),
+              " like values, got ", out.scalar_type());
+  TORCH_CHECK(out.is_contiguous(), "sparse_unpack: out should be contiguous");
+  const int64_t numel = out.numel();
   check_indexable("sparse_unpack", numel);
   const at::Tensor values = values_in.contiguous(), index = index_in.contiguous();
   if (index.numel() > 0) {
@@ -120,11 +124,16 @@ at::Tensor sparse_unpack_cpu(const at::Tensor& values_in, const at::Tensor& inde
     TORCH_CHECK(*lo >= 0 && *hi < numel, "sparse_unpack: index should be in [0, ", numel, "), got values in [", *lo,
                 ", ", *hi, "]");
   }
-  at::Tensor dense = at::empty({numel}, values.options());
   SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "sparse_unpack", [&] {
     cpu::sparse_unpack<scalar_t>(data_as<scalar_t>(values), index.data_ptr<int32_t>(), values.numel(), float(scale),
-                                 numel, data_as<scalar_t>(dense));
+                                 numel, data_as<scalar_t>(out));
   });
+}
+
+at::Tensor sparse_unpack_cpu(const at::Tensor& values, const at::Tensor& index, int64_t numel, double scale) {
+  TORCH_CHECK(numel >= 0, "sparse_unpack: numel should be >= 0, got ", numel);
+  at::Tensor dense = at::empty({numel}, values.options());
+  sparse_unpack_into_cpu(values, index, scale, dense);
   return dense;
 }
 
@@ -137,6 +146,7 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("select_top", &select_top_cpu);
   m.impl("send_selected", &send_selected_cpu);
   m.impl("sparse_unpack", &sparse_unpack_cpu);
+  m.impl("sparse_unpack_into", &sparse_unpack_into_cpu);
 }
 
 }  // namespace torch_binding

@@ -74,6 +74,8 @@ TORCH_LIBRARY(sparsecomm, m) {
         "ScalarType dtype) -> Tensor");
   // Dense tensor of numel elements: scale * (sum of values at each index); duplicates add.
   m.def("sparse_unpack(Tensor values, Tensor index, int numel, float scale) -> Tensor");
+  // The same into an existing buffer (e.g. the gradient itself): no allocation, no page faults.
+  m.def("sparse_unpack_into(Tensor values, Tensor index, float scale, Tensor(a!) out) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(sparsecomm, Meta, m) {

@@ -87,10 +87,16 @@ def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):
     return _ops.send_selected(acc, index, residual, momentum, masking, dtype)
 
 
-def sparse_unpack(values, index, numel, scale=1.0):
-    """Dense 1-D tensor: scale * (sum of the values at each index); duplicates add (e.g. the
-    concatenated contributions of several ranks)."""
-    return _ops.sparse_unpack(values, index, numel, scale)
+def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
+    """Dense 1-D tensor: scale * (sum of the values at each index, in float32); duplicates add
+    (e.g. the concatenated contributions of several ranks). With `out` (contiguous, values'
+    dtype), writes there instead of allocating, and returns it."""
+    if out is None:
+        return _ops.sparse_unpack(values, index, numel, scale)
+    if out.numel() != numel:
+        raise ValueError(f"sparse_unpack: out should have numel {numel}, got {out.numel()}")
+    _ops.sparse_unpack_into(values, index, scale, out)
+    return out
 
 
 def pack_above(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, masking=True):

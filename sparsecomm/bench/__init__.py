@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m sparsecomm.bench kernels --json PATH`."""

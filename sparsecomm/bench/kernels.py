@@ -1,0 +1,92 @@
+"""Kernel benchmark: every sparsecomm kernel on realistic sizes, with the baselines measured
+in the same run (memcpy of the same float32 buffer and torch.topk(x.abs(), k)), so the
+ratios carry to other machines. Medians of repeated runs after a warm-up."""
+import statistics
+import time
+
+import torch
+
+from ..torch import ops
+
+SIZES = (1_000_000, 25_557_032)  # 25,557,032 = one ResNet-50 gradient
+DENSITIES = (0.001, 0.01)
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn, device, repeats, setup=None):
+    """Median wall time of fn() in ms; setup() runs untimed before each call."""
+    times = []
+    for i in range(repeats + 1):
+        args = setup() if setup else ()
+        _sync(device)
+        started = time.perf_counter()
+        fn(*args)
+        _sync(device)
+        if i:  # the first call warms up
+            times.append(1000 * (time.perf_counter() - started))
+    return statistics.median(times)
+
+
+def cases(x, density):
+    """(name, fn, setup) for each kernel at this size and density."""
+    numel = x.numel()
+    k = max(1, int(density * numel + 0.5))
+    residual0 = torch.randn(numel, device=x.device) * 0.01
+    threshold = ops.sample_threshold(x, residual0, density)
+
+    def fresh_residual():
+        return (residual0.clone(),)
+
+    values, index = ops.pack_topk(x, None, k)
+    dense = torch.empty_like(x)
+    return [
+        ("sample_threshold", lambda r: ops.sample_threshold(x, r, density), fresh_residual),
+        ("pack_above (fused EF threshold pack)", lambda r: ops.pack_above(x, r, threshold), fresh_residual),
+        ("pack_sampled (estimate + pack + band)", lambda r: ops.pack_sampled(x, r, density), fresh_residual),
+        ("pack_topk (exact top-k, EF)", lambda r: ops.pack_topk(x, r, k), fresh_residual),
+        ("topk (exact, no EF)", lambda: ops.pack_topk(x, None, k), None),
+        ("block_pack (random block, EF)", lambda r: ops.block_pack(x, r, 12345 % numel, k), fresh_residual),
+        ("sparse_unpack (k values, into a buffer)", lambda: ops.sparse_unpack(values, index, numel, out=dense), None),
+        ("block_unpack (k values)", lambda: ops.block_unpack(values, numel, 12345 % numel), None),
+    ]
+
+
+def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print):
+    device = torch.device(device)
+    records = []
+    for numel in sizes:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(numel, generator=gen).to(dtype).to(device)
+        src = torch.randn(numel, generator=gen).to(device)  # memcpy baseline: float32, same numel
+        dst = torch.empty_like(src)
+        memcpy_ms = median_ms(lambda: dst.copy_(src), device, repeats)
+        for density in densities:
+            k = max(1, int(density * numel + 0.5))
+            topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
+            for name, fn, setup in cases(x, density):
+                ms = median_ms(fn, device, repeats, setup)
+                record = {"op": name, "numel": numel, "density": density, "dtype": str(dtype).replace("torch.", ""),
+                          "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms}
+                records.append(record)
+                progress(record)
+    return records
+
+
+def table(records):
+    header = (f"{'op':<40}{'numel':>12}{'density':>9}{'dtype':>10}{'device':>7}{'median ms':>11}"
+              f"{'x memcpy':>10}{'topk / op':>11}")
+    lines = [header, "-" * len(header)]
+    for r in records:
+        lines.append(f"{r['op']:<40}{r['numel']:>12,}{r['density']:>9}{r['dtype']:>10}{r['device']:>7}"
+                     f"{r['median_ms']:>11.3f}{r['median_ms'] / r['memcpy_ms']:>10.2f}"
+                     f"{r['topk_ms'] / r['median_ms']:>10.1f}x")
+    baselines = sorted({(r["numel"], r["density"], r["memcpy_ms"], r["topk_ms"]) for r in records})
+    lines.append("")
+    lines.append("baselines in the same run: memcpy = float32 copy of the same numel; topk = torch.topk(x.abs(), k)")
+    for numel, density, memcpy_ms, topk_ms in baselines:
+        lines.append(f"  numel {numel:>12,}  density {density:<6}  memcpy {memcpy_ms:8.3f} ms  topk {topk_ms:9.3f} ms")
+    return "\n".join(lines)
