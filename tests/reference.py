@@ -103,3 +103,36 @@ def topk_mask(acc, k):
     mask = torch.zeros(acc.numel(), dtype=torch.bool)
     mask[order] = True
     return mask
+
+
+def random_k_indices(seed, tensor_id, step, numel, k):
+    """The shared-seed random-k indices: a 4-round Feistel permutation of [0, 2^b), keys from
+    Philox draw 0x80000000, murmur3 finalizer rounds, cycle-walked into [0, numel); sorted."""
+    M = 0xFFFFFFFF
+    keys = philox4x32_10((0x80000000, tensor_id, step & M, step >> 32), (seed & M, seed >> 32))
+    bits = 2
+    while bits < 62 and (1 << bits) < numel:
+        bits += 2
+    half = bits // 2
+    mask = (1 << half) - 1
+
+    def mix(h):
+        h ^= h >> 16
+        h = (h * 0x85EBCA6B) & M
+        h ^= h >> 13
+        h = (h * 0xC2B2AE35) & M
+        return h ^ (h >> 16)
+
+    def feistel(x):
+        left, right = (x >> half) & mask, x & mask
+        for r in range(4):
+            left, right = right, left ^ (mix(right ^ keys[r]) & mask)
+        return (left << half) | right
+
+    out = []
+    for j in range(k):
+        x = feistel(j)
+        while x >= numel:
+            x = feistel(x)
+        out.append(x)
+    return sorted(out)

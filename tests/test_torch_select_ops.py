@@ -209,3 +209,55 @@ def test_ops_pass_opcheck():
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(RuntimeError, match=message):
         call()
+
+
+@pytest.mark.parametrize("numel,k", [(0, 0), (1, 1), (2, 1), (10, 10), (1000, 100), (1_000_003, 1000), (4097, 33)])
+def test_random_k_indices_match_the_reference_and_are_distinct(device, numel, k):
+    got = ops.random_k_indices(torch.empty(numel, device=device), k, seed=2**63 + 5, tensor_id=77, step=2**33 + 1)
+    assert got.dtype == torch.int32 and got.device.type == device
+    want = reference.random_k_indices(2**63 + 5, 77, 2**33 + 1, numel, k)
+    assert got.cpu().tolist() == want
+    assert len(set(want)) == k and all(0 <= i < numel for i in want)
+
+
+def test_random_k_covers_the_tensor_uniformly_and_changes_every_step():
+    numel, k, steps = 100, 10, 3000
+    hits = torch.zeros(numel)
+    previous = None
+    for step in range(steps):
+        index = ops.random_k_indices(torch.empty(numel), k, seed=1, tensor_id=2, step=step)
+        hits[index.long()] += 1
+        assert previous is None or not torch.equal(index, previous)
+        previous = index
+    expected = steps * k / numel  # 300 per element; binomial sd about 16
+    assert hits.min() > expected - 80 and hits.max() < expected + 80, hits
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pack_randomk_sends_the_shared_indices_with_error_feedback(device, dtype):
+    grad = _grad(5000, dtype, device)
+    residual, _ = _state(5000, device)
+    acc, u = reference.accumulate(grad.cpu(), residual.cpu())
+    index_want = reference.random_k_indices(9, 4, 6, 5000, 50)
+    mask = torch.zeros(5000, dtype=torch.bool)
+    mask[index_want] = True
+    want = reference.send(acc, u, mask, dtype, residual.cpu())
+    values, index = ops.pack_randomk(grad, residual, 50, seed=9, tensor_id=4, step=6)
+    assert index.cpu().tolist() == index_want
+    assert torch.equal(values.cpu(), want[0]) and torch.equal(residual.cpu(), want[2])
+    values_plain, _ = ops.pack_randomk(grad, None, 50, seed=9, tensor_id=4, step=6)
+    assert torch.equal(values_plain.cpu(), grad.cpu()[index_want])
+
+
+def test_pack_rtopk_picks_k_of_the_exact_top_r():
+    gen = torch.Generator().manual_seed(3)
+    grad = torch.randn(20_000, generator=gen)
+    residual = torch.randn(20_000, generator=gen) * 0.1
+    acc, u = reference.accumulate(grad, residual)
+    top_r = reference.topk_mask(acc, 400).nonzero().reshape(-1)  # index order
+    pick = reference.random_k_indices(5, 8, 1, 400, 40)
+    mask = torch.zeros(20_000, dtype=torch.bool)
+    mask[top_r[pick]] = True
+    want = reference.send(acc, u, mask, torch.float32, residual)
+    values, index = ops.pack_rtopk(grad, residual, 400, 40, seed=5, tensor_id=8, step=1)
+    assert torch.equal(index.long(), want[1]) and torch.equal(values, want[0]) and torch.equal(residual, want[2])

@@ -20,6 +20,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 #include <vector>
 #include "../kernels/feedback.h"
 #include "../kernels/sample.h"
+#include "../kernels/permutation.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -47,6 +48,9 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
 // dense may be any buffer of numel elements (its old contents are overwritten).
 template <typename T>
 void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense);
+
+// The k shared-seed random indices of permutation.h, sorted ascending.
+void random_k_indices(const Permutation& perm, int64_t k, int32_t* out);
 
 }  // namespace cpu
 }  // namespace sparsecomm

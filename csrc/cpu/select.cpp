@@ -144,6 +144,11 @@ void sparse_unpack(const T* values, const int32_t* index, int64_t count, float s
   for (int64_t j = 0; j < count; ++j) sum[index[j]] = 0.0f;
 }
 
+void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {
+  for (int64_t j = 0; j < k; ++j) out[j] = int32_t(perm(j));
+  std::sort(out, out + k);
+}
+
 #define SC_INSTANTIATE(T)                                                                                     \
   template float sample_threshold<T>(const T*, const Feedback&, int64_t, const SamplePlan&);                  \
   template void accumulate_candidates<T>(const T*, const Feedback&, int64_t, float, std::vector<float>&,       \

@@ -105,6 +105,19 @@ at::Tensor send_selected_cpu(const at::Tensor& acc_in, const at::Tensor& index_i
   return values;
 }
 
+at::Tensor random_k_indices_cpu(const at::Tensor& like, int64_t seed, int64_t tensor_id, int64_t step, int64_t k) {
+  const int64_t numel = like.numel();
+  check_indexable("random_k_indices", numel);
+  TORCH_CHECK(k >= 0 && k <= numel, "random_k_indices: k should be in [0, numel=", numel, "], got ", k);
+  TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL, "random_k_indices: tensor_id should be a uint32, got ",
+              tensor_id);
+  TORCH_CHECK(step >= 0, "random_k_indices: step should be >= 0, got ", step);
+  at::Tensor out = at::empty({k}, like.options().dtype(at::kInt));
+  cpu::random_k_indices(Permutation(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel), k,
+                        out.data_ptr<int32_t>());
+  return out;
+}
+
 void sparse_unpack_into_cpu(const at::Tensor& values_in, const at::Tensor& index_in, double scale,
                             const at::Tensor& out) {
   TORCH_CHECK(values_in.dim() == 1, "sparse_unpack: values should be 1-D, got ", values_in.dim(), "-D");
@@ -147,6 +160,7 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("send_selected", &send_selected_cpu);
   m.impl("sparse_unpack", &sparse_unpack_cpu);
   m.impl("sparse_unpack_into", &sparse_unpack_into_cpu);
+  m.impl("random_k_indices", &random_k_indices_cpu);
 }
 
 }  // namespace torch_binding

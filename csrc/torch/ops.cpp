@@ -42,6 +42,10 @@ at::Tensor send_selected_meta(const at::Tensor& acc, const at::Tensor&, const c1
   return at::empty_like(acc, acc.options().dtype(dtype));
 }
 
+at::Tensor random_k_indices_meta(const at::Tensor& like, int64_t, int64_t, int64_t, int64_t k) {
+  return at::empty({k}, like.options().dtype(at::kInt));
+}
+
 at::Tensor sparse_unpack_meta(const at::Tensor& values, const at::Tensor&, int64_t numel, double) {
   return at::empty({numel}, values.options());
 }
@@ -72,6 +76,9 @@ TORCH_LIBRARY(sparsecomm, m) {
   // error, their momentum is zeroed when masking.
   m.def("send_selected(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
         "ScalarType dtype) -> Tensor");
+  // k distinct indices of [0, like.numel()) from (seed, tensor_id, step), sorted, int32 on
+  // like's device: the same on every rank (csrc/kernels/permutation.h).
+  m.def("random_k_indices(Tensor like, int seed, int tensor_id, int step, int k) -> Tensor");
   // Dense tensor of numel elements: scale * (sum of values at each index); duplicates add.
   m.def("sparse_unpack(Tensor values, Tensor index, int numel, float scale) -> Tensor");
   // The same into an existing buffer (e.g. the gradient itself): no allocation, no page faults.
@@ -84,6 +91,7 @@ TORCH_LIBRARY_IMPL(sparsecomm, Meta, m) {
   m.impl("sample_threshold", &sample_threshold_meta);
   m.impl("send_selected", &send_selected_meta);
   m.impl("sparse_unpack", &sparse_unpack_meta);
+  m.impl("random_k_indices", &random_k_indices_meta);
   // accumulate_candidates and select_top have data-dependent sizes: their fakes are
   // registered in Python (sparsecomm/torch/ops.py).
 }

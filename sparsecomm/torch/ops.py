@@ -111,12 +111,11 @@ def _accumulated_state(grad, residual, momentum):
     return residual if residual is not None else momentum if momentum is not None else grad
 
 
-def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
-              seed=0, tensor_id=0, step=0):
-    """Error-feedback pack of exactly the k elements of largest |acc| (ties: lower index),
-    in index order. A sampled threshold set for about 1.5k + 32 candidates keeps the exact
-    selection to a small candidate set: one pass over the tensor. If the sample overshoots
-    (fewer than k candidates) a second, read-only pass takes every element as a candidate."""
+def _top_candidates(grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
+    """Accumulates the state (one pass) and returns the k candidates of largest |acc| (ties:
+    lower index), in index order. A sampled threshold set for about 1.5k + 32 candidates keeps
+    the exact selection to a small candidate set; if the sample overshoots (fewer than k
+    candidates) a second, read-only pass takes every element as a candidate."""
     numel = grad.numel()
     k = min(k, numel)
     if k == 0:
@@ -128,7 +127,49 @@ def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=
     acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
     if acc.numel() < k:
         acc, index = accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0)
-    acc, index = select_top(acc, index, k)
+    return select_top(acc, index, k)
+
+
+def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
+              seed=0, tensor_id=0, step=0):
+    """Error-feedback pack of exactly the k elements of largest |acc| (ties: lower index),
+    in index order: one pass over the tensor (see _top_candidates)."""
+    acc, index = _top_candidates(grad, residual, k, momentum=momentum, momentum_factor=momentum_factor,
+                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
+
+
+def random_k_indices(like, k, *, seed, tensor_id, step):
+    """k distinct indices of [0, like.numel()), sorted, int32: a pure function of
+    (seed, tensor_id, step), identical on every rank and device."""
+    return _ops.random_k_indices(like, seed_as_int64(seed), tensor_id, step, k)
+
+
+def pack_indices(grad, residual, index, *, momentum=None, momentum_factor=0.0, masking=True):
+    """Error-feedback pack of the elements at `index` (int32, distinct, ascending): one pass
+    to accumulate the state, then an O(k) gather. Returns the values in grad's dtype."""
+    if residual is not None or momentum is not None:  # no state: nothing to accumulate
+        accumulate_candidates(grad, residual, float("inf"), momentum=momentum, momentum_factor=momentum_factor)
+    acc = _accumulated_state(grad, residual, momentum).reshape(-1)[index.long()].float()
+    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
+
+
+def pack_randomk(grad, residual, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True):
+    """Shared-seed random-k: every rank packs the same k coordinates, so the values can be
+    summed by an allreduce with no indices on the wire. Returns (values, index)."""
+    index = random_k_indices(grad, min(k, grad.numel()), seed=seed, tensor_id=tensor_id, step=step)
+    return pack_indices(grad, residual, index, momentum=momentum, momentum_factor=momentum_factor,
+                        masking=masking), index
+
+
+def pack_rtopk(grad, residual, r, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True,
+               sample_ratio=0.01):
+    """rTop-k (Barnes et al. 2020): k elements drawn uniformly (shared-seed stream) from the
+    r of largest |acc|, in index order. Returns (values, index)."""
+    acc, index = _top_candidates(grad, residual, max(r, k), momentum=momentum, momentum_factor=momentum_factor,
+                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    pick = random_k_indices(acc, min(k, acc.numel()), seed=seed, tensor_id=tensor_id, step=step).long()
+    acc, index = acc[pick], index[pick]
     return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
 
 
