@@ -136,3 +136,22 @@ def random_k_indices(seed, tensor_id, step, numel, k):
             x = feistel(x)
         out.append(x)
     return sorted(out)
+
+
+def quantize(acc, bits):
+    """(codes bytes, scales float32, decoded float32) of 1-/2-bit quantization with per-class
+    means, computed in float64 then rounded like the kernels."""
+    import numpy as np
+    a = acc.double().numpy()
+    split = np.float32(np.abs(a).mean()) if a.size else np.float32(0)
+    code = (a >= 0).astype(np.uint32)
+    if bits == 2:
+        code |= (np.abs(acc.numpy()) >= split).astype(np.uint32) << 1
+    scales = np.zeros(2 if bits == 1 else 4, np.float32)
+    for c in range(scales.size):
+        if (code == c).any():
+            scales[c] = np.float32(a[code == c].mean())
+    packed = np.zeros((a.size * bits + 7) // 8, np.uint8)
+    for j, c in enumerate(code):
+        packed[(j * bits) >> 3] |= np.uint8(c << ((j * bits) & 7))
+    return packed, scales, scales[code]

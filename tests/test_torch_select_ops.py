@@ -261,3 +261,54 @@ def test_pack_rtopk_picks_k_of_the_exact_top_r():
     want = reference.send(acc, u, mask, torch.float32, residual)
     values, index = ops.pack_rtopk(grad, residual, 400, 40, seed=5, tensor_id=8, step=1)
     assert torch.equal(index.long(), want[1]) and torch.equal(values, want[0]) and torch.equal(residual, want[2])
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("count", [0, 1, 5, 1000])
+def test_send_quantized_matches_the_reference_and_keeps_the_error(bits, count):
+    gen = torch.Generator().manual_seed(count)
+    acc = torch.randn(count, generator=gen) * 3
+    index = torch.randperm(5000, generator=gen)[:count].sort().values.int()
+    residual = torch.zeros(5000)
+    momentum = torch.ones(5000)
+    codes, scales = ops.send_quantized(acc, index, residual, bits, momentum=momentum)
+    want_codes, want_scales, decoded = reference.quantize(acc, bits)
+    assert codes.dtype == torch.uint8 and codes.tolist() == want_codes.tolist()
+    assert scales.tolist() == want_scales.tolist()
+    assert torch.equal(ops.dequantize(codes, scales, count, bits), torch.from_numpy(decoded))
+    # The quantization error stays in the residual; the momentum of sent elements is masked.
+    torch.testing.assert_close(residual[index.long()] + torch.from_numpy(decoded), acc, rtol=0, atol=1e-6)
+    assert residual.count_nonzero() <= count and momentum[index.long()].count_nonzero() == 0
+
+
+def test_quantization_reduces_the_error_with_more_bits():
+    acc = torch.randn(10_000, generator=torch.Generator().manual_seed(0))
+    index = torch.arange(10_000, dtype=torch.int32)
+    errors = []
+    for bits in (1, 2):
+        codes, scales = ops.send_quantized(acc, index, None, bits)
+        errors.append((ops.dequantize(codes, scales, 10_000, bits) - acc).square().mean().item())
+    assert errors[1] < 0.5 * errors[0]
+
+
+def test_send_in_half_precision_keeps_the_rounding_error():
+    acc = torch.randn(1000, generator=torch.Generator().manual_seed(1)) * 1e-3
+    index = torch.arange(0, 2000, 2, dtype=torch.int32)
+    residual = torch.zeros(2000)
+    for dtype in (torch.float16, torch.bfloat16):
+        residual.zero_()
+        values = ops.send_selected(acc, index, residual, dtype)
+        assert values.dtype == dtype and torch.equal(values, acc.to(dtype))
+        assert torch.equal(residual[index.long()] + values.float(), acc)
+
+
+def test_quantize_ops_pass_opcheck_and_check_bits():
+    acc, index = torch.randn(20), torch.arange(20, dtype=torch.int32)
+    torch.library.opcheck(torch.ops.sparsecomm.send_quantized.default, (acc, index, torch.zeros(30), None, True, 2))
+    codes, scales = ops.send_quantized(acc, index, None, 1)
+    torch.library.opcheck(torch.ops.sparsecomm.dequantize.default, (codes, scales, 20, 1))
+    torch.library.opcheck(torch.ops.sparsecomm.random_k_indices.default, (torch.empty(50), 1, 2, 3, 10))
+    with pytest.raises(RuntimeError, match="bits should be 1 or 2, got 3"):
+        ops.send_quantized(acc, index, None, 3)
+    with pytest.raises(RuntimeError, match="codes should have 3 bytes for 20 values of 1 bits, got 4"):
+        ops.dequantize(torch.zeros(4, dtype=torch.uint8), scales, 20, 1)

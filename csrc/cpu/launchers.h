@@ -21,6 +21,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 #include "../kernels/feedback.h"
 #include "../kernels/sample.h"
 #include "../kernels/permutation.h"
+#include "../kernels/quantize.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -51,6 +52,15 @@ void sparse_unpack(const T* values, const int32_t* index, int64_t count, float s
 
 // The k shared-seed random indices of permutation.h, sorted ascending.
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out);
+
+// Sends the selected candidates quantized to `bits` (1 or 2; quantize.h): codes (packed,
+// quantized_bytes(count, bits)) and scales (quantized_scales(bits) float32). The state of each
+// sent element keeps acc - decoded value (and loses its momentum when masking).
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
+                    uint8_t* codes, float* scales);
+
+// values[j] = scales[code j] for j < count.
+void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values);
 
 }  // namespace cpu
 }  // namespace sparsecomm

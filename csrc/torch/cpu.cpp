@@ -79,29 +79,70 @@ std::tuple<at::Tensor, at::Tensor> select_top_cpu(const at::Tensor& acc_in, cons
   return {acc.narrow(0, 0, kept), index.narrow(0, 0, kept)};
 }
 
+// The state a send step writes: residual / momentum at the candidates' indices (checked).
+Feedback send_feedback(const char* op, const at::Tensor& index, const c10::optional<at::Tensor>& residual,
+                       const c10::optional<at::Tensor>& momentum, bool masking) {
+  Feedback fb;
+  fb.masking = masking;
+  if (!residual.has_value() && !momentum.has_value()) return fb;
+  const at::Tensor& like = residual.has_value() ? *residual : *momentum;
+  fb.residual_out = state_ptr(op, "residual", like, residual);
+  fb.momentum_out = state_ptr(op, "momentum", like, momentum);
+  if (index.numel() > 0) {
+    const int32_t* idx = index.data_ptr<int32_t>();
+    const auto [lo, hi] = std::minmax_element(idx, idx + index.numel());
+    TORCH_CHECK(*lo >= 0 && *hi < like.numel(), op, ": index should be in [0, ", like.numel(), "), got values in [",
+                *lo, ", ", *hi, "]");
+  }
+  return fb;
+}
+
 at::Tensor send_selected_cpu(const at::Tensor& acc_in, const at::Tensor& index_in,
                              const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& momentum,
                              bool masking, at::ScalarType dtype) {
   check_candidates("send_selected", acc_in, index_in);
   const at::Tensor acc = acc_in.contiguous(), index = index_in.contiguous();
-  Feedback fb;
-  if (residual.has_value() || momentum.has_value()) {
-    const at::Tensor& like = residual.has_value() ? *residual : *momentum;
-    fb.residual_out = state_ptr("send_selected", "residual", like, residual);
-    fb.momentum_out = state_ptr("send_selected", "momentum", like, momentum);
-    if (acc.numel() > 0) {
-      const int32_t* idx = index.data_ptr<int32_t>();
-      const auto [lo, hi] = std::minmax_element(idx, idx + index.numel());
-      TORCH_CHECK(*lo >= 0 && *hi < like.numel(), "send_selected: index should be in [0, ", like.numel(),
-                  "), got values in [", *lo, ", ", *hi, "]");
-    }
-  }
-  fb.masking = masking;
+  const Feedback fb = send_feedback("send_selected", index, residual, momentum, masking);
   at::Tensor values = at::empty({acc.numel()}, acc.options().dtype(dtype));
   SC_DISPATCH_FLOAT_TYPES(dtype, "send_selected", [&] {
     cpu::send_selected<scalar_t>(acc.data_ptr<float>(), index.data_ptr<int32_t>(), acc.numel(), fb,
                                  data_as<scalar_t>(values));
   });
+  return values;
+}
+
+void check_bits(const char* op, int64_t bits) {
+  TORCH_CHECK(bits == 1 || bits == 2, op, ": bits should be 1 or 2, got ", bits);
+}
+
+std::tuple<at::Tensor, at::Tensor> send_quantized_cpu(const at::Tensor& acc_in, const at::Tensor& index_in,
+                                                      const c10::optional<at::Tensor>& residual,
+                                                      const c10::optional<at::Tensor>& momentum, bool masking,
+                                                      int64_t bits) {
+  check_candidates("send_quantized", acc_in, index_in);
+  check_bits("send_quantized", bits);
+  const at::Tensor acc = acc_in.contiguous(), index = index_in.contiguous();
+  const Feedback fb = send_feedback("send_quantized", index, residual, momentum, masking);
+  at::Tensor codes = at::empty({quantized_bytes(acc.numel(), int(bits))}, acc.options().dtype(at::kByte));
+  at::Tensor scales = at::empty({quantized_scales(int(bits))}, acc.options());
+  cpu::send_quantized(acc.data_ptr<float>(), index.data_ptr<int32_t>(), acc.numel(), fb, int(bits),
+                      codes.data_ptr<uint8_t>(), scales.data_ptr<float>());
+  return {codes, scales};
+}
+
+at::Tensor dequantize_cpu(const at::Tensor& codes_in, const at::Tensor& scales_in, int64_t count, int64_t bits) {
+  check_bits("dequantize", bits);
+  TORCH_CHECK(codes_in.scalar_type() == at::kByte && codes_in.dim() == 1, "dequantize: codes should be a 1-D uint8 "
+              "tensor, got ", codes_in.dim(), "-D ", codes_in.scalar_type());
+  TORCH_CHECK(count >= 0 && codes_in.numel() == quantized_bytes(count, int(bits)), "dequantize: codes should have ",
+              quantized_bytes(count, int(bits)), " bytes for ", count, " values of ", bits, " bits, got ",
+              codes_in.numel());
+  TORCH_CHECK(scales_in.scalar_type() == at::kFloat && scales_in.numel() == quantized_scales(int(bits)),
+              "dequantize: scales should be ", quantized_scales(int(bits)), " float32 values, got ", scales_in.numel(),
+              " ", scales_in.scalar_type());
+  const at::Tensor codes = codes_in.contiguous(), scales = scales_in.contiguous();
+  at::Tensor values = at::empty({count}, scales.options());
+  cpu::dequantize(codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), count, int(bits), values.data_ptr<float>());
   return values;
 }
 
@@ -161,6 +202,8 @@ TORCH_LIBRARY_IMPL(sparsecomm, CPU, m) {
   m.impl("sparse_unpack", &sparse_unpack_cpu);
   m.impl("sparse_unpack_into", &sparse_unpack_into_cpu);
   m.impl("random_k_indices", &random_k_indices_cpu);
+  m.impl("send_quantized", &send_quantized_cpu);
+  m.impl("dequantize", &dequantize_cpu);
 }
 
 }  // namespace torch_binding

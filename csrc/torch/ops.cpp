@@ -42,6 +42,17 @@ at::Tensor send_selected_meta(const at::Tensor& acc, const at::Tensor&, const c1
   return at::empty_like(acc, acc.options().dtype(dtype));
 }
 
+std::tuple<at::Tensor, at::Tensor> send_quantized_meta(const at::Tensor& acc, const at::Tensor&,
+                                                       const c10::optional<at::Tensor>&,
+                                                       const c10::optional<at::Tensor>&, bool, int64_t bits) {
+  return {at::empty_symint({(acc.sym_numel() * bits + 7) / 8}, acc.options().dtype(at::kByte)),
+          at::empty({bits == 1 ? 2 : 4}, acc.options())};
+}
+
+at::Tensor dequantize_meta(const at::Tensor& codes, const at::Tensor&, int64_t count, int64_t) {
+  return at::empty({count}, codes.options().dtype(at::kFloat));
+}
+
 at::Tensor random_k_indices_meta(const at::Tensor& like, int64_t, int64_t, int64_t, int64_t k) {
   return at::empty({k}, like.options().dtype(at::kInt));
 }
@@ -76,6 +87,12 @@ TORCH_LIBRARY(sparsecomm, m) {
   // error, their momentum is zeroed when masking.
   m.def("send_selected(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
         "ScalarType dtype) -> Tensor");
+  // send_selected quantized to 1 or 2 bits with per-tensor scales (csrc/kernels/quantize.h):
+  // (codes uint8, packed; scales float32); the quantization error stays in the residual.
+  m.def("send_quantized(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
+        "int bits) -> (Tensor, Tensor)");
+  // The float32 values of `count` codes.
+  m.def("dequantize(Tensor codes, Tensor scales, int count, int bits) -> Tensor");
   // k distinct indices of [0, like.numel()) from (seed, tensor_id, step), sorted, int32 on
   // like's device: the same on every rank (csrc/kernels/permutation.h).
   m.def("random_k_indices(Tensor like, int seed, int tensor_id, int step, int k) -> Tensor");
@@ -92,6 +109,8 @@ TORCH_LIBRARY_IMPL(sparsecomm, Meta, m) {
   m.impl("send_selected", &send_selected_meta);
   m.impl("sparse_unpack", &sparse_unpack_meta);
   m.impl("random_k_indices", &random_k_indices_meta);
+  m.impl("send_quantized", &send_quantized_meta);
+  m.impl("dequantize", &dequantize_meta);
   // accumulate_candidates and select_top have data-dependent sizes: their fakes are
   // registered in Python (sparsecomm/torch/ops.py).
 }

@@ -87,6 +87,18 @@ def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):
     return _ops.send_selected(acc, index, residual, momentum, masking, dtype)
 
 
+def send_quantized(acc, index, residual, bits, *, momentum=None, masking=True):
+    """Like send_selected, with the values quantized to `bits` (1 or 2) and per-tensor scales
+    (csrc/kernels/quantize.h). Returns (codes uint8, packed; scales float32); the state of
+    each sent element keeps acc - decoded value."""
+    return _ops.send_quantized(acc, index, residual, momentum, masking, bits)
+
+
+def dequantize(codes, scales, count, bits):
+    """The float32 values of `count` quantized codes."""
+    return _ops.dequantize(codes, scales, count, bits)
+
+
 def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     """Dense 1-D tensor: scale * (sum of the values at each index, in float32); duplicates add
     (e.g. the concatenated contributions of several ranks). With `out` (contiguous, values'

@@ -1,0 +1,39 @@
+// CPU launchers for csrc/kernels/quantize.h: two passes over the (few) sent values.
+#include <algorithm>
+#include <cmath>
+
+#include "launchers.h"
+
+namespace sparsecomm {
+namespace cpu {
+
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
+                    uint8_t* codes, float* scales) {
+  double split_sum = 0.0;
+  for (int64_t j = 0; j < count; ++j) split_sum += std::fabs(acc[j]);
+  const float split = count ? float(split_sum / double(count)) : 0.0f;  // mean |v| (2 bit only)
+  double sums[4] = {0, 0, 0, 0};
+  int64_t counts[4] = {0, 0, 0, 0};
+  for (int64_t j = 0; j < count; ++j) {
+    const uint32_t code = quantize_code(acc[j], bits, split);
+    sums[code] += acc[j];
+    counts[code] += 1;
+  }
+  for (int c = 0; c < quantized_scales(bits); ++c) scales[c] = counts[c] ? float(sums[c] / double(counts[c])) : 0.0f;
+  std::fill(codes, codes + quantized_bytes(count, bits), uint8_t(0));
+  for (int64_t j = 0; j < count; ++j) {
+    const uint32_t code = quantize_code(acc[j], bits, split);
+    const int64_t bit = j * bits;
+    codes[bit >> 3] |= uint8_t(code << (bit & 7));
+    const float left = acc[j] - scales[code];
+    if (fb.residual_out) fb.residual_out[index[j]] = left == left ? left : 0.0f;  // feedback.h's NaN/Inf policy
+    if (fb.momentum_out && fb.masking) fb.momentum_out[index[j]] = 0.0f;
+  }
+}
+
+void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values) {
+  for (int64_t j = 0; j < count; ++j) values[j] = scales[read_code(codes, j, bits)];
+}
+
+}  // namespace cpu
+}  // namespace sparsecomm
