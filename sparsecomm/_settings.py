@@ -1,5 +1,6 @@
 """Validation of compressor settings, shared by the torch and TensorFlow front ends.
 Every message names the argument, what was expected and what came."""
+import math
 import numbers
 import zlib
 
@@ -34,3 +35,10 @@ def tensor_id(name):
     """Stable 32-bit id of a parameter name: the same on every rank and in both frameworks
     (CRC-32 of its UTF-8 bytes). It keys the parameter's random selection stream."""
     return zlib.crc32(name.encode("utf-8"))
+
+
+def sample_count(numel, ratio, sample_ratio=0.01, min_hits=256):
+    """How many positions to sample for a threshold at density `ratio`: `sample_ratio` of the
+    tensor, and at least enough that about `min_hits` sampled values pass it (the passing count
+    then has a relative standard deviation of about 1/sqrt(min_hits): 6% for 256)."""
+    return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))

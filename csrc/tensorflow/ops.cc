@@ -4,8 +4,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
+#include "common.h"
 #include "../cpu/launchers.h"
 #include "../kernels/philox.h"
 
@@ -13,24 +12,6 @@ namespace sparsecomm {
 namespace tf_binding {
 
 using namespace tensorflow;  // NOLINT: the REGISTER_* macros expect it
-
-template <typename... Args>
-absl::Status invalid(const Args&... args) { return absl::InvalidArgumentError(absl::StrCat(args...)); }
-
-// TF element type -> framework-free storage type (same layout).
-template <typename T> struct Storage;
-template <> struct Storage<float> { using type = float; };
-template <> struct Storage<Eigen::half> { using type = half16; };
-template <> struct Storage<Eigen::bfloat16> { using type = bfloat16; };
-
-template <typename T>
-const typename Storage<T>::type* raw(const Tensor& t) {
-  return reinterpret_cast<const typename Storage<T>::type*>(t.flat<T>().data());
-}
-template <typename T>
-typename Storage<T>::type* raw(Tensor* t) {
-  return reinterpret_cast<typename Storage<T>::type*>(t->flat<T>().data());
-}
 
 absl::Status check_block(int64_t numel, int64_t start, int64_t length) {
   if (length < 0 || length > numel)
@@ -58,11 +39,7 @@ class RandomBlockStartOp : public OpKernel {
   void Compute(OpKernelContext* c) override {
     int64_t args[4];
     const char* names[4] = {"seed", "tensor_id", "step", "numel"};
-    for (int i = 0; i < 4; ++i) {
-      OP_REQUIRES(c, TensorShapeUtils::IsScalar(c->input(i).shape()),
-                  invalid(names[i], " should be a scalar, got shape ", c->input(i).shape().DebugString()));
-      args[i] = c->input(i).scalar<int64_t>()();
-    }
+    for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(c, scalar_input(c, i, names[i], &args[i]));
     OP_REQUIRES(c, args[1] >= 0 && args[1] <= 0xffffffffLL, invalid("tensor_id should be a uint32, got ", args[1]));
     OP_REQUIRES(c, args[2] >= 0, invalid("step should be >= 0, got ", args[2]));
     OP_REQUIRES(c, args[3] >= 0, invalid("numel should be >= 0, got ", args[3]));
@@ -97,10 +74,9 @@ class BlockPackOp : public OpKernel {
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
     const Tensor& residual = c->input(1);
-    const Tensor& start_t = c->input(2);
-    OP_REQUIRES(c, TensorShapeUtils::IsScalar(start_t.shape()),
-                invalid("start should be a scalar, got shape ", start_t.shape().DebugString()));
-    const int64_t numel = grad.NumElements(), start = start_t.scalar<int64_t>()();
+    int64_t start;
+    OP_REQUIRES_OK(c, scalar_input(c, 2, "start", &start));
+    const int64_t numel = grad.NumElements();
     OP_REQUIRES_OK(c, check_block(numel, start, length_));
     const bool feedback = residual.NumElements() == numel;
     OP_REQUIRES(c, feedback || residual.NumElements() == 0,
@@ -142,11 +118,9 @@ class BlockUnpackOp : public OpKernel {
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& values = c->input(0);
-    const Tensor& start_t = c->input(1);
     OP_REQUIRES(c, values.dims() == 1, invalid("values should be 1-D, got ", values.dims(), "-D"));
-    OP_REQUIRES(c, TensorShapeUtils::IsScalar(start_t.shape()),
-                invalid("start should be a scalar, got shape ", start_t.shape().DebugString()));
-    const int64_t start = start_t.scalar<int64_t>()();
+    int64_t start;
+    OP_REQUIRES_OK(c, scalar_input(c, 1, "start", &start));
     OP_REQUIRES_OK(c, check_block(numel_, start, values.NumElements()));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));

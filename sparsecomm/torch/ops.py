@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from .. import _C  # noqa: F401  (loads the extension, registering torch.ops.sparsecomm)
-from .._settings import seed_as_int64, selected_count
+from .._settings import sample_count, seed_as_int64, selected_count
 
 _ops = torch.ops.sparsecomm
 
@@ -50,13 +50,6 @@ def _accumulate_candidates_fake(grad, residual, momentum, momentum_factor, thres
 def _select_top_fake(acc, index, k):
     count = torch.library.get_ctx().new_dynamic_size()
     return acc.new_empty(count), index.new_empty(count)
-
-
-def sample_count(numel: int, ratio: float, sample_ratio: float = 0.01, min_hits: int = 256) -> int:
-    """How many positions to sample for a threshold at density `ratio`: `sample_ratio` of the
-    tensor, and at least enough that about `min_hits` sampled values pass it (the passing count
-    then has a relative standard deviation of about 1/sqrt(min_hits): 6% for 256)."""
-    return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))
 
 
 def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,

@@ -1,0 +1,122 @@
+"""The TF selection ops against the torch ops: same kernels, so the same inputs must give the
+same bits (values, indices, residual, momentum), eager and inside tf.function. The torch ops
+are themselves checked against plain references in test_torch_select_ops.py."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+from sparsecomm.tensorflow import ops as tf_ops  # noqa: E402
+from sparsecomm.torch import ops as torch_ops  # noqa: E402
+
+DTYPES = [(torch.float32, tf.float32), (torch.float16, tf.float16), (torch.bfloat16, tf.bfloat16)]
+KW = dict(seed=3, tensor_id=11, step=4)
+
+
+def _inputs(numel, torch_dtype, kind="normal", momentum=False):
+    gen = torch.Generator().manual_seed(numel)
+    if kind == "normal":
+        grad = torch.randn(numel, generator=gen)
+    elif kind == "ties":
+        grad = torch.randint(-2, 3, (numel,), generator=gen).float()
+    else:  # a few huge values a strided sample misses
+        grad = torch.zeros(numel)
+        grad[[3, numel // 2 + 1, numel - 1]] = torch.tensor([7.0, -8.0, 9.0])
+    grad = grad.to(torch_dtype)
+    residual = torch.randn(numel, generator=gen) * 0.3
+    mom = torch.randn(numel, generator=gen) * 0.3 if momentum else None
+    return grad, residual, mom
+
+
+def _tf(t, dtype=None):
+    if t is None:
+        return None
+    return tf.cast(tf.constant(t.float().numpy()), dtype or tf.float32)
+
+
+def _same(tf_t, torch_t):
+    if torch_t is None:
+        assert tf_t is None
+        return
+    got = tf.cast(tf_t, tf.float32).numpy() if tf_t.dtype in (tf.float16, tf.bfloat16) else tf_t.numpy()
+    want = torch_t.float().numpy() if torch_t.is_floating_point() else torch_t.numpy()
+    np.testing.assert_array_equal(got.view(np.int32) if got.dtype == np.float32 else got,
+                                  want.view(np.int32) if want.dtype == np.float32 else want)
+
+
+CASES = {
+    "pack_above": (lambda o, g, r, m, mf: o.pack_above(g, r, 1.0, momentum=m, momentum_factor=mf)),
+    "pack_topk": (lambda o, g, r, m, mf: o.pack_topk(g, r, 37, momentum=m, momentum_factor=mf, **KW)),
+    "pack_sampled": (lambda o, g, r, m, mf: o.pack_sampled(g, r, 0.01, momentum=m, momentum_factor=mf, **KW)),
+    "pack_randomk": (lambda o, g, r, m, mf: o.pack_randomk(g, r, 50, momentum=m, momentum_factor=mf, **KW)),
+    "pack_rtopk": (lambda o, g, r, m, mf: o.pack_rtopk(g, r, 100, 20, momentum=m, momentum_factor=mf, **KW)),
+}
+
+
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("kind", ["normal", "ties", "hidden"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_tf_pack_equals_torch_pack(torch_dtype, tf_dtype, case, kind, graph):
+    momentum = case == "pack_sampled"  # DGC-style momentum correction on one of them
+    mf = 0.9 if momentum else 0.0
+    grad, residual, mom = _inputs(5003, torch_dtype, kind, momentum)
+    grad_tf, residual_tf, mom_tf = _tf(grad, tf_dtype), _tf(residual), _tf(mom)
+    fn = CASES[case]
+
+    def pack(g, r, m):
+        return fn(tf_ops, g, r, m, mf)
+
+    run = tf.function(pack) if graph else pack
+    values, index, residual_out, mom_out = run(grad_tf, residual_tf, mom_tf) if momentum else \
+        run(grad_tf, residual_tf, None)
+    t_mom = mom.clone() if momentum else None
+    t_res = residual.clone()
+    want = fn(torch_ops, grad, t_res, t_mom, mf)
+    want_values, want_index = want if isinstance(want, tuple) else (want, None)
+    assert values.dtype == tf_dtype
+    _same(values, want_values)
+    _same(index, want_index)
+    _same(residual_out, t_res)
+    if momentum:
+        _same(mom_out, t_mom)
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_tf_quantize_and_unpack_equal_torch(bits):
+    gen = torch.Generator().manual_seed(0)
+    acc = torch.randn(333, generator=gen)
+    index = torch.randperm(1000, generator=gen)[:333].sort().values.int()
+    residual = torch.zeros(1000)
+    codes, scales = torch_ops.send_quantized(acc, index, residual, bits)
+    tf_codes, tf_scales, tf_res, _ = tf_ops.send_quantized(_tf(acc), tf.constant(index.numpy()), tf.zeros(1000), bits)
+    _same(tf_codes, codes)
+    _same(tf_scales, scales)
+    _same(tf_res, residual)
+    _same(tf_ops.dequantize(tf_codes, tf_scales, 333, bits), torch_ops.dequantize(codes, scales, 333, bits))
+    dup = torch.cat([index, index[:50]])
+    vals = torch.randn(dup.numel(), generator=gen)
+    _same(tf_ops.sparse_unpack(_tf(vals), tf.constant(dup.numpy()), 1000, 0.5),
+          torch_ops.sparse_unpack(vals, dup, 1000, 0.5))
+
+
+def test_tf_random_k_and_threshold_equal_torch():
+    _same(tf_ops.random_k_indices(10_007, 99, **KW), torch_ops.random_k_indices(torch.empty(10_007), 99, **KW))
+    grad, residual, _ = _inputs(100_000, torch.float32)
+    _same(tf_ops.sample_threshold(_tf(grad), _tf(residual), 0.01, **KW),
+          torch_ops.sample_threshold(grad, residual, 0.01, **KW))
+
+
+def test_tf_errors_are_named():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="residual should have 10 elements"):
+        tf_ops.pack_above(tf.zeros(10), tf.zeros(9), 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index should be in \[0, 5\)"):
+        tf_ops.sparse_unpack(tf.ones(1), tf.constant([5], tf.int32), 5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="bits should be 1 or 2, got 3"):
+        tf_ops.send_quantized(tf.ones(1), tf.constant([0], tf.int32), None, 3)
+    with pytest.raises(ValueError, match="shape should be static"):
+        tf.function(lambda g: tf_ops.pack_topk(g, None, 1))\
+            .get_concrete_function(tf.TensorSpec([None], tf.float32))
