@@ -3,7 +3,9 @@
 #pragma once
 #include <cstdint>
 #include <cuda_runtime_api.h>
-#include "../kernels/common.h"
+#include "../kernels/feedback.h"
+#include "../kernels/sample.h"
+#include "../kernels/permutation.h"
 
 namespace sparsecomm {
 namespace cuda {
@@ -15,6 +17,48 @@ void block_pack(const T* grad, const float* residual_in, float* residual_out, T*
 template <typename T>
 void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64_t length, float scale,
                   cudaStream_t stream);
+
+// Sampled threshold: gathers the sample's magnitudes into `sample` (plan.count floats of
+// scratch), then a single-block radix select writes the rank-th largest to *threshold.
+template <typename T>
+void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan, float* sample,
+                      float* threshold, cudaStream_t stream);
+
+// Candidates in two passes over tiles of kCandidateTile elements:
+//   accumulate_count: writes the state of every element (feedback.h) and the number of
+//     candidates of each tile to tile_counts;
+//   compact_candidates: with tile_offsets (exclusive scan of the counts), writes the
+//     candidates (acc read back from `source`, the tensor holding acc) in index order.
+constexpr int64_t kCandidateTile = 4096;
+inline int64_t candidate_tiles(int64_t numel) { return (numel + kCandidateTile - 1) / kCandidateTile; }
+
+template <typename T>
+void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const float* threshold, int32_t* tile_counts,
+                      cudaStream_t stream);
+
+template <typename S>
+void compact_candidates(const S* source, int64_t numel, const float* threshold, const int64_t* tile_offsets,
+                        float* acc, int32_t* index, cudaStream_t stream);
+
+template <typename T>
+void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values,
+                   cudaStream_t stream);
+
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
+                    uint8_t* codes, float* scales, cudaStream_t stream);
+
+void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values,
+                cudaStream_t stream);
+
+// Deterministic scatter-add: sorted_index ascending (a stable sort of the indices) with
+// order[p] the input position of sorted_index[p]. Each run of equal indices is summed in
+// input order; dense must be zero beforehand.
+template <typename T>
+void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const int64_t* order, int64_t count,
+                          float scale, T* dense, cudaStream_t stream);
+
+// The first k indices of the permutation, unsorted.
+void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace sparsecomm

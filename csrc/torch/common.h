@@ -3,7 +3,12 @@
 #pragma once
 #include <torch/library.h>
 #include <ATen/ATen.h>
-#include "../kernels/common.h"
+#include <algorithm>
+
+#include "../kernels/feedback.h"
+#include "../kernels/permutation.h"
+#include "../kernels/quantize.h"
+#include "../kernels/sample.h"
 
 namespace sparsecomm {
 namespace torch_binding {
@@ -56,6 +61,95 @@ inline void check_candidates(const char* op, const at::Tensor& acc, const at::Te
               ": index should be a 1-D int32 tensor, got ", index.dim(), "-D ", index.scalar_type());
   TORCH_CHECK(acc.numel() == index.numel(), op, ": acc and index should have the same length, got ", acc.numel(),
               " and ", index.numel());
+}
+
+// The error-feedback state of an op call: grad made contiguous, residual/momentum checked.
+struct FeedbackArgs {
+  at::Tensor grad;
+  Feedback fb;
+  FeedbackArgs(const char* op, const at::Tensor& grad_in, const c10::optional<at::Tensor>& residual,
+               const c10::optional<at::Tensor>& momentum, double momentum_factor)
+      : grad(grad_in.contiguous()) {
+    check_indexable(op, grad.numel());
+    fb.residual_in = fb.residual_out = state_ptr(op, "residual", grad, residual);
+    fb.momentum_in = fb.momentum_out = state_ptr(op, "momentum", grad, momentum);
+    fb.momentum = float(momentum_factor);
+  }
+};
+
+// The state a send step writes (residual / momentum at the candidates' indices).
+inline Feedback send_state(const char* op, const c10::optional<at::Tensor>& residual,
+                           const c10::optional<at::Tensor>& momentum, bool masking) {
+  Feedback fb;
+  fb.masking = masking;
+  if (!residual.has_value() && !momentum.has_value()) return fb;
+  const at::Tensor& like = residual.has_value() ? *residual : *momentum;
+  fb.residual_out = state_ptr(op, "residual", like, residual);
+  fb.momentum_out = state_ptr(op, "momentum", like, momentum);
+  return fb;
+}
+
+inline int64_t state_numel(const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& momentum) {
+  return residual.has_value() ? residual->numel() : momentum->numel();
+}
+
+// Index range check (CPU only: on CUDA it would need a host synchronisation).
+inline void check_index_range(const char* op, const at::Tensor& index, int64_t numel) {
+  if (index.numel() == 0) return;
+  const int32_t* idx = index.data_ptr<int32_t>();
+  const auto [lo, hi] = std::minmax_element(idx, idx + index.numel());
+  TORCH_CHECK(*lo >= 0 && *hi < numel, op, ": index should be in [0, ", numel, "), got values in [", *lo, ", ", *hi,
+              "]");
+}
+
+inline void check_unpack_args(const at::Tensor& values, const at::Tensor& index, const at::Tensor& out) {
+  TORCH_CHECK(values.dim() == 1, "sparse_unpack: values should be 1-D, got ", values.dim(), "-D");
+  TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 1,
+              "sparse_unpack: index should be a 1-D int32 tensor, got ", index.dim(), "-D ", index.scalar_type());
+  TORCH_CHECK(values.numel() == index.numel(), "sparse_unpack: values and index should have the same length, got ",
+              values.numel(), " and ", index.numel());
+  TORCH_CHECK(out.scalar_type() == values.scalar_type(), "sparse_unpack: out should be ", values.scalar_type(),
+              " like values, got ", out.scalar_type());
+  TORCH_CHECK(out.is_contiguous(), "sparse_unpack: out should be contiguous");
+  TORCH_CHECK(out.device() == values.device() && index.device() == values.device(),
+              "sparse_unpack: values, index and out should be on one device");
+  check_indexable("sparse_unpack", out.numel());
+}
+
+inline void check_stream_args(const char* op, int64_t tensor_id, int64_t step) {
+  TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL, op, ": tensor_id should be a uint32, got ", tensor_id);
+  TORCH_CHECK(step >= 0, op, ": step should be >= 0, got ", step);
+}
+
+inline SamplePlan checked_sample_plan(int64_t numel, double ratio, int64_t sample_count, int64_t seed,
+                                      int64_t tensor_id, int64_t step) {
+  TORCH_CHECK(ratio > 0.0 && ratio <= 1.0, "sample_threshold: ratio should be in (0, 1], got ", ratio);
+  TORCH_CHECK(sample_count >= 1, "sample_threshold: sample_count should be >= 1, got ", sample_count);
+  check_stream_args("sample_threshold", tensor_id, step);
+  return plan_sample(numel, sample_count, ratio, uint64_t(seed), uint32_t(tensor_id), uint64_t(step));
+}
+
+inline Permutation checked_permutation(int64_t numel, int64_t k, int64_t seed, int64_t tensor_id, int64_t step) {
+  check_indexable("random_k_indices", numel);
+  TORCH_CHECK(k >= 0 && k <= numel, "random_k_indices: k should be in [0, numel=", numel, "], got ", k);
+  check_stream_args("random_k_indices", tensor_id, step);
+  return Permutation(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel);
+}
+
+inline void check_bits(const char* op, int64_t bits) {
+  TORCH_CHECK(bits == 1 || bits == 2, op, ": bits should be 1 or 2, got ", bits);
+}
+
+inline void check_dequantize_args(const at::Tensor& codes, const at::Tensor& scales, int64_t count, int64_t bits) {
+  check_bits("dequantize", bits);
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 1, "dequantize: codes should be a 1-D uint8 tensor, "
+              "got ", codes.dim(), "-D ", codes.scalar_type());
+  TORCH_CHECK(count >= 0 && codes.numel() == quantized_bytes(count, int(bits)), "dequantize: codes should have ",
+              quantized_bytes(count, int(bits)), " bytes for ", count, " values of ", bits, " bits, got ",
+              codes.numel());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == quantized_scales(int(bits)),
+              "dequantize: scales should be ", quantized_scales(int(bits)), " float32 values, got ", scales.numel(),
+              " ", scales.scalar_type());
 }
 
 }  // namespace torch_binding

@@ -1,0 +1,262 @@
+// CUDA launchers for selection with error feedback (feedback.h, sample.h, permutation.h,
+// quantize.h). Everything runs on the caller's stream; nothing here synchronises with the host.
+#include "launchers.h"
+#include "../kernels/quantize.h"
+
+namespace sparsecomm {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kItems = int(kCandidateTile / kThreads);  // elements per thread in a tile
+
+int grid_for(int64_t n, int threads = kThreads) {
+  const int64_t blocks = (n + threads - 1) / threads;
+  return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
+}
+
+template <typename T>
+__global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan, float* sample) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < plan.count; j += int64_t(gridDim.x) * blockDim.x) {
+    float u;
+    sample[j] = magnitude(accumulated(grad, fb, plan.position(j), &u));
+  }
+}
+
+// The rank-th largest of n non-negative floats (inf allowed): their bit patterns order like
+// the values, so a most-significant-digit-first radix select over 4 bytes finds it exactly.
+constexpr int kSelectThreads = 1024;
+
+__global__ void radix_select_kernel(const float* values, int64_t n, int64_t rank, float* out) {
+  __shared__ int64_t histogram[256];
+  __shared__ uint32_t prefix_shared;
+  __shared__ int64_t rank_shared;
+  if (threadIdx.x == 0) {
+    prefix_shared = 0;
+    rank_shared = rank;
+  }
+  uint32_t mask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int d = threadIdx.x; d < 256; d += blockDim.x) histogram[d] = 0;
+    __syncthreads();
+    const uint32_t prefix = prefix_shared;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
+      const uint32_t bits = float_bits(values[j]);
+      if ((bits & mask) == prefix) atomicAdd(reinterpret_cast<unsigned long long*>(&histogram[(bits >> shift) & 255]), 1ull);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // the digit holding the rank-th largest, counting from the top
+      int64_t remaining = rank_shared;
+      int d = 255;
+      for (; d > 0 && histogram[d] < remaining; --d) remaining -= histogram[d];
+      prefix_shared = prefix | (uint32_t(d) << shift);
+      rank_shared = remaining;
+    }
+    mask |= 255u << shift;
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = bits_float(prefix_shared);
+}
+
+__global__ void fill_kernel(float* out, float value) { *out = value; }
+
+template <typename T>
+__global__ void accumulate_count_kernel(const T* grad, Feedback fb, int64_t numel, const float* threshold,
+                                        int32_t* tile_counts) {
+  __shared__ int count;
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  const float t = *threshold;
+  const int64_t first = blockIdx.x * kCandidateTile;
+  int mine = 0;
+  for (int item = 0; item < kItems; ++item) {  // coalesced: consecutive threads, consecutive elements
+    const int64_t i = first + item * kThreads + threadIdx.x;
+    if (i >= numel) break;
+    float u;
+    const float acc = accumulated(grad, fb, i, &u);
+    keep(fb, i, acc, u);
+    mine += selected(acc, t) ? 1 : 0;
+  }
+  atomicAdd(&count, mine);
+  __syncthreads();
+  if (threadIdx.x == 0) tile_counts[blockIdx.x] = count;
+}
+
+template <typename S>
+__global__ void compact_candidates_kernel(const S* source, int64_t numel, const float* threshold,
+                                          const int64_t* tile_offsets, float* acc_out, int32_t* index_out) {
+  __shared__ int warp_totals[kThreads / 32];
+  const float t = *threshold;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int64_t written = tile_offsets[blockIdx.x];
+  const int64_t first = blockIdx.x * kCandidateTile;
+  for (int item = 0; item < kItems; ++item) {
+    const int64_t i = first + item * kThreads + threadIdx.x;
+    const float acc = i < numel ? to_float(source[i]) : 0.0f;
+    const bool take = i < numel && selected(acc, t);
+    // Ordered compaction of this row of kThreads elements: warp ballots, then warp offsets.
+    const unsigned ballot = __ballot_sync(0xffffffffu, take);
+    if (lane == 0) warp_totals[warp] = __popc(ballot);
+    __syncthreads();
+    int before = __popc(ballot & ((1u << lane) - 1u)), row_total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) {
+      if (w < warp) before += warp_totals[w];
+      row_total += warp_totals[w];
+    }
+    if (take) {
+      acc_out[written + before] = acc;
+      index_out[written + before] = int32_t(i);
+    }
+    written += row_total;
+    __syncthreads();
+  }
+}
+
+template <typename T>
+__global__ void send_selected_kernel(const float* acc, const int32_t* index, int64_t count, Feedback fb, T* values) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < count; j += int64_t(gridDim.x) * blockDim.x)
+    values[j] = send<T>(fb, index[j], acc[j]);
+}
+
+// One block, fixed reduction order: the scales are the same on every run.
+constexpr int kQuantThreads = 512;
+
+__device__ double block_sum(double v, double* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) scratch[threadIdx.x] += scratch[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
+__global__ void send_quantized_kernel(const float* acc, const int32_t* index, int64_t count, Feedback fb, int bits,
+                                      uint8_t* codes, float* scales) {
+  __shared__ double scratch[kQuantThreads];
+  __shared__ float scale[4];
+  double abs_sum = 0.0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) abs_sum += fabs(acc[j]);
+  const double total_abs = block_sum(abs_sum, scratch);
+  const float split = count ? float(total_abs / double(count)) : 0.0f;
+  for (int c = 0; c < quantized_scales(bits); ++c) {
+    double sum = 0.0, n = 0.0;
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
+      if (quantize_code(acc[j], bits, split) == uint32_t(c)) { sum += acc[j]; n += 1.0; }
+    const double class_sum = block_sum(sum, scratch), class_n = block_sum(n, scratch);
+    if (threadIdx.x == 0) scale[c] = class_n > 0.0 ? float(class_sum / class_n) : 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x < quantized_scales(bits)) scales[threadIdx.x] = scale[threadIdx.x];
+  const int64_t per_byte = 8 / bits;
+  for (int64_t b = threadIdx.x; b < quantized_bytes(count, bits); b += blockDim.x) {
+    uint32_t byte = 0;
+    for (int64_t j = b * per_byte; j < count && j < (b + 1) * per_byte; ++j) {
+      const uint32_t code = quantize_code(acc[j], bits, split);
+      byte |= code << ((j * bits) & 7);
+      const float left = acc[j] - scale[code];
+      if (fb.residual_out) fb.residual_out[index[j]] = left == left ? left : 0.0f;
+      if (fb.momentum_out && fb.masking) fb.momentum_out[index[j]] = 0.0f;
+    }
+    codes[b] = uint8_t(byte);
+  }
+}
+
+__global__ void dequantize_kernel(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < count; j += int64_t(gridDim.x) * blockDim.x)
+    values[j] = scales[read_code(codes, j, bits)];
+}
+
+template <typename T>
+__global__ void sparse_unpack_sorted_kernel(const T* values, const int32_t* sorted_index, const int64_t* order,
+                                            int64_t count, float scale, T* dense) {
+  for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < count; p += int64_t(gridDim.x) * blockDim.x) {
+    if (p > 0 && sorted_index[p - 1] == sorted_index[p]) continue;  // not the head of its run
+    float sum = 0.0f;
+    for (int64_t q = p; q < count && sorted_index[q] == sorted_index[p]; ++q) sum += to_float(values[order[q]]);
+    dense[sorted_index[p]] = from_float<T>(scale * sum);
+  }
+}
+
+__global__ void random_k_kernel(Permutation perm, int64_t k, int32_t* out) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < k; j += int64_t(gridDim.x) * blockDim.x)
+    out[j] = int32_t(perm(j));
+}
+
+}  // namespace
+
+template <typename T>
+void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan, float* sample,
+                      float* threshold, cudaStream_t stream) {
+  if (numel == 0 || plan.count == 0) {
+    fill_kernel<<<1, 1, 0, stream>>>(threshold, bits_float(0x7f800000u));
+    return;
+  }
+  gather_sample_kernel<T><<<grid_for(plan.count), kThreads, 0, stream>>>(grad, fb, plan, sample);
+  radix_select_kernel<<<1, kSelectThreads, 0, stream>>>(sample, plan.count, plan.rank, threshold);
+}
+
+template <typename T>
+void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const float* threshold, int32_t* tile_counts,
+                      cudaStream_t stream) {
+  if (numel == 0) return;
+  accumulate_count_kernel<T><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(grad, fb, numel, threshold,
+                                                                                  tile_counts);
+}
+
+template <typename S>
+void compact_candidates(const S* source, int64_t numel, const float* threshold, const int64_t* tile_offsets,
+                        float* acc, int32_t* index, cudaStream_t stream) {
+  if (numel == 0) return;
+  compact_candidates_kernel<S><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(source, numel, threshold,
+                                                                                    tile_offsets, acc, index);
+}
+
+template <typename T>
+void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values,
+                   cudaStream_t stream) {
+  if (count == 0) return;
+  send_selected_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(acc, index, count, fb, values);
+}
+
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
+                    uint8_t* codes, float* scales, cudaStream_t stream) {
+  send_quantized_kernel<<<1, kQuantThreads, 0, stream>>>(acc, index, count, fb, bits, codes, scales);
+}
+
+void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values,
+                cudaStream_t stream) {
+  if (count == 0) return;
+  dequantize_kernel<<<grid_for(count), kThreads, 0, stream>>>(codes, scales, count, bits, values);
+}
+
+template <typename T>
+void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const int64_t* order, int64_t count,
+                          float scale, T* dense, cudaStream_t stream) {
+  if (count == 0) return;
+  sparse_unpack_sorted_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(values, sorted_index, order, count, scale,
+                                                                          dense);
+}
+
+void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream) {
+  if (k == 0) return;
+  random_k_kernel<<<grid_for(k), kThreads, 0, stream>>>(perm, k, out);
+}
+
+#define SC_INSTANTIATE(T)                                                                                       \
+  template void sample_threshold<T>(const T*, const Feedback&, int64_t, const SamplePlan&, float*, float*,      \
+                                    cudaStream_t);                                                             \
+  template void accumulate_count<T>(const T*, const Feedback&, int64_t, const float*, int32_t*, cudaStream_t);  \
+  template void compact_candidates<T>(const T*, int64_t, const float*, const int64_t*, float*, int32_t*,        \
+                                      cudaStream_t);                                                           \
+  template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);     \
+  template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, float, T*, cudaStream_t);
+SC_INSTANTIATE(float)
+SC_INSTANTIATE(half16)
+SC_INSTANTIATE(bfloat16)
+#undef SC_INSTANTIATE
+
+}  // namespace cuda
+}  // namespace sparsecomm
