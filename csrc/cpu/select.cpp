@@ -9,6 +9,28 @@
 namespace sparsecomm {
 namespace cpu {
 
+// The rank-th largest (1-based) of `values` (reordered). A pivot from a 1/16 sub-sample,
+// set for about 2 * rank + 64 survivors, filters the values in one pass; the exact selection
+// then runs on the survivors only (or on everything if too few survive).
+float kth_largest(std::vector<float>& values, int64_t rank) {
+  const int64_t n = int64_t(values.size());
+  if (rank * 8 <= n) {
+    std::vector<float> sub;
+    sub.reserve(n / 16 + 1);
+    for (int64_t j = 0; j < n; j += 16) sub.push_back(values[j]);
+    const int64_t sub_rank = std::min<int64_t>(int64_t(sub.size()), (2 * rank + 64) / 16 + 1);
+    std::nth_element(sub.begin(), sub.begin() + (sub_rank - 1), sub.end(), std::greater<float>());
+    const float pivot = sub[sub_rank - 1];
+    std::vector<float> survivors;
+    survivors.reserve(4 * rank + 128);
+    for (float v : values)
+      if (v >= pivot) survivors.push_back(v);
+    if (int64_t(survivors.size()) >= rank) values.swap(survivors);
+  }
+  std::nth_element(values.begin(), values.begin() + (rank - 1), values.end(), std::greater<float>());
+  return values[rank - 1];
+}
+
 template <typename T>
 float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan) {
   if (numel == 0 || plan.count == 0) return INFINITY;
@@ -19,22 +41,7 @@ float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const S
     const int64_t first = plan.offset + r * plan.stride;
     for (int64_t q = 0; q < plan.run; ++q) *out++ = magnitude(accumulated(grad, fb, first + q, &u));
   }
-  if (plan.rank * 8 > plan.count) {
-    auto nth = sample.begin() + (plan.rank - 1);
-    std::nth_element(sample.begin(), nth, sample.end(), std::greater<float>());
-    return *nth;
-  }
-  // A small rank: a min-heap of the `rank` largest so far; most values fail one comparison.
-  std::vector<float> heap(sample.begin(), sample.begin() + plan.rank);
-  std::make_heap(heap.begin(), heap.end(), std::greater<float>());
-  for (int64_t j = plan.rank; j < plan.count; ++j) {
-    if (sample[j] > heap.front()) {
-      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
-      heap.back() = sample[j];
-      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
-    }
-  }
-  return heap.front();
+  return kth_largest(sample, plan.rank);
 }
 
 namespace {
