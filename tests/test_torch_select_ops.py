@@ -190,6 +190,7 @@ def test_ops_pass_opcheck():
     torch.library.opcheck(torch.ops.sparsecomm.send_selected.default,
                           (acc, index, torch.zeros(300), torch.zeros(300), True, torch.float16))
     torch.library.opcheck(torch.ops.sparsecomm.sparse_unpack.default, (acc, index, 300, 0.5))
+    torch.library.opcheck(torch.ops.sparsecomm.sparse_unpack_into.default, (acc, index, 0.5, torch.empty(300)))
 
 
 @pytest.mark.parametrize("call,message", [

@@ -1,17 +1,11 @@
 // CUDA launchers for csrc/kernels/block.h: one grid-stride pass over the tensor.
+#include "grid.cuh"
 #include "launchers.h"
 #include "../kernels/block.h"
 
 namespace sparsecomm {
 namespace cuda {
 namespace {
-
-constexpr int kThreads = 256;
-
-int grid_for(int64_t numel) {
-  const int64_t blocks = (numel + kThreads - 1) / kThreads;
-  return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
-}
 
 template <typename T>
 __global__ void block_pack_kernel(const T* grad, Feedback fb, T* values, int64_t numel, int64_t start,

@@ -1,5 +1,6 @@
 // CUDA launchers for selection with error feedback (feedback.h, sample.h, permutation.h,
 // quantize.h). Everything runs on the caller's stream; nothing here synchronises with the host.
+#include "grid.cuh"
 #include "launchers.h"
 #include "../kernels/quantize.h"
 
@@ -7,13 +8,7 @@ namespace sparsecomm {
 namespace cuda {
 namespace {
 
-constexpr int kThreads = 256;
 constexpr int kItems = int(kCandidateTile / kThreads);  // elements per thread in a tile
-
-int grid_for(int64_t n, int threads = kThreads) {
-  const int64_t blocks = (n + threads - 1) / threads;
-  return int(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
-}
 
 template <typename T>
 __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan, float* sample) {
