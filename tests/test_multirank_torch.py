@@ -15,9 +15,27 @@ import common  # noqa: E402
 STEPS, LR = 5, 0.5
 
 
-def simulate(size, ratio, seed):
+def _random_block(grad, residual, ratio, name, step, seed):
+    n = grad.numel()
+    start = reference.block_start(seed, reference.tensor_id(name), step, n)
+    values, residual = reference.random_block_pack(grad, residual, start, reference.count(ratio, n))
+    return reference.random_block_unpack(values, n, start), residual
+
+
+def _topk(grad, residual, ratio, name, step, seed):
+    acc, u = reference.accumulate(grad, residual)
+    mask = reference.topk_mask(acc, reference.count(ratio, grad.numel()))
+    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
+    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
+
+
+METHODS = {"random_block": _random_block, "topk": _topk}
+
+
+def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True):
     """N ranks in one process: per-rank gradients on the same rows as the workers, per-rank
-    error feedback, the same shared-seed block, averaged like hvd.Average, plain SGD."""
+    error feedback, the method's selection (plain torch), summed over ranks and averaged like
+    hvd.Average (or not, for hvd.Sum), plain SGD."""
     x_all, y_all = common.digits()
     model = common.torch_model()
     residuals = [{n: torch.zeros(p.numel()) for n, p in model.named_parameters()} for _ in range(size)]
@@ -32,18 +50,19 @@ def simulate(size, ratio, seed):
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if ratio is None:  # dense allreduce
-                    update = sum(g[name] for g in grads) / size
+                if method is None:  # dense allreduce
+                    total = sum(g[name].reshape(-1) for g in grads)
                 else:
-                    n = p.numel()
-                    start = reference.block_start(seed, reference.tensor_id(name), step, n)
-                    sent = []
+                    total = 0
                     for rank in range(size):
-                        values, residuals[rank][name] = reference.random_block_pack(
-                            grads[rank][name], residuals[rank][name], start, reference.count(ratio, n))
-                        sent.append(values)
-                    update = reference.random_block_unpack(sum(sent) / size, n, start).view(p.shape)
-                p -= LR * update
+                        sent, new_residual = METHODS[method](grads[rank][name].reshape(-1),
+                                                             residuals[rank][name] if error_feedback else None,
+                                                             ratio, name, step, seed)
+                        if error_feedback:
+                            residuals[rank][name] = new_residual
+                        total = total + sent
+                update = total / size if op == "average" else total
+                p -= LR * update.view(p.shape)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
 
@@ -62,10 +81,22 @@ def _assert_history_close(got, want, **tol):
             torch.testing.assert_close(g[name], w[name], msg=lambda m: f"step {step}, {name}: {m}", **tol)
 
 
-@pytest.mark.parametrize("config,ratio", [("dense", None), ("random_block_0.1", 0.1), ("random_block_1.0", 1.0)])
-def test_every_rank_equals_the_simulation(run, config, ratio):
+SIMULATIONS = {
+    "dense": {},
+    "random_block_0.1": dict(method="random_block", ratio=0.1),
+    "random_block_1.0": dict(method="random_block", ratio=1.0),
+    "topk_0.1": dict(method="topk", ratio=0.1),
+    "topk_1.0": dict(method="topk", ratio=1.0),
+    "topk_0.1_sum": dict(method="topk", ratio=0.1, op="sum"),
+    "topk_0.1_predivide": dict(method="topk", ratio=0.1),  # predivide changes rounding only
+    "topk_0.1_no_feedback": dict(method="topk", ratio=0.1, error_feedback=False),
+}
+
+
+@pytest.mark.parametrize("config", list(SIMULATIONS))
+def test_every_rank_equals_the_simulation(run, config):
     size, ranks = run
-    want = simulate(size, ratio, seed=7)
+    want = simulate(size, **SIMULATIONS[config])
     for rank in range(size):
         _assert_history_close(ranks[rank][config], want, rtol=1e-5, atol=1e-6)
     for rank in range(1, size):  # and the ranks agree with each other exactly
@@ -76,13 +107,16 @@ def test_sparse_training_actually_moved_every_parameter(run):
     """Guards against a vacuous pass: the compressed run updates parameters, and differs from dense."""
     _, ranks = run
     initial = dict(common.torch_model().named_parameters())
-    sparse, dense = ranks[0]["random_block_0.1"][-1], ranks[0]["dense"][-1]
-    for name, p in initial.items():
-        assert not torch.equal(sparse[name], p.detach()), name
-        assert not torch.equal(sparse[name], dense[name]), name
+    dense = ranks[0]["dense"][-1]
+    for config in ("random_block_0.1", "topk_0.1", "topk_0.1_sum"):
+        sparse = ranks[0][config][-1]
+        for name, p in initial.items():
+            assert not torch.equal(sparse[name], p.detach()), (config, name)
+            assert not torch.equal(sparse[name], dense[name]), (config, name)
 
 
-def test_ratio_one_equals_dense_allreduce(run):
+@pytest.mark.parametrize("config", ["random_block_1.0", "topk_1.0"])
+def test_ratio_one_equals_dense_allreduce(run, config):
     size, ranks = run
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)  # 3 ranks: Gloo's chunked sum order
-    _assert_history_close(ranks[0]["random_block_1.0"], ranks[0]["dense"], **tol)
+    _assert_history_close(ranks[0][config], ranks[0]["dense"], **tol)

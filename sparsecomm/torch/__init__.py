@@ -8,6 +8,6 @@
                                    compression=compression)
 """
 from . import ops
-from .compression import RandomBlock
+from .compression import RandomBlock, TopK
 
-__all__ = ["RandomBlock", "ops"]
+__all__ = ["RandomBlock", "TopK", "ops"]

@@ -11,7 +11,7 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 from .. import _settings
-from . import ops
+from . import exchange, ops
 from .state import ParameterBinding, ParameterState
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -40,15 +40,24 @@ class _BoundCompressor:
             state = self._states[name] = ParameterState(name, _settings.tensor_id(name))
         return state
 
-    def _account(self, tensor: torch.Tensor, sent: torch.Tensor, started: float) -> None:
+    def _account(self, tensor: torch.Tensor, sent_bytes: int, started: float) -> None:
         self._stats["calls"] += 1
         self._stats["dense_bytes"] += tensor.numel() * tensor.element_size()
-        self._stats["sent_bytes"] += sent.numel() * sent.element_size()
+        self._stats["sent_bytes"] += sent_bytes
         self._stats["compress_seconds"] += time.perf_counter() - started
 
+    def _residual_of(self, state: ParameterState, tensor: torch.Tensor):
+        """The parameter's float32 residual (created on first use), or None without error feedback."""
+        if not self.error_feedback:
+            return None
+        if state.residual is None:
+            state.residual = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
+        return state.residual
+
     def stats(self) -> dict:
-        """Totals since construction: compress calls, bytes a dense allreduce would have sent,
-        bytes actually handed to Horovod, and seconds spent in compress (host time)."""
+        """Totals since construction: compress calls, bytes a dense allreduce would have been
+        handed, bytes this rank actually handed to Horovod (payload per rank, before any
+        collective's own traffic), and seconds spent in compress (host time)."""
         return dict(self._stats)
 
 
@@ -80,17 +89,51 @@ class RandomBlock(_BoundCompressor):
         started = time.perf_counter()
         state = self._state_for(tensor)
         numel = tensor.numel()
-        residual = None
-        if self.error_feedback:
-            if state.residual is None:
-                state.residual = torch.zeros(numel, dtype=torch.float32, device=tensor.device)
-            residual = state.residual
         start = ops.random_block_start(self.seed, state.tensor_id, state.step, numel)
         state.step += 1
-        values = ops.block_pack(tensor, residual, start, _settings.selected_count(self.ratio, numel))
-        self._account(tensor, values, started)
+        values = ops.block_pack(tensor, self._residual_of(state, tensor), start,
+                                _settings.selected_count(self.ratio, numel))
+        self._account(tensor, values.numel() * values.element_size(), started)
         return values, (tensor.shape, start)
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         shape, start = ctx
         return ops.block_unpack(tensor, shape.numel(), start).view(shape)
+
+
+class TopK(_BoundCompressor):
+    """Exact top-k sparsification with error feedback: each rank sends the
+    ``k = max(1, round(ratio * numel))`` entries of largest magnitude of (residual + gradient).
+    Coordinates differ per rank, so values and int32 indices travel by allgather
+    (sparsecomm.torch.exchange); what is not sent stays in a per-parameter float32 residual.
+
+    Args:
+        ratio: fraction of each tensor sent per step, in (0, 1].
+        named_parameters: the model's ``named_parameters()``; keys the per-parameter state and
+            names the allgathers.
+        error_feedback: keep what was not sent and add it to the next gradient (default True).
+        process_set: the Horovod process set of the optimizer (default: all ranks).
+    """
+
+    def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None):
+        super().__init__(named_parameters)
+        self.ratio = _settings.check_ratio(self._name, ratio)
+        if not isinstance(error_feedback, bool):
+            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+        self.process_set = process_set
+
+    def compress(self, tensor: torch.Tensor):
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        values, index = ops.pack_topk(tensor, self._residual_of(state, tensor),
+                                      _settings.selected_count(self.ratio, tensor.numel()),
+                                      seed=0, tensor_id=state.tensor_id, step=state.step)
+        state.step += 1
+        placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
+                                                    self.process_set)
+        self._account(tensor, ctx.sent_bytes, started)
+        return placeholder, ctx
+
+    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+        return exchange.finish_allgather(tensor, ctx)

@@ -7,7 +7,7 @@ import horovod.torch as hvd
 import torch
 
 import common
-from sparsecomm.torch import RandomBlock
+from sparsecomm.torch import RandomBlock, TopK
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -18,18 +18,26 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
+# name -> (compression for the model, extra hvd.DistributedOptimizer arguments)
 CONFIGS = {
-    "dense": lambda model: hvd.Compression.none,
-    "random_block_0.1": lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters()),
-    "random_block_1.0": lambda model: RandomBlock(ratio=1.0, seed=7, named_parameters=model.named_parameters()),
+    "dense": (lambda model: hvd.Compression.none, {}),
+    "random_block_0.1": (lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters()), {}),
+    "random_block_1.0": (lambda model: RandomBlock(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
+    "topk_0.1": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {}),
+    "topk_1.0": (lambda model: TopK(ratio=1.0, named_parameters=model.named_parameters()), {}),
+    "topk_0.1_sum": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {"op": hvd.Sum}),
+    "topk_0.1_predivide": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()),
+                           {"gradient_predivide_factor": 2.0}),
+    "topk_0.1_no_feedback": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(),
+                                                error_feedback=False), {}),
 }
 results = {}
-for config, make_compression in CONFIGS.items():
+for config, (make_compression, options) in CONFIGS.items():
     model = common.torch_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
                                    named_parameters=model.named_parameters(),
-                                   compression=make_compression(model))
+                                   compression=make_compression(model), **options)
     history = []
     for step in range(args.steps):
         idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))

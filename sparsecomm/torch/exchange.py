@@ -1,0 +1,54 @@
+"""Exchanges for compressors whose coordinates differ per rank (top-k, threshold, DGC,
+rTop-k), inside Horovod's compress/decompress contract on stock Horovod.
+
+`compress` packs (values, indices), starts asynchronous allgathers of both (named after the
+parameter, so several tensors are in flight at once and the overlap with backward is kept),
+and hands Horovod a 1-element placeholder holding 1.0 for its allreduce. Horovod reduces
+the placeholder with the optimizer's own op and scaling: it comes back as 1 under
+op=Average (whatever gradient_predivide_factor) and as the process set's size M under
+op=Sum. So `decompress` scales the sum of all ranks' contributions by output / M, the
+optimizer's semantics, without being told the op.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from . import ops
+
+
+def _hvd():
+    import horovod.torch as hvd  # imported on first use: sparsecomm.torch works without Horovod initialised
+    return hvd
+
+
+@dataclass
+class Gathering:
+    """What decompress needs: the in-flight allgathers and the tensor's shape and dtype."""
+    values_handle: object
+    index_handle: object
+    shape: torch.Size
+    dtype: torch.dtype
+    ranks: int
+    sent_bytes: int
+
+
+def start_allgather(values, index, name, shape, dtype, process_set=None):
+    """Starts the allgathers of one tensor's packed values and int32 indices; returns the
+    placeholder for Horovod's allreduce and the context for `finish_allgather`."""
+    hvd = _hvd()
+    process_set = process_set or hvd.global_process_set
+    handles = (hvd.allgather_async(values, name=f"sparsecomm.{name}.values", process_set=process_set),
+               hvd.allgather_async(index, name=f"sparsecomm.{name}.index", process_set=process_set))
+    sent = values.numel() * values.element_size() + index.numel() * index.element_size()
+    placeholder = torch.ones(1, dtype=torch.float32, device=values.device)
+    return placeholder, Gathering(*handles, shape, dtype, process_set.size(), sent)
+
+
+def finish_allgather(output, ctx: Gathering):
+    """Waits for the allgathers and returns the dense gradient: the sum of every rank's
+    values at their indices (duplicates add, in rank order), scaled by output / M."""
+    hvd = _hvd()
+    values = hvd.synchronize(ctx.values_handle)
+    index = hvd.synchronize(ctx.index_handle)
+    scale = float(output.reshape(-1)[0]) / ctx.ranks
+    return ops.sparse_unpack(values, index, ctx.shape.numel(), scale).view(ctx.shape)
