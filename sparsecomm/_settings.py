@@ -7,9 +7,9 @@ import zlib
 _UINT64 = 2**64
 
 
-def check_ratio(owner, ratio):
+def check_ratio(owner, ratio, name="ratio"):
     if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0.0 < float(ratio) <= 1.0:
-        raise ValueError(f"{owner}: ratio should be a number in (0, 1], got {ratio!r}")
+        raise ValueError(f"{owner}: {name} should be a number in (0, 1], got {ratio!r}")
     return float(ratio)
 
 

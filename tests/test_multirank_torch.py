@@ -29,7 +29,28 @@ def _topk(grad, residual, ratio, name, step, seed):
     return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
 
 
-METHODS = {"random_block": _random_block, "topk": _topk}
+def _randomk(grad, residual, ratio, name, step, seed):
+    acc, u = reference.accumulate(grad, residual)
+    mask = torch.zeros(grad.numel(), dtype=torch.bool)
+    mask[reference.random_k_indices(seed, reference.tensor_id(name), step, grad.numel(),
+                                    reference.count(ratio, grad.numel()))] = True
+    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
+    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
+
+
+def _rtopk(grad, residual, ratio, name, step, seed, r_ratio):
+    acc, u = reference.accumulate(grad, residual)
+    n, tid = grad.numel(), reference.tensor_id(name)
+    r, k = reference.count(r_ratio, n), reference.count(ratio, n)
+    top_r = reference.topk_mask(acc, r).nonzero().reshape(-1)  # index order
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[top_r[reference.random_k_indices(seed, tid, step, r, k)]] = True
+    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
+    return torch.zeros(n).index_put_((index,), values.float()), residual
+
+
+METHODS = {"random_block": _random_block, "topk": _topk, "randomk": _randomk,
+           "rtopk_0.3": lambda *a: _rtopk(*a, r_ratio=0.3), "rtopk_1.0": lambda *a: _rtopk(*a, r_ratio=1.0)}
 
 
 def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True):
@@ -90,6 +111,10 @@ SIMULATIONS = {
     "topk_0.1_sum": dict(method="topk", ratio=0.1, op="sum"),
     "topk_0.1_predivide": dict(method="topk", ratio=0.1),  # predivide changes rounding only
     "topk_0.1_no_feedback": dict(method="topk", ratio=0.1, error_feedback=False),
+    "randomk_0.1": dict(method="randomk", ratio=0.1),
+    "randomk_1.0": dict(method="randomk", ratio=1.0),
+    "rtopk_0.1": dict(method="rtopk_0.3", ratio=0.1),
+    "rtopk_1.0": dict(method="rtopk_1.0", ratio=1.0),
 }
 
 
@@ -108,14 +133,14 @@ def test_sparse_training_actually_moved_every_parameter(run):
     _, ranks = run
     initial = dict(common.torch_model().named_parameters())
     dense = ranks[0]["dense"][-1]
-    for config in ("random_block_0.1", "topk_0.1", "topk_0.1_sum"):
+    for config in ("random_block_0.1", "topk_0.1", "topk_0.1_sum", "randomk_0.1", "rtopk_0.1"):
         sparse = ranks[0][config][-1]
         for name, p in initial.items():
             assert not torch.equal(sparse[name], p.detach()), (config, name)
             assert not torch.equal(sparse[name], dense[name]), (config, name)
 
 
-@pytest.mark.parametrize("config", ["random_block_1.0", "topk_1.0"])
+@pytest.mark.parametrize("config", ["random_block_1.0", "topk_1.0", "randomk_1.0", "rtopk_1.0"])
 def test_ratio_one_equals_dense_allreduce(run, config):
     size, ranks = run
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)  # 3 ranks: Gloo's chunked sum order

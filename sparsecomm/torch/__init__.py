@@ -8,6 +8,6 @@
                                    compression=compression)
 """
 from . import ops
-from .compression import RandomBlock, TopK
+from .compression import RandomBlock, RandomK, RTopK, TopK
 
-__all__ = ["RandomBlock", "TopK", "ops"]
+__all__ = ["RandomBlock", "RandomK", "RTopK", "TopK", "ops"]

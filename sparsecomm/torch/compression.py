@@ -137,3 +137,78 @@ class TopK(_BoundCompressor):
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         return exchange.finish_allgather(tensor, ctx)
+
+
+class RandomK(_BoundCompressor):
+    """Random-k sparsification with a shared seed, with error feedback: each step every rank
+    sends the same ``k = max(1, round(ratio * numel))`` coordinates, drawn without replacement
+    from ``(seed, step, parameter name)`` (a keyed permutation; no global RNG). Shared
+    coordinates let the values ride Horovod's allreduce with no indices on the wire.
+
+    Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``).
+    """
+
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True):
+        super().__init__(named_parameters)
+        self.ratio = _settings.check_ratio(self._name, ratio)
+        self.seed = _settings.check_seed(self._name, seed)
+        if not isinstance(error_feedback, bool):
+            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+
+    def compress(self, tensor: torch.Tensor):
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        values, index = ops.pack_randomk(tensor, self._residual_of(state, tensor),
+                                         _settings.selected_count(self.ratio, tensor.numel()), seed=self.seed,
+                                         tensor_id=state.tensor_id, step=state.step)
+        state.step += 1
+        self._account(tensor, values.numel() * values.element_size(), started)
+        return values, (tensor.shape, index)
+
+    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+        shape, index = ctx
+        return ops.sparse_unpack(tensor, index, shape.numel()).view(shape)
+
+
+class RTopK(_BoundCompressor):
+    """rTop-k (Barnes et al. 2020), with error feedback: each rank sends ``k`` entries drawn
+    uniformly at random from its ``r`` entries of largest magnitude of (residual + gradient),
+    ``k = max(1, round(ratio * numel))``, ``r = max(k, round(r * numel))``. Coordinates
+    differ per rank: values and indices travel by allgather.
+
+    Args:
+        ratio: fraction of each tensor sent per step, in (0, 1].
+        r: fraction of each tensor to draw from, in [ratio, 1] (default: 4 * ratio, at most 1).
+        seed: seeds the draw (with step and parameter name); no global RNG is used.
+        named_parameters, error_feedback, process_set: as TopK.
+    """
+
+    def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
+                 error_feedback: bool = True, process_set=None):
+        super().__init__(named_parameters)
+        self.ratio = _settings.check_ratio(self._name, ratio)
+        self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
+        if self.r < self.ratio:
+            raise ValueError(f"{self._name}: r should be at least ratio={self.ratio}, got {r!r}")
+        self.seed = _settings.check_seed(self._name, seed)
+        if not isinstance(error_feedback, bool):
+            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+        self.process_set = process_set
+
+    def compress(self, tensor: torch.Tensor):
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        numel = tensor.numel()
+        values, index = ops.pack_rtopk(tensor, self._residual_of(state, tensor), _settings.selected_count(self.r, numel),
+                                       _settings.selected_count(self.ratio, numel), seed=self.seed,
+                                       tensor_id=state.tensor_id, step=state.step)
+        state.step += 1
+        placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
+                                                    self.process_set)
+        self._account(tensor, ctx.sent_bytes, started)
+        return placeholder, ctx
+
+    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+        return exchange.finish_allgather(tensor, ctx)

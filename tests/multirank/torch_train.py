@@ -7,7 +7,7 @@ import horovod.torch as hvd
 import torch
 
 import common
-from sparsecomm.torch import RandomBlock, TopK
+from sparsecomm.torch import RandomBlock, RandomK, RTopK, TopK
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -28,6 +28,10 @@ CONFIGS = {
     "topk_0.1_sum": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {"op": hvd.Sum}),
     "topk_0.1_predivide": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()),
                            {"gradient_predivide_factor": 2.0}),
+    "randomk_0.1": (lambda model: RandomK(ratio=0.1, seed=7, named_parameters=model.named_parameters()), {}),
+    "randomk_1.0": (lambda model: RandomK(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
+    "rtopk_0.1": (lambda model: RTopK(ratio=0.1, r=0.3, seed=7, named_parameters=model.named_parameters()), {}),
+    "rtopk_1.0": (lambda model: RTopK(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
     "topk_0.1_no_feedback": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(),
                                                 error_feedback=False), {}),
 }

@@ -1,11 +1,11 @@
-"""RandomBlock as a compressor, in one process: the compress/decompress contract Horovod
-relies on, error feedback conservation, binding, and bad input. Multi-rank behaviour is in
-test_multirank_torch.py."""
+"""The torch compressors in one process: the compress/decompress contract Horovod relies on
+(for the allreduce-ready ones), error feedback conservation, binding, and bad input.
+Multi-rank behaviour, including the allgather-based ones, is in test_multirank_torch.py."""
 import pytest
 import torch
 
 import reference
-from sparsecomm.torch import RandomBlock
+from sparsecomm.torch import RandomBlock, RandomK, RTopK, TopK
 
 
 def _model():
@@ -134,3 +134,41 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
     w_int = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(TypeError, match=r"gradients should be float32, float16 or bfloat16, got torch.int64"):
         comp.compress(w_int)
+
+
+def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
+    model = _model()
+    comp = RandomK(ratio=0.2, seed=4, named_parameters=model.named_parameters())
+    residuals = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}
+    for step in range(3):
+        model.zero_grad(set_to_none=True)
+        _backward(model, step)
+        for name, p in model.named_parameters():
+            index = reference.random_k_indices(4, reference.tensor_id(name), step, p.numel(),
+                                               reference.count(0.2, p.numel()))
+            acc, u = reference.accumulate(p.grad, residuals[name])
+            mask = torch.zeros(p.numel(), dtype=torch.bool)
+            mask[index] = True
+            want_values, _, residuals[name], _ = reference.send(acc, u, mask, p.dtype, residuals[name])
+            values, ctx = comp.compress(p.grad)
+            assert torch.equal(values, want_values)
+            dense = comp.decompress(values, ctx).reshape(-1)
+            assert torch.equal(dense[index], want_values) and dense.count_nonzero() <= len(index)
+            assert torch.equal(comp._states[name].residual, residuals[name])
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: TopK(ratio=0), r"TopK: ratio should be a number in \(0, 1\], got 0"),
+    (lambda: TopK(ratio=0.1, error_feedback="yes"), r"TopK: error_feedback should be True or False"),
+    (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
+    (lambda: RandomK(ratio=0.1, seed=-3), r"RandomK: seed should be an integer in \[0, 2\*\*64\), got -3"),
+    (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
+    (lambda: RTopK(ratio=0.1, r=1.5), r"RTopK: ratio should be a number in \(0, 1\], got 1.5"),
+])
+def test_bad_settings_of_every_compressor_are_named(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_rtopk_default_r_is_four_times_ratio_capped_at_one():
+    assert RTopK(ratio=0.01).r == 0.04 and RTopK(ratio=0.5).r == 1.0
