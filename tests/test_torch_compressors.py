@@ -163,7 +163,7 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
     (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
     (lambda: RandomK(ratio=0.1, seed=-3), r"RandomK: seed should be an integer in \[0, 2\*\*64\), got -3"),
     (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
-    (lambda: RTopK(ratio=0.1, r=1.5), r"RTopK: ratio should be a number in \(0, 1\], got 1.5"),
+    (lambda: RTopK(ratio=0.1, r=1.5), r"RTopK: r should be a number in \(0, 1\], got 1.5"),
 ])
 def test_bad_settings_of_every_compressor_are_named(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
