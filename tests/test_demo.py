@@ -9,8 +9,9 @@ def test_demo_prints_the_table(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sparsecomm.demo", "--epochs", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for line in ("test accuracy", "bytes/rank/step", "dense", "RandomBlock 10%", "RandomBlock 1%"):
+    for line in ("test accuracy", "bytes/rank/step", "dense", "RandomBlock 10%", "RandomBlock 1%", "TopK 1%"):
         assert line in proc.stdout, proc.stdout
+    assert "{" not in proc.stdout, proc.stdout  # no unformatted placeholders
     report = json.loads(out.read_text())
     assert report["ranks"] == 2
     by_method = {r["method"]: r for r in report["results"]}
@@ -19,4 +20,5 @@ def test_demo_prints_the_table(tmp_path):
     # Every tensor sends max(1, round(ratio * numel)) elements: the payload shrinks ~10x and ~100x.
     assert by_method["RandomBlock 10%"]["bytes_per_step"] == 4 * (1638 + 26 + 256 + 1)
     assert by_method["RandomBlock 1%"]["bytes_per_step"] == 4 * (164 + 3 + 26 + 1)
+    assert by_method["TopK 1%"]["bytes_per_step"] == (4 + 4) * (164 + 3 + 26 + 1)  # values + int32 indices
     assert by_method["dense"]["accuracy"] > 0.5  # one epoch of dense training learns something

@@ -35,8 +35,9 @@ def main():
     for r in report["results"]:
         print(f"{r['method']:<18}{100 * r['accuracy']:>13.1f}%{r['bytes_per_step']:>17,.0f}"
               f"{r['dense_bytes_per_step'] / r['bytes_per_step']:>9.0f}x{r['step_ms']:>9.2f} ms")
-    print("bytes/rank/step: payload each rank hands to Horovod's allreduce per step (a ring allreduce puts "
-          f"2(N-1)/N times that on the wire).\nStep time on unshaped loopback (dense {dense_ms:.2f} ms): "
+    print("bytes/rank/step: payload each rank hands to Horovod per step. RandomBlock rides the allreduce (a ring "
+          "puts 2(N-1)/N times that on the wire);\nTopK sends values + int32 indices by allgather (every rank "
+          f"receives all N payloads).\nStep time on unshaped loopback (dense {dense_ms:.2f} ms): "
           "this network is fast, so compression is not expected to speed it up here.")
 
 

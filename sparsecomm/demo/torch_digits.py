@@ -11,12 +11,13 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from sparsecomm.torch import RandomBlock
+from sparsecomm.torch import RandomBlock, TopK
 
 METHODS = {
     "dense": lambda model: hvd.Compression.none,
     "RandomBlock 10%": lambda model: RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters()),
     "RandomBlock 1%": lambda model: RandomBlock(ratio=0.01, seed=1, named_parameters=model.named_parameters()),
+    "TopK 1%": lambda model: TopK(ratio=0.01, named_parameters=model.named_parameters()),
 }
 
 
