@@ -155,3 +155,42 @@ def quantize(acc, bits):
     for j, c in enumerate(code):
         packed[(j * bits) >> 3] |= np.uint8(c << ((j * bits) & 7))
     return packed, scales, scales[code]
+
+
+def sample_count(numel, ratio, sample_ratio=0.01, min_hits=256):
+    return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))
+
+
+def sampled_threshold(acc, ratio, seed, tensor_id, step, sample_ratio=0.01):
+    """The documented sample (runs of 16 at an odd stride, offset from draw 1 of the selection
+    stream) and its ceil(ratio * count)-th largest magnitude (NaN as +inf)."""
+    import torch
+    numel = acc.numel()
+    if numel == 0:
+        return float("inf")
+    wanted = sample_count(numel, ratio, sample_ratio)
+    run = 16 if numel // wanted >= 32 else 1
+    runs = -(-wanted // run)
+    stride = numel // runs
+    if stride > run and stride % 2 == 0:
+        stride -= 1
+    slack = stride - run
+    offset = 0
+    if slack > 0:
+        out = philox4x32_10((1, tensor_id, step & _M32, step >> 32), (seed & _M32, seed >> 32))
+        offset = (out[0] | (out[1] << 32)) % (slack + 1)
+    count = runs * run
+    rank = min(count, max(1, math.ceil(ratio * count)))
+    positions = torch.tensor([offset + (j // run) * stride + j % run for j in range(count)])
+    mags = torch.nan_to_num(acc.reshape(-1)[positions].abs(), nan=float("inf"))
+    return mags.sort(descending=True).values[rank - 1].item()
+
+
+def sampled_mask(acc, ratio, seed, tensor_id, step, band=(0.8, 1.3)):
+    """pack_sampled's selection: |acc| >= the sampled threshold, or the exact top k when that
+    count falls outside [band[0] k, band[1] k]."""
+    k = count(ratio, acc.numel())
+    mask = above(acc, sampled_threshold(acc, ratio, seed, tensor_id, step))
+    if not band[0] * k <= mask.sum().item() <= band[1] * k:
+        mask = topk_mask(acc, k)
+    return mask

@@ -49,17 +49,70 @@ def _rtopk(grad, residual, ratio, name, step, seed, r_ratio):
     return torch.zeros(n).index_put_((index,), values.float()), residual
 
 
-METHODS = {"random_block": _random_block, "topk": _topk, "randomk": _randomk,
+def _threshold(grad, residual, ratio, name, step, seed, value_dtype=None):
+    acc, u = reference.accumulate(grad, residual)
+    mask = reference.sampled_mask(acc, ratio, 0, reference.tensor_id(name), step)
+    values, index, residual, _ = reference.send(acc, u, mask, value_dtype or grad.dtype, residual)
+    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
+
+
+METHODS = {"threshold": _threshold, "threshold_fp16": lambda *a: _threshold(*a, value_dtype=torch.float16),
+           "random_block": _random_block, "topk": _topk, "randomk": _randomk,
            "rtopk_0.3": lambda *a: _rtopk(*a, r_ratio=0.3), "rtopk_1.0": lambda *a: _rtopk(*a, r_ratio=1.0)}
 
 
-def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True):
+def dgc_density(ratio, step, warmup_steps, stages):
+    if step >= warmup_steps:
+        return ratio
+    return ratio ** ((step * stages // warmup_steps + 1) / (stages + 1))
+
+
+def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages=4, clip_norm=None):
+    """DGC on N ranks, plain torch: clip (threshold / sqrt(N)), u = m u + g, v += u, send the
+    sampled-threshold selection of v, zero v (and u when masking) where sent; plain SGD."""
+    x_all, y_all = common.digits()
+    model = common.torch_model()
+    state = [{n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()}
+             for _ in range(size)]
+    history = []
+    for step in range(STEPS):
+        grads = []
+        for rank in range(size):
+            model.zero_grad()
+            idx = common.rows(step, rank, size, len(y_all))
+            torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])),
+                                              torch.from_numpy(y_all[idx])).backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+        density = dgc_density(ratio, step, warmup_steps, stages)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                total = 0
+                for rank in range(size):
+                    g = grads[rank][name].reshape(-1)
+                    if clip_norm is not None:
+                        limit = clip_norm / size ** 0.5
+                        norm = g.norm().item()
+                        if norm > limit:
+                            g = g * (limit / norm)
+                    v, u = state[rank][name]
+                    acc, u = reference.accumulate(g, v, u, momentum)
+                    mask = reference.sampled_mask(acc, density, 0, reference.tensor_id(name), step)
+                    values, index, v, u = reference.send(acc, u, mask, g.dtype, v, u, masking)
+                    state[rank][name] = (v, u)
+                    total = total + torch.zeros(g.numel()).index_put_((index,), values.float())
+                p -= LR * (total / size).view(p.shape)
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True, momentum=0.0):
     """N ranks in one process: per-rank gradients on the same rows as the workers, per-rank
     error feedback, the method's selection (plain torch), summed over ranks and averaged like
     hvd.Average (or not, for hvd.Sum), plain SGD."""
     x_all, y_all = common.digits()
     model = common.torch_model()
     residuals = [{n: torch.zeros(p.numel()) for n, p in model.named_parameters()} for _ in range(size)]
+    buffers = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}  # SGD momentum
     history = []
     for step in range(STEPS):
         grads = []
@@ -83,6 +136,9 @@ def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback
                             residuals[rank][name] = new_residual
                         total = total + sent
                 update = total / size if op == "average" else total
+                if momentum:  # torch.optim.SGD: buf = m * buf + update (the first step: buf = update)
+                    buffers[name] = update.clone() if step == 0 else momentum * buffers[name] + update
+                    update = buffers[name]
                 p -= LR * update.view(p.shape)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
@@ -115,13 +171,20 @@ SIMULATIONS = {
     "randomk_1.0": dict(method="randomk", ratio=1.0),
     "rtopk_0.1": dict(method="rtopk_0.3", ratio=0.1),
     "rtopk_1.0": dict(method="rtopk_1.0", ratio=1.0),
+    "threshold_0.1": dict(method="threshold", ratio=0.1),
+    "threshold_0.1_fp16": dict(method="threshold_fp16", ratio=0.1),
+    "dense_momentum": dict(momentum=0.9),
+    "dgc_0.1": dict(dgc=dict(ratio=0.1)),
+    "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
+    "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False)),
 }
 
 
 @pytest.mark.parametrize("config", list(SIMULATIONS))
 def test_every_rank_equals_the_simulation(run, config):
     size, ranks = run
-    want = simulate(size, **SIMULATIONS[config])
+    settings = dict(SIMULATIONS[config])
+    want = simulate_dgc(size, **settings.pop("dgc")) if "dgc" in settings else simulate(size, **settings)
     for rank in range(size):
         _assert_history_close(ranks[rank][config], want, rtol=1e-5, atol=1e-6)
     for rank in range(1, size):  # and the ranks agree with each other exactly
@@ -133,7 +196,8 @@ def test_sparse_training_actually_moved_every_parameter(run):
     _, ranks = run
     initial = dict(common.torch_model().named_parameters())
     dense = ranks[0]["dense"][-1]
-    for config in ("random_block_0.1", "topk_0.1", "topk_0.1_sum", "randomk_0.1", "rtopk_0.1"):
+    for config in ("random_block_0.1", "topk_0.1", "topk_0.1_sum", "randomk_0.1", "rtopk_0.1", "threshold_0.1",
+                   "dgc_0.1"):
         sparse = ranks[0][config][-1]
         for name, p in initial.items():
             assert not torch.equal(sparse[name], p.detach()), (config, name)
@@ -145,3 +209,9 @@ def test_ratio_one_equals_dense_allreduce(run, config):
     size, ranks = run
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)  # 3 ranks: Gloo's chunked sum order
     _assert_history_close(ranks[0][config], ranks[0]["dense"], **tol)
+
+
+def test_dgc_at_ratio_one_without_masking_is_momentum_sgd(run):
+    """The paper's equivalence: momentum in DGC + plain SGD == dense momentum SGD."""
+    _, ranks = run
+    _assert_history_close(ranks[0]["dgc_1.0_no_masking"], ranks[0]["dense_momentum"], rtol=1e-5, atol=1e-6)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import reference
-from sparsecomm.torch import RandomBlock, RandomK, RTopK, TopK
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 
 def _model():
@@ -168,6 +168,28 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
 def test_bad_settings_of_every_compressor_are_named(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: Threshold(ratio=0.01, quantize="3bit"), r"Threshold: quantize should be one of None, 'fp16', 'bf16', "
+                                                    r"got '3bit'"),
+    (lambda: Threshold(ratio=0.01, sample_ratio=0), r"Threshold: sample_ratio should be a number in \(0, 1\]"),
+    (lambda: DGC(momentum=-0.1), r"DGC: momentum should be a number in \[0, 1\), got -0.1"),
+    (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),
+    (lambda: DGC(clip_norm=0), r"DGC: clip_norm should be None or a positive number, got 0"),
+    (lambda: DGC(warmup_steps=-1), r"DGC: warmup_steps should be an integer >= 0, got -1"),
+    (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
+    (lambda: DGC(momentum_masking=1), r"DGC: momentum_masking should be True or False, got 1"),
+])
+def test_bad_threshold_and_dgc_settings_are_named(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_dgc_warmup_follows_the_papers_exponential_schedule():
+    dgc = DGC(ratio=0.001, warmup_steps=400, warmup_stages=4)
+    sparsity = [round(1 - dgc.density(step), 4) for step in (0, 100, 200, 300, 400, 10_000)]
+    assert sparsity == [0.7488, 0.9369, 0.9842, 0.996, 0.999, 0.999]  # 75%, 93.75%, 98.4%, 99.6%, 99.9%
 
 
 def test_rtopk_default_r_is_four_times_ratio_capped_at_one():

@@ -313,3 +313,13 @@ def test_quantize_ops_pass_opcheck_and_check_bits():
         ops.send_quantized(acc, index, None, 3)
     with pytest.raises(RuntimeError, match="codes should have 3 bytes for 20 values of 1 bits, got 4"):
         ops.dequantize(torch.zeros(4, dtype=torch.uint8), scales, 20, 1)
+
+
+@pytest.mark.parametrize("numel,ratio", [(1000, 0.01), (100_000, 0.01), (1_000_003, 0.001), (50, 0.1), (25, 0.5)])
+def test_sampled_threshold_and_selection_follow_the_documented_plan(numel, ratio):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    for step in (0, 3, 2**32 + 1):
+        t = ops.sample_threshold(x, None, ratio, seed=9, tensor_id=7, step=step).item()
+        assert t == reference.sampled_threshold(x, ratio, 9, 7, step)
+        _, index = ops.pack_sampled(x.clone(), torch.zeros(numel), ratio, seed=9, tensor_id=7, step=step)
+        assert index.long().tolist() == reference.sampled_mask(x, ratio, 9, 7, step).nonzero().reshape(-1).tolist()

@@ -8,6 +8,6 @@
                                    compression=compression)
 """
 from . import ops
-from .compression import RandomBlock, RandomK, RTopK, TopK
+from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
-__all__ = ["RandomBlock", "RandomK", "RTopK", "TopK", "ops"]
+__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ops"]

@@ -5,6 +5,7 @@ compression=...)``: Horovod calls ``compress(tensor) -> (tensor, ctx)`` on each 
 allreduces (sums, then scales for Average) what it returns, and sets the parameter's
 gradient to ``decompress(output, ctx)``.
 """
+import math
 import time
 from typing import Dict, Iterable, Optional, Tuple
 
@@ -212,3 +213,131 @@ class RTopK(_BoundCompressor):
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         return exchange.finish_allgather(tensor, ctx)
+
+
+class _SampledThreshold(_BoundCompressor):
+    """Shared by Threshold and DGC: a sampled magnitude threshold with bounded correction
+    (the count stays in [0.8 k, 1.3 k]), values and indices by allgather."""
+
+    def _check_common(self, ratio, sample_ratio, error_feedback, process_set):
+        self.ratio = _settings.check_ratio(self._name, ratio)
+        self.sample_ratio = _settings.check_ratio(self._name, sample_ratio, "sample_ratio")
+        if not isinstance(error_feedback, bool):
+            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
+        self.error_feedback = error_feedback
+        self.process_set = process_set
+
+    def _send(self, tensor, state, started, density, value_dtype=None, momentum=None, momentum_factor=0.0,
+              masking=True):
+        values, index = ops.pack_sampled(tensor, self._residual_of(state, tensor), density, momentum=momentum,
+                                         momentum_factor=momentum_factor, masking=masking,
+                                         sample_ratio=self.sample_ratio, tensor_id=state.tensor_id, step=state.step,
+                                         value_dtype=value_dtype)
+        state.step += 1
+        placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
+                                                    self.process_set)
+        self._account(tensor, ctx.sent_bytes, started)
+        return placeholder, ctx
+
+    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+        return exchange.finish_allgather(tensor, ctx)
+
+
+class Threshold(_SampledThreshold):
+    """Gradient dropping (Aji & Heafield 2017), with error feedback: each rank sends the entries
+    of (residual + gradient) whose magnitude reaches a threshold estimated from a sample, about
+    ``ratio`` of each tensor (always within [0.8 k, 1.3 k]); the rest stays in the residual.
+
+    Args:
+        ratio: fraction of each tensor sent per step, in (0, 1] (the paper drops 99%: 0.01).
+        quantize: None (values in the gradient's dtype), "fp16" or "bf16" (16-bit values; the
+            rounding error stays in the residual).
+        sample_ratio: fraction of the tensor sampled to estimate the threshold (at least enough
+            for about 256 sampled values above it).
+        named_parameters, error_feedback, process_set: as TopK.
+    """
+
+    QUANTIZE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+    def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
+                 error_feedback: bool = True, process_set=None):
+        super().__init__(named_parameters)
+        self._check_common(ratio, sample_ratio, error_feedback, process_set)
+        if quantize not in self.QUANTIZE:
+            raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', got {quantize!r} "
+                             f"(1-bit and 2-bit kernels exist; their exchange is not built yet)")
+        self.quantize = quantize
+
+    def compress(self, tensor: torch.Tensor):
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        return self._send(tensor, state, started, self.ratio, value_dtype=self.QUANTIZE[self.quantize])
+
+
+class DGC(_SampledThreshold):
+    """Deep Gradient Compression (Lin et al. 2017): sampled-threshold sparsification of the
+    momentum-corrected accumulation, per parameter and rank:
+
+        g = clip(g, clip_norm / sqrt(N))      (local gradient clipping, optional, per tensor)
+        u = momentum * u + g                  (momentum correction: momentum lives here)
+        v = v + u;  send the entries of v above the sampled threshold; v[sent] = 0
+        u[sent] = 0                           (momentum factor masking, default on)
+
+    Warm-up: for the first ``warmup_steps`` steps (compress calls of a parameter), the density
+    rises exponentially over ``warmup_stages`` equal stages, ratio ** ((s + 1) / (stages + 1))
+    at stage s: 25%, 6.3%, 1.6%, 0.4%, then 0.1% for ratio 0.001 and 4 stages, as in the paper.
+
+    Pair it with a plain SGD optimizer (``momentum=0``): the momentum is DGC's. With ratio=1 and
+    momentum_masking=False it is exactly distributed momentum SGD.
+
+    Args:
+        ratio: final density, in (0, 1] (the paper: 0.001).
+        momentum: momentum factor in [0, 1).
+        momentum_masking: zero the momentum of sent entries (default True).
+        clip_norm: local gradient clipping threshold before scaling by 1/sqrt(N) (None: off).
+        warmup_steps, warmup_stages: the warm-up schedule (0 steps: none).
+        sample_ratio, named_parameters, process_set: as Threshold.
+    """
+
+    def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
+                 clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
+                 sample_ratio: float = 0.01, named_parameters=None, process_set=None):
+        super().__init__(named_parameters)
+        self._check_common(ratio, sample_ratio, True, process_set)
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
+        if not isinstance(momentum_masking, bool):
+            raise TypeError(f"{self._name}: momentum_masking should be True or False, got {momentum_masking!r}")
+        if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
+                                      or not clip_norm > 0):
+            raise ValueError(f"{self._name}: clip_norm should be None or a positive number, got {clip_norm!r}")
+        for name, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{self._name}: {name} should be an integer >= {low}, got {value!r}")
+        self.momentum = float(momentum)
+        self.momentum_masking = momentum_masking
+        self.clip_norm = clip_norm
+        self.warmup_steps = warmup_steps
+        self.warmup_stages = warmup_stages
+
+    def density(self, step: int) -> float:
+        """The density at a parameter's step: the warm-up schedule, then ratio."""
+        if step >= self.warmup_steps:
+            return self.ratio
+        stage = step * self.warmup_stages // self.warmup_steps
+        return self.ratio ** ((stage + 1) / (self.warmup_stages + 1))
+
+    def compress(self, tensor: torch.Tensor):
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        if state.momentum is None:
+            state.momentum = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
+        grad = tensor
+        if self.clip_norm is not None:
+            ranks = (self.process_set or exchange._hvd().global_process_set).size()
+            limit = self.clip_norm / math.sqrt(ranks)
+            norm = float(tensor.float().norm())
+            if norm > limit:
+                grad = tensor * (limit / norm)
+        return self._send(grad, state, started, self.density(state.step), momentum=state.momentum,
+                          momentum_factor=self.momentum, masking=self.momentum_masking)

@@ -48,7 +48,7 @@ def finish_allgather(output, ctx: Gathering):
     """Waits for the allgathers and returns the dense gradient: the sum of every rank's
     values at their indices (duplicates add, in rank order), scaled by output / M."""
     hvd = _hvd()
-    values = hvd.synchronize(ctx.values_handle)
+    values = hvd.synchronize(ctx.values_handle).to(ctx.dtype)  # values may travel in 16 bits
     index = hvd.synchronize(ctx.index_handle)
     scale = float(output.reshape(-1)[0]) / ctx.ranks
     return ops.sparse_unpack(values, index, ctx.shape.numel(), scale).view(ctx.shape)

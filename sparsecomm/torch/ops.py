@@ -179,11 +179,12 @@ def pack_rtopk(grad, residual, r, k, *, seed, tensor_id, step, momentum=None, mo
 
 
 def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
-                 sample_ratio=0.01, seed=0, tensor_id=0, step=0):
+                 sample_ratio=0.01, seed=0, tensor_id=0, step=0, value_dtype=None):
     """Error-feedback pack by a sampled threshold (gradient dropping, DGC): about
     k = ratio * numel elements, always between band[0] * k and band[1] * k (bounded
     correction: above the band, the exact top k of the candidates; below it, a second,
-    read-only pass takes the exact top k). Returns (values in grad's dtype, index int32)."""
+    read-only pass takes the exact top k). Returns (values in `value_dtype`, default grad's
+    dtype, and index int32); the rounding to value_dtype stays in the residual."""
     numel = grad.numel()
     k = selected_count(ratio, numel)
     threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
@@ -193,4 +194,4 @@ def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momen
         acc, index = select_top(acc, index, k)
     elif acc.numel() < band[0] * k:
         acc, index = select_top(*accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0), k)
-    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
+    return send_selected(acc, index, residual, value_dtype or grad.dtype, momentum=momentum, masking=masking), index

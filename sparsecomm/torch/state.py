@@ -18,6 +18,7 @@ class ParameterState:
     tensor_id: int
     step: int = 0                            # compress calls so far (one per Horovod allreduce)
     residual: Optional[torch.Tensor] = None  # float32, numel of the parameter (error feedback)
+    momentum: Optional[torch.Tensor] = None  # float32, numel of the parameter (DGC momentum correction)
 
 
 class ParameterBinding:

@@ -7,7 +7,7 @@ import horovod.torch as hvd
 import torch
 
 import common
-from sparsecomm.torch import RandomBlock, RandomK, RTopK, TopK
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -18,7 +18,7 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
-# name -> (compression for the model, extra hvd.DistributedOptimizer arguments)
+# name -> (compression for the model, extra hvd.DistributedOptimizer arguments[, SGD arguments])
 CONFIGS = {
     "dense": (lambda model: hvd.Compression.none, {}),
     "random_block_0.1": (lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters()), {}),
@@ -32,14 +32,23 @@ CONFIGS = {
     "randomk_1.0": (lambda model: RandomK(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
     "rtopk_0.1": (lambda model: RTopK(ratio=0.1, r=0.3, seed=7, named_parameters=model.named_parameters()), {}),
     "rtopk_1.0": (lambda model: RTopK(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
+    "threshold_0.1": (lambda model: Threshold(ratio=0.1, named_parameters=model.named_parameters()), {}),
+    "threshold_0.1_fp16": (lambda model: Threshold(ratio=0.1, quantize="fp16",
+                                                   named_parameters=model.named_parameters()), {}),
+    "dgc_0.1": (lambda model: DGC(ratio=0.1, momentum=0.9, named_parameters=model.named_parameters()), {}),
+    "dgc_0.05_warmup_clip": (lambda model: DGC(ratio=0.05, momentum=0.9, warmup_steps=4, warmup_stages=2,
+                                               clip_norm=0.2, named_parameters=model.named_parameters()), {}),
+    "dgc_1.0_no_masking": (lambda model: DGC(ratio=1.0, momentum=0.9, momentum_masking=False,
+                                             named_parameters=model.named_parameters()), {}),
+    "dense_momentum": (lambda model: hvd.Compression.none, {}, {"momentum": 0.9}),
     "topk_0.1_no_feedback": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(),
                                                 error_feedback=False), {}),
 }
 results = {}
-for config, (make_compression, options) in CONFIGS.items():
+for config, (make_compression, options, *sgd_options) in CONFIGS.items():
     model = common.torch_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, **(sgd_options or [{}])[0]),
                                    named_parameters=model.named_parameters(),
                                    compression=make_compression(model), **options)
     history = []
