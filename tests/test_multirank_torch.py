@@ -105,7 +105,8 @@ def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages
     return history
 
 
-def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True, momentum=0.0):
+def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True, momentum=0.0,
+             dense_names=()):
     """N ranks in one process: per-rank gradients on the same rows as the workers, per-rank
     error feedback, the method's selection (plain torch), summed over ranks and averaged like
     hvd.Average (or not, for hvd.Sum), plain SGD."""
@@ -124,7 +125,7 @@ def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback
             grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
         with torch.no_grad():
             for name, p in model.named_parameters():
-                if method is None:  # dense allreduce
+                if method is None or name in dense_names:  # dense allreduce
                     total = sum(g[name].reshape(-1) for g in grads)
                 else:
                     total = 0
@@ -174,6 +175,7 @@ SIMULATIONS = {
     "threshold_0.1": dict(method="threshold", ratio=0.1),
     "threshold_0.1_fp16": dict(method="threshold_fp16", ratio=0.1),
     "dense_momentum": dict(momentum=0.9),
+    "topk_0.1_default_policy": dict(method="topk", ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias")),
     "dgc_0.1": dict(dgc=dict(ratio=0.1)),
     "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
     "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False)),

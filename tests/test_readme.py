@@ -10,7 +10,7 @@ from launch import horovodrun
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DRIVERS = {
     "horovod.torch": """
-x = torch.randn(8, 64)
+x = torch.randn(8, 1024)
 opt.zero_grad(); model(x).square().sum().backward(); opt.step()
 assert compression.stats()["calls"] == 2
 print("torch snippet ok", hvd.rank())

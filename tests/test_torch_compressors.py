@@ -8,6 +8,9 @@ import reference
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 
+EVERY = dict(min_numel=0, dense_1d=False)  # these tests compress every tensor; the policy has its own test
+
+
 def _model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(13, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
@@ -20,7 +23,7 @@ def _backward(model, seed):
 
 def test_round_trip_is_the_reference_block_with_error_feedback():
     model = _model()
-    comp = RandomBlock(ratio=0.25, seed=11, named_parameters=model.named_parameters())
+    comp = RandomBlock(ratio=0.25, seed=11, named_parameters=model.named_parameters(), **EVERY)
     residuals = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}
     for step in range(4):
         model.zero_grad(set_to_none=True)
@@ -41,7 +44,7 @@ def test_round_trip_is_the_reference_block_with_error_feedback():
 def test_error_feedback_conserves_the_gradient(set_to_none):
     """Over T steps: sum of what was sent + final residual == sum of gradients (float32 rounding)."""
     model = _model()
-    comp = RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters())
+    comp = RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(), **EVERY)
     sent = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
     total = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
     for step in range(20):
@@ -59,7 +62,7 @@ def test_error_feedback_conserves_the_gradient(set_to_none):
 
 def test_ratio_one_sends_everything_and_keeps_nothing():
     model = _model()
-    comp = RandomBlock(ratio=1.0, seed=5, named_parameters=model.named_parameters())
+    comp = RandomBlock(ratio=1.0, seed=5, named_parameters=model.named_parameters(), **EVERY)
     _backward(model, 0)
     for name, p in model.named_parameters():
         values, ctx = comp.compress(p.grad)
@@ -70,7 +73,7 @@ def test_ratio_one_sends_everything_and_keeps_nothing():
 
 def test_half_precision_gradients_keep_rounding_error_in_the_residual():
     p = torch.nn.Parameter(torch.zeros(1000, dtype=torch.float16))
-    comp = RandomBlock(ratio=0.3, seed=1, named_parameters=[("w", p)])
+    comp = RandomBlock(ratio=0.3, seed=1, named_parameters=[("w", p)], **EVERY)
     p.grad = (torch.randn(1000) * 1e-3).half()
     values, ctx = comp.compress(p.grad)
     assert values.dtype == torch.float16
@@ -80,7 +83,7 @@ def test_half_precision_gradients_keep_rounding_error_in_the_residual():
 
 def test_selection_never_touches_the_global_rng():
     model = _model()
-    comp = RandomBlock(ratio=0.5, seed=1, named_parameters=model.named_parameters())
+    comp = RandomBlock(ratio=0.5, seed=1, named_parameters=model.named_parameters(), **EVERY)
     torch.manual_seed(1234)
     before = torch.get_rng_state()
     _backward(model, 0)
@@ -91,7 +94,7 @@ def test_selection_never_touches_the_global_rng():
 
 def test_stats_count_bytes():
     model = _model()
-    comp = RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters())
+    comp = RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters(), **EVERY)
     _backward(model, 0)
     for _, p in model.named_parameters():
         comp.compress(p.grad)
@@ -138,7 +141,7 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
 
 def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
     model = _model()
-    comp = RandomK(ratio=0.2, seed=4, named_parameters=model.named_parameters())
+    comp = RandomK(ratio=0.2, seed=4, named_parameters=model.named_parameters(), **EVERY)
     residuals = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}
     for step in range(3):
         model.zero_grad(set_to_none=True)
@@ -194,3 +197,32 @@ def test_dgc_warmup_follows_the_papers_exponential_schedule():
 
 def test_rtopk_default_r_is_four_times_ratio_capped_at_one():
     assert RTopK(ratio=0.01).r == 0.04 and RTopK(ratio=0.5).r == 1.0
+
+
+def test_the_default_policy_sends_small_and_1d_tensors_dense():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.Linear(32, 10), torch.nn.LayerNorm(10))
+    comp = RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), dense=["1.*"])
+    model(torch.randn(4, 64)).sum().backward()
+    kinds = {}
+    for name, p in model.named_parameters():
+        sent, ctx = comp.compress(p.grad)
+        kinds[name] = "dense" if ctx is None else "sparse"
+        assert ctx is not None or (sent is p.grad and comp.decompress(sent, ctx) is p.grad)
+    # 0.weight: 2048 elements, compressed; 1.weight: matches "1.*"; biases and the norm: 1-D.
+    assert kinds == {"0.weight": "sparse", "0.bias": "dense", "1.weight": "dense", "1.bias": "dense",
+                     "2.weight": "dense", "2.bias": "dense"}
+    small = RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), dense_1d=False, min_numel=0)
+    assert not any(small.goes_dense(n, p) for n, p in model.named_parameters())
+    assert RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), min_numel=4096).goes_dense(
+        "0.weight", model[0].weight)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(min_numel=-1), r"min_numel should be an integer >= 0, got -1"),
+    (dict(dense_1d="no"), r"dense_1d should be True or False, got 'no'"),
+    (dict(dense="*.bias"), r"dense should be a list of name patterns, got '\*.bias'"),
+])
+def test_bad_policy_settings_are_named(kwargs, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        TopK(ratio=0.1, **kwargs)

@@ -5,6 +5,7 @@ compression=...)``: Horovod calls ``compress(tensor) -> (tensor, ctx)`` on each 
 allreduces (sums, then scales for Average) what it returns, and sets the parameter's
 gradient to ``decompress(output, ctx)``.
 """
+import fnmatch
 import math
 import time
 from typing import Dict, Iterable, Optional, Tuple
@@ -19,13 +20,46 @@ _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class _BoundCompressor:
-    """Shared plumbing: parameter binding, per-parameter state, argument checks, stats."""
+    """Shared plumbing: parameter binding, per-parameter state, the per-layer policy, argument
+    checks, stats.
 
-    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]]):
+    Per-layer policy (every compressor): a parameter goes dense (Horovod's own allreduce,
+    untouched) when it has fewer than ``min_numel`` elements, when it is 1-D and ``dense_1d``
+    (biases, norm scales: the DGC paper compresses only tensors of dim > 1), or when its name
+    matches one of the fnmatch patterns in ``dense`` (e.g. ``["*.embedding.*"]``).
+    """
+
+    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]], min_numel: int = 1024,
+                 dense_1d: bool = True, dense: Iterable[str] = ()):
         self._name = type(self).__name__
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states: Dict[str, ParameterState] = {}
         self._stats = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "compress_seconds": 0.0}
+        if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
+            raise ValueError(f"{self._name}: min_numel should be an integer >= 0, got {min_numel!r}")
+        if not isinstance(dense_1d, bool):
+            raise TypeError(f"{self._name}: dense_1d should be True or False, got {dense_1d!r}")
+        if isinstance(dense, str) or not all(isinstance(pattern, str) for pattern in dense):
+            raise TypeError(f"{self._name}: dense should be a list of name patterns, got {dense!r}")
+        self.min_numel, self.dense_1d, self.dense = min_numel, dense_1d, tuple(dense)
+
+    def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
+        """Whether the per-layer policy sends this parameter's gradient dense."""
+        return (tensor.numel() < self.min_numel or (self.dense_1d and tensor.dim() == 1)
+                or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense))
+
+    def compress(self, tensor: torch.Tensor):
+        """Horovod's hook: (what to allreduce, context for decompress)."""
+        started = time.perf_counter()
+        state = self._state_for(tensor)
+        if self.goes_dense(state.name, tensor):
+            self._account(tensor, tensor.numel() * tensor.element_size(), started)
+            return tensor, None
+        return self._compress(tensor, state, started)
+
+    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+        """Horovod's hook: the dense gradient from what the allreduce returned."""
+        return tensor if ctx is None else self._decompress(tensor, ctx)
 
     def _state_for(self, tensor: torch.Tensor) -> ParameterState:
         if self._binding is None:
@@ -76,19 +110,18 @@ class RandomBlock(_BoundCompressor):
         seed: shared seed in [0, 2**64); must be the same on every rank.
         named_parameters: the model's ``named_parameters()``; keys the per-parameter state.
         error_feedback: keep what was not sent and add it to the next gradient (default True).
+        min_numel, dense_1d, dense: the per-layer policy (every compressor; see _BoundCompressor).
     """
 
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True):
-        super().__init__(named_parameters)
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True, **policy):
+        super().__init__(named_parameters, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.seed = _settings.check_seed(self._name, seed)
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
 
-    def compress(self, tensor: torch.Tensor):
-        started = time.perf_counter()
-        state = self._state_for(tensor)
+    def _compress(self, tensor, state, started):
         numel = tensor.numel()
         start = ops.random_block_start(self.seed, state.tensor_id, state.step, numel)
         state.step += 1
@@ -97,7 +130,7 @@ class RandomBlock(_BoundCompressor):
         self._account(tensor, values.numel() * values.element_size(), started)
         return values, (tensor.shape, start)
 
-    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+    def _decompress(self, tensor, ctx):
         shape, start = ctx
         return ops.block_unpack(tensor, shape.numel(), start).view(shape)
 
@@ -116,17 +149,16 @@ class TopK(_BoundCompressor):
         process_set: the Horovod process set of the optimizer (default: all ranks).
     """
 
-    def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None):
-        super().__init__(named_parameters)
+    def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
+                 **policy):
+        super().__init__(named_parameters, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
         self.process_set = process_set
 
-    def compress(self, tensor: torch.Tensor):
-        started = time.perf_counter()
-        state = self._state_for(tensor)
+    def _compress(self, tensor, state, started):
         values, index = ops.pack_topk(tensor, self._residual_of(state, tensor),
                                       _settings.selected_count(self.ratio, tensor.numel()),
                                       seed=0, tensor_id=state.tensor_id, step=state.step)
@@ -136,7 +168,7 @@ class TopK(_BoundCompressor):
         self._account(tensor, ctx.sent_bytes, started)
         return placeholder, ctx
 
-    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+    def _decompress(self, tensor, ctx):
         return exchange.finish_allgather(tensor, ctx)
 
 
@@ -149,17 +181,15 @@ class RandomK(_BoundCompressor):
     Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``).
     """
 
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True):
-        super().__init__(named_parameters)
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True, **policy):
+        super().__init__(named_parameters, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.seed = _settings.check_seed(self._name, seed)
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
 
-    def compress(self, tensor: torch.Tensor):
-        started = time.perf_counter()
-        state = self._state_for(tensor)
+    def _compress(self, tensor, state, started):
         values, index = ops.pack_randomk(tensor, self._residual_of(state, tensor),
                                          _settings.selected_count(self.ratio, tensor.numel()), seed=self.seed,
                                          tensor_id=state.tensor_id, step=state.step)
@@ -167,7 +197,7 @@ class RandomK(_BoundCompressor):
         self._account(tensor, values.numel() * values.element_size(), started)
         return values, (tensor.shape, index)
 
-    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+    def _decompress(self, tensor, ctx):
         shape, index = ctx
         return ops.sparse_unpack(tensor, index, shape.numel()).view(shape)
 
@@ -186,8 +216,8 @@ class RTopK(_BoundCompressor):
     """
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
-                 error_feedback: bool = True, process_set=None):
-        super().__init__(named_parameters)
+                 error_feedback: bool = True, process_set=None, **policy):
+        super().__init__(named_parameters, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
         if self.r < self.ratio:
@@ -198,9 +228,7 @@ class RTopK(_BoundCompressor):
         self.error_feedback = error_feedback
         self.process_set = process_set
 
-    def compress(self, tensor: torch.Tensor):
-        started = time.perf_counter()
-        state = self._state_for(tensor)
+    def _compress(self, tensor, state, started):
         numel = tensor.numel()
         values, index = ops.pack_rtopk(tensor, self._residual_of(state, tensor), _settings.selected_count(self.r, numel),
                                        _settings.selected_count(self.ratio, numel), seed=self.seed,
@@ -211,7 +239,7 @@ class RTopK(_BoundCompressor):
         self._account(tensor, ctx.sent_bytes, started)
         return placeholder, ctx
 
-    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+    def _decompress(self, tensor, ctx):
         return exchange.finish_allgather(tensor, ctx)
 
 
@@ -239,7 +267,7 @@ class _SampledThreshold(_BoundCompressor):
         self._account(tensor, ctx.sent_bytes, started)
         return placeholder, ctx
 
-    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
+    def _decompress(self, tensor, ctx):
         return exchange.finish_allgather(tensor, ctx)
 
 
@@ -260,17 +288,15 @@ class Threshold(_SampledThreshold):
     QUANTIZE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
-                 error_feedback: bool = True, process_set=None):
-        super().__init__(named_parameters)
+                 error_feedback: bool = True, process_set=None, **policy):
+        super().__init__(named_parameters, **policy)
         self._check_common(ratio, sample_ratio, error_feedback, process_set)
         if quantize not in self.QUANTIZE:
             raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', got {quantize!r} "
                              f"(1-bit and 2-bit kernels exist; their exchange is not built yet)")
         self.quantize = quantize
 
-    def compress(self, tensor: torch.Tensor):
-        started = time.perf_counter()
-        state = self._state_for(tensor)
+    def _compress(self, tensor, state, started):
         return self._send(tensor, state, started, self.ratio, value_dtype=self.QUANTIZE[self.quantize])
 
 
@@ -301,8 +327,8 @@ class DGC(_SampledThreshold):
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
-                 sample_ratio: float = 0.01, named_parameters=None, process_set=None):
-        super().__init__(named_parameters)
+                 sample_ratio: float = 0.01, named_parameters=None, process_set=None, **policy):
+        super().__init__(named_parameters, **policy)
         self._check_common(ratio, sample_ratio, True, process_set)
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
@@ -327,9 +353,7 @@ class DGC(_SampledThreshold):
         stage = step * self.warmup_stages // self.warmup_steps
         return self.ratio ** ((stage + 1) / (self.warmup_stages + 1))
 
-    def compress(self, tensor: torch.Tensor):
-        started = time.perf_counter()
-        state = self._state_for(tensor)
+    def _compress(self, tensor, state, started):
         if state.momentum is None:
             state.momentum = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
         grad = tensor

@@ -18,31 +18,34 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
+EVERY = dict(min_numel=0, dense_1d=False)  # compress every tensor, however small (the policy has its own config)
 # name -> (compression for the model, extra hvd.DistributedOptimizer arguments[, SGD arguments])
 CONFIGS = {
     "dense": (lambda model: hvd.Compression.none, {}),
-    "random_block_0.1": (lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters()), {}),
-    "random_block_1.0": (lambda model: RandomBlock(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
-    "topk_0.1": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {}),
-    "topk_1.0": (lambda model: TopK(ratio=1.0, named_parameters=model.named_parameters()), {}),
-    "topk_0.1_sum": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {"op": hvd.Sum}),
-    "topk_0.1_predivide": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()),
+    "random_block_0.1": (lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters(), **EVERY), {}),
+    "random_block_1.0": (lambda model: RandomBlock(ratio=1.0, seed=7, named_parameters=model.named_parameters(), **EVERY), {}),
+    "topk_0.1": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), **EVERY), {}),
+    "topk_1.0": (lambda model: TopK(ratio=1.0, named_parameters=model.named_parameters(), **EVERY), {}),
+    "topk_0.1_sum": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), **EVERY), {"op": hvd.Sum}),
+    "topk_0.1_predivide": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), **EVERY),
                            {"gradient_predivide_factor": 2.0}),
-    "randomk_0.1": (lambda model: RandomK(ratio=0.1, seed=7, named_parameters=model.named_parameters()), {}),
-    "randomk_1.0": (lambda model: RandomK(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
-    "rtopk_0.1": (lambda model: RTopK(ratio=0.1, r=0.3, seed=7, named_parameters=model.named_parameters()), {}),
-    "rtopk_1.0": (lambda model: RTopK(ratio=1.0, seed=7, named_parameters=model.named_parameters()), {}),
-    "threshold_0.1": (lambda model: Threshold(ratio=0.1, named_parameters=model.named_parameters()), {}),
+    "randomk_0.1": (lambda model: RandomK(ratio=0.1, seed=7, named_parameters=model.named_parameters(), **EVERY), {}),
+    "randomk_1.0": (lambda model: RandomK(ratio=1.0, seed=7, named_parameters=model.named_parameters(), **EVERY), {}),
+    "rtopk_0.1": (lambda model: RTopK(ratio=0.1, r=0.3, seed=7, named_parameters=model.named_parameters(), **EVERY), {}),
+    "rtopk_1.0": (lambda model: RTopK(ratio=1.0, seed=7, named_parameters=model.named_parameters(), **EVERY), {}),
+    "threshold_0.1": (lambda model: Threshold(ratio=0.1, named_parameters=model.named_parameters(), **EVERY), {}),
     "threshold_0.1_fp16": (lambda model: Threshold(ratio=0.1, quantize="fp16",
-                                                   named_parameters=model.named_parameters()), {}),
-    "dgc_0.1": (lambda model: DGC(ratio=0.1, momentum=0.9, named_parameters=model.named_parameters()), {}),
+                                                   named_parameters=model.named_parameters(), **EVERY), {}),
+    "dgc_0.1": (lambda model: DGC(ratio=0.1, momentum=0.9, named_parameters=model.named_parameters(), **EVERY), {}),
     "dgc_0.05_warmup_clip": (lambda model: DGC(ratio=0.05, momentum=0.9, warmup_steps=4, warmup_stages=2,
-                                               clip_norm=0.2, named_parameters=model.named_parameters()), {}),
+                                               clip_norm=0.2, named_parameters=model.named_parameters(), **EVERY), {}),
     "dgc_1.0_no_masking": (lambda model: DGC(ratio=1.0, momentum=0.9, momentum_masking=False,
-                                             named_parameters=model.named_parameters()), {}),
+                                             named_parameters=model.named_parameters(), **EVERY), {}),
     "dense_momentum": (lambda model: hvd.Compression.none, {}, {"momentum": 0.9}),
+    # the default policy: 1-D tensors and tensors under 1024 elements (2.weight: 320) go dense
+    "topk_0.1_default_policy": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {}),
     "topk_0.1_no_feedback": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(),
-                                                error_feedback=False), {}),
+                                                error_feedback=False, **EVERY), {}),
 }
 results = {}
 for config, (make_compression, options, *sgd_options) in CONFIGS.items():
