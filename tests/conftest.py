@@ -4,6 +4,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference`, `import launch`
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multirank"))  # `import common` (workers' shared code)
 
 
 def _devices():

@@ -1,17 +1,13 @@
 """Horovod + TensorFlow + sparsecomm's TF op library under horovodrun -np 2 and -np 3,
 against a single-process simulation of the N ranks (plain torch/numpy reference)."""
-import os
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import reference
-from launch import HERE, horovodrun
-
-sys.path.insert(0, os.path.join(HERE, "multirank"))
-import common  # noqa: E402
+from launch import horovodrun
+import common
 
 pytest.importorskip("tensorflow")
 STEPS, SEED, RATIO = 4, 5, 0.2

@@ -1,16 +1,12 @@
 """RandomBlock under horovodrun -np 2 and -np 3 with stock hvd.DistributedOptimizer,
 against a single-process plain-torch simulation of the N ranks."""
-import os
-import sys
 
 import pytest
 import torch
 
 import reference
-from launch import HERE, horovodrun
-
-sys.path.insert(0, os.path.join(HERE, "multirank"))
-import common  # noqa: E402
+from launch import horovodrun
+import common
 
 STEPS, LR = 5, 0.5
 
@@ -106,23 +102,26 @@ def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages
 
 
 def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True, momentum=0.0,
-             dense_names=()):
+             dense_names=(), steps=STEPS, lr=LR, passes=1, make_model=common.torch_model, dtype=torch.float32):
     """N ranks in one process: per-rank gradients on the same rows as the workers, per-rank
     error feedback, the method's selection (plain torch), summed over ranks and averaged like
     hvd.Average (or not, for hvd.Sum), plain SGD."""
     x_all, y_all = common.digits()
-    model = common.torch_model()
+    model = make_model().to(dtype)
     residuals = [{n: torch.zeros(p.numel()) for n, p in model.named_parameters()} for _ in range(size)]
     buffers = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}  # SGD momentum
     history = []
-    for step in range(STEPS):
+    for step in range(steps):
         grads = []
         for rank in range(size):
             model.zero_grad()
-            idx = common.rows(step, rank, size, len(y_all))
-            torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])),
-                                              torch.from_numpy(y_all[idx])).backward()
-            grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+            for p in range(passes):  # gradients accumulate over the passes, as in the workers
+                idx = common.rows(step * passes + p, rank, size, len(y_all))
+                torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx]).to(dtype)).float(),
+                                                  torch.from_numpy(y_all[idx])).backward()
+            # A parameter outside the forward pass gets zeros (Horovod submits zeros for it).
+            grads.append({n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+                          for n, p in model.named_parameters()})
         with torch.no_grad():
             for name, p in model.named_parameters():
                 if method is None or name in dense_names:  # dense allreduce
@@ -140,7 +139,8 @@ def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback
                 if momentum:  # torch.optim.SGD: buf = m * buf + update (the first step: buf = update)
                     buffers[name] = update.clone() if step == 0 else momentum * buffers[name] + update
                     update = buffers[name]
-                p -= LR * update.view(p.shape)
+                # SGD adds -lr * grad, the grad in the parameter's dtype (what decompress returns)
+                p.add_(update.view(p.shape).to(p.dtype), alpha=-lr)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
 

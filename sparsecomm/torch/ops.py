@@ -3,7 +3,6 @@
 The ops are registered when ``sparsecomm._C`` is imported; the wrappers add nothing but
 argument normalisation, so ``torch.ops.sparsecomm.X`` may be called directly too.
 """
-import math
 from typing import Optional
 
 import torch

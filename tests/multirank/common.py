@@ -22,3 +22,19 @@ def torch_model():
     import torch
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def torch_model_with_spare():
+    """The same MLP (same initial weights) plus a parameter that never gets a gradient."""
+    import torch
+
+    class WithSpare(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch_model()
+            self.spare = torch.nn.Linear(40, 40)  # 1,640 parameters outside the forward pass
+
+        def forward(self, x):
+            return self.body(x)
+
+    return WithSpare()

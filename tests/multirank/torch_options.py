@@ -1,0 +1,53 @@
+"""Worker: hvd.DistributedOptimizer's options with sparsecomm compressors: several backward
+passes per step, grouped allreduce, gradients kept between steps (set_to_none=False), a
+parameter without gradient, fp16 parameters and gradients. Saves every rank's parameters
+after every step."""
+import argparse
+import os
+
+import horovod.torch as hvd
+import torch
+
+import common
+from sparsecomm.torch import RandomBlock, TopK
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--lr", type=float, default=0.5)
+args = parser.parse_args()
+hvd.init()
+torch.set_num_threads(1)
+x_all, y_all = common.digits()
+EVERY = dict(min_numel=0, dense_1d=False)
+topk = lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
+block = lambda model: RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
+# name -> (model, compression, optimizer options, passes per step, set_to_none, dtype)
+CONFIGS = {
+    "topk_passes2": (common.torch_model, topk, {"backward_passes_per_step": 2}, 2, True, torch.float32),
+    "topk_groups2": (common.torch_model, topk, {"num_groups": 2}, 1, True, torch.float32),
+    "block_groups2": (common.torch_model, block, {"num_groups": 2}, 1, True, torch.float32),
+    "topk_keep_grads": (common.torch_model, topk, {}, 1, False, torch.float32),
+    "topk_spare": (common.torch_model_with_spare, topk, {}, 1, True, torch.float32),
+    "topk_fp16": (common.torch_model, topk, {}, 1, True, torch.float16),
+}
+results = {}
+for config, (make_model, make_compression, options, passes, set_to_none, dtype) in CONFIGS.items():
+    model = make_model().to(dtype)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+                                   named_parameters=model.named_parameters(),
+                                   compression=make_compression(model), **options)
+    history = []
+    for step in range(args.steps):
+        model.zero_grad(set_to_none=set_to_none)
+        for p in range(passes):
+            idx = common.rows(step * passes + p, hvd.rank(), hvd.size(), len(y_all))
+            loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx]).to(dtype)).float(),
+                                                     torch.from_numpy(y_all[idx]))
+            loss.backward()
+        opt.step()
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    results[config] = history
+torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
+print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs done")

@@ -1,0 +1,50 @@
+"""hvd.DistributedOptimizer's options with sparsecomm compressors under horovodrun -np 2 and
+-np 3, against the plain-torch simulation of test_multirank_torch.py."""
+import pytest
+import torch
+
+import common
+from launch import horovodrun
+from test_multirank_torch import _assert_history_close, simulate
+
+STEPS, LR = 4, 0.5
+SIMULATIONS = {
+    "topk_passes2": dict(method="topk", ratio=0.1, passes=2),
+    "topk_groups2": dict(method="topk", ratio=0.1),
+    "block_groups2": dict(method="random_block", ratio=0.1, seed=3),
+    "topk_keep_grads": dict(method="topk", ratio=0.1),
+    "topk_spare": dict(method="topk", ratio=0.1, make_model=common.torch_model_with_spare),
+    "topk_fp16": dict(method="topk", ratio=0.1, dtype=torch.float16),
+}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
+def run(request, tmp_path_factory):
+    size = request.param
+    out = tmp_path_factory.mktemp(f"torch_options_np{size}")
+    horovodrun(size, "torch_options.py", "--out", out, "--steps", STEPS, "--lr", LR)
+    return size, [torch.load(out / f"rank{r}.pt") for r in range(size)]
+
+
+@pytest.mark.parametrize("config", list(SIMULATIONS))
+def test_every_rank_equals_the_simulation(run, config):
+    size, ranks = run
+    want = simulate(size, steps=STEPS, lr=LR, **SIMULATIONS[config])
+    # fp16 parameters: the simulation's float32 sums round differently by one fp16 unit at most
+    tol = dict(rtol=2e-3, atol=2e-3) if config == "topk_fp16" else dict(rtol=1e-5, atol=1e-6)
+    for rank in range(size):
+        _assert_history_close(ranks[rank][config], want, **tol)
+    for rank in range(1, size):
+        _assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
+
+
+def test_the_parameter_without_gradient_never_moves(run):
+    _, ranks = run
+    spare = common.torch_model_with_spare().spare.weight.detach()
+    for step in ranks[0]["topk_spare"]:
+        assert torch.equal(step["spare.weight"], spare)
+
+
+def test_fp16_training_keeps_fp16_parameters(run):
+    _, ranks = run
+    assert all(t.dtype == torch.float16 for t in ranks[0]["topk_fp16"][-1].values())
