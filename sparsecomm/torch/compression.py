@@ -89,6 +89,39 @@ class _BoundCompressor:
             state.residual = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
         return state.residual
 
+    def state_dict(self) -> dict:
+        """This rank's compressor state, for checkpoints (each rank saves its own: residuals
+        differ per rank): per parameter, the step, residual and momentum."""
+        return {"compressor": self._name,
+                "parameters": {name: {"step": s.step, "residual": s.residual, "momentum": s.momentum}
+                               for name, s in self._states.items()},
+                "stats": dict(self._stats)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restores a state_dict() so training continues exactly as if it had not stopped."""
+        if not isinstance(state, dict) or "parameters" not in state:
+            raise TypeError(f"{self._name}: load_state_dict expects what state_dict() returned, got "
+                            f"{type(state).__name__}")
+        if state.get("compressor") != self._name:
+            raise ValueError(f"{self._name}: the state was saved by {state.get('compressor')!r}, not {self._name}")
+        if self._binding is None:
+            raise RuntimeError(f"{self._name}: bind named_parameters= before load_state_dict")
+        states = {}
+        for name, saved in state["parameters"].items():
+            param = self._binding.params.get(name)
+            if param is None:
+                raise KeyError(f"{self._name}: the state has parameter {name!r}, which is not among named_parameters")
+            restored = ParameterState(name, _settings.tensor_id(name), int(saved["step"]))
+            for key in ("residual", "momentum"):
+                tensor = saved.get(key)
+                if tensor is not None and tensor.numel() != param.numel():
+                    raise ValueError(f"{self._name}: the saved {key} of {name!r} has {tensor.numel()} elements, "
+                                     f"the parameter {param.numel()}")
+                setattr(restored, key, None if tensor is None else tensor.to(param.device, torch.float32).clone())
+            states[name] = restored
+        self._states = states
+        self._stats.update(state.get("stats", {}))
+
     def stats(self) -> dict:
         """Totals since construction: compress calls, bytes a dense allreduce would have been
         handed, bytes this rank actually handed to Horovod (payload per rank, before any
