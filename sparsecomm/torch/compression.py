@@ -6,6 +6,7 @@ allreduces (sums, then scales for Average) what it returns, and sets the paramet
 gradient to ``decompress(output, ctx)``.
 """
 import fnmatch
+import itertools
 import math
 import time
 from typing import Dict, Iterable, Optional, Tuple
@@ -17,6 +18,9 @@ from . import exchange, ops
 from .state import ParameterBinding, ParameterState
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+_instances = itertools.count()  # names each compressor's settings check, in construction order (same on every rank)
 
 
 class _BoundCompressor:
@@ -42,6 +46,32 @@ class _BoundCompressor:
         if isinstance(dense, str) or not all(isinstance(pattern, str) for pattern in dense):
             raise TypeError(f"{self._name}: dense should be a list of name patterns, got {dense!r}")
         self.min_numel, self.dense_1d, self.dense = min_numel, dense_1d, tuple(dense)
+        self._instance = next(_instances)
+        self._settings_checked = False
+
+    def settings(self) -> str:
+        """The settings every rank must share, as text (compared across ranks on the first step)."""
+        public = {k: v for k, v in sorted(vars(self).items())
+                  if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))}
+        return f"{self._name}({', '.join(f'{k}={v!r}' for k, v in public.items())})"
+
+    def _check_settings_across_ranks(self) -> None:
+        """On the first compress: one blocking allgather of every rank's settings. Different
+        settings raise the same error on every rank, instead of hanging or training wrong."""
+        self._settings_checked = True
+        hvd = exchange._hvd()
+        process_set = getattr(self, "process_set", None) or hvd.global_process_set
+        if not hvd.is_initialized() or process_set.size() == 1:
+            return
+        mine = torch.tensor(list(self.settings().encode("utf-8")), dtype=torch.uint8)
+        name = f"sparsecomm.settings.{self._instance}"
+        lengths = hvd.allgather(torch.tensor([mine.numel()]), name=f"{name}.length", process_set=process_set)
+        texts = hvd.allgather(mine, name=f"{name}.text", process_set=process_set).split(lengths.tolist())
+        settings = [bytes(t.tolist()).decode("utf-8") for t in texts]
+        if len(set(settings)) > 1:
+            listed = "; ".join(f"rank {r}: {text}" for r, text in enumerate(settings))
+            raise ValueError(f"{self._name}: compressor settings differ across ranks ({listed}). "
+                             f"Every rank must construct the compressor with the same arguments.")
 
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether the per-layer policy sends this parameter's gradient dense."""
@@ -52,6 +82,8 @@ class _BoundCompressor:
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
         state = self._state_for(tensor)
+        if not self._settings_checked:
+            self._check_settings_across_ranks()
         if self.goes_dense(state.name, tensor):
             self._account(tensor, tensor.numel() * tensor.element_size(), started)
             return tensor, None

@@ -1,4 +1,4 @@
-"""Checkpoint -> restore -> continue gives the same parameters as not stopping (2 ranks),
+"""Compressor state across ranks and restarts. Checkpoint -> restore -> continue gives the same parameters as not stopping (2 ranks),
 bit for bit, for DGC (residual, momentum, warm-up step) and RandomBlock (the seed stream's
 step); and load_state_dict refuses a state that does not fit."""
 import pytest
@@ -34,3 +34,12 @@ def test_load_state_dict_refuses_states_that_do_not_fit():
         dgc.load_state_dict({"compressor": "DGC", "parameters": {"0.weight": {"step": 1, "residual": torch.zeros(3)}}})
     with pytest.raises(TypeError, match="load_state_dict expects what state_dict\\(\\) returned"):
         dgc.load_state_dict([1, 2])
+
+
+def test_settings_that_differ_across_ranks_raise_the_same_error_everywhere():
+    output = horovodrun(2, "torch_settings.py", timeout=180)
+    assert output.count(": trained") == 2, output[-3000:]  # equal settings: both ranks train
+    errors = [line for line in output.splitlines() if "ValueError: TopK: compressor settings differ across ranks" in line]
+    assert len(errors) == 2, output[-3000:]
+    for line in errors:
+        assert "ratio=0.1" in line and "ratio=0.2" in line and "rank 0:" in line and "rank 1:" in line
