@@ -174,6 +174,7 @@ SIMULATIONS = {
     "rtopk_1.0": dict(method="rtopk_1.0", ratio=1.0),
     "threshold_0.1": dict(method="threshold", ratio=0.1),
     "threshold_0.1_fp16": dict(method="threshold_fp16", ratio=0.1),
+    "threshold_1.0": dict(method="threshold", ratio=1.0),
     "dense_momentum": dict(momentum=0.9),
     "topk_0.1_default_policy": dict(method="topk", ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias")),
     "dgc_0.1": dict(dgc=dict(ratio=0.1)),
@@ -206,7 +207,7 @@ def test_sparse_training_actually_moved_every_parameter(run):
             assert not torch.equal(sparse[name], dense[name]), (config, name)
 
 
-@pytest.mark.parametrize("config", ["random_block_1.0", "topk_1.0", "randomk_1.0", "rtopk_1.0"])
+@pytest.mark.parametrize("config", ["random_block_1.0", "topk_1.0", "randomk_1.0", "rtopk_1.0", "threshold_1.0"])
 def test_ratio_one_equals_dense_allreduce(run, config):
     size, ranks = run
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)  # 3 ranks: Gloo's chunked sum order

@@ -226,3 +226,20 @@ def test_the_default_policy_sends_small_and_1d_tensors_dense():
 def test_bad_policy_settings_are_named(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         TopK(ratio=0.1, **kwargs)
+
+
+def test_gathering_methods_go_dense_when_sparse_would_be_larger():
+    """k values + k int32 indices against numel values: float32 goes dense from ratio 0.5,
+    float16 from 1/3; the shared-coordinate methods never do."""
+    w32 = torch.nn.Parameter(torch.zeros(100, 100))
+    w16 = torch.nn.Parameter(torch.zeros(100, 100, dtype=torch.float16))
+    bound = [("w32", w32), ("w16", w16)]
+    assert not TopK(ratio=0.49, named_parameters=bound).goes_dense("w32", w32)
+    assert TopK(ratio=0.5, named_parameters=bound).goes_dense("w32", w32)
+    assert not TopK(ratio=0.33, named_parameters=bound).goes_dense("w16", w16)
+    assert TopK(ratio=0.34, named_parameters=bound).goes_dense("w16", w16)
+    assert not TopK(ratio=0.9, named_parameters=bound, dense_fallback=False).goes_dense("w32", w32)
+    assert DGC(ratio=0.001, warmup_steps=10, named_parameters=bound).goes_dense("w16", w16) is False
+    assert not RandomK(ratio=1.0, named_parameters=bound).goes_dense("w32", w32)
+    with pytest.raises(TypeError, match="Threshold: dense_fallback should be True or False, got 'no'"):
+        Threshold(dense_fallback="no")

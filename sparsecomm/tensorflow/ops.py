@@ -167,9 +167,13 @@ def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=
 def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
                  sample_ratio=0.01, seed=0, tensor_id=0, step=0):
     """Sampled threshold with bounded correction into [band[0] k, band[1] k] (gradient dropping, DGC)."""
-    k = selected_count(ratio, _numel(grad))
-    threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
-                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    numel = _numel(grad)
+    k = selected_count(ratio, numel)
+    if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
+        threshold = 0.0
+    else:
+        threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
+                                     sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
     acc, index, residual, momentum = accumulate_candidates(grad, residual, threshold, momentum=momentum,
                                                            momentum_factor=momentum_factor)
     state = _accumulated_state(grad, residual, momentum)

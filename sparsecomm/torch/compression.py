@@ -76,7 +76,12 @@ class _BoundCompressor:
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether the per-layer policy sends this parameter's gradient dense."""
         return (tensor.numel() < self.min_numel or (self.dense_1d and tensor.dim() == 1)
-                or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense))
+                or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense)
+                or self._sparse_is_larger(name, tensor))
+
+    def _sparse_is_larger(self, name: str, tensor: torch.Tensor) -> bool:
+        """Shared-coordinate methods never send more than dense; the gathering ones override this."""
+        return False
 
     def compress(self, tensor: torch.Tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
@@ -200,7 +205,34 @@ class RandomBlock(_BoundCompressor):
         return ops.block_unpack(tensor, shape.numel(), start).view(shape)
 
 
-class TopK(_BoundCompressor):
+class _Gathering(_BoundCompressor):
+    """Compressors whose coordinates differ per rank: values and int32 indices by allgather.
+    With ``dense_fallback`` (default), a tensor whose sparse payload (k values + k indices)
+    would not be smaller than the dense tensor goes dense instead."""
+
+    dense_fallback = True
+
+    def _density(self, step: int) -> float:
+        return self.ratio
+
+    def _sparse_is_larger(self, name: str, tensor: torch.Tensor) -> bool:
+        if not self.dense_fallback:
+            return False
+        state = self._states.get(name)
+        k = _settings.selected_count(self._density(state.step if state else 0), tensor.numel())
+        return k * (tensor.element_size() + 4) >= tensor.numel() * tensor.element_size()
+
+    def _decompress(self, tensor, ctx):
+        return exchange.finish_allgather(tensor, ctx)
+
+
+def _check_dense_fallback(owner, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: dense_fallback should be True or False, got {value!r}")
+    return value
+
+
+class TopK(_Gathering):
     """Exact top-k sparsification with error feedback: each rank sends the
     ``k = max(1, round(ratio * numel))`` entries of largest magnitude of (residual + gradient).
     Coordinates differ per rank, so values and int32 indices travel by allgather
@@ -215,8 +247,9 @@ class TopK(_BoundCompressor):
     """
 
     def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
-                 **policy):
+                 dense_fallback: bool = True, **policy):
         super().__init__(named_parameters, **policy)
+        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self.ratio = _settings.check_ratio(self._name, ratio)
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
@@ -232,9 +265,6 @@ class TopK(_BoundCompressor):
                                                     self.process_set)
         self._account(tensor, ctx.sent_bytes, started)
         return placeholder, ctx
-
-    def _decompress(self, tensor, ctx):
-        return exchange.finish_allgather(tensor, ctx)
 
 
 class RandomK(_BoundCompressor):
@@ -267,7 +297,7 @@ class RandomK(_BoundCompressor):
         return ops.sparse_unpack(tensor, index, shape.numel()).view(shape)
 
 
-class RTopK(_BoundCompressor):
+class RTopK(_Gathering):
     """rTop-k (Barnes et al. 2020), with error feedback: each rank sends ``k`` entries drawn
     uniformly at random from its ``r`` entries of largest magnitude of (residual + gradient),
     ``k = max(1, round(ratio * numel))``, ``r = max(k, round(r * numel))``. Coordinates
@@ -281,8 +311,9 @@ class RTopK(_BoundCompressor):
     """
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
-                 error_feedback: bool = True, process_set=None, **policy):
+                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
         super().__init__(named_parameters, **policy)
+        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
         if self.r < self.ratio:
@@ -304,11 +335,8 @@ class RTopK(_BoundCompressor):
         self._account(tensor, ctx.sent_bytes, started)
         return placeholder, ctx
 
-    def _decompress(self, tensor, ctx):
-        return exchange.finish_allgather(tensor, ctx)
 
-
-class _SampledThreshold(_BoundCompressor):
+class _SampledThreshold(_Gathering):
     """Shared by Threshold and DGC: a sampled magnitude threshold with bounded correction
     (the count stays in [0.8 k, 1.3 k]), values and indices by allgather."""
 
@@ -332,9 +360,6 @@ class _SampledThreshold(_BoundCompressor):
         self._account(tensor, ctx.sent_bytes, started)
         return placeholder, ctx
 
-    def _decompress(self, tensor, ctx):
-        return exchange.finish_allgather(tensor, ctx)
-
 
 class Threshold(_SampledThreshold):
     """Gradient dropping (Aji & Heafield 2017), with error feedback: each rank sends the entries
@@ -353,8 +378,9 @@ class Threshold(_SampledThreshold):
     QUANTIZE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
-                 error_feedback: bool = True, process_set=None, **policy):
+                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
         super().__init__(named_parameters, **policy)
+        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self._check_common(ratio, sample_ratio, error_feedback, process_set)
         if quantize not in self.QUANTIZE:
             raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', got {quantize!r} "
@@ -392,8 +418,10 @@ class DGC(_SampledThreshold):
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
-                 sample_ratio: float = 0.01, named_parameters=None, process_set=None, **policy):
+                 sample_ratio: float = 0.01, named_parameters=None, process_set=None, dense_fallback: bool = True,
+                 **policy):
         super().__init__(named_parameters, **policy)
+        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self._check_common(ratio, sample_ratio, True, process_set)
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
@@ -410,6 +438,9 @@ class DGC(_SampledThreshold):
         self.clip_norm = clip_norm
         self.warmup_steps = warmup_steps
         self.warmup_stages = warmup_stages
+
+    def _density(self, step: int) -> float:
+        return self.density(step)
 
     def density(self, step: int) -> float:
         """The density at a parameter's step: the warm-up schedule, then ratio."""

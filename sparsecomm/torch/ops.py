@@ -186,8 +186,11 @@ def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momen
     dtype, and index int32); the rounding to value_dtype stays in the residual."""
     numel = grad.numel()
     k = selected_count(ratio, numel)
-    threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
-                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
+        threshold = 0.0
+    else:
+        threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
+                                     sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
     acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
     if acc.numel() > band[1] * k:
         acc, index = select_top(acc, index, k)
