@@ -120,7 +120,8 @@ def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback
                 torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx]).to(dtype)).float(),
                                                   torch.from_numpy(y_all[idx])).backward()
             # A parameter outside the forward pass gets zeros (Horovod submits zeros for it).
-            grads.append({n: p.grad.clone() if p.grad is not None else torch.zeros_like(p)
+            grads.append({n: p.grad.to_dense() if p.grad is not None and p.grad.is_sparse else
+                          p.grad.clone() if p.grad is not None else torch.zeros_like(p)
                           for n, p in model.named_parameters()})
         with torch.no_grad():
             for name, p in model.named_parameters():

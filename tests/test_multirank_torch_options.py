@@ -15,6 +15,7 @@ SIMULATIONS = {
     "topk_keep_grads": dict(method="topk", ratio=0.1),
     "topk_spare": dict(method="topk", ratio=0.1, make_model=common.torch_model_with_spare),
     "topk_fp16": dict(method="topk", ratio=0.1, dtype=torch.float16),
+    "topk_sparse_as_dense": dict(method="topk", ratio=0.1, make_model=common.torch_bag_model),
 }
 
 
@@ -48,3 +49,17 @@ def test_the_parameter_without_gradient_never_moves(run):
 def test_fp16_training_keeps_fp16_parameters(run):
     _, ranks = run
     assert all(t.dtype == torch.float16 for t in ranks[0]["topk_fp16"][-1].values())
+
+
+@pytest.mark.parametrize("config,simulation", [("topk", dict(method="topk", ratio=0.1)),
+                                               ("random_block", dict(method="random_block", ratio=0.1, seed=3))])
+def test_a_process_set_of_two_among_three_ranks_equals_two_ranks(config, simulation, tmp_path_factory):
+    out = tmp_path_factory.getbasetemp() / "process_set"
+    if not (out / "rank1.pt").exists():
+        out.mkdir(exist_ok=True)
+        output = horovodrun(3, "torch_process_set.py", "--out", out, "--steps", STEPS)
+        assert "rank 2: outside the process set" in output
+    assert not (out / "rank2.pt").exists()
+    want = simulate(2, steps=STEPS, lr=LR, **simulation)
+    for rank in range(2):
+        _assert_history_close(torch.load(out / f"rank{rank}.pt")[config], want, rtol=1e-5, atol=1e-6)

@@ -243,3 +243,18 @@ def test_gathering_methods_go_dense_when_sparse_would_be_larger():
     assert not RandomK(ratio=1.0, named_parameters=bound).goes_dense("w32", w32)
     with pytest.raises(TypeError, match="Threshold: dense_fallback should be True or False, got 'no'"):
         Threshold(dense_fallback="no")
+
+
+def test_a_densified_sparse_gradient_is_attributed_when_unambiguous():
+    """hvd.DistributedOptimizer(sparse_as_dense=True) hands compress p.grad.to_dense()."""
+    torch.manual_seed(0)
+    one = torch.nn.Embedding(50, 30, sparse=True)
+    comp = RandomBlock(ratio=0.5, named_parameters=[("one.weight", one.weight)], **EVERY)
+    one(torch.tensor([1, 2, 3])).sum().backward()
+    values, ctx = comp.compress(one.weight.grad.to_dense())
+    assert "one.weight" in comp._states and values.numel() == 750
+    two = torch.nn.Embedding(50, 30, sparse=True)
+    comp = RandomBlock(ratio=0.5, named_parameters=[("one.weight", one.weight), ("two.weight", two.weight)], **EVERY)
+    two(torch.tensor([4])).sum().backward()
+    with pytest.raises(LookupError, match=r"could belong to \['one.weight', 'two.weight'\]"):
+        comp.compress(one.weight.grad.to_dense())

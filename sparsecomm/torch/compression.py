@@ -33,8 +33,8 @@ class _BoundCompressor:
     matches one of the fnmatch patterns in ``dense`` (e.g. ``["*.embedding.*"]``).
     """
 
-    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]], min_numel: int = 1024,
-                 dense_1d: bool = True, dense: Iterable[str] = ()):
+    def __init__(self, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]], process_set=None,
+                 min_numel: int = 1024, dense_1d: bool = True, dense: Iterable[str] = ()):
         self._name = type(self).__name__
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states: Dict[str, ParameterState] = {}
@@ -46,6 +46,7 @@ class _BoundCompressor:
         if isinstance(dense, str) or not all(isinstance(pattern, str) for pattern in dense):
             raise TypeError(f"{self._name}: dense should be a list of name patterns, got {dense!r}")
         self.min_numel, self.dense_1d, self.dense = min_numel, dense_1d, tuple(dense)
+        self.process_set = process_set  # the optimizer's (None: all ranks); the settings check runs over it
         self._instance = next(_instances)
         self._settings_checked = False
 
@@ -60,7 +61,7 @@ class _BoundCompressor:
         settings raise the same error on every rank, instead of hanging or training wrong."""
         self._settings_checked = True
         hvd = exchange._hvd()
-        process_set = getattr(self, "process_set", None) or hvd.global_process_set
+        process_set = self.process_set or hvd.global_process_set
         if not hvd.is_initialized() or process_set.size() == 1:
             return
         mine = torch.tensor(list(self.settings().encode("utf-8")), dtype=torch.uint8)
@@ -180,11 +181,13 @@ class RandomBlock(_BoundCompressor):
         seed: shared seed in [0, 2**64); must be the same on every rank.
         named_parameters: the model's ``named_parameters()``; keys the per-parameter state.
         error_feedback: keep what was not sent and add it to the next gradient (default True).
+        process_set: the Horovod process set of the optimizer (default: all ranks; every compressor).
         min_numel, dense_1d, dense: the per-layer policy (every compressor; see _BoundCompressor).
     """
 
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True, **policy):
-        super().__init__(named_parameters, **policy)
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
+                 process_set=None, **policy):
+        super().__init__(named_parameters, process_set, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.seed = _settings.check_seed(self._name, seed)
         if not isinstance(error_feedback, bool):
@@ -248,13 +251,12 @@ class TopK(_Gathering):
 
     def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
                  dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, **policy)
+        super().__init__(named_parameters, process_set, **policy)
         self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self.ratio = _settings.check_ratio(self._name, ratio)
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
-        self.process_set = process_set
 
     def _compress(self, tensor, state, started):
         values, index = ops.pack_topk(tensor, self._residual_of(state, tensor),
@@ -276,8 +278,9 @@ class RandomK(_BoundCompressor):
     Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``).
     """
 
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True, **policy):
-        super().__init__(named_parameters, **policy)
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
+                 process_set=None, **policy):
+        super().__init__(named_parameters, process_set, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.seed = _settings.check_seed(self._name, seed)
         if not isinstance(error_feedback, bool):
@@ -312,7 +315,7 @@ class RTopK(_Gathering):
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, **policy)
+        super().__init__(named_parameters, process_set, **policy)
         self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
@@ -322,7 +325,6 @@ class RTopK(_Gathering):
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
-        self.process_set = process_set
 
     def _compress(self, tensor, state, started):
         numel = tensor.numel()
@@ -340,13 +342,12 @@ class _SampledThreshold(_Gathering):
     """Shared by Threshold and DGC: a sampled magnitude threshold with bounded correction
     (the count stays in [0.8 k, 1.3 k]), values and indices by allgather."""
 
-    def _check_common(self, ratio, sample_ratio, error_feedback, process_set):
+    def _check_common(self, ratio, sample_ratio, error_feedback):
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.sample_ratio = _settings.check_ratio(self._name, sample_ratio, "sample_ratio")
         if not isinstance(error_feedback, bool):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
-        self.process_set = process_set
 
     def _send(self, tensor, state, started, density, value_dtype=None, momentum=None, momentum_factor=0.0,
               masking=True):
@@ -379,9 +380,9 @@ class Threshold(_SampledThreshold):
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, **policy)
+        super().__init__(named_parameters, process_set, **policy)
         self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
-        self._check_common(ratio, sample_ratio, error_feedback, process_set)
+        self._check_common(ratio, sample_ratio, error_feedback)
         if quantize not in self.QUANTIZE:
             raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', got {quantize!r} "
                              f"(1-bit and 2-bit kernels exist; their exchange is not built yet)")
@@ -420,9 +421,9 @@ class DGC(_SampledThreshold):
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
                  sample_ratio: float = 0.01, named_parameters=None, process_set=None, dense_fallback: bool = True,
                  **policy):
-        super().__init__(named_parameters, **policy)
+        super().__init__(named_parameters, process_set, **policy)
         self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
-        self._check_common(ratio, sample_ratio, True, process_set)
+        self._check_common(ratio, sample_ratio, True)
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
         if not isinstance(momentum_masking, bool):

@@ -52,9 +52,24 @@ class ParameterBinding:
             self._by_grad = {id(p.grad): n for n, p in self.params.items() if p.grad is not None}
             name = self._by_grad.get(id(grad))
         if name is None:
+            name = self._densified_sparse_grad(grad)
+        if name is None:
             raise LookupError(
                 f"{self.owner}: got a gradient (shape {list(grad.shape)}, {grad.dtype}) that is not the .grad of any "
                 f"parameter passed as named_parameters=. Pass the same model's named_parameters() to the compressor "
                 f"and to hvd.DistributedOptimizer. (op=hvd.Adasum compresses parameter deltas, not gradients, and "
-                f"sparse_as_dense densifies a sparse .grad into a new tensor: neither can be attributed.)")
+                f"sparse_as_dense densifies a sparse .grad into a new tensor, which is attributed only when "
+                f"exactly one parameter has a sparse .grad of that shape.)")
         return name
+
+    def _densified_sparse_grad(self, grad: torch.Tensor):
+        """hvd.DistributedOptimizer(sparse_as_dense=True) passes p.grad.to_dense(), a new tensor:
+        it belongs to the one parameter whose .grad is sparse with that shape, if only one is."""
+        if grad.is_sparse:
+            return None
+        owners = [n for n, p in self.params.items()
+                  if p.grad is not None and p.grad.is_sparse and p.grad.shape == grad.shape]
+        if len(owners) > 1:
+            raise LookupError(f"{self.owner}: a densified sparse gradient of shape {list(grad.shape)} could belong "
+                              f"to {owners}; give those parameters different shapes or list them in dense=")
+        return owners[0] if owners else None

@@ -38,3 +38,22 @@ def torch_model_with_spare():
             return self.body(x)
 
     return WithSpare()
+
+
+def torch_bag_model():
+    """A bag of embeddings over digits: each pixel (0..16) at each of the 64 positions is a
+    token; a sparse Embedding (sparse gradients) then a Linear layer."""
+    import torch
+
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embedding = torch.nn.Embedding(17 * 64, 8, sparse=True)
+            self.out = torch.nn.Linear(8, 10)
+
+        def forward(self, x):
+            tokens = (x * 16).round().long() + 17 * torch.arange(64)
+            return self.out(self.embedding(tokens).sum(1))
+
+    return Bag()

@@ -30,6 +30,7 @@ CONFIGS = {
     "topk_keep_grads": (common.torch_model, topk, {}, 1, False, torch.float32),
     "topk_spare": (common.torch_model_with_spare, topk, {}, 1, True, torch.float32),
     "topk_fp16": (common.torch_model, topk, {}, 1, True, torch.float16),
+    "topk_sparse_as_dense": (common.torch_bag_model, topk, {"sparse_as_dense": True}, 1, True, torch.float32),
 }
 results = {}
 for config, (make_model, make_compression, options, passes, set_to_none, dtype) in CONFIGS.items():
