@@ -103,6 +103,12 @@ def test_stats_count_bytes():
     assert stats["calls"] == len(numels)
     assert stats["dense_bytes"] == 4 * sum(numels)
     assert stats["sent_bytes"] == 4 * sum(reference.count(0.1, n) for n in numels)
+    for name, p in model.named_parameters():
+        per = stats["tensors"][name]
+        k = reference.count(0.1, p.numel())
+        assert per["calls"] == 1 and per["numel"] == p.numel() and per["sent_elements"] == k
+        assert per["sent_bytes"] == 4 * k and per["density"] == k / p.numel()
+    assert sum(t["compress_seconds"] for t in stats["tensors"].values()) == pytest.approx(stats["compress_seconds"])
 
 
 @pytest.mark.parametrize("kwargs,error,message", [

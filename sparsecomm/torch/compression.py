@@ -39,6 +39,7 @@ class _BoundCompressor:
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states: Dict[str, ParameterState] = {}
         self._stats = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "compress_seconds": 0.0}
+        self._tensor_stats: Dict[str, dict] = {}
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"{self._name}: min_numel should be an integer >= 0, got {min_numel!r}")
         if not isinstance(dense_1d, bool):
@@ -91,7 +92,7 @@ class _BoundCompressor:
         if not self._settings_checked:
             self._check_settings_across_ranks()
         if self.goes_dense(state.name, tensor):
-            self._account(tensor, tensor.numel() * tensor.element_size(), started)
+            self._account(state, tensor, tensor.numel(), tensor.numel() * tensor.element_size(), started)
             return tensor, None
         return self._compress(tensor, state, started)
 
@@ -113,11 +114,18 @@ class _BoundCompressor:
             state = self._states[name] = ParameterState(name, _settings.tensor_id(name))
         return state
 
-    def _account(self, tensor: torch.Tensor, sent_bytes: int, started: float) -> None:
-        self._stats["calls"] += 1
-        self._stats["dense_bytes"] += tensor.numel() * tensor.element_size()
-        self._stats["sent_bytes"] += sent_bytes
-        self._stats["compress_seconds"] += time.perf_counter() - started
+    def _account(self, state: ParameterState, tensor: torch.Tensor, sent_elements: int, sent_bytes: int,
+                 started: float) -> None:
+        seconds = time.perf_counter() - started
+        dense_bytes = tensor.numel() * tensor.element_size()
+        per = self._tensor_stats.setdefault(state.name, {"calls": 0, "numel": tensor.numel(), "sent_elements": 0,
+                                                         "dense_bytes": 0, "sent_bytes": 0, "compress_seconds": 0.0})
+        for totals in (self._stats, per):
+            totals["calls"] += 1
+            totals["dense_bytes"] += dense_bytes
+            totals["sent_bytes"] += sent_bytes
+            totals["compress_seconds"] += seconds
+        per["sent_elements"] += sent_elements
 
     def _residual_of(self, state: ParameterState, tensor: torch.Tensor):
         """The parameter's float32 residual (created on first use), or None without error feedback."""
@@ -161,10 +169,14 @@ class _BoundCompressor:
         self._stats.update(state.get("stats", {}))
 
     def stats(self) -> dict:
-        """Totals since construction: compress calls, bytes a dense allreduce would have been
-        handed, bytes this rank actually handed to Horovod (payload per rank, before any
-        collective's own traffic), and seconds spent in compress (host time)."""
-        return dict(self._stats)
+        """Since construction (cheap: counters updated in compress):
+        calls, dense_bytes (what a dense allreduce would have been handed), sent_bytes (what this
+        rank handed to Horovod: payload per rank, before the collectives' own traffic),
+        compress_seconds (host time in compress), and per parameter under "tensors": the same
+        plus numel, sent_elements and density (sent elements per call / numel; 1 when dense)."""
+        tensors = {name: dict(per, density=per["sent_elements"] / (per["calls"] * per["numel"]) if per["numel"] else 1.0)
+                   for name, per in self._tensor_stats.items()}
+        return dict(self._stats, tensors=tensors)
 
 
 class RandomBlock(_BoundCompressor):
@@ -200,7 +212,7 @@ class RandomBlock(_BoundCompressor):
         state.step += 1
         values = ops.block_pack(tensor, self._residual_of(state, tensor), start,
                                 _settings.selected_count(self.ratio, numel))
-        self._account(tensor, values.numel() * values.element_size(), started)
+        self._account(state, tensor, values.numel(), values.numel() * values.element_size(), started)
         return values, (tensor.shape, start)
 
     def _decompress(self, tensor, ctx):
@@ -265,7 +277,7 @@ class TopK(_Gathering):
         state.step += 1
         placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
                                                     self.process_set)
-        self._account(tensor, ctx.sent_bytes, started)
+        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
         return placeholder, ctx
 
 
@@ -292,7 +304,7 @@ class RandomK(_BoundCompressor):
                                          _settings.selected_count(self.ratio, tensor.numel()), seed=self.seed,
                                          tensor_id=state.tensor_id, step=state.step)
         state.step += 1
-        self._account(tensor, values.numel() * values.element_size(), started)
+        self._account(state, tensor, values.numel(), values.numel() * values.element_size(), started)
         return values, (tensor.shape, index)
 
     def _decompress(self, tensor, ctx):
@@ -334,7 +346,7 @@ class RTopK(_Gathering):
         state.step += 1
         placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
                                                     self.process_set)
-        self._account(tensor, ctx.sent_bytes, started)
+        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
         return placeholder, ctx
 
 
@@ -358,7 +370,7 @@ class _SampledThreshold(_Gathering):
         state.step += 1
         placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
                                                     self.process_set)
-        self._account(tensor, ctx.sent_bytes, started)
+        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
         return placeholder, ctx
 
 

@@ -29,6 +29,7 @@ class Gathering:
     shape: torch.Size
     dtype: torch.dtype
     ranks: int
+    sent_elements: int
     sent_bytes: int
 
 
@@ -41,7 +42,7 @@ def start_allgather(values, index, name, shape, dtype, process_set=None):
                hvd.allgather_async(index, name=f"sparsecomm.{name}.index", process_set=process_set))
     sent = values.numel() * values.element_size() + index.numel() * index.element_size()
     placeholder = torch.ones(1, dtype=torch.float32, device=values.device)
-    return placeholder, Gathering(*handles, shape, dtype, process_set.size(), sent)
+    return placeholder, Gathering(*handles, shape, dtype, process_set.size(), values.numel(), sent)
 
 
 def finish_allgather(output, ctx: Gathering):
