@@ -9,7 +9,8 @@ def test_demo_prints_the_table(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sparsecomm.demo", "--epochs", "1", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for line in ("test accuracy", "bytes/rank/step", "dense", "RandomBlock 10%", "RandomBlock 1%", "TopK 1%"):
+    for line in ("test accuracy", "bytes/rank/step", "dense", "dense, momentum 0.9", "RandomBlock 10%", "RandomBlock 1%",
+                 "TopK 1%", "Threshold 1%", "DGC 1%"):
         assert line in proc.stdout, proc.stdout
     assert "{" not in proc.stdout, proc.stdout  # no unformatted placeholders
     report = json.loads(out.read_text())
@@ -23,3 +24,7 @@ def test_demo_prints_the_table(tmp_path):
     assert by_method["RandomBlock 1%"]["bytes_per_step"] == 4 * (164 + 26) + biases
     assert by_method["TopK 1%"]["bytes_per_step"] == (4 + 4) * (164 + 26) + biases  # values + int32 indices
     assert by_method["dense"]["accuracy"] > 0.5  # one epoch of dense training learns something
+    # Threshold sends about k (within [0.8 k, 1.3 k]); DGC is still warming up after one epoch
+    # (density 0.01 ** (1/5) = 40%) but sends less than dense.
+    assert by_method["Threshold 1%"]["bytes_per_step"] < dense / 3
+    assert by_method["DGC 1%"]["bytes_per_step"] < dense

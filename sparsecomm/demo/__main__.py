@@ -29,11 +29,11 @@ def main():
             json.dump(report, f, indent=1)
     print(f"\nsparsecomm demo: MLP 64-256-10 on scikit-learn digits (1,437 train / 360 test images), "
           f"{report['ranks']} ranks, {report['epochs']} epochs, SGD lr {report['lr']} momentum {report['momentum']}")
-    header = f"{'method':<18}{'test accuracy':>14}{'bytes/rank/step':>17}{'vs dense':>10}{'step time':>12}"
+    header = f"{'method':<22}{'test accuracy':>14}{'bytes/rank/step':>17}{'vs dense':>10}{'step time':>12}"
     print(header + "\n" + "-" * len(header))
     dense_ms = report["results"][0]["step_ms"]
     for r in report["results"]:
-        print(f"{r['method']:<18}{100 * r['accuracy']:>13.1f}%{r['bytes_per_step']:>17,.0f}"
+        print(f"{r['method']:<22}{100 * r['accuracy']:>13.1f}%{r['bytes_per_step']:>17,.0f}"
               f"{r['dense_bytes_per_step'] / r['bytes_per_step']:>9.0f}x{r['step_ms']:>9.2f} ms")
     print("bytes/rank/step: payload each rank hands to Horovod per step. RandomBlock rides the allreduce (a ring "
           "puts 2(N-1)/N times that on the wire);\nTopK sends values + int32 indices by allgather (every rank "

@@ -11,13 +11,19 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from sparsecomm.torch import RandomBlock, TopK
+from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
+# method -> compression for the model; SGD momentum per method where the demo's default does not apply
+MOMENTUM = {"dense, momentum 0.9": 0.9}
 METHODS = {
     "dense": lambda model: hvd.Compression.none,
+    "dense, momentum 0.9": lambda model: hvd.Compression.none,  # the fair baseline for DGC
     "RandomBlock 10%": lambda model: RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters()),
     "RandomBlock 1%": lambda model: RandomBlock(ratio=0.01, seed=1, named_parameters=model.named_parameters()),
     "TopK 1%": lambda model: TopK(ratio=0.01, named_parameters=model.named_parameters()),
+    "Threshold 1%": lambda model: Threshold(ratio=0.01, named_parameters=model.named_parameters()),
+    # DGC's momentum replaces the optimizer's (plain SGD here); warm-up over the first 4 epochs.
+    "DGC 1%": lambda model: DGC(ratio=0.01, momentum=0.9, warmup_steps=88, named_parameters=model.named_parameters()),
 }
 
 
@@ -71,7 +77,8 @@ def main():
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
-    results = [train(method, args.epochs, args.batch, args.lr, args.momentum) for method in METHODS]
+    results = [train(method, args.epochs, args.batch, args.lr, MOMENTUM.get(method, args.momentum))
+               for method in METHODS]
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
             json.dump({"ranks": hvd.size(), "epochs": args.epochs, "lr": args.lr, "momentum": args.momentum,
