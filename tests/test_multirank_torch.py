@@ -52,7 +52,18 @@ def _threshold(grad, residual, ratio, name, step, seed, value_dtype=None):
     return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
 
 
-METHODS = {"threshold": _threshold, "threshold_fp16": lambda *a: _threshold(*a, value_dtype=torch.float16),
+def _threshold_quantized(grad, residual, ratio, name, step, seed, bits):
+    acc, u = reference.accumulate(grad, residual)
+    mask = reference.sampled_mask(acc, ratio, 0, reference.tensor_id(name), step)
+    _, _, decoded = reference.quantize(acc[mask], bits)
+    residual = acc.clone()
+    residual[mask] = acc[mask] - torch.from_numpy(decoded)
+    return torch.zeros(grad.numel()).index_put_((mask.nonzero().reshape(-1),), torch.from_numpy(decoded)), residual
+
+
+METHODS = {"threshold_1bit": lambda *a: _threshold_quantized(*a, bits=1),
+           "threshold_2bit": lambda *a: _threshold_quantized(*a, bits=2),
+           "threshold": _threshold, "threshold_fp16": lambda *a: _threshold(*a, value_dtype=torch.float16),
            "random_block": _random_block, "topk": _topk, "randomk": _randomk,
            "rtopk_0.3": lambda *a: _rtopk(*a, r_ratio=0.3), "rtopk_1.0": lambda *a: _rtopk(*a, r_ratio=1.0)}
 
@@ -176,6 +187,8 @@ SIMULATIONS = {
     "threshold_0.1": dict(method="threshold", ratio=0.1),
     "threshold_0.1_fp16": dict(method="threshold_fp16", ratio=0.1),
     "threshold_1.0": dict(method="threshold", ratio=1.0),
+    "threshold_0.1_1bit": dict(method="threshold_1bit", ratio=0.1),
+    "threshold_0.1_2bit": dict(method="threshold_2bit", ratio=0.1),
     "dense_momentum": dict(momentum=0.9),
     "topk_0.1_default_policy": dict(method="topk", ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias")),
     "dgc_0.1": dict(dgc=dict(ratio=0.1)),

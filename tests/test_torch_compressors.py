@@ -181,7 +181,7 @@ def test_bad_settings_of_every_compressor_are_named(make, message):
 
 @pytest.mark.parametrize("make,message", [
     (lambda: Threshold(ratio=0.01, quantize="3bit"), r"Threshold: quantize should be one of None, 'fp16', 'bf16', "
-                                                    r"got '3bit'"),
+                                                    r"'1bit', '2bit', got '3bit'"),
     (lambda: Threshold(ratio=0.01, sample_ratio=0), r"Threshold: sample_ratio should be a number in \(0, 1\]"),
     (lambda: DGC(momentum=-0.1), r"DGC: momentum should be a number in \[0, 1\), got -0.1"),
     (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),

@@ -238,6 +238,8 @@ class _Gathering(_BoundCompressor):
         return k * (tensor.element_size() + 4) >= tensor.numel() * tensor.element_size()
 
     def _decompress(self, tensor, ctx):
+        if isinstance(ctx, exchange.QuantizedGathering):
+            return exchange.finish_allgather_quantized(tensor, ctx)
         return exchange.finish_allgather(tensor, ctx)
 
 
@@ -361,15 +363,20 @@ class _SampledThreshold(_Gathering):
             raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
         self.error_feedback = error_feedback
 
-    def _send(self, tensor, state, started, density, value_dtype=None, momentum=None, momentum_factor=0.0,
-              masking=True):
+    def _send(self, tensor, state, started, density, value_dtype=None, bits=None, momentum=None,
+              momentum_factor=0.0, masking=True):
         values, index = ops.pack_sampled(tensor, self._residual_of(state, tensor), density, momentum=momentum,
                                          momentum_factor=momentum_factor, masking=masking,
                                          sample_ratio=self.sample_ratio, tensor_id=state.tensor_id, step=state.step,
-                                         value_dtype=value_dtype)
+                                         value_dtype=value_dtype, bits=bits)
         state.step += 1
-        placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
-                                                    self.process_set)
+        if bits is None:
+            placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
+                                                        self.process_set)
+        else:
+            codes, scales = values
+            placeholder, ctx = exchange.start_allgather_quantized(codes, scales, index, bits, state.name,
+                                                                  tensor.shape, tensor.dtype, self.process_set)
         self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
         return placeholder, ctx
 
@@ -381,14 +388,15 @@ class Threshold(_SampledThreshold):
 
     Args:
         ratio: fraction of each tensor sent per step, in (0, 1] (the paper drops 99%: 0.01).
-        quantize: None (values in the gradient's dtype), "fp16" or "bf16" (16-bit values; the
-            rounding error stays in the residual).
+        quantize: None (values in the gradient's dtype), "fp16" or "bf16" (16-bit values), or
+            "1bit" / "2bit" (sign, or sign and magnitude class, with per-tensor class means as
+            scales; Aji & Heafield). The quantization error stays in the residual.
         sample_ratio: fraction of the tensor sampled to estimate the threshold (at least enough
             for about 256 sampled values above it).
         named_parameters, error_feedback, process_set: as TopK.
     """
 
-    QUANTIZE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
+    QUANTIZE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16, "1bit": 1, "2bit": 2}
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
@@ -396,12 +404,15 @@ class Threshold(_SampledThreshold):
         self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
         self._check_common(ratio, sample_ratio, error_feedback)
         if quantize not in self.QUANTIZE:
-            raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', got {quantize!r} "
-                             f"(1-bit and 2-bit kernels exist; their exchange is not built yet)")
+            raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', '1bit', '2bit', "
+                             f"got {quantize!r}")
         self.quantize = quantize
 
     def _compress(self, tensor, state, started):
-        return self._send(tensor, state, started, self.ratio, value_dtype=self.QUANTIZE[self.quantize])
+        kind = self.QUANTIZE[self.quantize]
+        if isinstance(kind, int):
+            return self._send(tensor, state, started, self.ratio, bits=kind)
+        return self._send(tensor, state, started, self.ratio, value_dtype=kind)
 
 
 class DGC(_SampledThreshold):

@@ -53,3 +53,43 @@ def finish_allgather(output, ctx: Gathering):
     index = hvd.synchronize(ctx.index_handle)
     scale = float(output.reshape(-1)[0]) / ctx.ranks
     return ops.sparse_unpack(values, index, ctx.shape.numel(), scale).view(ctx.shape)
+
+
+@dataclass
+class QuantizedGathering:
+    """decompress's context for 1-/2-bit values: codes, scales, indices and counts in flight."""
+    handles: tuple
+    bits: int
+    shape: torch.Size
+    dtype: torch.dtype
+    ranks: int
+    sent_elements: int
+    sent_bytes: int
+
+
+def start_allgather_quantized(codes, scales, index, bits, name, shape, dtype, process_set=None):
+    """Like start_allgather, for quantized values: each rank's packed codes, its scales, its
+    indices and its count (to split the codes per rank) are gathered."""
+    hvd = _hvd()
+    process_set = process_set or hvd.global_process_set
+    count = torch.tensor([index.numel()], dtype=torch.int64)
+    handles = tuple(hvd.allgather_async(t, name=f"sparsecomm.{name}.{part}", process_set=process_set)
+                    for part, t in (("codes", codes), ("scales", scales), ("index", index), ("count", count)))
+    sent = codes.numel() + scales.numel() * 4 + index.numel() * 4 + 8
+    placeholder = torch.ones(1, dtype=torch.float32, device=index.device)
+    return placeholder, QuantizedGathering(handles, bits, shape, dtype, process_set.size(), index.numel(), sent)
+
+
+def finish_allgather_quantized(output, ctx: QuantizedGathering):
+    """Decodes every rank's codes with that rank's scales, then adds them at their indices."""
+    hvd = _hvd()
+    codes, scales, index, counts = (hvd.synchronize(h) for h in ctx.handles)
+    per_scales = scales.numel() // len(counts)
+    values, byte = [], 0
+    for rank, count in enumerate(counts.tolist()):
+        size = (count * ctx.bits + 7) // 8
+        values.append(ops.dequantize(codes[byte:byte + size], scales[rank * per_scales:(rank + 1) * per_scales],
+                                     count, ctx.bits))
+        byte += size
+    scale = float(output.reshape(-1)[0]) / ctx.ranks
+    return ops.sparse_unpack(torch.cat(values).to(ctx.dtype), index, ctx.shape.numel(), scale).view(ctx.shape)

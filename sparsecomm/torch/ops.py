@@ -178,12 +178,13 @@ def pack_rtopk(grad, residual, r, k, *, seed, tensor_id, step, momentum=None, mo
 
 
 def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
-                 sample_ratio=0.01, seed=0, tensor_id=0, step=0, value_dtype=None):
+                 sample_ratio=0.01, seed=0, tensor_id=0, step=0, value_dtype=None, bits=None):
     """Error-feedback pack by a sampled threshold (gradient dropping, DGC): about
     k = ratio * numel elements, always between band[0] * k and band[1] * k (bounded
     correction: above the band, the exact top k of the candidates; below it, a second,
     read-only pass takes the exact top k). Returns (values in `value_dtype`, default grad's
-    dtype, and index int32); the rounding to value_dtype stays in the residual."""
+    dtype, and index int32); the rounding to value_dtype stays in the residual. With bits (1 or
+    2), returns ((codes, scales), index): the values quantized, the error in the residual."""
     numel = grad.numel()
     k = selected_count(ratio, numel)
     if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
@@ -196,4 +197,6 @@ def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momen
         acc, index = select_top(acc, index, k)
     elif acc.numel() < band[0] * k:
         acc, index = select_top(*accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0), k)
+    if bits is not None:
+        return send_quantized(acc, index, residual, bits, momentum=momentum, masking=masking), index
     return send_selected(acc, index, residual, value_dtype or grad.dtype, momentum=momentum, masking=masking), index
