@@ -13,6 +13,12 @@ def check_ratio(owner, ratio, name="ratio"):
     return float(ratio)
 
 
+def check_flag(owner, name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{owner}: {name} should be True or False, got {value!r}")
+    return value
+
+
 def check_seed(owner, seed):
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < _UINT64:
         raise ValueError(f"{owner}: seed should be an integer in [0, 2**64), got {seed!r}")

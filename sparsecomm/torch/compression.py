@@ -42,8 +42,7 @@ class _BoundCompressor:
         self._tensor_stats: Dict[str, dict] = {}
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"{self._name}: min_numel should be an integer >= 0, got {min_numel!r}")
-        if not isinstance(dense_1d, bool):
-            raise TypeError(f"{self._name}: dense_1d should be True or False, got {dense_1d!r}")
+        _settings.check_flag(self._name, "dense_1d", dense_1d)
         if isinstance(dense, str) or not all(isinstance(pattern, str) for pattern in dense):
             raise TypeError(f"{self._name}: dense should be a list of name patterns, got {dense!r}")
         self.min_numel, self.dense_1d, self.dense = min_numel, dense_1d, tuple(dense)
@@ -179,7 +178,19 @@ class _BoundCompressor:
         return dict(self._stats, tensors=tensors)
 
 
-class RandomBlock(_BoundCompressor):
+class _SharedSeed(_BoundCompressor):
+    """Compressors whose coordinates every rank draws alike from (seed, step, parameter name):
+    the packed values ride Horovod's allreduce."""
+
+    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
+                 process_set=None, **policy):
+        super().__init__(named_parameters, process_set, **policy)
+        self.ratio = _settings.check_ratio(self._name, ratio)
+        self.seed = _settings.check_seed(self._name, seed)
+        self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
+
+
+class RandomBlock(_SharedSeed):
     """Random-block sparsification with a shared seed (Eghlidi & Jaggi 2020), with error feedback.
 
     Each step, every rank sends the same cyclic block of ``k = max(1, round(ratio * numel))``
@@ -196,15 +207,6 @@ class RandomBlock(_BoundCompressor):
         process_set: the Horovod process set of the optimizer (default: all ranks; every compressor).
         min_numel, dense_1d, dense: the per-layer policy (every compressor; see _BoundCompressor).
     """
-
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
-                 process_set=None, **policy):
-        super().__init__(named_parameters, process_set, **policy)
-        self.ratio = _settings.check_ratio(self._name, ratio)
-        self.seed = _settings.check_seed(self._name, seed)
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
 
     def _compress(self, tensor, state, started):
         numel = tensor.numel()
@@ -225,7 +227,9 @@ class _Gathering(_BoundCompressor):
     With ``dense_fallback`` (default), a tensor whose sparse payload (k values + k indices)
     would not be smaller than the dense tensor goes dense instead."""
 
-    dense_fallback = True
+    def __init__(self, named_parameters, process_set, dense_fallback: bool, **policy):
+        super().__init__(named_parameters, process_set, **policy)
+        self.dense_fallback = _settings.check_flag(self._name, "dense_fallback", dense_fallback)
 
     def _density(self, step: int) -> float:
         return self.ratio
@@ -241,12 +245,6 @@ class _Gathering(_BoundCompressor):
         if isinstance(ctx, exchange.QuantizedGathering):
             return exchange.finish_allgather_quantized(tensor, ctx)
         return exchange.finish_allgather(tensor, ctx)
-
-
-def _check_dense_fallback(owner, value):
-    if not isinstance(value, bool):
-        raise TypeError(f"{owner}: dense_fallback should be True or False, got {value!r}")
-    return value
 
 
 class TopK(_Gathering):
@@ -265,12 +263,9 @@ class TopK(_Gathering):
 
     def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
                  dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, process_set, **policy)
-        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
+        super().__init__(named_parameters, process_set, dense_fallback, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
+        self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
 
     def _compress(self, tensor, state, started):
         values, index = ops.pack_topk(tensor, self._residual_of(state, tensor),
@@ -283,7 +278,7 @@ class TopK(_Gathering):
         return placeholder, ctx
 
 
-class RandomK(_BoundCompressor):
+class RandomK(_SharedSeed):
     """Random-k sparsification with a shared seed, with error feedback: each step every rank
     sends the same ``k = max(1, round(ratio * numel))`` coordinates, drawn without replacement
     from ``(seed, step, parameter name)`` (a keyed permutation; no global RNG). Shared
@@ -291,15 +286,6 @@ class RandomK(_BoundCompressor):
 
     Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``).
     """
-
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
-                 process_set=None, **policy):
-        super().__init__(named_parameters, process_set, **policy)
-        self.ratio = _settings.check_ratio(self._name, ratio)
-        self.seed = _settings.check_seed(self._name, seed)
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
 
     def _compress(self, tensor, state, started):
         values, index = ops.pack_randomk(tensor, self._residual_of(state, tensor),
@@ -329,16 +315,13 @@ class RTopK(_Gathering):
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, process_set, **policy)
-        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
+        super().__init__(named_parameters, process_set, dense_fallback, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
         if self.r < self.ratio:
             raise ValueError(f"{self._name}: r should be at least ratio={self.ratio}, got {r!r}")
         self.seed = _settings.check_seed(self._name, seed)
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
+        self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
 
     def _compress(self, tensor, state, started):
         numel = tensor.numel()
@@ -359,9 +342,7 @@ class _SampledThreshold(_Gathering):
     def _check_common(self, ratio, sample_ratio, error_feedback):
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.sample_ratio = _settings.check_ratio(self._name, sample_ratio, "sample_ratio")
-        if not isinstance(error_feedback, bool):
-            raise TypeError(f"{self._name}: error_feedback should be True or False, got {error_feedback!r}")
-        self.error_feedback = error_feedback
+        self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
 
     def _send(self, tensor, state, started, density, value_dtype=None, bits=None, momentum=None,
               momentum_factor=0.0, masking=True):
@@ -400,8 +381,7 @@ class Threshold(_SampledThreshold):
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, process_set, **policy)
-        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
+        super().__init__(named_parameters, process_set, dense_fallback, **policy)
         self._check_common(ratio, sample_ratio, error_feedback)
         if quantize not in self.QUANTIZE:
             raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', '1bit', '2bit', "
@@ -444,13 +424,11 @@ class DGC(_SampledThreshold):
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
                  sample_ratio: float = 0.01, named_parameters=None, process_set=None, dense_fallback: bool = True,
                  **policy):
-        super().__init__(named_parameters, process_set, **policy)
-        self.dense_fallback = _check_dense_fallback(self._name, dense_fallback)
+        super().__init__(named_parameters, process_set, dense_fallback, **policy)
         self._check_common(ratio, sample_ratio, True)
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
-        if not isinstance(momentum_masking, bool):
-            raise TypeError(f"{self._name}: momentum_masking should be True or False, got {momentum_masking!r}")
+        _settings.check_flag(self._name, "momentum_masking", momentum_masking)
         if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
                                       or not clip_norm > 0):
             raise ValueError(f"{self._name}: clip_norm should be None or a positive number, got {clip_norm!r}")
