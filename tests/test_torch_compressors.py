@@ -264,3 +264,17 @@ def test_a_densified_sparse_gradient_is_attributed_when_unambiguous():
     two(torch.tensor([4])).sum().backward()
     with pytest.raises(LookupError, match=r"could belong to \['one.weight', 'two.weight'\]"):
         comp.compress(one.weight.grad.to_dense())
+
+
+def test_every_compressor_conserves_the_gradient_over_steps(tmp_path):
+    """Over 20 steps (1 rank, real Horovod): total applied update + final residual == total
+    gradient, per parameter, to float32 rounding, for every compressor."""
+    from launch import horovodrun
+    horovodrun(1, "torch_conservation.py", "--out", tmp_path)
+    results = torch.load(tmp_path / "rank0.pt")
+    assert len(results) == 8
+    for config, r in results.items():
+        for name in r["grad"]:
+            torch.testing.assert_close(r["sent"][name] + r["residual"][name], r["grad"][name], rtol=0, atol=1e-5,
+                                       msg=lambda m: f"{config} {name}: {m}")
+            assert r["residual"][name].abs().sum() > 0, (config, name)  # something was held back

@@ -1,0 +1,46 @@
+"""Worker (1 rank under horovodrun): error feedback conserves. For 20 steps, each compressor
+compresses a gradient and decompresses Horovod's result; saves per parameter the total
+gradient, the total applied update and the final residual."""
+import argparse
+import os
+
+import horovod.torch as hvd
+import torch
+
+import common
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+hvd.init()
+x_all, y_all = common.digits()
+EVERY = dict(min_numel=0, dense_1d=False)
+CONFIGS = {
+    "TopK": lambda m: TopK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "RTopK": lambda m: RTopK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "Threshold": lambda m: Threshold(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "Threshold_fp16": lambda m: Threshold(ratio=0.05, quantize="fp16", named_parameters=m.named_parameters(), **EVERY),
+    "Threshold_2bit": lambda m: Threshold(ratio=0.05, quantize="2bit", named_parameters=m.named_parameters(), **EVERY),
+    "DGC_no_momentum": lambda m: DGC(ratio=0.05, momentum=0.0, named_parameters=m.named_parameters(), **EVERY),
+    "RandomK": lambda m: RandomK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "RandomBlock": lambda m: RandomBlock(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+}
+results = {}
+for config, make in CONFIGS.items():
+    model = common.torch_model()
+    compression = make(model)
+    total_grad = {n: torch.zeros(p.numel(), dtype=torch.float64) for n, p in model.named_parameters()}
+    total_sent = {n: torch.zeros(p.numel(), dtype=torch.float64) for n, p in model.named_parameters()}
+    for step in range(20):
+        model.zero_grad()
+        idx = common.rows(step, 0, 1, len(y_all))
+        torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])).backward()
+        for name, p in model.named_parameters():
+            total_grad[name] += p.grad.reshape(-1).double()
+            sent, ctx = compression.compress(p.grad)
+            reduced = hvd.allreduce(sent, name=f"{config}.{name}.{step}", op=hvd.Average)
+            total_sent[name] += compression.decompress(reduced, ctx).reshape(-1).double()
+    residual = {name: s["residual"].double() for name, s in compression.state_dict()["parameters"].items()}
+    results[config] = {"grad": total_grad, "sent": total_sent, "residual": residual}
+torch.save(results, os.path.join(args.out, "rank0.pt"))
