@@ -241,6 +241,20 @@ class _Gathering(_BoundCompressor):
         k = _settings.selected_count(self._density(state.step if state else 0), tensor.numel())
         return k * (tensor.element_size() + 4) >= tensor.numel() * tensor.element_size()
 
+    def _gather(self, tensor, state, started, values, index, bits=None):
+        """After a pack: counts the step, starts the allgathers, accounts, and returns what
+        compress hands Horovod. values is (codes, scales) when quantized to `bits`."""
+        state.step += 1
+        if bits is None:
+            placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
+                                                        self.process_set)
+        else:
+            codes, scales = values
+            placeholder, ctx = exchange.start_allgather_quantized(codes, scales, index, bits, state.name,
+                                                                  tensor.shape, tensor.dtype, self.process_set)
+        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
+        return placeholder, ctx
+
     def _decompress(self, tensor, ctx):
         if isinstance(ctx, exchange.QuantizedGathering):
             return exchange.finish_allgather_quantized(tensor, ctx)
@@ -271,11 +285,7 @@ class TopK(_Gathering):
         values, index = ops.pack_topk(tensor, self._residual_of(state, tensor),
                                       _settings.selected_count(self.ratio, tensor.numel()),
                                       seed=0, tensor_id=state.tensor_id, step=state.step)
-        state.step += 1
-        placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
-                                                    self.process_set)
-        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
-        return placeholder, ctx
+        return self._gather(tensor, state, started, values, index)
 
 
 class RandomK(_SharedSeed):
@@ -328,11 +338,7 @@ class RTopK(_Gathering):
         values, index = ops.pack_rtopk(tensor, self._residual_of(state, tensor), _settings.selected_count(self.r, numel),
                                        _settings.selected_count(self.ratio, numel), seed=self.seed,
                                        tensor_id=state.tensor_id, step=state.step)
-        state.step += 1
-        placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
-                                                    self.process_set)
-        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
-        return placeholder, ctx
+        return self._gather(tensor, state, started, values, index)
 
 
 class _SampledThreshold(_Gathering):
@@ -350,16 +356,7 @@ class _SampledThreshold(_Gathering):
                                          momentum_factor=momentum_factor, masking=masking,
                                          sample_ratio=self.sample_ratio, tensor_id=state.tensor_id, step=state.step,
                                          value_dtype=value_dtype, bits=bits)
-        state.step += 1
-        if bits is None:
-            placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
-                                                        self.process_set)
-        else:
-            codes, scales = values
-            placeholder, ctx = exchange.start_allgather_quantized(codes, scales, index, bits, state.name,
-                                                                  tensor.shape, tensor.dtype, self.process_set)
-        self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
-        return placeholder, ctx
+        return self._gather(tensor, state, started, values, index, bits)
 
 
 class Threshold(_SampledThreshold):
