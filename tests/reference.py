@@ -189,15 +189,11 @@ def sampled_threshold(acc, ratio, seed, tensor_id, step, sample_ratio=0.01):
 def sampled_mask(acc, ratio, seed, tensor_id, step, band=(0.8, 1.3)):
     """pack_sampled's selection: |acc| >= the sampled threshold, or the exact top k when that
     count falls outside [band[0] k, band[1] k]."""
+    import torch
     k = count(ratio, acc.numel())
-    if k >= acc.numel():
-        return torch_ones_mask(acc)
+    if k >= acc.numel():  # everything is sent
+        return torch.ones(acc.numel(), dtype=torch.bool)
     mask = above(acc, sampled_threshold(acc, ratio, seed, tensor_id, step))
     if not band[0] * k <= mask.sum().item() <= band[1] * k:
         mask = topk_mask(acc, k)
     return mask
-
-
-def torch_ones_mask(acc):
-    import torch
-    return torch.ones(acc.numel(), dtype=torch.bool)

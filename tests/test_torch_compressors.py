@@ -5,10 +5,10 @@ import pytest
 import torch
 
 import reference
+from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 
-EVERY = dict(min_numel=0, dense_1d=False)  # these tests compress every tensor; the policy has its own test
 
 
 def _model():

@@ -4,6 +4,9 @@ model. Neither is code under test."""
 import numpy as np
 
 BATCH = 16
+# Compressor policy for tests that compress every tensor, however small (the default policy
+# sends small and 1-D tensors dense; it has tests of its own).
+EVERY = dict(min_numel=0, dense_1d=False)
 
 
 def digits():

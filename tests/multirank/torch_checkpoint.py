@@ -9,6 +9,7 @@ import horovod.torch as hvd
 import torch
 
 import common
+from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock
 
 parser = argparse.ArgumentParser()
@@ -17,7 +18,6 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
-EVERY = dict(min_numel=0, dense_1d=False)
 CONFIGS = {
     "dgc": lambda model: DGC(ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2,
                              named_parameters=model.named_parameters(), **EVERY),

@@ -8,6 +8,7 @@ import horovod.torch as hvd
 import torch
 
 import common
+from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
@@ -15,7 +16,6 @@ parser.add_argument("--out", required=True)
 args = parser.parse_args()
 hvd.init()
 x_all, y_all = common.digits()
-EVERY = dict(min_numel=0, dense_1d=False)
 CONFIGS = {
     "TopK": lambda m: TopK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
     "RTopK": lambda m: RTopK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),

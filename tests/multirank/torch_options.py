@@ -9,6 +9,7 @@ import horovod.torch as hvd
 import torch
 
 import common
+from common import EVERY
 from sparsecomm.torch import RandomBlock, TopK
 
 parser = argparse.ArgumentParser()
@@ -19,7 +20,6 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
-EVERY = dict(min_numel=0, dense_1d=False)
 topk = lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
 block = lambda model: RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
 # name -> (model, compression, optimizer options, passes per step, set_to_none, dtype)

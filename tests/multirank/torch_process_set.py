@@ -7,6 +7,7 @@ import horovod.torch as hvd
 import torch
 
 import common
+from common import EVERY
 from sparsecomm.torch import RandomBlock, TopK
 
 parser = argparse.ArgumentParser()
@@ -17,7 +18,6 @@ pair = hvd.ProcessSet([0, 1])
 hvd.init(process_sets=[pair])
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
-EVERY = dict(min_numel=0, dense_1d=False)
 CONFIGS = {
     "topk": lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), process_set=pair, **EVERY),
     "random_block": lambda model: RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(),

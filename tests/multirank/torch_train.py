@@ -7,6 +7,7 @@ import horovod.torch as hvd
 import torch
 
 import common
+from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
@@ -18,7 +19,6 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
-EVERY = dict(min_numel=0, dense_1d=False)  # compress every tensor, however small (the policy has its own config)
 # name -> (compression for the model, extra hvd.DistributedOptimizer arguments[, SGD arguments])
 CONFIGS = {
     "dense": (lambda model: hvd.Compression.none, {}),
