@@ -7,76 +7,17 @@ import torch
 import reference
 from launch import horovodrun
 import common
+import simulation
+from simulation import METHODS, dgc_density
 
 STEPS, LR = 5, 0.5
 
 
-def _random_block(grad, residual, ratio, name, step, seed):
-    n = grad.numel()
-    start = reference.block_start(seed, reference.tensor_id(name), step, n)
-    values, residual = reference.random_block_pack(grad, residual, start, reference.count(ratio, n))
-    return reference.random_block_unpack(values, n, start), residual
-
-
-def _topk(grad, residual, ratio, name, step, seed):
-    acc, u = reference.accumulate(grad, residual)
-    mask = reference.topk_mask(acc, reference.count(ratio, grad.numel()))
-    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
-    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
-
-
-def _randomk(grad, residual, ratio, name, step, seed):
-    acc, u = reference.accumulate(grad, residual)
-    mask = torch.zeros(grad.numel(), dtype=torch.bool)
-    mask[reference.random_k_indices(seed, reference.tensor_id(name), step, grad.numel(),
-                                    reference.count(ratio, grad.numel()))] = True
-    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
-    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
-
-
-def _rtopk(grad, residual, ratio, name, step, seed, r_ratio):
-    acc, u = reference.accumulate(grad, residual)
-    n, tid = grad.numel(), reference.tensor_id(name)
-    r, k = reference.count(r_ratio, n), reference.count(ratio, n)
-    top_r = reference.topk_mask(acc, r).nonzero().reshape(-1)  # index order
-    mask = torch.zeros(n, dtype=torch.bool)
-    mask[top_r[reference.random_k_indices(seed, tid, step, r, k)]] = True
-    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
-    return torch.zeros(n).index_put_((index,), values.float()), residual
-
-
-def _threshold(grad, residual, ratio, name, step, seed, value_dtype=None):
-    acc, u = reference.accumulate(grad, residual)
-    mask = reference.sampled_mask(acc, ratio, 0, reference.tensor_id(name), step)
-    values, index, residual, _ = reference.send(acc, u, mask, value_dtype or grad.dtype, residual)
-    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
-
-
-def _threshold_quantized(grad, residual, ratio, name, step, seed, bits):
-    acc, u = reference.accumulate(grad, residual)
-    mask = reference.sampled_mask(acc, ratio, 0, reference.tensor_id(name), step)
-    _, _, decoded = reference.quantize(acc[mask], bits)
-    residual = acc.clone()
-    residual[mask] = acc[mask] - torch.from_numpy(decoded)
-    return torch.zeros(grad.numel()).index_put_((mask.nonzero().reshape(-1),), torch.from_numpy(decoded)), residual
-
-
-METHODS = {"threshold_1bit": lambda *a: _threshold_quantized(*a, bits=1),
-           "threshold_2bit": lambda *a: _threshold_quantized(*a, bits=2),
-           "threshold": _threshold, "threshold_fp16": lambda *a: _threshold(*a, value_dtype=torch.float16),
-           "random_block": _random_block, "topk": _topk, "randomk": _randomk,
-           "rtopk_0.3": lambda *a: _rtopk(*a, r_ratio=0.3), "rtopk_1.0": lambda *a: _rtopk(*a, r_ratio=1.0)}
-
-
-def dgc_density(ratio, step, warmup_steps, stages):
-    if step >= warmup_steps:
-        return ratio
-    return ratio ** ((step * stages // warmup_steps + 1) / (stages + 1))
-
-
-def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages=4, clip_norm=None):
-    """DGC on N ranks, plain torch: clip (threshold / sqrt(N)), u = m u + g, v += u, send the
-    sampled-threshold selection of v, zero v (and u when masking) where sent; plain SGD."""
+def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages=4, clip_norm=None,
+                 dense_names=(), dense_fallback=True):
+    """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), then plain SGD. A
+    tensor in dense_names, or at a density where the sparse payload would not be smaller
+    (dense_fallback), gets momentum SGD."""
     x_all, y_all = common.digits()
     model = common.torch_model()
     state = [{n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()}
@@ -93,20 +34,14 @@ def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages
         density = dgc_density(ratio, step, warmup_steps, stages)
         with torch.no_grad():
             for name, p in model.named_parameters():
+                larger = reference.count(density, p.numel()) * 8 >= p.numel() * 4
+                dense = name in dense_names or (dense_fallback and larger)
                 total = 0
                 for rank in range(size):
-                    g = grads[rank][name].reshape(-1)
-                    if clip_norm is not None:
-                        limit = clip_norm / size ** 0.5
-                        norm = g.norm().item()
-                        if norm > limit:
-                            g = g * (limit / norm)
-                    v, u = state[rank][name]
-                    acc, u = reference.accumulate(g, v, u, momentum)
-                    mask = reference.sampled_mask(acc, density, 0, reference.tensor_id(name), step)
-                    values, index, v, u = reference.send(acc, u, mask, g.dtype, v, u, masking)
-                    state[rank][name] = (v, u)
-                    total = total + torch.zeros(g.numel()).index_put_((index,), values.float())
+                    sent, state[rank][name] = simulation.dgc(
+                        grads[rank][name], state[rank][name], density, name, step, momentum, masking,
+                        None if clip_norm is None else clip_norm / size ** 0.5, dense)
+                    total = total + sent
                 p -= LR * (total / size).view(p.shape)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
@@ -193,7 +128,9 @@ SIMULATIONS = {
     "topk_0.1_default_policy": dict(method="topk", ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias")),
     "dgc_0.1": dict(dgc=dict(ratio=0.1)),
     "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
-    "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False)),
+    "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
+    "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
+    "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
 }
 
 

@@ -110,6 +110,19 @@ def test_tf_random_k_and_threshold_equal_torch():
           torch_ops.sample_threshold(grad, residual, 0.01, **KW))
 
 
+@pytest.mark.parametrize("ratio", [0.1, 0.3, 0.7])
+def test_tf_threshold_rank_uses_the_double_ratio(ratio):
+    """rank = ceil(ratio * count): 0.1 * 320 is 32 in double but 32.0000005 from a float32 0.1,
+    which made the TF op pick the 33rd value (a float32 attr did; the ratio is a double input now)."""
+    grad, residual, _ = _inputs(320, torch.float32)
+    for step in range(4):
+        kw = dict(KW, step=step)
+        _same(tf_ops.sample_threshold(_tf(grad), _tf(residual), ratio, **kw),
+              torch_ops.sample_threshold(grad, residual, ratio, **kw))
+        _same(tf_ops.pack_sampled(_tf(grad), _tf(residual), ratio, **kw)[1],
+              torch_ops.pack_sampled(grad, residual.clone(), ratio, **kw)[1])
+
+
 def test_tf_errors_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="residual should have 10 elements"):
         tf_ops.pack_above(tf.zeros(10), tf.zeros(9), 1.0)

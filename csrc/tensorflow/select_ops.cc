@@ -62,7 +62,6 @@ absl::Status same_as_input(InferenceContext* c, int first_output, int first_inpu
 REGISTER_OP("SparsecommSampleThreshold")
     .Attr("T: {float, half, bfloat16}")
     .Attr("momentum_factor: float = 0.0")
-    .Attr("ratio: float")
     .Attr("sample_count: int >= 1")
     .Input("grad: T")
     .Input("residual: float")
@@ -70,6 +69,7 @@ REGISTER_OP("SparsecommSampleThreshold")
     .Input("seed: int64")
     .Input("tensor_id: int64")
     .Input("step: int64")
+    .Input("ratio: double")  // an input, not an attr: attrs are float32, and ceil(ratio * count) needs the double
     .Output("threshold: float")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->Scalar());
@@ -81,9 +81,7 @@ class SampleThresholdOp : public OpKernel {
  public:
   explicit SampleThresholdOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
-    OP_REQUIRES_OK(c, c->GetAttr("ratio", &ratio_));
     OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count_));
-    OP_REQUIRES(c, ratio_ > 0.0f && ratio_ <= 1.0f, invalid("ratio should be in (0, 1], got ", ratio_));
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
@@ -104,14 +102,18 @@ class SampleThresholdOp : public OpKernel {
     OP_REQUIRES_OK(c, scalar_input(c, 5, "step", &step));
     OP_REQUIRES(c, tensor_id >= 0 && tensor_id <= 0xffffffffLL, invalid("tensor_id should be a uint32, got ", tensor_id));
     OP_REQUIRES(c, step >= 0, invalid("step should be >= 0, got ", step));
-    const SamplePlan plan = plan_sample(numel, sample_count_, ratio_, uint64_t(seed), uint32_t(tensor_id), uint64_t(step));
+    OP_REQUIRES(c, TensorShapeUtils::IsScalar(c->input(6).shape()),
+                invalid("ratio should be a scalar, got shape ", c->input(6).shape().DebugString()));
+    const double ratio = c->input(6).scalar<double>()();
+    OP_REQUIRES(c, ratio > 0.0 && ratio <= 1.0, invalid("ratio should be in (0, 1], got ", ratio));
+    const SamplePlan plan = plan_sample(numel, sample_count_, ratio, uint64_t(seed), uint32_t(tensor_id), uint64_t(step));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
     out->scalar<float>()() = cpu::sample_threshold(raw<T>(grad), fb, numel, plan);
   }
 
  private:
-  float momentum_factor_, ratio_;
+  float momentum_factor_;
   int64_t sample_count_;
 };
 

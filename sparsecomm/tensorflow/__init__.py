@@ -1,6 +1,13 @@
-"""sparsecomm for TensorFlow: kernels bound as TF ops (``sparsecomm.tensorflow.ops``).
+"""sparsecomm for TensorFlow: compressors for ``horovod.tensorflow`` (DistributedGradientTape,
+allreduce, the tf-keras DistributedOptimizer) and a Keras 3 path (``sparsecomm.tensorflow.keras``).
 
-The compressor family for ``horovod.tensorflow`` is built on these ops."""
+    import horovod.tensorflow as hvd
+    import sparsecomm.tensorflow as sctf
+
+    compression = sctf.DGC(ratio=0.01, variables=model.trainable_variables)
+    tape = hvd.DistributedGradientTape(tape, compression=compression)
+"""
 from . import ops
+from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
-__all__ = ["ops"]
+__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ops"]

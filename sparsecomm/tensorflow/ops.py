@@ -76,7 +76,7 @@ def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.
     """0-d float32 threshold that about `ratio` of a strided sample of |acc| passes."""
     return _lib.sparsecomm_sample_threshold(
         _flat(grad), _state(residual), _state(momentum), _i64(seed_as_int64(seed)), _i64(tensor_id), _i64(step),
-        momentum_factor=float(momentum_factor), ratio=float(ratio),
+        tf.constant(float(ratio), tf.float64), momentum_factor=float(momentum_factor),
         sample_count=sample_count(_numel(grad), ratio, sample_ratio))
 
 
@@ -165,8 +165,9 @@ def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=
 
 
 def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
-                 sample_ratio=0.01, seed=0, tensor_id=0, step=0):
-    """Sampled threshold with bounded correction into [band[0] k, band[1] k] (gradient dropping, DGC)."""
+                 sample_ratio=0.01, seed=0, tensor_id=0, step=0, value_dtype=None, bits=None):
+    """Sampled threshold with bounded correction into [band[0] k, band[1] k] (gradient dropping, DGC).
+    Values in `value_dtype` (default grad's); with bits (1 or 2) the values are (codes, scales)."""
     numel = _numel(grad)
     k = selected_count(ratio, numel)
     if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
@@ -181,7 +182,12 @@ def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momen
     acc, index = tf.case([(count > band[1] * k, lambda: select_top(acc, index, k)),
                           (count < band[0] * k, lambda: select_top(*accumulate_candidates(state, None, 0.0)[:2], k))],
                          default=lambda: (acc, index))
-    values, residual, momentum = send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
+    if bits is not None:
+        codes, scales, residual, momentum = send_quantized(acc, index, residual, bits, momentum=momentum,
+                                                           masking=masking)
+        return (codes, scales), index, residual, momentum
+    values, residual, momentum = send_selected(acc, index, residual, value_dtype or grad.dtype, momentum=momentum,
+                                               masking=masking)
     return values, index, residual, momentum
 
 

@@ -91,9 +91,14 @@ class _BoundCompressor:
         if not self._settings_checked:
             self._check_settings_across_ranks()
         if self.goes_dense(state.name, tensor):
+            dense = self._dense(tensor, state)
             self._account(state, tensor, tensor.numel(), tensor.numel() * tensor.element_size(), started)
-            return tensor, None
+            return dense, None
         return self._compress(tensor, state, started)
+
+    def _dense(self, tensor: torch.Tensor, state: ParameterState) -> torch.Tensor:
+        """What a gradient the policy sends dense hands Horovod: itself (DGC: its momentum)."""
+        return tensor
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         """Horovod's hook: the dense gradient from what the allreduce returned."""
@@ -405,8 +410,10 @@ class DGC(_SampledThreshold):
     rises exponentially over ``warmup_stages`` equal stages, ratio ** ((s + 1) / (stages + 1))
     at stage s: 25%, 6.3%, 1.6%, 0.4%, then 0.1% for ratio 0.001 and 4 stages, as in the paper.
 
-    Pair it with a plain SGD optimizer (``momentum=0``): the momentum is DGC's. With ratio=1 and
-    momentum_masking=False it is exactly distributed momentum SGD.
+    Pair it with a plain SGD optimizer (``momentum=0``): the momentum is DGC's. A tensor sent
+    dense (the per-layer policy, or a density at which sparse would be larger) gets momentum SGD,
+    ``u = momentum * u + g`` reduced whole, as the paper's dense layers do. With ratio=1 and
+    momentum_masking=False (and dense_fallback=False) it is exactly distributed momentum SGD.
 
     Args:
         ratio: final density, in (0, 1] (the paper: 0.001).
@@ -448,15 +455,30 @@ class DGC(_SampledThreshold):
         stage = step * self.warmup_stages // self.warmup_steps
         return self.ratio ** ((stage + 1) / (self.warmup_stages + 1))
 
-    def _compress(self, tensor, state, started):
+    def _momentum_of(self, state, tensor):
         if state.momentum is None:
             state.momentum = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
-        grad = tensor
-        if self.clip_norm is not None:
-            ranks = (self.process_set or exchange._hvd().global_process_set).size()
-            limit = self.clip_norm / math.sqrt(ranks)
-            norm = float(tensor.float().norm())
-            if norm > limit:
-                grad = tensor * (limit / norm)
-        return self._send(grad, state, started, self.density(state.step), momentum=state.momentum,
-                          momentum_factor=self.momentum, masking=self.momentum_masking)
+        return state.momentum
+
+    def _clipped(self, tensor):
+        """Local gradient clipping: the threshold scaled by 1/sqrt(N) (the paper's rule)."""
+        if self.clip_norm is None:
+            return tensor
+        ranks = (self.process_set or exchange._hvd().global_process_set).size()
+        limit = self.clip_norm / math.sqrt(ranks)
+        norm = float(tensor.float().norm())
+        return tensor * (limit / norm) if norm > limit else tensor
+
+    def _dense(self, tensor, state):
+        """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
+        and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
+        momentum = self._momentum_of(state, tensor)
+        ops.accumulate_candidates(self._clipped(tensor), None, float("inf"), momentum=momentum,
+                                  momentum_factor=self.momentum)
+        state.step += 1  # the warm-up counts these steps too
+        return momentum.to(tensor.dtype, copy=True).view(tensor.shape)  # Horovod reduces in place: a copy
+
+    def _compress(self, tensor, state, started):
+        return self._send(self._clipped(tensor), state, started, self.density(state.step),
+                          momentum=self._momentum_of(state, tensor), momentum_factor=self.momentum,
+                          masking=self.momentum_masking)

@@ -49,6 +49,12 @@ CONFIGS = {
                                                clip_norm=0.2, named_parameters=model.named_parameters(), **EVERY), {}),
     "dgc_1.0_no_masking": (lambda model: DGC(ratio=1.0, momentum=0.9, momentum_masking=False, dense_fallback=False,
                                              named_parameters=model.named_parameters(), **EVERY), {}),
+    # the default policy sends 0.bias, 2.weight (320 elements) and 2.bias dense, with DGC's momentum
+    "dgc_0.1_default_policy": (lambda model: DGC(ratio=0.1, momentum=0.9, named_parameters=model.named_parameters()),
+                               {}),
+    # warm-up stage 0 has density 0.55: sparse would be larger, so it goes dense (momentum SGD)
+    "dgc_0.3_warmup_dense_stage": (lambda model: DGC(ratio=0.3, momentum=0.9, warmup_steps=2, warmup_stages=1,
+                                                     named_parameters=model.named_parameters(), **EVERY), {}),
     "dense_momentum": (lambda model: hvd.Compression.none, {}, {"momentum": 0.9}),
     # the default policy: 1-D tensors and tensors under 1024 elements (2.weight: 320) go dense
     "topk_0.1_default_policy": (lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters()), {}),

@@ -1,0 +1,153 @@
+"""Per-variable state of a TensorFlow compressor, and which variable a gradient belongs to.
+
+Horovod's TF front end calls ``compress(grad)`` with the gradient alone, inside a
+tf.function trace (``DistributedGradientTape`` traces even in eager mode), so the
+compressor can neither see the variable nor keep Python counters per step. Hence:
+
+- State lives in TF variables created when the compressor is bound to the model's
+  variables (before any trace: a tf.Variable cannot be created on a later trace). A
+  `VariableState` per bound variable holds its step, residual, momentum and counters; it is
+  a tf.Module, so ``tf.train.Checkpoint(compression=compressor)`` saves and restores it.
+- A gradient is attributed by order: Horovod reduces gradients in the order of the
+  tape's sources (and of the optimizer's variables), so within one trace the n-th compress
+  call takes the first not yet attributed bound variable with the gradient's shape and
+  dtype. Variables whose gradient is None or IndexedSlices (never compressed) are skipped
+  by the shape match. The one ambiguity, a skipped variable followed by one of the same
+  shape, is avoided by binding only the variables that get dense gradients, or by
+  sparsecomm's Keras wrapper, which names each variable explicitly (`expect`).
+"""
+import contextlib
+import weakref
+
+import tensorflow as tf
+
+from .. import _settings
+
+
+class VariableState(tf.Module):
+    """One bound variable's state: step (compress calls so far), float32 residual and
+    momentum (flat, created only where the method uses them), and stats counters."""
+
+    def __init__(self, name, shape, dtype, residual, momentum):
+        super().__init__()
+        self._variable_name, self._shape, self._dtype = name, shape, dtype
+        self._tensor_id = _settings.tensor_id(name)
+        numel = shape.num_elements()
+        counter = lambda: tf.Variable(0, dtype=tf.int64, trainable=False)  # noqa: E731
+        self.step = counter()
+        self.calls, self.sent_elements, self.sent_bytes = counter(), counter(), counter()
+        self.residual = tf.Variable(tf.zeros([numel]), trainable=False) if residual else None
+        self.momentum = tf.Variable(tf.zeros([numel]), trainable=False) if momentum else None
+
+    @property
+    def variable_name(self):
+        return self._variable_name
+
+    @property
+    def tensor_id(self):
+        return self._tensor_id
+
+    @property
+    def shape(self):
+        return self._shape
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def numel(self):
+        return self._shape.num_elements()
+
+
+def _name_of(variable):
+    """A Keras 3 variable's path ("dense/kernel"), else the TF name without ":0"."""
+    name = getattr(variable, "path", None) or variable.name
+    return name[:-2] if name.endswith(":0") else name
+
+
+def _trace_of(tensor):
+    """The outermost tf.function graph `tensor` was traced in (None when eager): compress
+    calls of one trace form one round of attribution, whatever cond branches they sit in."""
+    if tf.executing_eagerly() or not hasattr(tensor, "graph"):
+        return None
+    graph = tensor.graph
+    while hasattr(getattr(graph, "outer_graph", None), "outer_graph"):  # a FuncGraph nested in a FuncGraph
+        graph = graph.outer_graph
+    return graph
+
+
+class VariableBinding:
+    """The bound variables of one compressor, in order, and gradient attribution."""
+
+    def __init__(self, owner, variables):
+        self.owner = owner
+        if isinstance(variables, (tf.Module, tf.Variable)) or hasattr(variables, "trainable_variables"):
+            raise TypeError(f"{owner}: variables should be a list of variables or (name, variable) pairs such as "
+                            f"model.trainable_variables, got {type(variables).__name__}")
+        self.names, self.variables, self.shapes, self.dtypes = [], [], [], []
+        for item in variables:
+            name, variable = item if isinstance(item, tuple) else (None, item)
+            if not (hasattr(variable, "shape") and hasattr(variable, "dtype") and hasattr(variable, "assign")):
+                raise TypeError(f"{owner}: variables should hold TF/Keras variables or (name, variable) pairs, "
+                                f"got {item!r:.80}")
+            if name is None:
+                name = _name_of(variable)
+            if not isinstance(name, str):
+                raise TypeError(f"{owner}: a variable's name should be a str, got {name!r}")
+            shape, dtype = tf.TensorShape(variable.shape), tf.as_dtype(variable.dtype)
+            if not shape.is_fully_defined():
+                raise ValueError(f"{owner}: variable {name!r} should have a static shape, got {shape}")
+            if name in self.names:
+                raise ValueError(f"{owner}: two variables are named {name!r}; pass (name, variable) pairs with "
+                                 f"unique names")
+            if any(v is variable for v in self.variables):
+                raise ValueError(f"{owner}: the variable {name!r} is listed twice")
+            self.names.append(name)
+            self.variables.append(variable)
+            self.shapes.append(shape)
+            self.dtypes.append(dtype)
+        if not self.names:
+            raise ValueError(f"{owner}: variables is empty (build the model before binding its variables)")
+        self._rounds = weakref.WeakKeyDictionary()  # trace graph -> positions attributed in it
+        self._eager_round = set()
+        self._expected = None
+
+    @contextlib.contextmanager
+    def expect(self, variable):
+        """Within the block, gradients are attributed to `variable` (exact attribution, for
+        front ends that know the variable, such as sparsecomm.tensorflow.keras)."""
+        position = next((i for i, v in enumerate(self.variables) if v is variable), None)
+        if position is None:
+            raise LookupError(f"{self.owner}: the variable {_name_of(variable)!r} is not among the bound variables")
+        previous, self._expected = self._expected, position
+        try:
+            yield
+        finally:
+            self._expected = previous
+
+    def attribute(self, grad):
+        """The position of the bound variable `grad` belongs to (see the module docstring)."""
+        fits = lambda i: grad.shape.is_compatible_with(self.shapes[i]) and grad.dtype == self.dtypes[i]  # noqa: E731
+        if self._expected is not None:
+            if not fits(self._expected):
+                raise ValueError(f"{self.owner}: the gradient of {self.names[self._expected]!r} should have shape "
+                                 f"{self.shapes[self._expected]} and dtype {self.dtypes[self._expected].name}, got "
+                                 f"{grad.shape} {grad.dtype.name}")
+            return self._expected
+        trace = _trace_of(grad)
+        used = self._eager_round if trace is None else self._rounds.setdefault(trace, set())
+        for fresh_round in (False, True):
+            if fresh_round:
+                used.clear()  # every variable had its gradient: a new step (eager) or a second reduction
+            for i in range(len(self.names)):
+                if i not in used and fits(i):
+                    used.add(i)
+                    return i
+            if not used:
+                break
+        listed = ", ".join(f"{n} {s} {d.name}" for n, s, d in zip(self.names[:8], self.shapes, self.dtypes))
+        raise LookupError(
+            f"{self.owner}: got a gradient of shape {grad.shape} and dtype {grad.dtype.name} that fits none of the "
+            f"bound variables ({listed}{', ...' if len(self.names) > 8 else ''}). Bind the variables whose "
+            f"gradients are reduced: variables=model.trainable_variables, the same list as the tape's sources.")

@@ -1,0 +1,87 @@
+"""Worker: the same compressors, settings and per-rank gradients through Horovod's own
+allreduce-with-compression, in PyTorch (--framework torch) or TensorFlow (--framework tf).
+Saves what every step returned and the compressor state, for a bitwise comparison of the
+two runs."""
+import argparse
+import os
+
+import numpy as np
+
+import common
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--framework", choices=["torch", "tf"], required=True)
+parser.add_argument("--steps", type=int, default=3)
+args = parser.parse_args()
+
+TENSORS = {"a.weight": ((40, 50), "float32"), "b.weight": ((300,), "float16"), "c.weight": ((7, 33), "bfloat16")}
+# name -> (class name, arguments); every tensor compressed (EVERY) except with "policy"
+CONFIGS = {
+    "random_block": ("RandomBlock", dict(ratio=0.1, seed=3)),
+    "randomk": ("RandomK", dict(ratio=0.1, seed=3)),
+    "topk": ("TopK", dict(ratio=0.05)),
+    "rtopk": ("RTopK", dict(ratio=0.05, r=0.2, seed=3)),
+    "threshold": ("Threshold", dict(ratio=0.05)),
+    "threshold_bf16": ("Threshold", dict(ratio=0.05, quantize="bf16")),
+    "threshold_2bit": ("Threshold", dict(ratio=0.05, quantize="2bit")),
+    "dgc_warmup": ("DGC", dict(ratio=0.05, warmup_steps=2, warmup_stages=1)),
+    "dgc_policy": ("DGC", dict(ratio=0.05, policy=True)),
+}
+
+
+def gradient(name, step, rank):
+    shape, _ = TENSORS[name]
+    return np.random.default_rng([step, rank, len(name)]).standard_normal(shape).astype(np.float32)
+
+
+def run_torch():
+    import horovod.torch as hvd
+    import torch
+    import sparsecomm.torch as family
+    hvd.init()
+    params = {n: torch.nn.Parameter(torch.zeros(shape, dtype=getattr(torch, dtype)))
+              for n, (shape, dtype) in TENSORS.items()}
+    out = {}
+    for config, (cls, kwargs) in CONFIGS.items():
+        kwargs = dict(kwargs)
+        policy = {} if kwargs.pop("policy", False) else common.EVERY
+        compressor = getattr(family, cls)(named_parameters=list(params.items()), **kwargs, **policy)
+        for step in range(args.steps):
+            for name, p in params.items():
+                p.grad = torch.from_numpy(gradient(name, step, hvd.rank())).to(p.dtype)
+                got = hvd.allreduce(p.grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}")
+                out[f"{config}/{step}/{name}"] = got.float().numpy()
+        for name, state in compressor._states.items():
+            for key in ("residual", "momentum"):
+                if getattr(state, key) is not None:
+                    out[f"{config}/{key}/{name}"] = getattr(state, key).numpy()
+    return hvd.rank(), out
+
+
+def run_tf():
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    import sparsecomm.tensorflow as family
+    hvd.init()
+    variables = [(n, tf.Variable(tf.zeros(shape, dtype))) for n, (shape, dtype) in TENSORS.items()]
+    out = {}
+    for config, (cls, kwargs) in CONFIGS.items():
+        kwargs = dict(kwargs)
+        policy = {} if kwargs.pop("policy", False) else common.EVERY
+        compressor = getattr(family, cls)(variables=variables, **kwargs, **policy)
+        for step in range(args.steps):
+            for name, v in variables:
+                grad = tf.cast(tf.constant(gradient(name, step, hvd.rank())), v.dtype)
+                got = hvd.allreduce(grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}")
+                out[f"{config}/{step}/{name}"] = tf.cast(got, tf.float32).numpy()
+        for state in compressor.state:
+            for key in ("residual", "momentum"):
+                if getattr(state, key) is not None:
+                    out[f"{config}/{key}/{state.variable_name}"] = getattr(state, key).numpy()
+    return hvd.rank(), out
+
+
+rank, out = run_torch() if args.framework == "torch" else run_tf()
+np.savez(os.path.join(args.out, f"{args.framework}_rank{rank}.npz"), **out)
+print(f"{args.framework} rank {rank}: {len(out)} arrays")

@@ -1,0 +1,89 @@
+"""Single-process references of what one rank's compressor sends, in plain torch (tests/reference.py):
+each method takes (grad, residual, ratio, name, step, seed) and returns (the dense float32
+tensor of what was sent, the new residual). Shared by the torch and TF multi-rank tests."""
+import torch
+
+import reference
+
+
+def random_block(grad, residual, ratio, name, step, seed):
+    n = grad.numel()
+    start = reference.block_start(seed, reference.tensor_id(name), step, n)
+    values, residual = reference.random_block_pack(grad, residual, start, reference.count(ratio, n))
+    return reference.random_block_unpack(values, n, start), residual
+
+
+def topk(grad, residual, ratio, name, step, seed):
+    acc, u = reference.accumulate(grad, residual)
+    mask = reference.topk_mask(acc, reference.count(ratio, grad.numel()))
+    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
+    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
+
+
+def randomk(grad, residual, ratio, name, step, seed):
+    acc, u = reference.accumulate(grad, residual)
+    mask = torch.zeros(grad.numel(), dtype=torch.bool)
+    mask[reference.random_k_indices(seed, reference.tensor_id(name), step, grad.numel(),
+                                    reference.count(ratio, grad.numel()))] = True
+    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
+    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
+
+
+def rtopk(grad, residual, ratio, name, step, seed, r_ratio):
+    acc, u = reference.accumulate(grad, residual)
+    n, tid = grad.numel(), reference.tensor_id(name)
+    r, k = reference.count(r_ratio, n), reference.count(ratio, n)
+    top_r = reference.topk_mask(acc, r).nonzero().reshape(-1)  # index order
+    mask = torch.zeros(n, dtype=torch.bool)
+    mask[top_r[reference.random_k_indices(seed, tid, step, r, k)]] = True
+    values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
+    return torch.zeros(n).index_put_((index,), values.float()), residual
+
+
+def threshold(grad, residual, ratio, name, step, seed, value_dtype=None):
+    acc, u = reference.accumulate(grad, residual)
+    mask = reference.sampled_mask(acc, ratio, 0, reference.tensor_id(name), step)
+    values, index, residual, _ = reference.send(acc, u, mask, value_dtype or grad.dtype, residual)
+    return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
+
+
+def threshold_quantized(grad, residual, ratio, name, step, seed, bits):
+    acc, u = reference.accumulate(grad, residual)
+    mask = reference.sampled_mask(acc, ratio, 0, reference.tensor_id(name), step)
+    _, _, decoded = reference.quantize(acc[mask], bits)
+    residual = acc.clone()
+    residual[mask] = acc[mask] - torch.from_numpy(decoded)
+    return torch.zeros(grad.numel()).index_put_((mask.nonzero().reshape(-1),), torch.from_numpy(decoded)), residual
+
+
+METHODS = {"threshold_1bit": lambda *a: threshold_quantized(*a, bits=1),
+           "threshold_2bit": lambda *a: threshold_quantized(*a, bits=2),
+           "threshold": threshold, "threshold_fp16": lambda *a: threshold(*a, value_dtype=torch.float16),
+           "random_block": random_block, "topk": topk, "randomk": randomk,
+           "rtopk_0.3": lambda *a: rtopk(*a, r_ratio=0.3), "rtopk_1.0": lambda *a: rtopk(*a, r_ratio=1.0)}
+
+
+def dgc_density(ratio, step, warmup_steps, stages):
+    if step >= warmup_steps:
+        return ratio
+    return ratio ** ((step * stages // warmup_steps + 1) / (stages + 1))
+
+
+def dgc(grad, state, density, name, step, momentum=0.9, masking=True, clip_limit=None, dense=False):
+    """One rank's DGC step on a flat gradient: clip to clip_limit (the threshold / sqrt(N)),
+    u = m u + g, v += u, send the sampled-threshold selection of v, zero v (and u when
+    masking) where sent. A tensor the policy sends dense gets momentum SGD: u = m u + g, sent
+    whole. state is (v, u); returns (the dense float32 tensor sent, the new state)."""
+    v, u = state
+    g = grad.reshape(-1)
+    if clip_limit is not None:
+        norm = g.float().norm().item()
+        if norm > clip_limit:
+            g = g * (clip_limit / norm)
+    if dense:
+        _, u = reference.accumulate(g, None, u, momentum)
+        return u.to(grad.dtype).float(), (v, u)
+    acc, u = reference.accumulate(g, v, u, momentum)
+    mask = reference.sampled_mask(acc, density, 0, reference.tensor_id(name), step)
+    values, index, v, u = reference.send(acc, u, mask, g.dtype, v, u, masking)
+    return torch.zeros(g.numel()).index_put_((index,), values.float()), (v, u)
