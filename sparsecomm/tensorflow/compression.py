@@ -25,9 +25,9 @@ _instances = itertools.count()  # names each compressor's settings check, in con
 
 
 def _payload(values, index):
-    """(elements, bytes) a rank hands the allgathers: values on the wire plus int32 indices."""
+    """(elements, bytes) a rank hands the allgathers: values plus int32 indices."""
     count = tf.cast(tf.size(index), tf.int64)
-    return count, count * (exchange.wire_bytes(values.dtype) + 4)
+    return count, count * (values.dtype.size + 4)
 
 
 class _BoundCompressor(tf.Module):
@@ -130,13 +130,16 @@ class _BoundCompressor(tf.Module):
             self._check_settings_across_ranks()
         tensor = tf.convert_to_tensor(tensor)
         if self._policy_dense(state.variable_name, state.shape) or self._sparse_is_larger(state.numel, state.dtype):
-            dense = self._dense(tensor, state)
-            return self._counted(state, dense, state.numel, state.numel * state.dtype.size), None
+            dense = exchange.to_wire(self._dense(tensor, state))  # bfloat16 is summed as float32
+            dense = self._counted(state, dense, state.numel, state.numel * dense.dtype.size)
+            return dense, (None if dense.dtype == tensor.dtype else tensor.dtype)
         return self._compress(tensor, state)
 
     def decompress(self, tensor, ctx):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
-        return tensor if ctx is None else ctx(tensor)
+        if ctx is None:
+            return tensor
+        return tf.cast(tensor, ctx) if isinstance(ctx, tf.DType) else ctx(tensor)
 
     def _dense(self, tensor, state):
         return tensor

@@ -12,7 +12,8 @@ import tensorflow as tf
 
 from . import ops
 
-# Horovod 0.28.1's TF collectives have no bfloat16: such values travel as float32 (exact).
+# Horovod 0.28.1's TF collectives have no bfloat16. Summed bfloat16 values travel as float32
+# (exact); gathered ones as their bits in a float16 tensor (no arithmetic: same bytes).
 _WIRE = {tf.bfloat16: tf.float32}
 
 
@@ -31,6 +32,7 @@ def to_wire(tensor):
 
 
 def wire_bytes(dtype):
+    """Bytes per element of a summed tensor on the wire."""
     return tf.as_dtype(_WIRE.get(dtype, dtype)).size
 
 
@@ -43,9 +45,12 @@ def allgather_sum(values, index, numel, dtype, name, process_set):
     dense tensor of `numel` elements. Values are cast to the gradient's dtype first (they may
     travel in 16 bits), as the torch exchange does."""
     hvd = _hvd()
-    gathered = hvd.allgather(to_wire(values), name=collective_name(name, "values"), process_set=process_set)
+    bits16 = values.dtype == tf.bfloat16
+    wire = tf.bitcast(values, tf.float16) if bits16 else values
+    gathered = hvd.allgather(wire, name=collective_name(name, "values"), process_set=process_set)
     index = hvd.allgather(index, name=collective_name(name, "index"), process_set=process_set)
-    gathered = tf.cast(tf.cast(tf.cast(gathered, values.dtype), dtype), tf.float32)
+    gathered = tf.bitcast(gathered, tf.bfloat16) if bits16 else gathered
+    gathered = tf.cast(tf.cast(gathered, dtype), tf.float32)
     return ops.sparse_unpack(gathered, index, numel)
 
 

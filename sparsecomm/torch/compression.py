@@ -91,9 +91,9 @@ class _BoundCompressor:
         if not self._settings_checked:
             self._check_settings_across_ranks()
         if self.goes_dense(state.name, tensor):
-            dense = self._dense(tensor, state)
-            self._account(state, tensor, tensor.numel(), tensor.numel() * tensor.element_size(), started)
-            return dense, None
+            dense = exchange.to_wire(self._dense(tensor, state))
+            self._account(state, tensor, tensor.numel(), tensor.numel() * dense.element_size(), started)
+            return dense, (None if dense.dtype == tensor.dtype else tensor.dtype)
         return self._compress(tensor, state, started)
 
     def _dense(self, tensor: torch.Tensor, state: ParameterState) -> torch.Tensor:
@@ -102,7 +102,9 @@ class _BoundCompressor:
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         """Horovod's hook: the dense gradient from what the allreduce returned."""
-        return tensor if ctx is None else self._decompress(tensor, ctx)
+        if ctx is None:
+            return tensor
+        return tensor.to(ctx) if isinstance(ctx, torch.dtype) else self._decompress(tensor, ctx)
 
     def _state_for(self, tensor: torch.Tensor) -> ParameterState:
         if self._binding is None:
@@ -217,14 +219,14 @@ class RandomBlock(_SharedSeed):
         numel = tensor.numel()
         start = ops.random_block_start(self.seed, state.tensor_id, state.step, numel)
         state.step += 1
-        values = ops.block_pack(tensor, self._residual_of(state, tensor), start,
-                                _settings.selected_count(self.ratio, numel))
+        values = exchange.to_wire(ops.block_pack(tensor, self._residual_of(state, tensor), start,
+                                                 _settings.selected_count(self.ratio, numel)))
         self._account(state, tensor, values.numel(), values.numel() * values.element_size(), started)
-        return values, (tensor.shape, start)
+        return values, (tensor.shape, tensor.dtype, start)
 
     def _decompress(self, tensor, ctx):
-        shape, start = ctx
-        return ops.block_unpack(tensor, shape.numel(), start).view(shape)
+        shape, dtype, start = ctx
+        return ops.block_unpack(tensor.to(dtype), shape.numel(), start).view(shape)
 
 
 class _Gathering(_BoundCompressor):
@@ -307,12 +309,13 @@ class RandomK(_SharedSeed):
                                          _settings.selected_count(self.ratio, tensor.numel()), seed=self.seed,
                                          tensor_id=state.tensor_id, step=state.step)
         state.step += 1
+        values = exchange.to_wire(values)
         self._account(state, tensor, values.numel(), values.numel() * values.element_size(), started)
-        return values, (tensor.shape, index)
+        return values, (tensor.shape, tensor.dtype, index)
 
     def _decompress(self, tensor, ctx):
-        shape, index = ctx
-        return ops.sparse_unpack(tensor, index, shape.numel()).view(shape)
+        shape, dtype, index = ctx
+        return ops.sparse_unpack(tensor.to(dtype), index, shape.numel()).view(shape)
 
 
 class RTopK(_Gathering):

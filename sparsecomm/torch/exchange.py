@@ -16,6 +16,11 @@ import torch
 from . import ops
 
 
+def to_wire(tensor):
+    """Horovod 0.28.1 reduces no bfloat16 on CPU: summed bfloat16 values travel as float32 (exact)."""
+    return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
+
+
 def _hvd():
     import horovod.torch as hvd  # imported on first use: sparsecomm.torch works without Horovod initialised
     return hvd
@@ -28,6 +33,7 @@ class Gathering:
     index_handle: object
     shape: torch.Size
     dtype: torch.dtype
+    values_dtype: torch.dtype
     ranks: int
     sent_elements: int
     sent_bytes: int
@@ -38,18 +44,19 @@ def start_allgather(values, index, name, shape, dtype, process_set=None):
     placeholder for Horovod's allreduce and the context for `finish_allgather`."""
     hvd = _hvd()
     process_set = process_set or hvd.global_process_set
-    handles = (hvd.allgather_async(values, name=f"sparsecomm.{name}.values", process_set=process_set),
+    wire = values.view(torch.float16) if values.dtype == torch.bfloat16 else values  # gathered, not summed: the bits
+    handles = (hvd.allgather_async(wire, name=f"sparsecomm.{name}.values", process_set=process_set),
                hvd.allgather_async(index, name=f"sparsecomm.{name}.index", process_set=process_set))
     sent = values.numel() * values.element_size() + index.numel() * index.element_size()
     placeholder = torch.ones(1, dtype=torch.float32, device=values.device)
-    return placeholder, Gathering(*handles, shape, dtype, process_set.size(), values.numel(), sent)
+    return placeholder, Gathering(*handles, shape, dtype, values.dtype, process_set.size(), values.numel(), sent)
 
 
 def finish_allgather(output, ctx: Gathering):
     """Waits for the allgathers and returns the dense gradient: the sum of every rank's
     values at their indices (duplicates add, in rank order), scaled by output / M."""
     hvd = _hvd()
-    values = hvd.synchronize(ctx.values_handle).to(ctx.dtype)  # values may travel in 16 bits
+    values = hvd.synchronize(ctx.values_handle).view(ctx.values_dtype).to(ctx.dtype)  # values may be 16-bit
     index = hvd.synchronize(ctx.index_handle)
     scale = float(output.reshape(-1)[0]) / ctx.ranks
     return ops.sparse_unpack(values, index, ctx.shape.numel(), scale).view(ctx.shape)

@@ -9,7 +9,7 @@ import os
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--keras", choices=["legacy", "3"], required=True)
-parser.add_argument("--epochs", type=int, default=8)
+parser.add_argument("--epochs", type=int, default=25)
 args = parser.parse_args()
 if args.keras == "legacy":
     os.environ["TF_USE_LEGACY_KERAS"] = "1"  # before TensorFlow is imported: tf.keras is tf-keras
@@ -25,7 +25,7 @@ hvd.init()
 if args.keras == "legacy":
     import horovod.tensorflow.keras as hvd_keras
     keras = tf.keras
-    assert not keras.__version__.startswith("3"), keras.__version__
+    assert keras.__name__.startswith("tf_keras"), keras.__name__
 else:
     import keras
     from sparsecomm.tensorflow import keras as sckeras

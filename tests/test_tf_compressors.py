@@ -1,0 +1,131 @@
+"""sparsecomm.tensorflow compressors in one process (no Horovod collectives): argument and
+input errors, attribution of gradients to variables, the per-layer policy, the warm-up
+schedule, checkpoint layout, and RandomBlock's compress/decompress against the reference.
+The exchange itself is tested under horovodrun (test_multirank_tf_*.py)."""
+import os
+
+import numpy as np
+import pytest
+import torch
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+tf = pytest.importorskip("tensorflow")
+import reference  # noqa: E402
+from common import EVERY  # noqa: E402
+from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK  # noqa: E402
+from sparsecomm.tensorflow.state import VariableBinding  # noqa: E402
+
+
+def _named(*shapes, dtype=tf.float32):
+    return [(f"v{i}", tf.Variable(tf.zeros(shape, dtype))) for i, shape in enumerate(shapes)]
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda: TopK(ratio=0), r"TopK: ratio should be a number in \(0, 1\], got 0"),
+    (lambda: TopK(ratio=0.1, error_feedback="yes"), r"TopK: error_feedback should be True or False"),
+    (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
+    (lambda: RandomBlock(ratio=0.1, seed=-3), r"RandomBlock: seed should be an integer in \[0, 2\*\*64\), got -3"),
+    (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
+    (lambda: Threshold(quantize="3bit"), r"Threshold: quantize should be one of None, 'fp16', 'bf16', '1bit', "
+                                         r"'2bit', got '3bit'"),
+    (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),
+    (lambda: DGC(clip_norm=0), r"DGC: clip_norm should be None or a positive number, got 0"),
+    (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
+    (lambda: TopK(ratio=0.1, min_numel=-1), r"TopK: min_numel should be an integer >= 0, got -1"),
+    (lambda: TopK(ratio=0.1, dense="*.bias"), r"TopK: dense should be a list of name patterns"),
+    (lambda: TopK(ratio=0.1, variables=[]), r"TopK: variables is empty \(build the model"),
+    (lambda: TopK(ratio=0.1, variables=tf.keras.Sequential()), r"TopK: variables should be a list of variables"),
+    (lambda: TopK(ratio=0.1, variables=[tf.Variable(1.0, name="w"), tf.Variable(2.0, name="w")]),
+     r"TopK: two variables are named 'w'; pass \(name, variable\) pairs"),
+    (lambda: TopK(ratio=0.1, variables=[("a", 3)]), r"TopK: variables should hold TF/Keras variables"),
+])
+def test_bad_settings_are_named(make, message):
+    with pytest.raises((ValueError, TypeError), match=message):
+        make()
+
+
+def test_bad_gradients_are_named():
+    comp = RandomBlock(ratio=0.1, variables=_named((10, 10)), **EVERY)
+    with pytest.raises(TypeError, match="RandomBlock: gradients should be float32, float16 or bfloat16, got int32"):
+        comp.compress(tf.zeros([10, 10], tf.int32))
+    with pytest.raises(TypeError, match="got tf.IndexedSlices; Horovod gathers those without compression"):
+        comp.compress(tf.IndexedSlices(tf.zeros([2, 10]), tf.constant([0, 1]), tf.constant([10, 10])))
+    with pytest.raises(LookupError, match=r"RandomBlock: got a gradient of shape \(3, 3\) and dtype float32 that "
+                                          r"fits none of the bound variables \(v0 \(10, 10\) float32\)"):
+        comp.compress(tf.zeros([3, 3]))
+    with pytest.raises(RuntimeError, match=r"TopK keeps per-variable state and needs variables="):
+        TopK(ratio=0.1).compress(tf.zeros([4]))
+
+
+def test_gradients_are_attributed_in_order_skipping_missing_ones():
+    binding = VariableBinding("T", _named((4, 3), (3,), (4, 3), (2,)))
+    grads = [tf.zeros([4, 3]), tf.zeros([2]), tf.zeros([4, 3])]  # v1's gradient is None: skipped by shape
+    assert [binding.attribute(g) for g in grads] == [0, 3, 2]
+    assert binding.attribute(tf.zeros([4, 3])) == 0  # every variable had its turn: a new round (eager)
+
+    @tf.function
+    def trace(a, b):
+        return tf.constant([binding.attribute(a), binding.attribute(b)])
+
+    # each trace is a round of its own, whatever the eager calls did before
+    assert trace(tf.zeros([4, 3]), tf.zeros([3])).numpy().tolist() == [0, 1]
+    assert trace.get_concrete_function(tf.TensorSpec([4, 3]), tf.TensorSpec([2])) is not None
+    with binding.expect(binding.variables[2]):
+        assert binding.attribute(tf.zeros([4, 3])) == 2
+        with pytest.raises(ValueError, match=r"the gradient of 'v2' should have shape \(4, 3\)"):
+            binding.attribute(tf.zeros([3]))
+
+
+def test_the_default_policy_and_the_dense_fallback():
+    named = [("big", tf.Variable(tf.zeros([64, 32]))), ("bias", tf.Variable(tf.zeros([2048]))),
+             ("small", tf.Variable(tf.zeros([10, 10]))), ("emb.weight", tf.Variable(tf.zeros([64, 64]))),
+             ("w16", tf.Variable(tf.zeros([100, 100], tf.float16)))]
+    comp = TopK(ratio=0.1, variables=named, dense=["emb.*"])
+    assert [comp.goes_dense(n, v) for n, v in named] == [False, True, True, True, False]
+    assert TopK(ratio=0.34, variables=named).goes_dense("w16", named[4][1])  # 16-bit values + 32-bit indices
+    assert not TopK(ratio=0.33, variables=named).goes_dense("w16", named[4][1])
+    assert not RandomK(ratio=1.0, variables=named).goes_dense("big", named[0][1])
+
+
+def test_dgc_warmup_schedule_matches_torch():
+    dgc = DGC(ratio=0.001, warmup_steps=400, warmup_stages=4)
+    sparsity = [round(1 - dgc.density(step), 4) for step in (0, 100, 200, 300, 400, 10_000)]
+    assert sparsity == [0.7488, 0.9369, 0.9842, 0.996, 0.999, 0.999]
+    assert [round(d, 6) for d in dgc._densities()] == [0.251189, 0.063096, 0.015849, 0.003981, 0.001]
+
+
+def test_random_block_compress_decompress_equals_reference_across_a_retrace():
+    """Eager and two tf.function traces share the state variables: the step and residual carry on."""
+    named = _named((30, 40), dtype=tf.float16)
+    comp = RandomBlock(ratio=0.1, seed=9, variables=named, **EVERY)
+    traced = tf.function(lambda g: comp.decompress(*comp.compress(g)))
+    residual = torch.zeros(1200)
+    for step in range(6):
+        grad = np.random.default_rng(step).standard_normal((30, 40)).astype(np.float16)
+        run = (lambda g: comp.decompress(*comp.compress(g))) if step % 3 == 0 else traced
+        got = run(tf.constant(grad)).numpy()
+        start = reference.block_start(9, reference.tensor_id("v0"), step, 1200)
+        values, residual = reference.random_block_pack(torch.from_numpy(grad), residual, start, 120)
+        want = reference.random_block_unpack(values, 1200, start).numpy().reshape(30, 40)
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(comp.state[0].residual.numpy(), residual.numpy())
+    assert int(comp.state[0].step.numpy()) == 6 and comp.stats()["tensors"]["v0"]["sent_elements"] == 6 * 120
+
+
+def test_state_is_checkpointed_by_position_and_restored():
+    named = _named((40, 40), (40,))
+    comp = DGC(ratio=0.1, variables=named, **EVERY)
+    comp.state[0].residual.assign(tf.fill([1600], 2.5))
+    comp.state[1].step.assign(7)
+    path = tf.train.Checkpoint(compression=comp).save(os.path.join(pytest.importorskip("tempfile").mkdtemp(), "c"))
+    keys = {name for name, _ in tf.train.list_variables(path)}
+    assert "compression/state/0/residual/.ATTRIBUTES/VARIABLE_VALUE" in keys
+    assert "compression/state/1/momentum/.ATTRIBUTES/VARIABLE_VALUE" in keys
+    fresh = DGC(ratio=0.1, variables=named, **EVERY)
+    tf.train.Checkpoint(compression=fresh).restore(path).assert_consumed()
+    assert float(fresh.state[0].residual.numpy()[5]) == 2.5 and int(fresh.state[1].step.numpy()) == 7
+
+
+def test_settings_text_lists_the_public_settings():
+    text = Threshold(ratio=0.05, quantize="2bit").settings()
+    assert text.startswith("Threshold(") and "quantize='2bit'" in text and "ratio=0.05" in text
