@@ -50,3 +50,12 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path):
         assert len(torch_out) > 100
         for key, value in torch_out.items():
             np.testing.assert_array_equal(value.view(np.int32), tf_out[key].view(np.int32), err_msg=f"rank {rank} {key}")
+
+
+def test_settings_that_differ_across_ranks_raise_the_same_error_everywhere():
+    output = horovodrun(2, "tf_settings.py", timeout=180)
+    assert output.count(": trained") == 2, output[-3000:]  # equal settings: both ranks train
+    errors = [line.split("ValueError: ", 1)[1] for line in output.splitlines()
+              if "ValueError: TopK: compressor settings differ across ranks" in line]
+    assert len(errors) == 2 and errors[0] == errors[1], output[-3000:]
+    assert "rank 0: TopK(" in errors[0] and "ratio=0.1" in errors[0] and "ratio=0.2" in errors[0]
