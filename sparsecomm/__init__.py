@@ -3,7 +3,11 @@
 Import the framework you use; this package root imports neither:
 
     import sparsecomm.torch as sct        # compressors for horovod.torch
-    import sparsecomm.tensorflow as sctf  # ops for horovod.tensorflow
+    import sparsecomm.tensorflow as sctf  # compressors for horovod.tensorflow
+
+``sparsecomm.Network(bandwidth, latency)`` describes a cluster for exchange="auto".
 """
+from ._cost import Network
 
 __version__ = "0.1.0"
+__all__ = ["Network"]

@@ -87,3 +87,57 @@ def dgc(grad, state, density, name, step, momentum=0.9, masking=True, clip_limit
     mask = reference.sampled_mask(acc, density, 0, reference.tensor_id(name), step)
     values, index, v, u = reference.send(acc, u, mask, g.dtype, v, u, masking)
     return torch.zeros(g.numel()).index_put_((index,), values.float()), (v, u)
+
+
+def _keep_largest(values, index, k, residual):
+    """The k of largest |value| (ties: lower index, NaN largest), in index order; the others
+    are added to `residual` (when given)."""
+    if len(index) <= k:
+        return values, index
+    magnitude = torch.nan_to_num(values.abs().double(), nan=float("inf")).tolist()
+    keep = sorted(sorted(range(len(index)), key=lambda j: (-magnitude[j], int(index[j])))[:k])
+    mask = torch.zeros(len(index), dtype=torch.bool)
+    mask[keep] = True
+    if residual is not None:
+        for j in (~mask).nonzero().reshape(-1).tolist():
+            residual[index[j]] += values[j]
+    return values[mask], index[mask]
+
+
+def spardl(selections, residuals, k, numel):
+    """SparDL on N ranks, plain torch: each rank's selection (float32 values, sorted int64
+    indices) is split into N contiguous blocks; for every other block a rank keeps its
+    ceil(k/N) largest and sends them to the block's owner; the owner adds the N contributions
+    in rank order (float32, one at a time), keeps its ceil(k/N) largest sums, and the owned
+    blocks are gathered. Dropped values go to the dropping rank's residual (modified in place;
+    None: dropped for good). Returns (the float32 dense sum, bytes each rank received)."""
+    ranks = len(selections)
+    block, per_rank = -(-numel // ranks), max(1, -(-k // ranks))
+    inbox = [[None] * ranks for _ in range(ranks)]  # inbox[owner][sender]
+    received = [0] * ranks
+    for rank, (values, index) in enumerate(selections):
+        for owner in range(ranks):
+            part = (index >= owner * block) & (index < (owner + 1) * block)
+            v, i = values[part], index[part]
+            if owner != rank:
+                v, i = _keep_largest(v, i, per_rank, residuals[rank])
+                received[owner] += 8 * len(i)
+            inbox[owner][rank] = (v, i)
+    owned = []
+    for owner in range(ranks):
+        sums = {}
+        for v, i in inbox[owner]:
+            for value, position in zip(v.tolist(), i.tolist()):
+                sums[position] = (torch.tensor(sums.get(position, 0.0), dtype=torch.float32)
+                                  + torch.tensor(value, dtype=torch.float32)).item()
+        positions = sorted(sums)
+        owned.append(_keep_largest(torch.tensor([sums[p] for p in positions], dtype=torch.float32),
+                                   torch.tensor(positions, dtype=torch.long), per_rank,
+                                   residuals[owner]))
+    total = torch.zeros(numel)
+    for rank, (v, i) in enumerate(owned):
+        total[i] = v
+        for other in range(ranks):
+            if other != rank:
+                received[other] += 8 * len(i)
+    return total, received

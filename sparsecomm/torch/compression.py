@@ -13,7 +13,7 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
-from .. import _settings
+from .. import _cost, _settings
 from . import exchange, ops
 from .state import ParameterBinding, ParameterState
 
@@ -38,7 +38,7 @@ class _BoundCompressor:
         self._name = type(self).__name__
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states: Dict[str, ParameterState] = {}
-        self._stats = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "compress_seconds": 0.0}
+        self._stats = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "received_bytes": 0, "compress_seconds": 0.0}
         self._tensor_stats: Dict[str, dict] = {}
         if isinstance(min_numel, bool) or not isinstance(min_numel, int) or min_numel < 0:
             raise ValueError(f"{self._name}: min_numel should be an integer >= 0, got {min_numel!r}")
@@ -53,7 +53,7 @@ class _BoundCompressor:
     def settings(self) -> str:
         """The settings every rank must share, as text (compared across ranks on the first step)."""
         public = {k: v for k, v in sorted(vars(self).items())
-                  if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))}
+                  if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None), _cost.Network))}
         return f"{self._name}({', '.join(f'{k}={v!r}' for k, v in public.items())})"
 
     def _check_settings_across_ranks(self) -> None:
@@ -92,7 +92,9 @@ class _BoundCompressor:
             self._check_settings_across_ranks()
         if self.goes_dense(state.name, tensor):
             dense = exchange.to_wire(self._dense(tensor, state))
-            self._account(state, tensor, tensor.numel(), tensor.numel() * dense.element_size(), started)
+            size = tensor.numel() * dense.element_size()
+            ranks = self._ranks()
+            self._account(state, tensor, tensor.numel(), size, started, received_bytes=int(2 * (ranks - 1) / ranks * size))
             return dense, (None if dense.dtype == tensor.dtype else tensor.dtype)
         return self._compress(tensor, state, started)
 
@@ -120,18 +122,30 @@ class _BoundCompressor:
             state = self._states[name] = ParameterState(name, _settings.tensor_id(name))
         return state
 
+    def _ranks(self) -> int:
+        hvd = exchange._hvd()
+        return (self.process_set or hvd.global_process_set).size() if hvd.is_initialized() else 1
+
     def _account(self, state: ParameterState, tensor: torch.Tensor, sent_elements: int, sent_bytes: int,
-                 started: float) -> None:
+                 started: float, received_bytes: int = 0) -> None:
         seconds = time.perf_counter() - started
         dense_bytes = tensor.numel() * tensor.element_size()
         per = self._tensor_stats.setdefault(state.name, {"calls": 0, "numel": tensor.numel(), "sent_elements": 0,
-                                                         "dense_bytes": 0, "sent_bytes": 0, "compress_seconds": 0.0})
+                                                         "dense_bytes": 0, "sent_bytes": 0, "received_bytes": 0,
+                                                         "compress_seconds": 0.0})
         for totals in (self._stats, per):
             totals["calls"] += 1
             totals["dense_bytes"] += dense_bytes
             totals["sent_bytes"] += sent_bytes
+            totals["received_bytes"] += received_bytes
             totals["compress_seconds"] += seconds
         per["sent_elements"] += sent_elements
+
+    def _account_later(self, name: str, sent_bytes: int, received_bytes: int) -> None:
+        """Bytes known only in decompress (what the gathers brought, a second phase's payload)."""
+        for totals in (self._stats, self._tensor_stats[name]):
+            totals["sent_bytes"] += sent_bytes
+            totals["received_bytes"] += received_bytes
 
     def _residual_of(self, state: ParameterState, tensor: torch.Tensor):
         """The parameter's float32 residual (created on first use), or None without error feedback."""
@@ -178,9 +192,13 @@ class _BoundCompressor:
         """Since construction (cheap: counters updated in compress):
         calls, dense_bytes (what a dense allreduce would have been handed), sent_bytes (what this
         rank handed to Horovod: payload per rank, before the collectives' own traffic),
-        compress_seconds (host time in compress), and per parameter under "tensors": the same
-        plus numel, sent_elements and density (sent elements per call / numel; 1 when dense)."""
-        tensors = {name: dict(per, density=per["sent_elements"] / (per["calls"] * per["numel"]) if per["numel"] else 1.0)
+        received_bytes (what arrived from the other ranks: exact for gathers and alltoalls, the
+        ring's 2 (N-1)/N of the tensor for a dense allreduce), compress_seconds (host time in
+        compress), and per parameter under "tensors": the same plus numel, sent_elements,
+        density (sent elements per call / numel; 1 when dense) and, for the gathering methods,
+        the exchange chosen and the cost model's predicted seconds of each."""
+        tensors = {name: dict(per, density=per["sent_elements"] / (per["calls"] * per["numel"]) if per["numel"] else 1.0,
+                              **getattr(self, "_choices", {}).get(name, {}))
                    for name, per in self._tensor_stats.items()}
         return dict(self._stats, tensors=tensors)
 
@@ -230,42 +248,99 @@ class RandomBlock(_SharedSeed):
 
 
 class _Gathering(_BoundCompressor):
-    """Compressors whose coordinates differ per rank: values and int32 indices by allgather.
-    With ``dense_fallback`` (default), a tensor whose sparse payload (k values + k indices)
-    would not be smaller than the dense tensor goes dense instead."""
+    """Compressors whose coordinates differ per rank. The exchange, per tensor:
+    ``"allgather"`` (values and int32 indices of every rank), ``"spardl"`` (sparse
+    reduce-scatter + all-gather, O(k) bytes per rank whatever N; exchange.py) or ``"auto"``
+    (default: dense allreduce, allgather or SparDL, whichever the cost model of
+    sparsecomm._cost predicts fastest for that tensor, on ``network`` or on the network
+    measured once on the first step). With ``dense_fallback`` (default), a tensor whose sparse
+    payload (k values + k indices) would not be smaller than the dense tensor goes dense."""
 
-    def __init__(self, named_parameters, process_set, dense_fallback: bool, **policy):
+    EXCHANGES = ("auto", "allgather", "spardl")
+
+    def __init__(self, named_parameters, process_set, dense_fallback: bool, exchange_: str = "auto",
+                 network=None, **policy):
         super().__init__(named_parameters, process_set, **policy)
         self.dense_fallback = _settings.check_flag(self._name, "dense_fallback", dense_fallback)
+        if exchange_ not in self.EXCHANGES:
+            raise ValueError(f"{self._name}: exchange should be one of 'auto', 'allgather', 'spardl', got {exchange_!r}")
+        if network is not None and not isinstance(network, _cost.Network):
+            raise TypeError(f"{self._name}: network should be None (measured) or a sparsecomm.Network, got "
+                            f"{type(network).__name__}")
+        self.exchange, self.network = exchange_, network
+        self._choices: Dict[str, dict] = {}
+        self._pending = []  # SparDL exchanges started in compress, not yet past their scatter
 
     def _density(self, step: int) -> float:
         return self.ratio
 
+    def _value_bytes(self, tensor) -> float:
+        return tensor.element_size()
+
+    def _allowed(self):
+        return _cost.EXCHANGES
+
     def _sparse_is_larger(self, name: str, tensor: torch.Tensor) -> bool:
-        if not self.dense_fallback:
-            return False
         state = self._states.get(name)
         k = _settings.selected_count(self._density(state.step if state else 0), tensor.numel())
-        return k * (tensor.element_size() + 4) >= tensor.numel() * tensor.element_size()
+        if self.dense_fallback and k * (tensor.element_size() + 4) >= tensor.numel() * tensor.element_size():
+            return True
+        return self._exchange_for(name, tensor, k) == "dense"
+
+    def _exchange_for(self, name: str, tensor: torch.Tensor, k: int) -> str:
+        """The exchange of this tensor at k: the fixed one, or the cost model's choice (cached)."""
+        if self.exchange != "auto":
+            return self.exchange
+        ranks = self._ranks()
+        if ranks == 1:
+            return "allgather"
+        key = (name, k)
+        chosen = self._choices.get(name)
+        if chosen is None or chosen["key"] != key:
+            if self.network is None:
+                self.network = exchange.measure_network(self.process_set)
+            choice, predicted = _cost.choose(tensor.numel(), k, tensor.element_size(), self._value_bytes(tensor), ranks,
+                                             self.network, self._allowed())
+            chosen = self._choices[name] = {"key": key, "exchange": choice, "predicted_seconds": predicted}
+        return chosen["exchange"]
 
     def _gather(self, tensor, state, started, values, index, bits=None):
-        """After a pack: counts the step, starts the allgathers, accounts, and returns what
+        """After a pack: counts the step, starts the exchange, accounts, and returns what
         compress hands Horovod. values is (codes, scales) when quantized to `bits`."""
+        k = _settings.selected_count(self._density(state.step), tensor.numel())
         state.step += 1
-        if bits is None:
-            placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
-                                                        self.process_set)
-        else:
+        if bits is not None:
             codes, scales = values
             placeholder, ctx = exchange.start_allgather_quantized(codes, scales, index, bits, state.name,
                                                                   tensor.shape, tensor.dtype, self.process_set)
+        elif self._exchange_for(state.name, tensor, k) == "spardl":
+            ctx = exchange.start_spardl(values, index, state.residual, k, state.name, tensor.shape, tensor.dtype,
+                                        self.process_set)
+            placeholder = torch.ones(1, dtype=torch.float32, device=values.device)
+            self._pending.append(ctx)
+        else:
+            placeholder, ctx = exchange.start_allgather(values, index, state.name, tensor.shape, tensor.dtype,
+                                                        self.process_set)
+        ctx.parameter = state.name
         self._account(state, tensor, ctx.sent_elements, ctx.sent_bytes, started)
         return placeholder, ctx
 
     def _decompress(self, tensor, ctx):
-        if isinstance(ctx, exchange.QuantizedGathering):
-            return exchange.finish_allgather_quantized(tensor, ctx)
-        return exchange.finish_allgather(tensor, ctx)
+        if isinstance(ctx, exchange.SparDL):
+            # Every pending scatter is waited for and its gather started before any gather is
+            # waited for: every rank has started all of them, whatever order Horovod decompresses in.
+            sent_before = {id(c): c.sent_bytes for c in self._pending}
+            for pending in self._pending:
+                exchange.advance_spardl(pending)
+                self._account_later(pending.parameter, pending.sent_bytes - sent_before[id(pending)], 0)
+            self._pending = []
+            result = exchange.finish_spardl(tensor, ctx)
+        elif isinstance(ctx, exchange.QuantizedGathering):
+            result = exchange.finish_allgather_quantized(tensor, ctx)
+        else:
+            result = exchange.finish_allgather(tensor, ctx)
+        self._account_later(ctx.parameter, 0, ctx.received_bytes)
+        return result
 
 
 class TopK(_Gathering):
@@ -283,8 +358,8 @@ class TopK(_Gathering):
     """
 
     def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
-                 dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, process_set, dense_fallback, **policy)
+                 dense_fallback: bool = True, exchange: str = "auto", network=None, **policy):
+        super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
 
@@ -332,8 +407,9 @@ class RTopK(_Gathering):
     """
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
-                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, process_set, dense_fallback, **policy)
+                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
+                 network=None, **policy):
+        super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
         if self.r < self.ratio:
@@ -385,13 +461,26 @@ class Threshold(_SampledThreshold):
     QUANTIZE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16, "1bit": 1, "2bit": 2}
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
-                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(named_parameters, process_set, dense_fallback, **policy)
+                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
+                 network=None, **policy):
+        super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self._check_common(ratio, sample_ratio, error_feedback)
         if quantize not in self.QUANTIZE:
             raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', '1bit', '2bit', "
                              f"got {quantize!r}")
         self.quantize = quantize
+        if quantize in ("1bit", "2bit") and self.exchange == "spardl":
+            raise ValueError(f"{self._name}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
+                             f"use exchange='allgather' (or 'auto') with quantize={quantize!r}")
+
+    def _allowed(self):
+        return ("dense", "allgather") if self.quantize in ("1bit", "2bit") else _cost.EXCHANGES
+
+    def _value_bytes(self, tensor):
+        kind = self.QUANTIZE[self.quantize]
+        if isinstance(kind, int):
+            return kind / 8
+        return tensor.element_size() if kind is None else 2
 
     def _compress(self, tensor, state, started):
         kind = self.QUANTIZE[self.quantize]
@@ -430,8 +519,8 @@ class DGC(_SampledThreshold):
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
                  sample_ratio: float = 0.01, named_parameters=None, process_set=None, dense_fallback: bool = True,
-                 **policy):
-        super().__init__(named_parameters, process_set, dense_fallback, **policy)
+                 exchange: str = "auto", network=None, **policy):
+        super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self._check_common(ratio, sample_ratio, True)
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")

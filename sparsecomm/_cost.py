@@ -1,0 +1,71 @@
+"""The per-tensor exchange choice of exchange="auto", shared by the torch and TF front ends.
+
+A latency-bandwidth (alpha-beta) model of the three exchanges for one tensor of `numel`
+elements on N ranks, each rank sending k elements:
+
+  dense      ring allreduce:  2 (N-1) alpha + 2 (N-1)/N * numel * size * beta
+  allgather  values + indices: 2 (N-1) alpha + (N-1) * k * (value_size + 4) * beta
+             (two gathers; each rank receives every other rank's k pairs)
+  spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) pairs of 8 bytes to each
+             rank) + sparse all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
+             2 (N-1) alpha + 2 (N-1) * ceil(k/N) * 8 * beta
+
+plus, for the sparse ones, the local work of packing and unpacking: about `PACK_COPIES`
+copies of the dense tensor at the machine's copy bandwidth. beta is seconds per byte
+received by one rank. Costs are seconds per step; the cheapest wins. Every rank must make
+the same choice, so the inputs (Network) are the same on every rank: given by the user, or
+measured once and averaged over the ranks.
+"""
+import math
+from dataclasses import dataclass
+
+EXCHANGES = ("dense", "allgather", "spardl")
+PACK_COPIES = 4.0  # fused pack (about 3 copies at density 0.01, docs/kernels.md) + unpack (1)
+
+
+@dataclass(frozen=True)
+class Network:
+    """What the cost model needs to know of the cluster.
+
+    bandwidth: bytes per second one rank receives (e.g. 1.25e8 for 1 Gbit/s Ethernet).
+    latency: seconds per message step of a collective (e.g. 5e-5).
+    copy_bandwidth: bytes per second of a local memory copy (the sparse methods' own work).
+    """
+    bandwidth: float
+    latency: float
+    copy_bandwidth: float = 1e10
+
+    def __post_init__(self):
+        for name in ("bandwidth", "latency", "copy_bandwidth"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or \
+                    (name != "latency" and not value > 0) or math.isinf(value):
+                raise ValueError(f"Network: {name} should be a finite number > 0 (latency >= 0), got {value!r}")
+
+
+def costs(numel, k, size, value_size, ranks, network):
+    """Predicted seconds per step of each exchange for one tensor (see the module docstring)."""
+    n, beta, alpha = ranks, 1.0 / network.bandwidth, network.latency
+    local = PACK_COPIES * numel * size / network.copy_bandwidth
+    per_rank = math.ceil(k / n)
+    return {
+        "dense": 2 * (n - 1) * alpha + 2 * (n - 1) / n * numel * size * beta,
+        "allgather": local + 2 * (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
+        "spardl": local + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * 8 * beta,
+    }
+
+
+def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES):
+    """(the cheapest allowed exchange, every prediction). Ties go to the earlier of EXCHANGES."""
+    predicted = costs(numel, k, size, value_size, ranks, network)
+    return min((e for e in EXCHANGES if e in allowed), key=lambda e: predicted[e]), predicted
+
+
+def received_bytes(exchange, numel, k, size, value_size, ranks):
+    """Bytes one rank receives per step under each exchange, at most (the model's byte terms)."""
+    n = ranks
+    if exchange == "dense":
+        return 2 * (n - 1) / n * numel * size
+    if exchange == "allgather":
+        return (n - 1) * k * (value_size + 4)
+    return 2 * (n - 1) * math.ceil(k / n) * 8

@@ -1,0 +1,63 @@
+"""Worker: SGD steps of the digits MLP under hvd.DistributedOptimizer with exchange="spardl"
+(and "allgather", and "auto" on a given network) for each per-rank-coordinate method. Saves
+every rank's local gradients (recorded after backward, before the exchange), parameters
+after every step, final residuals and stats, for a replay of the N ranks."""
+import argparse
+import os
+
+import horovod.torch as hvd
+import torch
+
+import common
+from common import EVERY
+from sparsecomm import Network
+from sparsecomm.torch import DGC, RTopK, Threshold, TopK
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=4)
+parser.add_argument("--lr", type=float, default=0.5)
+args = parser.parse_args()
+hvd.init()
+torch.set_num_threads(1)
+x_all, y_all = common.digits()
+SLOW = Network(bandwidth=1e7, latency=1e-6)                        # bytes dominate: a sparse exchange wins
+FAST = Network(bandwidth=1e12, latency=1e-3, copy_bandwidth=1e8)  # packing costs more than sending: dense wins
+CONFIGS = {
+    "dense": lambda m: hvd.Compression.none,
+    "topk_0.1_spardl": lambda m: TopK(ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(), **EVERY),
+    "topk_0.1_allgather": lambda m: TopK(ratio=0.1, exchange="allgather", named_parameters=m.named_parameters(),
+                                         **EVERY),
+    "topk_1.0_spardl": lambda m: TopK(ratio=1.0, exchange="spardl", dense_fallback=False,
+                                      named_parameters=m.named_parameters(), **EVERY),
+    "threshold_0.1_spardl": lambda m: Threshold(ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(),
+                                                **EVERY),
+    "rtopk_0.1_spardl": lambda m: RTopK(ratio=0.1, r=0.3, seed=7, exchange="spardl",
+                                        named_parameters=m.named_parameters(), **EVERY),
+    "dgc_0.1_spardl": lambda m: DGC(ratio=0.1, momentum=0.9, exchange="spardl", named_parameters=m.named_parameters(),
+                                    **EVERY),
+    "topk_0.1_no_feedback_spardl": lambda m: TopK(ratio=0.1, exchange="spardl", error_feedback=False,
+                                                  named_parameters=m.named_parameters(), **EVERY),
+    "topk_0.1_auto_slow": lambda m: TopK(ratio=0.1, network=SLOW, named_parameters=m.named_parameters(), **EVERY),
+    "topk_0.1_auto_fast": lambda m: TopK(ratio=0.1, network=FAST, named_parameters=m.named_parameters(), **EVERY),
+}
+results = {}
+for config, make_compression in CONFIGS.items():
+    model = common.torch_model()
+    compression = make_compression(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    grads, params = [], []
+    for step in range(args.steps):
+        idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])).backward()
+        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        opt.step()
+        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    results[config] = {"grads": grads, "params": params}
+    if hasattr(compression, "stats"):
+        results[config]["stats"] = compression.stats()
+        results[config]["residuals"] = {n: s.residual for n, s in compression._states.items()}
+torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
+print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs done")

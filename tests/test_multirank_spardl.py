@@ -1,0 +1,164 @@
+"""The SparDL exchange and exchange="auto" (PyTorch) under horovodrun -np 2, 3 and 4, against a
+plain-torch replay of the N ranks (tests/simulation.py: each method's selection, then
+simulation.spardl), plus byte counts: SparDL's stay O(k) per rank as N grows, allgather's
+grow with N (measured on 2-4 ranks, and simulated for 8, 16 and 64)."""
+import pytest
+import torch
+
+import common
+import reference
+import simulation
+from launch import horovodrun
+from sparsecomm import _cost
+
+STEPS, LR = 4, 0.5
+METHOD = {"topk": "topk", "threshold": "threshold", "rtopk": "rtopk_0.3"}
+SLOW = _cost.Network(bandwidth=1e7, latency=1e-6)
+
+
+def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=False):
+    """Parameters after each step, and final residuals, from the recorded local gradients."""
+    size = len(ranks)
+    params = {n: p.detach().clone().reshape(-1) for n, p in common.torch_model().named_parameters()}
+    residuals = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
+    momenta = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
+    scale = torch.tensor(1.0) / size
+    history = []
+    for step in range(STEPS):
+        for name in params:
+            numel, k = params[name].numel(), reference.count(ratio, params[name].numel())
+            sent = []
+            for rank in range(size):
+                grad = ranks[rank][config]["grads"][step][name].reshape(-1)
+                if dgc:
+                    dense, (residuals[rank][name], momenta[rank][name]) = simulation.dgc(
+                        grad, (residuals[rank][name], momenta[rank][name]), ratio, name, step)
+                else:
+                    dense, new = simulation.METHODS[METHOD[method]](
+                        grad, residuals[rank][name] if error_feedback else None, ratio, name, step, 7)
+                    if error_feedback:
+                        residuals[rank][name] = new
+                sent.append(dense)
+            if exchange == "spardl":
+                selections = [(d[d != 0], d.nonzero().reshape(-1)) for d in sent]
+                total, _ = simulation.spardl(selections, [r[name] if error_feedback else None for r in residuals],
+                                             k, numel)
+            elif exchange == "allgather":
+                total = sum(sent)
+            else:  # dense
+                total = sum(ranks[rank][config]["grads"][step][name].reshape(-1) for rank in range(size))
+            params[name] = params[name] - LR * (total * scale)
+        history.append({n: p.clone() for n, p in params.items()})
+    return history, residuals
+
+
+@pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"np{n}")
+def run(request, tmp_path_factory):
+    size = request.param
+    out = tmp_path_factory.mktemp(f"spardl_np{size}")
+    horovodrun(size, "torch_spardl.py", "--out", out, "--steps", STEPS, "--lr", LR, timeout=600)
+    return [torch.load(out / f"rank{r}.pt") for r in range(size)]
+
+
+def _auto_exchange(size, numel, k):
+    return _cost.choose(numel, k, 4, 4, size, SLOW)[0]
+
+
+CASES = {
+    "topk_0.1_spardl": ("topk", 0.1, "spardl", {}),
+    "topk_1.0_spardl": ("topk", 1.0, "spardl", {}),
+    "threshold_0.1_spardl": ("threshold", 0.1, "spardl", {}),
+    "rtopk_0.1_spardl": ("rtopk", 0.1, "spardl", {}),
+    "dgc_0.1_spardl": ("dgc", 0.1, "spardl", {"dgc": True}),
+    "topk_0.1_no_feedback_spardl": ("topk", 0.1, "spardl", {"error_feedback": False}),
+    "topk_0.1_allgather": ("topk", 0.1, "allgather", {}),
+}
+
+
+def _check(ranks, config, history):
+    for rank, recorded in enumerate(ranks):
+        for step in range(STEPS):
+            for name, want in history[step].items():
+                got = recorded[config]["params"][step][name].reshape(-1)
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6,
+                                           msg=lambda m: f"{config} rank {rank} step {step} {name}: {m}")
+                assert torch.equal(got, ranks[0][config]["params"][step][name].reshape(-1)), (config, rank, step)
+
+
+@pytest.mark.parametrize("config", list(CASES))
+def test_every_rank_equals_the_replay(run, config):
+    method, ratio, exchange, options = CASES[config]
+    history, residuals = replay(run, config, method, ratio, exchange, **options)
+    _check(run, config, history)
+    if options.get("error_feedback", True) and not options.get("dgc"):
+        for rank, recorded in enumerate(run):  # global residual collection: each rank's dropped values
+            for name, residual in recorded[config]["residuals"].items():
+                torch.testing.assert_close(residual, residuals[rank][name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", ["topk_0.1_spardl", "threshold_0.1_spardl"])
+def test_conservation_total_gradient_is_update_times_n_plus_residuals(run, config):
+    """sum of every rank's gradients == N * (sum of the averaged updates) + sum of all residuals."""
+    size = len(run)
+    initial = {n: p.detach().reshape(-1) for n, p in common.torch_model().named_parameters()}
+    for name, start in initial.items():
+        grads = sum(r[config]["grads"][step][name].reshape(-1) for r in run for step in range(STEPS))
+        applied = (start - run[0][config]["params"][-1][name].reshape(-1)) / LR
+        residuals = sum(r[config]["residuals"][name] for r in run)
+        torch.testing.assert_close(applied * size + residuals, grads, rtol=1e-4, atol=1e-5)
+
+
+def test_ratio_one_spardl_equals_dense(run):
+    tol = dict(rtol=0, atol=0) if len(run) == 2 else dict(rtol=1e-6, atol=1e-7)  # 3+ ranks: Gloo's sum order
+    for step in range(STEPS):
+        for name, dense in run[0]["dense"]["params"][step].items():
+            torch.testing.assert_close(run[0]["topk_1.0_spardl"]["params"][step][name], dense, **tol)
+
+
+def test_bytes_per_rank_stay_order_k_with_spardl_and_grow_with_allgather(run):
+    size = len(run)
+    lines = []
+    for name, per in run[0]["topk_0.1_spardl"]["stats"]["tensors"].items():
+        k = reference.count(0.1, per["numel"])
+        spardl = max(r["topk_0.1_spardl"]["stats"]["tensors"][name]["received_bytes"] for r in run) / STEPS
+        allgather = run[0]["topk_0.1_allgather"]["stats"]["tensors"][name]["received_bytes"] / STEPS
+        lines.append(f"N={size} {name:9s} k={k:4d}: received per rank per step: spardl {spardl:7.0f} B "
+                     f"({spardl / (8 * k):.2f} x 8k), allgather {allgather:7.0f} B ({allgather / (8 * k):.2f} x 8k)")
+        assert spardl <= 2 * (size - 1) * 8 * -(-k // size)  # at most ceil(k/N) pairs from each rank, twice
+        assert allgather == (size - 1) * 8 * k
+    print("\n" + "\n".join(lines))
+
+
+def test_auto_goes_dense_where_sparse_costs_more(run):
+    """By construction: on FAST (packing costs more than the bytes saved) every tensor goes dense
+    and training equals dense; on SLOW each tensor gets the exchange the model predicts."""
+    size = len(run)
+    fast = run[0]["topk_0.1_auto_fast"]
+    assert {t["exchange"] for t in fast["stats"]["tensors"].values()} == {"dense"}
+    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)  # 3+ ranks: Gloo's sum order varies
+    for step in range(STEPS):
+        for name, dense in run[0]["dense"]["params"][step].items():
+            torch.testing.assert_close(fast["params"][step][name], dense, **tol)
+    slow = run[0]["topk_0.1_auto_slow"]["stats"]["tensors"]
+    for name, per in slow.items():
+        assert per["exchange"] == _auto_exchange(size, per["numel"], reference.count(0.1, per["numel"]))
+        assert set(per["predicted_seconds"]) == {"dense", "allgather", "spardl"}
+    if size >= 3:  # spardl receives less than allgather from 3 ranks on
+        assert slow["0.weight"]["exchange"] == "spardl"
+
+
+@pytest.mark.parametrize("size", [2, 4, 8, 16, 64])
+def test_simulated_bytes_for_many_ranks(size):
+    """The replay's byte count for N ranks each selecting k of 100,000 (random coordinates):
+    SparDL's bytes per rank stay near 2 x 8k while allgather's are (N-1) x 8k."""
+    numel, k = 100_000, 1000
+    gen = torch.Generator().manual_seed(size)
+    selections = []
+    for _ in range(size):
+        index = torch.randperm(numel, generator=gen)[:k].sort().values
+        selections.append((torch.randn(k, generator=gen), index))
+    _, received = simulation.spardl(selections, [torch.zeros(numel) for _ in range(size)], k, numel)
+    allgather = (size - 1) * 8 * k
+    print(f"N={size:2d}: received per rank: spardl max {max(received):6d} B ({max(received) / (8 * k):.2f} x 8k), "
+          f"allgather {allgather:7d} B ({allgather / (8 * k):.0f} x 8k)")
+    assert max(received) <= 2 * (size - 1) * 8 * -(-k // size) <= 2.2 * 8 * k
