@@ -4,11 +4,11 @@ A latency-bandwidth (alpha-beta) model of the three exchanges for one tensor of 
 elements on N ranks, each rank sending k elements:
 
   dense      ring allreduce:  2 (N-1) alpha + 2 (N-1)/N * numel * size * beta
-  allgather  values + indices: 2 (N-1) alpha + (N-1) * k * (value_size + 4) * beta
-             (two gathers; each rank receives every other rank's k pairs)
+  allgather  values + indices:   (N-1) alpha + (N-1) * k * (value_size + 4) * beta
+             (two gathers side by side; each rank receives every other rank's k pairs)
   spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) pairs of 8 bytes to each
              rank) + sparse all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
-             2 (N-1) alpha + 2 (N-1) * ceil(k/N) * 8 * beta
+             2 (N-1) alpha + 2 (N-1) * ceil(k/N) * 8 * beta   (the gather waits for the alltoall)
 
 plus, for the sparse ones, the local work of packing and unpacking: about `PACK_COPIES`
 copies of the dense tensor at the machine's copy bandwidth. beta is seconds per byte
@@ -50,7 +50,7 @@ def costs(numel, k, size, value_size, ranks, network):
     per_rank = math.ceil(k / n)
     return {
         "dense": 2 * (n - 1) * alpha + 2 * (n - 1) / n * numel * size * beta,
-        "allgather": local + 2 * (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
+        "allgather": local + (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
         "spardl": local + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * 8 * beta,
     }
 

@@ -20,10 +20,10 @@ METHODS = {
     "dense, momentum 0.9": lambda model: hvd.Compression.none,  # the fair baseline for DGC
     "RandomBlock 10%": lambda model: RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters()),
     "RandomBlock 1%": lambda model: RandomBlock(ratio=0.01, seed=1, named_parameters=model.named_parameters()),
-    "TopK 1%": lambda model: TopK(ratio=0.01, named_parameters=model.named_parameters()),
-    "Threshold 1%": lambda model: Threshold(ratio=0.01, named_parameters=model.named_parameters()),
+    "TopK 1%": lambda model: TopK(exchange="allgather", ratio=0.01, named_parameters=model.named_parameters()),
+    "Threshold 1%": lambda model: Threshold(exchange="allgather", ratio=0.01, named_parameters=model.named_parameters()),
     # DGC's momentum replaces the optimizer's (plain SGD here); warm-up over the first 4 epochs.
-    "DGC 1%": lambda model: DGC(ratio=0.01, momentum=0.9, warmup_steps=88, named_parameters=model.named_parameters()),
+    "DGC 1%": lambda model: DGC(exchange="allgather", ratio=0.01, momentum=0.9, warmup_steps=88, named_parameters=model.named_parameters()),
 }
 
 

@@ -16,7 +16,7 @@ from typing import Iterable, Optional
 
 import tensorflow as tf
 
-from .. import _settings
+from .. import _cost, _settings
 from . import exchange, ops
 from .state import VariableBinding, VariableState
 
@@ -81,7 +81,7 @@ class _BoundCompressor(tf.Module):
     def settings(self) -> str:
         """The settings every rank must share, as text (compared across ranks on the first compress)."""
         public = {k: v for k, v in sorted(vars(self).items())
-                  if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None)))}
+                  if not k.startswith("_") and isinstance(v, (bool, int, float, str, tuple, type(None), _cost.Network))}
         return f"{self._name}({', '.join(f'{k}={v!r}' for k, v in public.items())})"
 
     def _check_settings_across_ranks(self):
@@ -111,7 +111,7 @@ class _BoundCompressor(tf.Module):
                 or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense)
                 or self._sparse_is_larger(shape.num_elements(), None))
 
-    def _sparse_is_larger(self, numel, dtype, density=None):
+    def _sparse_is_larger(self, numel, dtype, density=None, name=None):
         """Shared-coordinate methods never send more than dense; the gathering ones override this."""
         return False
 
@@ -129,9 +129,12 @@ class _BoundCompressor(tf.Module):
         if not self._settings_checked:
             self._check_settings_across_ranks()
         tensor = tf.convert_to_tensor(tensor)
-        if self._policy_dense(state.variable_name, state.shape) or self._sparse_is_larger(state.numel, state.dtype):
+        dense = self._policy_dense(state.variable_name, state.shape)
+        if dense or self._sparse_is_larger(state.numel, state.dtype, name=state.variable_name):
             dense = exchange.to_wire(self._dense(tensor, state))  # bfloat16 is summed as float32
-            dense = self._counted(state, dense, state.numel, state.numel * dense.dtype.size)
+            ranks = self._ranks()
+            size = state.numel * dense.dtype.size
+            dense = self._counted(state, dense, state.numel, size, int(2 * (ranks - 1) / ranks * size))
             return dense, (None if dense.dtype == tensor.dtype else tensor.dtype)
         return self._compress(tensor, state)
 
@@ -157,10 +160,11 @@ class _BoundCompressor(tf.Module):
                             f"{getattr(dtype, 'name', type(tensor).__name__)}")
         return self.state[self._binding.attribute(tensor)]
 
-    def _counted(self, state, tensor, sent_elements, sent_bytes, *more):
-        """Updates the stats counters and the step; returns `tensor` (and `more`) once they ran."""
+    def _counted(self, state, tensor, sent_elements, sent_bytes, received_bytes=0, *more):
+        """Updates the stats counters; returns `tensor` (and `more`) once they ran."""
         updates = [state.calls.assign_add(1), state.sent_elements.assign_add(tf.cast(sent_elements, tf.int64)),
-                   state.sent_bytes.assign_add(tf.cast(sent_bytes, tf.int64))]
+                   state.sent_bytes.assign_add(tf.cast(sent_bytes, tf.int64)),
+                   state.received_bytes.assign_add(tf.cast(received_bytes, tf.int64))]
         with tf.control_dependencies(updates):
             if more:
                 return (tf.identity(tensor),) + tuple(tf.identity(t) for t in more)
@@ -179,7 +183,8 @@ class _BoundCompressor(tf.Module):
         return state.residual.read_value() if state.residual is not None else None
 
     def _ranks(self):
-        return (self._process_set or exchange._hvd().global_process_set).size()
+        hvd = exchange._hvd()
+        return (self._process_set or hvd.global_process_set).size() if hvd.is_initialized() else 1
 
     # -- state and stats --------------------------------------------------------------------
 
@@ -194,48 +199,95 @@ class _BoundCompressor(tf.Module):
             tensors[state.variable_name] = {
                 "calls": calls, "numel": state.numel, "sent_elements": sent,
                 "dense_bytes": calls * state.numel * state.dtype.size, "sent_bytes": int(state.sent_bytes.numpy()),
-                "density": sent / (calls * state.numel) if calls and state.numel else 1.0}
-        totals = {key: sum(t[key] for t in tensors.values()) for key in ("calls", "dense_bytes", "sent_bytes")}
+                "received_bytes": int(state.received_bytes.numpy()),
+                "density": sent / (calls * state.numel) if calls and state.numel else 1.0,
+                **{k: v for k, v in getattr(self, "_choices", {}).get(state.variable_name, {}).items() if k != "key"}}
+        totals = {key: sum(t[key] for t in tensors.values())
+                  for key in ("calls", "dense_bytes", "sent_bytes", "received_bytes")}
         return dict(totals, tensors=tensors)
 
 
 class _Gathering(_BoundCompressor):
-    """Per-rank coordinates: values and int32 indices by allgather, inside compress. With
-    ``dense_fallback`` (default), a variable whose sparse payload (k values + k indices)
-    would not be smaller than dense goes dense."""
+    """Per-rank coordinates, exchanged inside compress: ``exchange="allgather"`` (values and
+    int32 indices of every rank), ``"spardl"`` (sparse reduce-scatter + all-gather) or
+    ``"auto"`` (default: per tensor, the cheapest of dense, allgather and SparDL by the cost
+    model of sparsecomm._cost, on ``network`` or the one measured on the first compress), as
+    in sparsecomm.torch. With ``dense_fallback`` (default), a variable whose sparse payload
+    (k values + k indices) would not be smaller than dense goes dense."""
 
-    def __init__(self, variables, process_set, dense_fallback, **policy):
+    EXCHANGES = ("auto", "allgather", "spardl")
+
+    def __init__(self, variables, process_set, dense_fallback, exchange_="auto", network=None, **policy):
         super().__init__(variables, process_set, **policy)
         self.dense_fallback = _settings.check_flag(self._name, "dense_fallback", dense_fallback)
+        if exchange_ not in self.EXCHANGES:
+            raise ValueError(f"{self._name}: exchange should be one of 'auto', 'allgather', 'spardl', got {exchange_!r}")
+        if network is not None and not isinstance(network, _cost.Network):
+            raise TypeError(f"{self._name}: network should be None (measured) or a sparsecomm.Network, got "
+                            f"{type(network).__name__}")
+        self.exchange, self.network = exchange_, network
+        self._choices = {}
 
-    def _sparse_is_larger(self, numel, dtype, density=None):
-        if not self.dense_fallback or dtype is None:
+    def _value_bytes(self, dtype):
+        return tf.as_dtype(dtype).size
+
+    def _allowed(self):
+        return _cost.EXCHANGES
+
+    def _sparse_is_larger(self, numel, dtype, density=None, name=None):
+        if dtype is None:
             return False
         size = tf.as_dtype(dtype).size
         k = _settings.selected_count(self.ratio if density is None else density, numel)
-        return k * (size + 4) >= numel * size
+        if self.dense_fallback and k * (size + 4) >= numel * size:
+            return True
+        return self._exchange_for(numel, dtype, k, name) == "dense"
+
+    def _exchange_for(self, numel, dtype, k, name=None):
+        """The exchange at k: the fixed one, or the cost model's choice (at trace time; the
+        network is measured eagerly on first need, the same on every rank)."""
+        if self.exchange != "auto":
+            return self.exchange
+        ranks = self._ranks()
+        if ranks == 1:
+            return "allgather"
+        if self.network is None:
+            with tf.init_scope():
+                self.network = exchange.measure_network(self._process_set or exchange._hvd().global_process_set)
+        size = tf.as_dtype(dtype).size
+        choice, predicted = _cost.choose(numel, k, size, self._value_bytes(dtype), ranks, self.network,
+                                         self._allowed())
+        if name is not None:
+            self._choices[name] = {"exchange": choice, "predicted_seconds": predicted}
+        return choice
 
     def _gathered(self, tensor, state, values, index, residual=None, momentum=None, bits=None):
-        """Starts the allgathers of one packed tensor; returns (placeholder, decompress)."""
+        """Runs the exchange of one packed tensor; returns (placeholder, decompress)."""
         ranks = self._ranks()
+        summed, residual, count, sent, received = self._exchange(tensor, state, values, index, residual, bits)
         with tf.control_dependencies(self._assign(state, residual, momentum)):
-            summed, count, sent = self._exchange(tensor, state, values, index, bits)
-        placeholder = self._counted(state, exchange.placeholder(state.variable_name), count, sent)
+            placeholder = exchange.placeholder(state.variable_name)
+        placeholder = self._counted(state, placeholder, count, sent, received)
         shape, dtype = tensor.shape, tensor.dtype
         return placeholder, lambda output: exchange.finish(output, summed, shape, dtype, ranks)
 
-    def _exchange(self, tensor, state, values, index, bits=None):
-        """(float32 sum over ranks, elements sent, bytes sent)."""
+    def _exchange(self, tensor, state, values, index, residual, bits=None, density=None):
+        """(float32 sum over ranks, residual after the exchange, elements sent, bytes sent, bytes received)."""
         process_set = self._process_set or exchange._hvd().global_process_set
-        if bits is None:
-            count, sent = _payload(values, index)
-            return exchange.allgather_sum(values, index, state.numel, tensor.dtype, state.variable_name,
-                                          process_set), count, sent
-        codes, scales = values
-        count = tf.cast(tf.size(index), tf.int64)
-        sent = tf.cast(tf.size(codes), tf.int64) + 4 * (tf.cast(tf.size(scales), tf.int64) + count) + 8
-        return exchange.allgather_sum_quantized(codes, scales, index, bits, state.numel, tensor.dtype,
-                                                state.variable_name, process_set), count, sent
+        if bits is not None:
+            codes, scales = values
+            count = tf.cast(tf.size(index), tf.int64)
+            sent = tf.cast(tf.size(codes), tf.int64) + 4 * (tf.cast(tf.size(scales), tf.int64) + count) + 8
+            summed = exchange.allgather_sum_quantized(codes, scales, index, bits, state.numel, tensor.dtype,
+                                                      state.variable_name, process_set)
+            return summed, residual, count, sent, (process_set.size() - 1) * sent
+        k = _settings.selected_count(self.ratio if density is None else density, state.numel)
+        if self._exchange_for(state.numel, tensor.dtype, k, state.variable_name) == "spardl":
+            return exchange.spardl_sum(values, index, residual, k, state.numel, state.variable_name, process_set)
+        count, sent = _payload(values, index)
+        summed, received = exchange.allgather_sum(values, index, state.numel, tensor.dtype, state.variable_name,
+                                                  process_set)
+        return summed, residual, count, sent, received
 
 
 class _SharedSeed(_BoundCompressor):
@@ -291,8 +343,8 @@ class TopK(_Gathering):
     indices by allgather)."""
 
     def __init__(self, ratio: float, variables=None, error_feedback: bool = True, process_set=None,
-                 dense_fallback: bool = True, **policy):
-        super().__init__(variables, process_set, dense_fallback, **policy)
+                 dense_fallback: bool = True, exchange: str = "auto", network=None, **policy):
+        super().__init__(variables, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
         self._bind()
@@ -308,8 +360,8 @@ class RTopK(_Gathering):
     """rTop-k (Barnes et al. 2020) with error feedback: sparsecomm.torch.RTopK for TensorFlow."""
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, variables=None, error_feedback: bool = True,
-                 process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(variables, process_set, dense_fallback, **policy)
+                 process_set=None, dense_fallback: bool = True, exchange: str = "auto", network=None, **policy):
+        super().__init__(variables, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
         if self.r < self.ratio:
@@ -334,8 +386,9 @@ class Threshold(_Gathering):
     QUANTIZE = {None: None, "fp16": tf.float16, "bf16": tf.bfloat16, "1bit": 1, "2bit": 2}
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, variables=None,
-                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(variables, process_set, dense_fallback, **policy)
+                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
+                 network=None, **policy):
+        super().__init__(variables, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.sample_ratio = _settings.check_ratio(self._name, sample_ratio, "sample_ratio")
         self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
@@ -343,7 +396,19 @@ class Threshold(_Gathering):
             raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', '1bit', '2bit', "
                              f"got {quantize!r}")
         self.quantize = quantize
+        if quantize in ("1bit", "2bit") and self.exchange == "spardl":
+            raise ValueError(f"{self._name}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
+                             f"use exchange='allgather' (or 'auto') with quantize={quantize!r}")
         self._bind()
+
+    def _allowed(self):
+        return ("dense", "allgather") if self.quantize in ("1bit", "2bit") else _cost.EXCHANGES
+
+    def _value_bytes(self, dtype):
+        kind = self.QUANTIZE[self.quantize]
+        if isinstance(kind, int):
+            return kind / 8
+        return tf.as_dtype(dtype).size if kind is None else 2
 
     def _compress(self, tensor, state):
         kind = self.QUANTIZE[self.quantize]
@@ -362,8 +427,9 @@ class DGC(_Gathering):
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
-                 sample_ratio: float = 0.01, variables=None, process_set=None, dense_fallback: bool = True, **policy):
-        super().__init__(variables, process_set, dense_fallback, **policy)
+                 sample_ratio: float = 0.01, variables=None, process_set=None, dense_fallback: bool = True,
+                 exchange: str = "auto", network=None, **policy):
+        super().__init__(variables, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.sample_ratio = _settings.check_ratio(self._name, sample_ratio, "sample_ratio")
         self.error_feedback = True
@@ -431,24 +497,27 @@ class DGC(_Gathering):
                     summed = exchange.allreduce_sum(tf.cast(momentum, tensor.dtype), state.variable_name,
                                                     self._process_set or exchange._hvd().global_process_set)
                     count = tf.constant(state.numel, tf.int64)
-                    return (summed, state.residual.read_value(), momentum, count,
-                            count * exchange.wire_bytes(tensor.dtype))
+                    size = count * exchange.wire_bytes(tensor.dtype)
+                    ranks = self._ranks()
+                    return (summed, state.residual.read_value(), momentum, count, size,
+                            tf.cast(2 * (ranks - 1) * size // ranks, tf.int64))
                 values, index, residual, momentum = ops.pack_sampled(
                     grad, state.residual.read_value(), density, momentum=state.momentum.read_value(),
                     momentum_factor=self.momentum, masking=self.momentum_masking, sample_ratio=self.sample_ratio,
                     tensor_id=state.tensor_id, step=state.step)
-                summed, count, sent = self._exchange(tensor, state, values, index)
-                return summed, residual, momentum, count, sent
+                summed, residual, count, sent, received = self._exchange(tensor, state, values, index, residual,
+                                                                         density=density)
+                return summed, residual, momentum, count, sent, received
             return run
 
         if len(densities) == 1:
-            summed, residual, momentum, count, sent = stage(densities[0])()
+            summed, residual, momentum, count, sent, received = stage(densities[0])()
         else:
             index = tf.minimum(state.step * self.warmup_stages // self.warmup_steps, self.warmup_stages)
-            summed, residual, momentum, count, sent = tf.switch_case(tf.cast(index, tf.int32),
-                                                                     [stage(d) for d in densities])
+            summed, residual, momentum, count, sent, received = tf.switch_case(tf.cast(index, tf.int32),
+                                                                               [stage(d) for d in densities])
         with tf.control_dependencies(self._assign(state, residual, momentum)):
             placeholder = exchange.placeholder(state.variable_name)
-        placeholder = self._counted(state, placeholder, count, sent)
+        placeholder = self._counted(state, placeholder, count, sent, received)
         ranks, shape, dtype = self._ranks(), tensor.shape, tensor.dtype
         return placeholder, lambda output: exchange.finish(output, summed, shape, dtype, ranks)

@@ -41,8 +41,8 @@ def placeholder(name):
 
 
 def allgather_sum(values, index, numel, dtype, name, process_set):
-    """Sum over the process set's ranks of each rank's values at its indices, as a float32
-    dense tensor of `numel` elements. Values are cast to the gradient's dtype first (they may
+    """(Sum over the process set's ranks of each rank's values at its indices, as a float32
+    dense tensor of `numel` elements; bytes received). Values are cast to the gradient's dtype first (they may
     travel in 16 bits), as the torch exchange does."""
     hvd = _hvd()
     bits16 = values.dtype == tf.bfloat16
@@ -50,8 +50,9 @@ def allgather_sum(values, index, numel, dtype, name, process_set):
     gathered = hvd.allgather(wire, name=collective_name(name, "values"), process_set=process_set)
     index = hvd.allgather(index, name=collective_name(name, "index"), process_set=process_set)
     gathered = tf.bitcast(gathered, tf.bfloat16) if bits16 else gathered
+    received = tf.cast(tf.size(index) - tf.size(values), tf.int64) * (values.dtype.size + 4)
     gathered = tf.cast(tf.cast(gathered, dtype), tf.float32)
-    return ops.sparse_unpack(gathered, index, numel)
+    return ops.sparse_unpack(gathered, index, numel), received
 
 
 def allgather_sum_quantized(codes, scales, index, bits, numel, dtype, name, process_set):
@@ -86,3 +87,93 @@ def finish(output, summed, shape, dtype, ranks):
     (Sum, then one multiplication, then one rounding: the torch sparse_unpack's arithmetic.)"""
     scale = tf.reshape(output, [-1])[0] / float(ranks)
     return tf.reshape(tf.cast(summed * scale, dtype), shape)
+
+
+# --- SparDL: the torch exchange's mirror (sparsecomm/torch/exchange.py explains it) --------
+
+def _pairs(values, index):
+    return tf.stack([tf.bitcast(tf.cast(values, tf.float32), tf.int32), index], 1)
+
+
+def _unpair(rows):
+    rows = tf.reshape(rows, [-1, 2])
+    return tf.bitcast(rows[:, 0], tf.float32), rows[:, 1]
+
+
+def _keep_largest(values, index, k, residual):
+    """(kept values, kept index, residual): the k of largest |value| (ties: lower index), in
+    index order; the others are added to the residual (when given)."""
+    kept_values, kept_index = ops.select_top(values, index, k)
+    if residual is not None:
+        position = tf.searchsorted(kept_index, index)
+        found = tf.gather(kept_index, tf.minimum(position, tf.maximum(tf.size(kept_index) - 1, 0)))
+        dropped = tf.logical_not((position < tf.size(kept_index)) & tf.equal(found, index))
+        residual = tf.tensor_scatter_nd_add(residual, tf.expand_dims(tf.boolean_mask(index, dropped), 1),
+                                            tf.boolean_mask(values, dropped))
+    return kept_values, kept_index, residual
+
+
+def spardl_sum(values, index, residual, k, numel, name, process_set):
+    """The SparDL exchange of one tensor, in the graph: (float32 sum over the ranks, the
+    residual with this rank's dropped values added, pairs sent, bytes sent, bytes received)."""
+    hvd = _hvd()
+    ranks, rank = process_set.size(), process_set.rank()
+    block, per_rank = -(-numel // ranks), max(1, -(-k // ranks))
+    values = tf.cast(values, tf.float32)
+    bounds = tf.searchsorted(index, tf.constant([min(b * block, 2**31 - 1) for b in range(ranks + 1)], tf.int32))
+    rows, splits = [], []
+    for b in range(ranks):
+        v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
+        if b == rank:
+            own = (v, i)
+            splits.append(tf.constant(0, tf.int32))
+            continue
+        v, i, residual = _keep_largest(v, i, per_rank, residual)
+        rows.append(_pairs(v, i))
+        splits.append(tf.size(i))
+    payload = tf.concat(rows, 0) if rows else tf.zeros([0, 2], tf.int32)
+    received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits), name=collective_name(name, "scatter"),
+                                             process_set=process_set)
+    parts = tf.split(tf.reshape(received, [-1, 2]), received_splits, num=ranks)
+    parts[rank] = _pairs(*own)
+    values, index = _unpair(tf.concat(parts, 0))
+    low = rank * block
+    size = max(0, min(block, numel - low))
+    sums = ops.sparse_unpack(values, index - low, size)  # float32, added in rank order
+    owned = tf.sort(tf.unique(index)[0])
+    reduced, owned, residual = _keep_largest(tf.gather(sums, owned - low), owned, per_rank, residual)
+    final = _pairs(reduced, owned)
+    gathered = hvd.allgather(final, name=collective_name(name, "gather"), process_set=process_set)
+    values, index = _unpair(gathered)
+    sent_pairs = tf.cast(tf.shape(payload)[0] + tf.shape(final)[0], tf.int64)
+    received_pairs = tf.cast(tf.shape(received)[0] + tf.shape(gathered)[0] - tf.shape(final)[0], tf.int64)
+    return ops.sparse_unpack(values, index, numel), residual, sent_pairs, 8 * sent_pairs, 8 * received_pairs
+
+
+def measure_network(process_set):
+    """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
+    import time
+
+    from .._cost import Network
+    hvd = _hvd()
+    ranks = process_set.size()
+
+    def seconds(fn, repeats):
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - started)
+        return sorted(times)[len(times) // 2]
+
+    small, big = tf.zeros([1]), tf.zeros([1 << 20])
+    counter = iter(range(1 << 30))
+    reduce = lambda t: hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set).numpy()  # noqa: E731
+    reduce(small)
+    t_small, t_big = seconds(lambda: reduce(small), 5), seconds(lambda: reduce(big), 3)
+    t_copy = seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
+    latency = t_small / (2 * max(ranks - 1, 1))
+    bandwidth = (2 * (ranks - 1) / ranks * (1 << 22)) / max(t_big - t_small, 1e-9)
+    mean = hvd.allreduce(tf.constant([latency, bandwidth, (1 << 22) / max(t_copy, 1e-9)], tf.float64),
+                         op=hvd.Average, name="sparsecomm.measure.mean", process_set=process_set).numpy()
+    return Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))

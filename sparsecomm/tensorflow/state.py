@@ -35,7 +35,7 @@ class VariableState(tf.Module):
         numel = shape.num_elements()
         counter = lambda: tf.Variable(0, dtype=tf.int64, trainable=False)  # noqa: E731
         self.step = counter()
-        self.calls, self.sent_elements, self.sent_bytes = counter(), counter(), counter()
+        self.calls, self.sent_elements, self.sent_bytes, self.received_bytes = counter(), counter(), counter(), counter()
         self.residual = tf.Variable(tf.zeros([numel]), trainable=False) if residual else None
         self.momentum = tf.Variable(tf.zeros([numel]), trainable=False) if momentum else None
 

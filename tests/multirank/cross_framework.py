@@ -20,13 +20,17 @@ TENSORS = {"a.weight": ((40, 50), "float32"), "b.weight": ((300,), "float16"), "
 CONFIGS = {
     "random_block": ("RandomBlock", dict(ratio=0.1, seed=3)),
     "randomk": ("RandomK", dict(ratio=0.1, seed=3)),
-    "topk": ("TopK", dict(ratio=0.05)),
-    "rtopk": ("RTopK", dict(ratio=0.05, r=0.2, seed=3)),
-    "threshold": ("Threshold", dict(ratio=0.05)),
-    "threshold_bf16": ("Threshold", dict(ratio=0.05, quantize="bf16")),
-    "threshold_2bit": ("Threshold", dict(ratio=0.05, quantize="2bit")),
-    "dgc_warmup": ("DGC", dict(ratio=0.05, warmup_steps=2, warmup_stages=1)),
-    "dgc_policy": ("DGC", dict(ratio=0.05, policy=True)),
+    "topk": ("TopK", dict(exchange="allgather", ratio=0.05)),
+    "rtopk": ("RTopK", dict(exchange="allgather", ratio=0.05, r=0.2, seed=3)),
+    "threshold": ("Threshold", dict(exchange="allgather", ratio=0.05)),
+    "threshold_bf16": ("Threshold", dict(exchange="allgather", ratio=0.05, quantize="bf16")),
+    "threshold_2bit": ("Threshold", dict(exchange="allgather", ratio=0.05, quantize="2bit")),
+    "dgc_warmup": ("DGC", dict(exchange="allgather", ratio=0.05, warmup_steps=2, warmup_stages=1)),
+    "dgc_policy": ("DGC", dict(exchange="allgather", ratio=0.05, policy=True)),
+    "topk_spardl": ("TopK", dict(exchange="spardl", ratio=0.05)),
+    "rtopk_spardl": ("RTopK", dict(exchange="spardl", ratio=0.05, r=0.2, seed=3)),
+    "threshold_spardl": ("Threshold", dict(exchange="spardl", ratio=0.05)),
+    "dgc_spardl": ("DGC", dict(exchange="spardl", ratio=0.05, warmup_steps=2, warmup_stages=1)),
 }
 
 

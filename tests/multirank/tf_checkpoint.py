@@ -19,9 +19,9 @@ args = parser.parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 CONFIGS = {
-    "dgc": lambda v: DGC(ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2, variables=v, **EVERY),
+    "dgc": lambda v: DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2, variables=v, **EVERY),
     "random_block": lambda v: RandomBlock(ratio=0.1, seed=5, variables=v, **EVERY),
-    "threshold_2bit": lambda v: Threshold(ratio=0.1, quantize="2bit", variables=v, **EVERY),
+    "threshold_2bit": lambda v: Threshold(exchange="allgather", ratio=0.1, quantize="2bit", variables=v, **EVERY),
 }
 
 

@@ -45,7 +45,7 @@ def model_and_optimizer(method):
     if method == "dense":
         compression, optimizer = None, keras.optimizers.SGD(0.05, momentum=0.9)
     else:  # DGC keeps the momentum itself: plain SGD
-        compression = sctf.DGC(ratio=0.01, momentum=0.9, warmup_steps=40, variables=model.trainable_variables)
+        compression = sctf.DGC(ratio=0.01, exchange="allgather", momentum=0.9, warmup_steps=40, variables=model.trainable_variables)
         optimizer = keras.optimizers.SGD(0.05)
     if args.keras == "legacy":
         optimizer = hvd_keras.DistributedOptimizer(optimizer, compression=compression or hvd.Compression.none)

@@ -8,7 +8,7 @@ from sparsecomm.tensorflow import TopK
 hvd.init()
 for ratio in (0.1, 0.1 if hvd.rank() == 0 else 0.2):
     w = tf.Variable(tf.ones([64, 32]))
-    compression = TopK(ratio=ratio, variables=[w])
+    compression = TopK(exchange="allgather", ratio=ratio, variables=[w])
 
     @tf.function
     def step():

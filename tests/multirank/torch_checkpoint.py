@@ -19,7 +19,7 @@ hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
 CONFIGS = {
-    "dgc": lambda model: DGC(ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2,
+    "dgc": lambda model: DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2,
                              named_parameters=model.named_parameters(), **EVERY),
     "random_block": lambda model: RandomBlock(ratio=0.1, seed=5, named_parameters=model.named_parameters(), **EVERY),
 }

@@ -17,12 +17,12 @@ args = parser.parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 CONFIGS = {
-    "TopK": lambda m: TopK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
-    "RTopK": lambda m: RTopK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
-    "Threshold": lambda m: Threshold(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
-    "Threshold_fp16": lambda m: Threshold(ratio=0.05, quantize="fp16", named_parameters=m.named_parameters(), **EVERY),
-    "Threshold_2bit": lambda m: Threshold(ratio=0.05, quantize="2bit", named_parameters=m.named_parameters(), **EVERY),
-    "DGC_no_momentum": lambda m: DGC(ratio=0.05, momentum=0.0, named_parameters=m.named_parameters(), **EVERY),
+    "TopK": lambda m: TopK(exchange="allgather", ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "RTopK": lambda m: RTopK(exchange="allgather", ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "Threshold": lambda m: Threshold(exchange="allgather", ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
+    "Threshold_fp16": lambda m: Threshold(exchange="allgather", ratio=0.05, quantize="fp16", named_parameters=m.named_parameters(), **EVERY),
+    "Threshold_2bit": lambda m: Threshold(exchange="allgather", ratio=0.05, quantize="2bit", named_parameters=m.named_parameters(), **EVERY),
+    "DGC_no_momentum": lambda m: DGC(exchange="allgather", ratio=0.05, momentum=0.0, named_parameters=m.named_parameters(), **EVERY),
     "RandomK": lambda m: RandomK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
     "RandomBlock": lambda m: RandomBlock(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
 }

@@ -20,7 +20,7 @@ args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
-topk = lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
+topk = lambda model: TopK(exchange="allgather", ratio=0.1, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
 block = lambda model: RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
 # name -> (model, compression, optimizer options, passes per step, set_to_none, dtype)
 CONFIGS = {

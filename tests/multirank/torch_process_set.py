@@ -19,7 +19,7 @@ hvd.init(process_sets=[pair])
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
 CONFIGS = {
-    "topk": lambda model: TopK(ratio=0.1, named_parameters=model.named_parameters(), process_set=pair, **EVERY),
+    "topk": lambda model: TopK(exchange="allgather", ratio=0.1, named_parameters=model.named_parameters(), process_set=pair, **EVERY),
     "random_block": lambda model: RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(),
                                               process_set=pair, **EVERY),
 }

@@ -12,7 +12,7 @@ for ratio_of in (lambda rank: 0.1, lambda rank: 0.1 if rank == 0 else 0.2):
     model = common.torch_model()
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(),
-                                   compression=TopK(ratio=ratio_of(hvd.rank()), named_parameters=model.named_parameters()))
+                                   compression=TopK(exchange="allgather", ratio=ratio_of(hvd.rank()), named_parameters=model.named_parameters()))
     idx = common.rows(0, hvd.rank(), hvd.size(), len(y_all))
     try:
         torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])).backward()
