@@ -49,10 +49,17 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
         horovodrun(size, "cross_framework.py", "--out", tmp_path, "--framework", framework)
     for rank in range(size):
         torch_out, tf_out = (dict(np.load(tmp_path / f"{f}_rank{rank}.npz")) for f in ("torch", "tf"))
-        assert set(torch_out) == set(tf_out)
+        # TF creates a residual for every compressed variable up front; torch on first use
+        extra = set(tf_out) - set(torch_out)
+        assert set(torch_out) <= set(tf_out) and all("/residual/" in k and not tf_out[k].any() for k in extra), extra
         assert len(torch_out) > 100
         for key, value in torch_out.items():
+            if "/exchange/" in key:  # the choice of exchange="auto"
+                assert str(value) == str(tf_out[key]), (rank, key, value, tf_out[key])
+                continue
             np.testing.assert_array_equal(value.view(np.int32), tf_out[key].view(np.int32), err_msg=f"rank {rank} {key}")
+        assert str(torch_out["topk_auto_fast/exchange/a.weight"]) == "dense"
+        assert str(torch_out["topk_auto_slow/exchange/a.weight"]) == ("allgather" if size == 2 else "spardl")
 
 
 def test_settings_that_differ_across_ranks_raise_the_same_error_everywhere():

@@ -198,7 +198,7 @@ class _BoundCompressor:
         density (sent elements per call / numel; 1 when dense) and, for the gathering methods,
         the exchange chosen and the cost model's predicted seconds of each."""
         tensors = {name: dict(per, density=per["sent_elements"] / (per["calls"] * per["numel"]) if per["numel"] else 1.0,
-                              **getattr(self, "_choices", {}).get(name, {}))
+                              **{k: v for k, v in getattr(self, "_choices", {}).get(name, {}).items() if k != "key"})
                    for name, per in self._tensor_stats.items()}
         return dict(self._stats, tensors=tensors)
 

@@ -8,6 +8,7 @@ import os
 import numpy as np
 
 import common
+from sparsecomm import Network
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -31,6 +32,9 @@ CONFIGS = {
     "rtopk_spardl": ("RTopK", dict(exchange="spardl", ratio=0.05, r=0.2, seed=3)),
     "threshold_spardl": ("Threshold", dict(exchange="spardl", ratio=0.05)),
     "dgc_spardl": ("DGC", dict(exchange="spardl", ratio=0.05, warmup_steps=2, warmup_stages=1)),
+    # exchange="auto" on given networks: sparse (allgather on 2 ranks, SparDL from 3) and dense
+    "topk_auto_slow": ("TopK", dict(ratio=0.05, network=Network(bandwidth=1e7, latency=1e-6))),
+    "topk_auto_fast": ("TopK", dict(ratio=0.05, network=Network(bandwidth=1e12, latency=0.0, copy_bandwidth=1e8))),
 }
 
 
@@ -56,6 +60,8 @@ def run_torch():
                 p.grad = torch.from_numpy(gradient(name, step, hvd.rank())).to(p.dtype)
                 got = hvd.allreduce(p.grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}")
                 out[f"{config}/{step}/{name}"] = got.float().numpy()
+        for name, per in compressor.stats()["tensors"].items():
+            out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
         for name, state in compressor._states.items():
             for key in ("residual", "momentum"):
                 if getattr(state, key) is not None:
@@ -79,6 +85,8 @@ def run_tf():
                 grad = tf.cast(tf.constant(gradient(name, step, hvd.rank())), v.dtype)
                 got = hvd.allreduce(grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}")
                 out[f"{config}/{step}/{name}"] = tf.cast(got, tf.float32).numpy()
+        for name, per in compressor.stats()["tensors"].items():
+            out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
         for state in compressor.state:
             for key in ("residual", "momentum"):
                 if getattr(state, key) is not None:
