@@ -3,6 +3,8 @@
 #   make build  the compiled extension (torch ops; TF op library when TF is present)
 #   make test   env + build, then the whole suite (single-process and horovodrun multi-rank)
 #   make demo   train a small real model on 2 ranks, dense vs sparsecomm, print a table
+#   make bench  kernels, end-to-end speed on an emulated 1/10 Gbit/s network, convergence on
+#               real data; writes docs/results/ (JSON, PNG) and docs/results.md
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +14,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 CSRC := $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: env build test demo clean distclean
+.PHONY: env build test demo bench clean distclean
 
 env: $(VENV)/.stamp-horovod
 
@@ -48,6 +50,11 @@ test: build
 
 demo: build
 	$(PY) -m sparsecomm.demo
+
+# Shaping the network needs root (ip netns, tc); without it the end-to-end part runs on plain
+# loopback and says so.
+bench: build
+	$(PY) -m sparsecomm.bench all --out docs/results --results-md docs/results.md
 
 clean:
 	rm -rf build *.egg-info sparsecomm/*.so sparsecomm/*/*.so $(VENV)/.stamp-build

@@ -1,40 +1,135 @@
-"""python -m sparsecomm.bench kernels [--json PATH] [--device cpu|cuda] [--dtype float32|float16|bfloat16]"""
+"""python -m sparsecomm.bench {kernels,e2e,convergence,all} ...
+
+  kernels      every kernel against memcpy and torch.topk in the same run
+  e2e          step time under horovodrun on an emulated 1 / 10 Gbit/s network and unshaped
+               loopback, dense vs each method, for a communication- and a compute-heavy model
+  convergence  dense vs each method on real data (digits CNN, character-level LM)
+  all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
+"""
 import argparse
 import json
+import os
 import platform
+import sys
+import time
 
 import torch
 
 from . import kernels
 
 
+def _kernels(args):
+    records = kernels.run(args.device, getattr(torch, args.dtype), args.sizes, args.densities, args.repeats,
+                          _progress("kernels", len(args.sizes) * len(args.densities) * 8,
+                                    lambda r: f"{r['op']} {r['numel']:,}"))
+    print("\n" + kernels.table(records))
+    return records
+
+
+def _progress(what, total, describe):
+    """A progress bar (tqdm) advanced once per record."""
+    from tqdm import tqdm
+    bar = tqdm(total=total, desc=what, unit="run", file=sys.stdout, dynamic_ncols=True)
+
+    def advance(record):
+        bar.set_postfix_str(describe(record)[:60])
+        bar.update(1)
+        if bar.n >= total:
+            bar.close()
+    return advance
+
+
+def _e2e(args):
+    from . import e2e
+    records = []
+    runs = [(ranks, net, model) for model in args.models for ranks in args.ranks for net in args.networks]
+    advance = _progress("e2e", len(runs), lambda r: r)
+    for ranks, net, model in runs:
+        label = f"{model} model, {ranks} ranks, {net or 'unshaped'}"
+        advance_label = label
+        print(f"\n== {label}", flush=True)
+        records += e2e.run_one(ranks, net, model, args.methods, args.warmup, args.steps)
+        advance(advance_label)
+    print("\n" + e2e.table(records))
+    return records
+
+
+def _convergence(args):
+    from . import convergence
+    records = []
+    advance = _progress("convergence", len(args.tasks), lambda r: r)
+    for task in args.tasks:
+        print(f"\n== {task}", flush=True)
+        records += convergence.run(task, args.np, args.methods, args.epochs)
+        advance(task)
+    print("\n" + convergence.table(records))
+    return records
+
+
 def main():
-    parser = argparse.ArgumentParser(prog="python -m sparsecomm.bench")
+    parser = argparse.ArgumentParser(prog="python -m sparsecomm.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernels", help="time every kernel against memcpy and torch.topk in the same run")
-    k.add_argument("--json", help="write one record per measurement here")
-    k.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    k.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    k.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
-    k.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
-    k.add_argument("--repeats", type=int, default=7)
+    e = sub.add_parser("e2e", help="end-to-end step time on emulated networks")
+    c = sub.add_parser("convergence", help="dense vs each method on real data")
+    a = sub.add_parser("all", help="kernels + e2e + convergence, JSON/PNG in --out, docs/results.md")
+    for p in (k, a):
+        p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+        p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+        p.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
+        p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
+        p.add_argument("--repeats", type=int, default=7)
+    for p in (e, a):
+        from .e2e_worker import METHODS
+        p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+        p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
+        p.add_argument("--models", nargs="+", default=["comm", "compute"])
+        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(METHODS))
+        p.add_argument("--warmup", type=int, default=3)
+        p.add_argument("--steps", type=int, default=8)
+    for p in (c, a):
+        p.add_argument("--tasks", nargs="+", default=["digits", "charlm"])
+        p.add_argument("-np", type=int, default=2)
+        p.add_argument("--convergence-methods", dest="conv_methods", nargs="+")
+        p.add_argument("--epochs", type=int)
+    for p in (k, e, c):
+        p.add_argument("--json", help="write the records here")
+    a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
+    a.add_argument("--results-md", default="docs/results.md")
     args = parser.parse_args()
+    if hasattr(args, "networks"):
+        args.networks = [None if n == "unshaped" else n for n in args.networks]
+    if args.command == "convergence":
+        args.methods = args.conv_methods
 
-    total = len(args.sizes) * len(args.densities) * 8
-    done = [0]
-
-    def progress(record):
-        done[0] += 1
-        print(f"\r[{done[0]:>3}/{total}] {record['op']:<40} numel {record['numel']:>12,} "
-              f"density {record['density']:<6} {record['median_ms']:9.3f} ms", end="", flush=True)
-
-    records = kernels.run(args.device, getattr(torch, args.dtype), args.sizes, args.densities, args.repeats, progress)
-    print("\n\n" + kernels.table(records))
+    started = time.time()
+    if args.command == "kernels":
+        records = _kernels(args)
+    elif args.command == "e2e":
+        records = _e2e(args)
+    elif args.command == "convergence":
+        records = _convergence(args)
+    else:
+        from . import report
+        os.makedirs(args.out, exist_ok=True)
+        results = {"machine": report.machine(), "command": " ".join(sys.argv), "kernels": _kernels(args)}
+        results["e2e"] = _e2e(args)
+        args.methods = args.conv_methods
+        results["convergence"] = _convergence(args)
+        results["minutes"] = (time.time() - started) / 60
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        report.speed_figure(results["e2e"], os.path.join(args.out, "e2e_speedup.png"))
+        report.convergence_figure(results["convergence"], os.path.join(args.out, "convergence.png"))
+        report.write_markdown(results, args.out, args.results_md)
+        print(f"\nwrote {args.out}/results.json, {args.out}/e2e_speedup.png, {args.out}/convergence.png and "
+              f"{args.results_md} ({results['minutes']:.1f} min)")
+        return
     if args.json:
-        machine = {"python": platform.python_version(), "torch": torch.__version__, "cpu": platform.processor(),
-                   "threads": torch.get_num_threads()}
         with open(args.json, "w") as f:
-            json.dump({"machine": machine, "records": records}, f, indent=1)
+            json.dump({"machine": {"python": platform.python_version(), "torch": torch.__version__},
+                       "records": records}, f, indent=1)
         print(f"\nwrote {args.json}")
 
 

@@ -240,6 +240,8 @@ class _Gathering(_BoundCompressor):
         size = tf.as_dtype(dtype).size
         k = _settings.selected_count(self.ratio if density is None else density, numel)
         if self.dense_fallback and k * (size + 4) >= numel * size:
+            if name is not None:
+                self._choices[name] = {"exchange": "dense"}
             return True
         return self._exchange_for(numel, dtype, k, name) == "dense"
 
@@ -247,6 +249,8 @@ class _Gathering(_BoundCompressor):
         """The exchange at k: the fixed one, or the cost model's choice (at trace time; the
         network is measured eagerly on first need, the same on every rank)."""
         if self.exchange != "auto":
+            if name is not None:
+                self._choices[name] = {"exchange": self.exchange}
             return self.exchange
         ranks = self._ranks()
         if ranks == 1:

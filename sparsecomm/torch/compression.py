@@ -284,12 +284,14 @@ class _Gathering(_BoundCompressor):
         state = self._states.get(name)
         k = _settings.selected_count(self._density(state.step if state else 0), tensor.numel())
         if self.dense_fallback and k * (tensor.element_size() + 4) >= tensor.numel() * tensor.element_size():
+            self._choices[name] = {"key": None, "exchange": "dense"}
             return True
         return self._exchange_for(name, tensor, k) == "dense"
 
     def _exchange_for(self, name: str, tensor: torch.Tensor, k: int) -> str:
         """The exchange of this tensor at k: the fixed one, or the cost model's choice (cached)."""
         if self.exchange != "auto":
+            self._choices[name] = {"key": None, "exchange": self.exchange}
             return self.exchange
         ranks = self._ranks()
         if ranks == 1:
