@@ -22,9 +22,9 @@ import torch
 
 from sparsecomm.torch import DGC, RandomBlock, RTopK, Threshold, TopK
 
-TASKS = {  # epochs, batch per rank, learning rate, warm-up epochs of DGC
-    "digits": dict(epochs=30, batch=16, lr=0.05, warmup_epochs=4),
-    "charlm": dict(epochs=5, batch=32, lr=0.5, warmup_epochs=1),
+TASKS = {  # epochs, batch per rank, learning rate, warm-up epochs and local clipping of DGC
+    "digits": dict(epochs=30, batch=16, lr=0.05, warmup_epochs=4, clip_norm=None),
+    "charlm": dict(epochs=6, batch=16, lr=0.25, warmup_epochs=1, clip_norm=1.0),
 }
 
 
@@ -37,7 +37,7 @@ def methods(task, steps_per_epoch):
     return {
         "dense": (lambda m: hvd.Compression.none, 0.9),
         "DGC 0.1%": (lambda m: DGC(ratio=0.001, momentum=0.9, warmup_steps=warmup, exchange="allgather",
-                                   **named(m)), 0.0),
+                                   clip_norm=TASKS[task]["clip_norm"], **named(m)), 0.0),
         "Threshold 1%": (lambda m: Threshold(ratio=0.01, exchange="allgather", **named(m)), 0.9),
         "Threshold 1% 2bit": (lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather", **named(m)), 0.9),
         "RTopK 1% of 4%": (lambda m: RTopK(ratio=0.01, seed=1, exchange="allgather", **named(m)), 0.9),
