@@ -113,7 +113,8 @@ def main():
     else:
         from . import report
         os.makedirs(args.out, exist_ok=True)
-        results = {"machine": report.machine(), "command": " ".join(sys.argv), "kernels": _kernels(args)}
+        command = "python -m sparsecomm.bench " + " ".join(sys.argv[1:])
+        results = {"machine": report.machine(), "command": command, "kernels": _kernels(args)}
         results["e2e"] = _e2e(args)
         args.methods = args.conv_methods
         results["convergence"] = _convergence(args)
