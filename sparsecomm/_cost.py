@@ -69,3 +69,13 @@ def received_bytes(exchange, numel, k, size, value_size, ranks):
     if exchange == "allgather":
         return (n - 1) * k * (value_size + 4)
     return 2 * (n - 1) * math.ceil(k / n) * 8
+
+
+def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds):
+    """(latency, bandwidth, copy bandwidth) from the measurements of measure_network: a
+    1-element allreduce (2 (N-1) latency steps), one of big_bytes (its extra time is the
+    ring's 2 (N-1)/N * big_bytes) and a local copy of big_bytes. The front ends average these
+    over the ranks before building the Network, so every rank decides alike."""
+    latency = small_seconds / (2 * max(ranks - 1, 1))
+    bandwidth = (2 * (ranks - 1) / ranks * big_bytes) / max(big_seconds - small_seconds, 1e-9)
+    return latency, bandwidth, big_bytes / max(copy_seconds, 1e-9)

@@ -48,3 +48,28 @@ def sample_count(numel, ratio, sample_ratio=0.01, min_hits=256):
     tensor, and at least enough that about `min_hits` sampled values pass it (the passing count
     then has a relative standard deviation of about 1/sqrt(min_hits): 6% for 256)."""
     return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))
+
+
+def check_dgc(owner, momentum, momentum_masking, clip_norm, warmup_steps, warmup_stages):
+    """DGC's own arguments (both front ends); returns momentum as a float."""
+    if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum < 1.0:
+        raise ValueError(f"{owner}: momentum should be a number in [0, 1), got {momentum!r}")
+    check_flag(owner, "momentum_masking", momentum_masking)
+    if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real)
+                                  or not clip_norm > 0):
+        raise ValueError(f"{owner}: clip_norm should be None or a positive number, got {clip_norm!r}")
+    for name, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ValueError(f"{owner}: {name} should be an integer >= {low}, got {value!r}")
+    return float(momentum)
+
+
+def check_exchange(owner, exchange, network):
+    """exchange= and network= of the per-rank-coordinate methods (both front ends)."""
+    from ._cost import Network
+    if exchange not in ("auto", "allgather", "spardl"):
+        raise ValueError(f"{owner}: exchange should be one of 'auto', 'allgather', 'spardl', got {exchange!r}")
+    if network is not None and not isinstance(network, Network):
+        raise TypeError(f"{owner}: network should be None (measured) or a sparsecomm.Network, got "
+                        f"{type(network).__name__}")
+    return exchange, network

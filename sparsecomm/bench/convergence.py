@@ -2,31 +2,17 @@
 (unshaped loopback: accuracy does not depend on the network) and returns its records."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
+
+from .network import horovodrun
 
 
 def run(task, ranks=2, methods=None, epochs=None, log=print):
-    bin_dir = os.path.dirname(sys.executable)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "records.json")
-        cmd = [os.path.join(bin_dir, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}", "--gloo",
-               sys.executable, "-m", "sparsecomm.bench.convergence_worker", "--task", task, "--out", out]
-        if methods:
-            cmd += ["--methods", *methods]
-        if epochs:
-            cmd += ["--epochs", str(epochs)]
-        env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3",
-                   PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        tail = []
-        for line in proc.stdout:
-            tail = (tail + [line])[-40:]
-            if "[convergence]" in line:
-                log("   " + line.split("[convergence]", 1)[1].strip())
-        if proc.wait() != 0:
-            raise RuntimeError(f"horovodrun failed ({task}):\n{''.join(tail)}")
+        args = ["--task", task, "--out", out] + (["--methods", *methods] if methods else []) + \
+            (["--epochs", str(epochs)] if epochs else [])
+        horovodrun(ranks, "sparsecomm.bench.convergence_worker", args, "[convergence]", log=log)
         with open(out) as f:
             return json.load(f)
 

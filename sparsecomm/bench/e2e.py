@@ -4,8 +4,6 @@ horovodrun, dense vs each sparsecomm method, on an emulated 1 Gbit/s and 10 Gbit
 in the same run (same ranks, same network)."""
 import json
 import os
-import subprocess
-import sys
 import tempfile
 
 from . import network
@@ -15,27 +13,15 @@ NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped loopback
 
 def run_one(ranks, net, model, methods, warmup, steps, log=print):
     """Records of one horovodrun (all methods for one model, ranks and network)."""
-    bin_dir = os.path.dirname(sys.executable)
     with tempfile.TemporaryDirectory() as tmp, network.shaped(net) as prefix:
         out = os.path.join(tmp, "records.json")
-        cmd = (prefix or []) + [os.path.join(bin_dir, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
-                                "--gloo", sys.executable, "-m", "sparsecomm.bench.e2e_worker", "--model", model,
-                                "--out", out, "--warmup", str(warmup), "--steps", str(steps), "--methods", *methods]
-        env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3",
-                   PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        tail = []
-        for line in proc.stdout:
-            tail = (tail + [line])[-40:]
-            if "[e2e]" in line:
-                log("   " + line.split("[e2e]", 1)[1].strip())
-        if proc.wait() != 0:
-            raise RuntimeError(f"horovodrun failed ({' '.join(cmd[:8])} ...):\n{''.join(tail)}")
+        network.horovodrun(ranks, "sparsecomm.bench.e2e_worker",
+                           ["--model", model, "--out", out, "--warmup", str(warmup), "--steps", str(steps),
+                            "--methods", *methods], "[e2e]", prefix, log)
         with open(out) as f:
             records = json.load(f)
-    shaped = prefix is not None
     for record in records:
-        record["network"] = net if shaped else "unshaped"
+        record["network"] = net if prefix is not None else "unshaped"
     dense = {r["step_ms"] for r in records if r["method"] == "dense"}
     for record in records:
         record["speedup_vs_dense"] = (min(dense) / record["step_ms"]) if dense else None

@@ -7,6 +7,7 @@ the caller runs on plain, unshaped loopback."""
 import contextlib
 import os
 import subprocess
+import sys
 
 RATES = {"1gbit": 1.25e8, "10gbit": 1.25e9}  # bytes per second
 
@@ -46,3 +47,22 @@ def shaped(rate):
         yield ["ip", "netns", "exec", name]
     finally:
         subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
+def horovodrun(ranks, module, args, marker, prefix=None, log=print):
+    """Runs `python -m module args` on `ranks` local ranks (Gloo), inside `prefix` (a
+    namespace) when given; forwards the lines holding `marker` to `log`; raises with the tail
+    of the output on failure."""
+    bin_dir = os.path.dirname(sys.executable)
+    cmd = (prefix or []) + [os.path.join(bin_dir, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
+                            "--gloo", sys.executable, "-m", module, *args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3",
+               PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    tail = []
+    for line in proc.stdout:
+        tail = (tail + [line])[-40:]
+        if marker in line:
+            log("   " + line.split(marker, 1)[1].strip())
+    if proc.wait() != 0:
+        raise RuntimeError(f"horovodrun failed ({module} {' '.join(args[:4])} ...):\n{''.join(tail)}")

@@ -215,17 +215,10 @@ class _Gathering(_BoundCompressor):
     in sparsecomm.torch. With ``dense_fallback`` (default), a variable whose sparse payload
     (k values + k indices) would not be smaller than dense goes dense."""
 
-    EXCHANGES = ("auto", "allgather", "spardl")
-
     def __init__(self, variables, process_set, dense_fallback, exchange_="auto", network=None, **policy):
         super().__init__(variables, process_set, **policy)
         self.dense_fallback = _settings.check_flag(self._name, "dense_fallback", dense_fallback)
-        if exchange_ not in self.EXCHANGES:
-            raise ValueError(f"{self._name}: exchange should be one of 'auto', 'allgather', 'spardl', got {exchange_!r}")
-        if network is not None and not isinstance(network, _cost.Network):
-            raise TypeError(f"{self._name}: network should be None (measured) or a sparsecomm.Network, got "
-                            f"{type(network).__name__}")
-        self.exchange, self.network = exchange_, network
+        self.exchange, self.network = _settings.check_exchange(self._name, exchange_, network)
         self._choices = {}
 
     def _value_bytes(self, dtype):
@@ -437,16 +430,8 @@ class DGC(_Gathering):
         self.ratio = _settings.check_ratio(self._name, ratio)
         self.sample_ratio = _settings.check_ratio(self._name, sample_ratio, "sample_ratio")
         self.error_feedback = True
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
-        _settings.check_flag(self._name, "momentum_masking", momentum_masking)
-        if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
-                                      or not clip_norm > 0):
-            raise ValueError(f"{self._name}: clip_norm should be None or a positive number, got {clip_norm!r}")
-        for name, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{self._name}: {name} should be an integer >= {low}, got {value!r}")
-        self.momentum = float(momentum)
+        self.momentum = _settings.check_dgc(self._name, momentum, momentum_masking, clip_norm, warmup_steps,
+                                            warmup_stages)
         self.momentum_masking = momentum_masking
         self.clip_norm = clip_norm
         self.warmup_steps = warmup_steps

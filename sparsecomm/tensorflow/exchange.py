@@ -154,7 +154,7 @@ def measure_network(process_set):
     """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
     import time
 
-    from .._cost import Network
+    from .. import _cost
     hvd = _hvd()
     ranks = process_set.size()
 
@@ -172,8 +172,7 @@ def measure_network(process_set):
     reduce(small)
     t_small, t_big = seconds(lambda: reduce(small), 5), seconds(lambda: reduce(big), 3)
     t_copy = seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
-    latency = t_small / (2 * max(ranks - 1, 1))
-    bandwidth = (2 * (ranks - 1) / ranks * (1 << 22)) / max(t_big - t_small, 1e-9)
-    mean = hvd.allreduce(tf.constant([latency, bandwidth, (1 << 22) / max(t_copy, 1e-9)], tf.float64),
-                         op=hvd.Average, name="sparsecomm.measure.mean", process_set=process_set).numpy()
-    return Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))
+    measured = _cost.from_timings(ranks, t_small, t_big, 1 << 22, t_copy)
+    mean = hvd.allreduce(tf.constant(measured, tf.float64), op=hvd.Average, name="sparsecomm.measure.mean",
+                         process_set=process_set).numpy()
+    return _cost.Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))

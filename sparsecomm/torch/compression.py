@@ -256,18 +256,11 @@ class _Gathering(_BoundCompressor):
     measured once on the first step). With ``dense_fallback`` (default), a tensor whose sparse
     payload (k values + k indices) would not be smaller than the dense tensor goes dense."""
 
-    EXCHANGES = ("auto", "allgather", "spardl")
-
     def __init__(self, named_parameters, process_set, dense_fallback: bool, exchange_: str = "auto",
                  network=None, **policy):
         super().__init__(named_parameters, process_set, **policy)
         self.dense_fallback = _settings.check_flag(self._name, "dense_fallback", dense_fallback)
-        if exchange_ not in self.EXCHANGES:
-            raise ValueError(f"{self._name}: exchange should be one of 'auto', 'allgather', 'spardl', got {exchange_!r}")
-        if network is not None and not isinstance(network, _cost.Network):
-            raise TypeError(f"{self._name}: network should be None (measured) or a sparsecomm.Network, got "
-                            f"{type(network).__name__}")
-        self.exchange, self.network = exchange_, network
+        self.exchange, self.network = _settings.check_exchange(self._name, exchange_, network)
         self._choices: Dict[str, dict] = {}
         self._pending = []  # SparDL exchanges started in compress, not yet past their scatter
 
@@ -524,16 +517,8 @@ class DGC(_SampledThreshold):
                  exchange: str = "auto", network=None, **policy):
         super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self._check_common(ratio, sample_ratio, True)
-        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
-            raise ValueError(f"{self._name}: momentum should be a number in [0, 1), got {momentum!r}")
-        _settings.check_flag(self._name, "momentum_masking", momentum_masking)
-        if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
-                                      or not clip_norm > 0):
-            raise ValueError(f"{self._name}: clip_norm should be None or a positive number, got {clip_norm!r}")
-        for name, value, low in (("warmup_steps", warmup_steps, 0), ("warmup_stages", warmup_stages, 1)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"{self._name}: {name} should be an integer >= {low}, got {value!r}")
-        self.momentum = float(momentum)
+        self.momentum = _settings.check_dgc(self._name, momentum, momentum_masking, clip_norm, warmup_steps,
+                                            warmup_stages)
         self.momentum_masking = momentum_masking
         self.clip_norm = clip_norm
         self.warmup_steps = warmup_steps

@@ -229,7 +229,7 @@ def measure_network(process_set=None):
     every rank makes the same choices."""
     import time
 
-    from .._cost import Network
+    from .. import _cost
     hvd = _hvd()
     process_set = process_set or hvd.global_process_set
     ranks = process_set.size()
@@ -248,9 +248,7 @@ def measure_network(process_set=None):
     reduce(small)
     t_small, t_big = seconds(lambda: reduce(small), 5), seconds(lambda: reduce(big), 3)
     t_copy = seconds(lambda: big.clone(), 3)
-    steps = 2 * max(ranks - 1, 1)
-    latency = t_small / steps
-    bandwidth = (2 * (ranks - 1) / ranks * big.numel() * 4) / max(t_big - t_small, 1e-9)
-    mean = hvd.allreduce(torch.tensor([latency, bandwidth, big.numel() * 4 / max(t_copy, 1e-9)], dtype=torch.float64),
-                         name="sparsecomm.measure.mean", process_set=process_set)
-    return Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))
+    measured = _cost.from_timings(ranks, t_small, t_big, big.numel() * 4, t_copy)
+    mean = hvd.allreduce(torch.tensor(measured, dtype=torch.float64), name="sparsecomm.measure.mean",
+                         process_set=process_set)
+    return _cost.Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))
