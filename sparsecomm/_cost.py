@@ -17,6 +17,7 @@ the same choice, so the inputs (Network) are the same on every rank: given by th
 measured once and averaged over the ranks.
 """
 import math
+import time
 from dataclasses import dataclass
 
 EXCHANGES = ("dense", "allgather", "spardl")
@@ -79,3 +80,13 @@ def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds):
     latency = small_seconds / (2 * max(ranks - 1, 1))
     bandwidth = (2 * (ranks - 1) / ranks * big_bytes) / max(big_seconds - small_seconds, 1e-9)
     return latency, bandwidth, big_bytes / max(copy_seconds, 1e-9)
+
+
+def median_seconds(fn, repeats):
+    """Median wall time of fn() over `repeats` calls (measure_network's timer)."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]

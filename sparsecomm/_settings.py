@@ -73,3 +73,21 @@ def check_exchange(owner, exchange, network):
         raise TypeError(f"{owner}: network should be None (measured) or a sparsecomm.Network, got "
                         f"{type(network).__name__}")
     return exchange, network
+
+
+def check_r(owner, ratio, r):
+    """rTop-k's r: a fraction in [ratio, 1], by default 4 * ratio (at most 1)."""
+    value = min(1.0, 4 * ratio) if r is None else check_ratio(owner, r, "r")
+    if value < ratio:
+        raise ValueError(f"{owner}: r should be at least ratio={ratio}, got {r!r}")
+    return value
+
+
+def check_quantize(owner, quantize, exchange):
+    """Threshold's quantize=, and that SparDL (which adds values on the way) carries no codes."""
+    if quantize not in (None, "fp16", "bf16", "1bit", "2bit"):
+        raise ValueError(f"{owner}: quantize should be one of None, 'fp16', 'bf16', '1bit', '2bit', got {quantize!r}")
+    if quantize in ("1bit", "2bit") and exchange == "spardl":
+        raise ValueError(f"{owner}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
+                         f"use exchange='allgather' (or 'auto') with quantize={quantize!r}")
+    return quantize

@@ -152,26 +152,16 @@ def spardl_sum(values, index, residual, k, numel, name, process_set):
 
 def measure_network(process_set):
     """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
-    import time
-
     from .. import _cost
     hvd = _hvd()
     ranks = process_set.size()
-
-    def seconds(fn, repeats):
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]
 
     small, big = tf.zeros([1]), tf.zeros([1 << 20])
     counter = iter(range(1 << 30))
     reduce = lambda t: hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set).numpy()  # noqa: E731
     reduce(small)
-    t_small, t_big = seconds(lambda: reduce(small), 5), seconds(lambda: reduce(big), 3)
-    t_copy = seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
+    t_small, t_big = _cost.median_seconds(lambda: reduce(small), 5), _cost.median_seconds(lambda: reduce(big), 3)
+    t_copy = _cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
     measured = _cost.from_timings(ranks, t_small, t_big, 1 << 22, t_copy)
     mean = hvd.allreduce(tf.constant(measured, tf.float64), op=hvd.Average, name="sparsecomm.measure.mean",
                          process_set=process_set).numpy()

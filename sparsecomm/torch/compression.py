@@ -406,9 +406,7 @@ class RTopK(_Gathering):
                  network=None, **policy):
         super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self.ratio = _settings.check_ratio(self._name, ratio)
-        self.r = min(1.0, 4 * self.ratio) if r is None else _settings.check_ratio(self._name, r, "r")
-        if self.r < self.ratio:
-            raise ValueError(f"{self._name}: r should be at least ratio={self.ratio}, got {r!r}")
+        self.r = _settings.check_r(self._name, self.ratio, r)
         self.seed = _settings.check_seed(self._name, seed)
         self.error_feedback = _settings.check_flag(self._name, "error_feedback", error_feedback)
 
@@ -460,13 +458,7 @@ class Threshold(_SampledThreshold):
                  network=None, **policy):
         super().__init__(named_parameters, process_set, dense_fallback, exchange, network, **policy)
         self._check_common(ratio, sample_ratio, error_feedback)
-        if quantize not in self.QUANTIZE:
-            raise ValueError(f"{self._name}: quantize should be one of None, 'fp16', 'bf16', '1bit', '2bit', "
-                             f"got {quantize!r}")
-        self.quantize = quantize
-        if quantize in ("1bit", "2bit") and self.exchange == "spardl":
-            raise ValueError(f"{self._name}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
-                             f"use exchange='allgather' (or 'auto') with quantize={quantize!r}")
+        self.quantize = _settings.check_quantize(self._name, quantize, self.exchange)
 
     def _allowed(self):
         return ("dense", "allgather") if self.quantize in ("1bit", "2bit") else _cost.EXCHANGES

@@ -227,27 +227,17 @@ def measure_network(process_set=None):
     """Measures this cluster for exchange="auto" (once): latency from 1-element allreduces,
     bandwidth from 4 MB ones, copy bandwidth from a local copy; averaged over the ranks so
     every rank makes the same choices."""
-    import time
-
     from .. import _cost
     hvd = _hvd()
     process_set = process_set or hvd.global_process_set
     ranks = process_set.size()
 
-    def seconds(fn, repeats):
-        times = []
-        for _ in range(repeats):
-            started = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - started)
-        return sorted(times)[len(times) // 2]
-
     small, big = torch.zeros(1), torch.zeros(1 << 20)
     counter = iter(range(1 << 30))
     reduce = lambda t: hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set)  # noqa: E731
     reduce(small)
-    t_small, t_big = seconds(lambda: reduce(small), 5), seconds(lambda: reduce(big), 3)
-    t_copy = seconds(lambda: big.clone(), 3)
+    t_small, t_big = _cost.median_seconds(lambda: reduce(small), 5), _cost.median_seconds(lambda: reduce(big), 3)
+    t_copy = _cost.median_seconds(lambda: big.clone(), 3)
     measured = _cost.from_timings(ranks, t_small, t_big, big.numel() * 4, t_copy)
     mean = hvd.allreduce(torch.tensor(measured, dtype=torch.float64), name="sparsecomm.measure.mean",
                          process_set=process_set)
