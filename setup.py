@@ -39,6 +39,10 @@ def _cpu_flags():
     return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}"] if arch else [])
 
 
+def _no_avx512fp16():
+    return ["-mno-avx512fp16"] if os.environ.get("SPARSECOMM_CPU_ARCH", "native") else []
+
+
 def torch_extension():
     with_cuda = _switch("SPARSECOMM_WITH_CUDA")
     if with_cuda is None:
@@ -74,7 +78,9 @@ def tensorflow_extension():
         "sparsecomm.tensorflow._ops",
         _sources("csrc/tensorflow/*.cc") + _sources("csrc/cpu/*.cpp"),
         language="c++",
-        extra_compile_args=compile_flags + _cpu_flags() + ["-Wno-deprecated-declarations"],  # TF headers
+        # TF's bundled Eigen does not compile with AVX512-FP16 (-march=native on Sapphire Rapids and
+        # later: "predux_half_dowto4 is not a function template"); our kernels do not use it.
+        extra_compile_args=compile_flags + _cpu_flags() + _no_avx512fp16() + ["-Wno-deprecated-declarations"],
         extra_link_args=link_flags + ["-fopenmp"] + [f"-Wl,-rpath,{d}" for d in lib_dirs],
     )
 
