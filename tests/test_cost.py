@@ -1,17 +1,18 @@
-"""The exchange cost model of exchange="auto" (sparsecomm/_cost.py), and its argument checks
+"""The exchange cost model of exchange="auto" (sparsecomm/cost.py), and its argument checks
 in both frameworks."""
 import math
 
 import pytest
 
-from sparsecomm import Network, _cost
+from sparsecomm import Network
+from sparsecomm.core import cost
 
 GBIT = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
 
 
 def test_the_model_is_the_documented_formula():
     numel, k, ranks = 1_000_000, 1000, 4
-    got = _cost.costs(numel, k, 4, 4, ranks, GBIT)
+    got = cost.costs(numel, k, 4, 4, ranks, GBIT)
     local = 4 * numel * 4 / 1e10
     assert got["dense"] == pytest.approx(2 * 3 * 5e-5 + 2 * 3 / 4 * numel * 4 / 1.25e8)
     assert got["allgather"] == pytest.approx(local + 3 * 5e-5 + 3 * k * 8 / 1.25e8)
@@ -27,17 +28,17 @@ def test_the_model_is_the_documented_formula():
     (4, 25_000_000, 25_000, Network(bandwidth=1e12, latency=5e-6, copy_bandwidth=1e10), "dense"),  # fast network
 ])
 def test_choices(ranks, numel, k, network, want):
-    assert _cost.choose(numel, k, 4, 4, ranks, network)[0] == want
+    assert cost.choose(numel, k, 4, 4, ranks, network)[0] == want
 
 
 def test_allowed_restricts_the_choice():
-    assert _cost.choose(25_000_000, 25_000, 4, 0.25, 8, GBIT, allowed=("dense", "allgather"))[0] == "allgather"
+    assert cost.choose(25_000_000, 25_000, 4, 0.25, 8, GBIT, allowed=("dense", "allgather"))[0] == "allgather"
 
 
 def test_received_bytes_spardl_stays_order_k_allgather_grows():
     for ranks in (2, 8, 64):
-        assert _cost.received_bytes("spardl", 10**6, 1000, 4, 4, ranks) <= 2.2 * 8 * 1000
-        assert _cost.received_bytes("allgather", 10**6, 1000, 4, 4, ranks) == (ranks - 1) * 8000
+        assert cost.received_bytes("spardl", 10**6, 1000, 4, 4, ranks) <= 2.2 * 8 * 1000
+        assert cost.received_bytes("allgather", 10**6, 1000, 4, 4, ranks) == (ranks - 1) * 8000
 
 
 @pytest.mark.parametrize("kwargs,message", [

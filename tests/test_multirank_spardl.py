@@ -9,11 +9,11 @@ import common
 import reference
 import simulation
 from launch import horovodrun
-from sparsecomm import _cost
+from sparsecomm.core import cost
 
 STEPS, LR = 4, 0.5
 METHOD = {"topk": "topk", "threshold": "threshold", "rtopk": "rtopk_0.3"}
-SLOW = _cost.Network(bandwidth=1e7, latency=1e-6)
+SLOW = cost.Network(bandwidth=1e7, latency=1e-6)
 
 
 def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=False):
@@ -61,7 +61,7 @@ def run(request, tmp_path_factory):
 
 
 def _auto_exchange(size, numel, k):
-    return _cost.choose(numel, k, 4, 4, size, SLOW)[0]
+    return cost.choose(numel, k, 4, 4, size, SLOW)[0]
 
 
 CASES = {

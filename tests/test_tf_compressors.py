@@ -91,7 +91,7 @@ def test_dgc_warmup_schedule_matches_torch():
     dgc = DGC(ratio=0.001, warmup_steps=400, warmup_stages=4)
     sparsity = [round(1 - dgc.density(step), 4) for step in (0, 100, 200, 300, 400, 10_000)]
     assert sparsity == [0.7488, 0.9369, 0.9842, 0.996, 0.999, 0.999]
-    assert [round(d, 6) for d in dgc._densities()] == [0.251189, 0.063096, 0.015849, 0.003981, 0.001]
+    assert [round(d, 6) for d in dgc.method.densities()] == [0.251189, 0.063096, 0.015849, 0.003981, 0.001]
 
 
 def test_random_block_compress_decompress_equals_reference_across_a_retrace():

@@ -1,16 +1,30 @@
-"""Exchanges of the TF compressors, with Horovod's public TF ops, inside compress.
+"""How a packed gradient travels, for horovod.tensorflow: one object per route of
+sparsecomm.core.plan, in the registry EXCHANGES, as in sparsecomm.torch.exchange.
 
 In TF the graph executor runs every collective as soon as its inputs are ready, so the
-per-rank-coordinate methods gather inside `compress` and hand Horovod's allreduce a
-1-element placeholder holding 1.0 (named after the variable). It comes back as 1 under
-op=Average and as the process set's size M under op=Sum, so decompress scales the gathered
-sum by output / M: the optimizer's semantics, without being told the op (as in torch).
+per-rank-coordinate exchanges run inside `compress`:
+
+    run(packed, wire) -> Outcome   (float32 sum over the ranks, the residual after the
+                                    exchange, elements, bytes sent and received: all tensors)
+
+and compress hands Horovod's allreduce a 1-element placeholder holding 1.0 (named after the
+variable). It comes back as 1 under op=Average and as the process set's size M under op=Sum,
+so decompress (`finish`) scales the sum by output / M: the optimizer's semantics, without
+being told the op (as in torch). The routes Horovod itself carries ("dense", "shared")
+implement start(payload, wire) -> Handed (the tensor for Horovod, the decompress function and
+the counts) instead.
+
+Adding an exchange: a class here with `run`, an entry in EXCHANGES, its cost in
+sparsecomm/core/cost.py.
 """
 import re
+from dataclasses import dataclass
+from typing import Optional
 
 import tensorflow as tf
 
 from . import ops
+from ..core.plan import INDEX_BYTES, SparDLLayout
 
 # Horovod 0.28.1's TF collectives have no bfloat16. Summed bfloat16 values travel as float32
 # (exact); gathered ones as their bits in a float16 tensor (no arithmetic: same bytes).
@@ -40,56 +54,145 @@ def placeholder(name):
     return tf.ones([1], tf.float32, name=collective_name(name, "placeholder").replace(".", "_"))
 
 
-def allgather_sum(values, index, numel, dtype, name, process_set):
-    """(Sum over the process set's ranks of each rank's values at its indices, as a float32
-    dense tensor of `numel` elements; bytes received). Values are cast to the gradient's dtype first (they may
-    travel in 16 bits), as the torch exchange does."""
-    hvd = _hvd()
-    bits16 = values.dtype == tf.bfloat16
-    wire = tf.bitcast(values, tf.float16) if bits16 else values
-    gathered = hvd.allgather(wire, name=collective_name(name, "values"), process_set=process_set)
-    index = hvd.allgather(index, name=collective_name(name, "index"), process_set=process_set)
-    gathered = tf.bitcast(gathered, tf.bfloat16) if bits16 else gathered
-    received = tf.cast(tf.size(index) - tf.size(values), tf.int64) * (values.dtype.size + 4)
-    gathered = tf.cast(tf.cast(gathered, dtype), tf.float32)
-    return ops.sparse_unpack(gathered, index, numel), received
+@dataclass
+class Packed:
+    """What a method's pack produced (TF ops are functional: with the state after it)."""
+    values: Optional[tf.Tensor] = None
+    index: Optional[tf.Tensor] = None
+    start: Optional[tf.Tensor] = None
+    codes: Optional[tf.Tensor] = None
+    scales: Optional[tf.Tensor] = None
+    bits: Optional[int] = None
+    residual: Optional[tf.Tensor] = None
+    momentum: Optional[tf.Tensor] = None
 
 
-def allgather_sum_quantized(codes, scales, index, bits, numel, dtype, name, process_set):
-    """allgather_sum for 1-/2-bit values: every rank's codes are decoded with its scales."""
-    hvd = _hvd()
-    gather = lambda t, part: hvd.allgather(t, name=collective_name(name, part), process_set=process_set)  # noqa: E731
-    count = tf.reshape(tf.cast(tf.size(index), tf.int64), [1])
-    codes, scales, index, counts = (gather(codes, "codes"), gather(scales, "scales"), gather(index, "index"),
-                                    gather(count, "count"))
-    ranks = process_set.size()
-    per_rank = scales.shape[0] // ranks if scales.shape[0] is not None else tf.size(scales) // ranks
-    sizes = (counts * bits + 7) // 8
-    ends = tf.cumsum(sizes)
-    values = []
-    for rank in range(ranks):
-        begin = ends[rank] - sizes[rank]
-        values.append(ops.dequantize(codes[begin:ends[rank]], scales[rank * per_rank:(rank + 1) * per_rank],
-                                     counts[rank], bits))
-    decoded = tf.cast(tf.cast(tf.concat(values, 0), dtype), tf.float32)
-    return ops.sparse_unpack(decoded, index, numel)
+@dataclass
+class Wire:
+    """One variable's exchange: its name, numel, shape and dtype, the process set and k."""
+    name: str
+    shape: tf.TensorShape
+    dtype: tf.DType
+    process_set: object
+    k: int = 0
+
+    @property
+    def numel(self):
+        return self.shape.num_elements()
 
 
-def allreduce_sum(tensor, name, process_set):
-    """Dense sum over the process set (inside compress, for a warm-up stage that goes dense)."""
-    hvd = _hvd()
-    summed = hvd.allreduce(to_wire(tensor), op=hvd.Sum, name=collective_name(name, "dense"), process_set=process_set)
-    return tf.cast(tf.cast(summed, tensor.dtype), tf.float32)
+@dataclass
+class Handed:
+    """What a Horovod-carried route gives compress: the tensor for Horovod's allreduce, the
+    decompress function, and this rank's counts (elements, bytes sent, bytes received)."""
+    tensor: tf.Tensor
+    finish: object
+    count: object
+    sent: object
+    received: object = 0
 
 
-def finish(output, summed, shape, dtype, ranks):
+@dataclass
+class Outcome:
+    """What a per-rank exchange leaves in the graph (int64 counters)."""
+    summed: tf.Tensor
+    residual: Optional[tf.Tensor]
+    count: tf.Tensor
+    sent: tf.Tensor
+    received: tf.Tensor
+
+
+def finish(output, summed, wire):
     """decompress: the gathered float32 sum scaled by output / M, in the gradient's dtype.
     (Sum, then one multiplication, then one rounding: the torch sparse_unpack's arithmetic.)"""
-    scale = tf.reshape(output, [-1])[0] / float(ranks)
-    return tf.reshape(tf.cast(summed * scale, dtype), shape)
+    scale = tf.reshape(output, [-1])[0] / float(wire.process_set.size())
+    return tf.reshape(tf.cast(summed * scale, wire.dtype), wire.shape)
 
 
-# --- SparDL: the torch exchange's mirror (sparsecomm/torch/exchange.py explains it) --------
+def _i64(x):
+    return tf.cast(x, tf.int64)
+
+
+class Dense:
+    """The whole tensor summed: by Horovod (start), or inside compress for a stage of a
+    schedule that goes dense (run: DGC's warm-up)."""
+
+    def start(self, packed, wire):
+        handed = to_wire(packed.values)  # bfloat16 is summed as float32
+        dtype, size = wire.dtype, wire.numel * handed.dtype.size
+        ranks = wire.process_set.size() if _hvd().is_initialized() else 1
+        return Handed(handed, lambda output: output if output.dtype == dtype else tf.cast(output, dtype),
+                      wire.numel, size, int(2 * (ranks - 1) / ranks * size))
+
+    def run(self, packed, wire):
+        hvd = _hvd()
+        summed = hvd.allreduce(to_wire(packed.values), op=hvd.Sum, name=collective_name(wire.name, "dense"),
+                               process_set=wire.process_set)
+        count = tf.constant(wire.numel, tf.int64)
+        size = count * wire_bytes(wire.dtype)
+        ranks = wire.process_set.size()
+        return Outcome(tf.cast(tf.cast(summed, wire.dtype), tf.float32), packed.residual, count, size,
+                       tf.cast(2 * (ranks - 1) * size // ranks, tf.int64))
+
+
+class Shared:
+    """Shared coordinates: the packed values ride Horovod's allreduce (no indices)."""
+
+    def start(self, packed, wire):
+        handed = to_wire(packed.values)
+        numel, shape, dtype = wire.numel, wire.shape, wire.dtype
+        if packed.start is not None:
+            start = packed.start
+            unpack = lambda summed: ops.block_unpack(summed, numel, start)  # noqa: E731
+        else:
+            index = packed.index
+            unpack = lambda summed: ops.sparse_unpack(summed, index, numel)  # noqa: E731
+        count = tf.size(packed.values, out_type=tf.int64)
+        return Handed(handed, lambda output: tf.reshape(unpack(tf.cast(output, dtype)), shape), count,
+                      count * wire_bytes(packed.values.dtype))
+
+
+class Allgather:
+    """Every rank's values and int32 indices (or 1-/2-bit codes, scales and counts), summed by
+    each rank in rank order."""
+
+    def run(self, packed, wire):
+        if packed.bits is not None:
+            return self._quantized(packed, wire)
+        hvd, values = _hvd(), packed.values
+        bits16 = values.dtype == tf.bfloat16
+        sent_values = tf.bitcast(values, tf.float16) if bits16 else values
+        gathered = hvd.allgather(sent_values, name=collective_name(wire.name, "values"),
+                                 process_set=wire.process_set)
+        index = hvd.allgather(packed.index, name=collective_name(wire.name, "index"), process_set=wire.process_set)
+        gathered = tf.bitcast(gathered, tf.bfloat16) if bits16 else gathered
+        count = _i64(tf.size(packed.index))
+        size = values.dtype.size + INDEX_BYTES
+        received = _i64(tf.size(index) - tf.size(values)) * size
+        gathered = tf.cast(tf.cast(gathered, wire.dtype), tf.float32)  # values may travel in 16 bits
+        return Outcome(ops.sparse_unpack(gathered, index, wire.numel), packed.residual, count, count * size, received)
+
+    @staticmethod
+    def _quantized(packed, wire):
+        hvd = _hvd()
+        gather = lambda t, part: hvd.allgather(t, name=collective_name(wire.name, part),  # noqa: E731
+                                              process_set=wire.process_set)
+        count = _i64(tf.size(packed.index))
+        codes, scales, index, counts = (gather(packed.codes, "codes"), gather(packed.scales, "scales"),
+                                        gather(packed.index, "index"), gather(tf.reshape(count, [1]), "count"))
+        ranks = wire.process_set.size()
+        per_rank = scales.shape[0] // ranks if scales.shape[0] is not None else tf.size(scales) // ranks
+        sizes = (counts * packed.bits + 7) // 8
+        ends = tf.cumsum(sizes)
+        values = [ops.dequantize(codes[ends[r] - sizes[r]:ends[r]], scales[r * per_rank:(r + 1) * per_rank],
+                                 counts[r], packed.bits) for r in range(ranks)]
+        decoded = tf.cast(tf.cast(tf.concat(values, 0), wire.dtype), tf.float32)
+        sent = _i64(tf.size(packed.codes)) + INDEX_BYTES * (_i64(tf.size(packed.scales)) + count) + 8
+        return Outcome(ops.sparse_unpack(decoded, index, wire.numel), packed.residual, count, sent,
+                       (ranks - 1) * sent)
+
+
+# --- SparDL: the torch exchange's twin (sparsecomm/torch/exchange.py explains it) ---------
 
 def _pairs(values, index):
     return tf.stack([tf.bitcast(tf.cast(values, tf.float32), tf.int32), index], 1)
@@ -113,46 +216,55 @@ def _keep_largest(values, index, k, residual):
     return kept_values, kept_index, residual
 
 
-def spardl_sum(values, index, residual, k, numel, name, process_set):
-    """The SparDL exchange of one tensor, in the graph: (float32 sum over the ranks, the
-    residual with this rank's dropped values added, pairs sent, bytes sent, bytes received)."""
-    hvd = _hvd()
-    ranks, rank = process_set.size(), process_set.rank()
-    block, per_rank = -(-numel // ranks), max(1, -(-k // ranks))
-    values = tf.cast(values, tf.float32)
-    bounds = tf.searchsorted(index, tf.constant([min(b * block, 2**31 - 1) for b in range(ranks + 1)], tf.int32))
-    rows, splits = [], []
-    for b in range(ranks):
-        v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
-        if b == rank:
-            own = (v, i)
-            splits.append(tf.constant(0, tf.int32))
-            continue
-        v, i, residual = _keep_largest(v, i, per_rank, residual)
-        rows.append(_pairs(v, i))
-        splits.append(tf.size(i))
-    payload = tf.concat(rows, 0) if rows else tf.zeros([0, 2], tf.int32)
-    received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits), name=collective_name(name, "scatter"),
-                                             process_set=process_set)
-    parts = tf.split(tf.reshape(received, [-1, 2]), received_splits, num=ranks)
-    parts[rank] = _pairs(*own)
-    values, index = _unpair(tf.concat(parts, 0))
-    low = rank * block
-    size = max(0, min(block, numel - low))
-    sums = ops.sparse_unpack(values, index - low, size)  # float32, added in rank order
-    owned = tf.sort(tf.unique(index)[0])
-    reduced, owned, residual = _keep_largest(tf.gather(sums, owned - low), owned, per_rank, residual)
-    final = _pairs(reduced, owned)
-    gathered = hvd.allgather(final, name=collective_name(name, "gather"), process_set=process_set)
-    values, index = _unpair(gathered)
-    sent_pairs = tf.cast(tf.shape(payload)[0] + tf.shape(final)[0], tf.int64)
-    received_pairs = tf.cast(tf.shape(received)[0] + tf.shape(gathered)[0] - tf.shape(final)[0], tf.int64)
-    return ops.sparse_unpack(values, index, numel), residual, sent_pairs, 8 * sent_pairs, 8 * received_pairs
+class SparDL:
+    """Sparse reduce-scatter (one alltoall to the block owners) + sparse all-gather, in the graph."""
+
+    def run(self, packed, wire):
+        hvd, ps = _hvd(), wire.process_set
+        layout, rank = SparDLLayout.of(wire.numel, wire.k, ps.size()), ps.rank()
+        payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
+        received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits),
+                                                 name=collective_name(wire.name, "scatter"), process_set=ps)
+        parts = tf.split(tf.reshape(received, [-1, 2]), received_splits, num=layout.ranks)
+        parts[rank] = _pairs(*own)
+        values, index = _unpair(tf.concat(parts, 0))
+        low, size = layout.owned(rank)
+        sums = ops.sparse_unpack(values, index - low, size)  # float32, added in rank order
+        owned = tf.sort(tf.unique(index)[0])
+        reduced, owned, residual = _keep_largest(tf.gather(sums, owned - low), owned, layout.per_rank, residual)
+        final = _pairs(reduced, owned)
+        gathered = hvd.allgather(final, name=collective_name(wire.name, "gather"), process_set=ps)
+        values, index = _unpair(gathered)
+        sent_pairs = _i64(tf.shape(payload)[0] + tf.shape(final)[0])
+        received_pairs = _i64(tf.shape(received)[0] + tf.shape(gathered)[0] - tf.shape(final)[0])
+        return Outcome(ops.sparse_unpack(values, index, wire.numel), residual, sent_pairs, 8 * sent_pairs,
+                       8 * received_pairs)
+
+    @staticmethod
+    def _scatter_rows(packed, layout, rank):
+        """Each other block's at most per_rank largest pairs (the rest to the residual), and
+        this rank's own block."""
+        values, index, residual = tf.cast(packed.values, tf.float32), packed.index, packed.residual
+        bounds = tf.searchsorted(index, tf.constant(layout.bounds(), tf.int32))
+        rows, splits, own = [], [], None
+        for b in range(layout.ranks):
+            v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
+            if b == rank:
+                own = (v, i)
+                splits.append(tf.constant(0, tf.int32))
+                continue
+            v, i, residual = _keep_largest(v, i, layout.per_rank, residual)
+            rows.append(_pairs(v, i))
+            splits.append(tf.size(i))
+        return (tf.concat(rows, 0) if rows else tf.zeros([0, 2], tf.int32)), splits, own, residual
+
+
+EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
 
 
 def measure_network(process_set):
     """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
-    from .. import _cost
+    from ..core import cost
     hvd = _hvd()
     ranks = process_set.size()
 
@@ -160,9 +272,9 @@ def measure_network(process_set):
     counter = iter(range(1 << 30))
     reduce = lambda t: hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set).numpy()  # noqa: E731
     reduce(small)
-    t_small, t_big = _cost.median_seconds(lambda: reduce(small), 5), _cost.median_seconds(lambda: reduce(big), 3)
-    t_copy = _cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
-    measured = _cost.from_timings(ranks, t_small, t_big, 1 << 22, t_copy)
+    t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
+    t_copy = cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
+    measured = cost.from_timings(ranks, t_small, t_big, 1 << 22, t_copy)
     mean = hvd.allreduce(tf.constant(measured, tf.float64), op=hvd.Average, name="sparsecomm.measure.mean",
                          process_set=process_set).numpy()
-    return _cost.Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))
+    return cost.Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))

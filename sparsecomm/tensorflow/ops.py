@@ -8,7 +8,8 @@ import os
 
 import tensorflow as tf
 
-from .._settings import sample_count, seed_as_int64, selected_count
+from ..core import packing
+from ..core.selection import sample_count, seed_as_int64
 
 
 def _load():
@@ -44,9 +45,9 @@ def block_unpack(values, numel, start, scale=1.0):
     return _lib.sparsecomm_block_unpack(values, tf.cast(start, tf.int64), numel=int(numel), scale=float(scale))
 
 
-# --- Selection with error feedback: the torch composites' mirror (sparsecomm/torch/ops.py) ---
-# TF ops are functional: every pack returns (values, index, residual, momentum), the last two
-# being the updated state (None where absent). Tensor sizes must be static.
+# --- Selection with error feedback (the torch ops' twins) ------------------------------------
+# TF ops are functional: each returns the updated state (None where absent). Tensor sizes
+# must be static.
 
 def _flat(x):
     return tf.reshape(x, [-1])
@@ -123,98 +124,44 @@ def random_k_indices(numel, k, *, seed, tensor_id, step):
                                             _i64(k))
 
 
-def _accumulated_state(grad, residual, momentum):
-    return residual if residual is not None else momentum if momentum is not None else _flat(grad)
+class _Kernels:
+    """These ops as sparsecomm.core.packing uses them."""
+    sample_threshold = staticmethod(sample_threshold)
+    accumulate_candidates = staticmethod(accumulate_candidates)
+    select_top = staticmethod(select_top)
+    send_selected = staticmethod(send_selected)
+    send_quantized = staticmethod(send_quantized)
+
+    @staticmethod
+    def random_k_indices(like, k, *, seed, tensor_id, step):  # at most every element of `like`
+        numel = like.shape.num_elements()
+        if numel is None:
+            numel = tf.size(like)
+            return random_k_indices(numel, tf.minimum(k, numel), seed=seed, tensor_id=tensor_id, step=step)
+        return random_k_indices(numel, min(k, numel), seed=seed, tensor_id=tensor_id, step=step)
+
+    numel = staticmethod(_numel)
+    size = staticmethod(tf.size)
+    dtype = staticmethod(lambda t: t.dtype)
+    gather = staticmethod(tf.gather)
+    gather_float = staticmethod(lambda x, index: tf.cast(tf.gather(_flat(x), index), tf.float32))
+    cond = staticmethod(tf.cond)
 
 
-def pack_above(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, masking=True):
-    """Exactly the elements with |acc| >= threshold, in index order: one pass."""
-    acc, index, residual, momentum = accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                           momentum_factor=momentum_factor)
-    values, residual, momentum = send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
-    return values, index, residual, momentum
+KERNELS = _Kernels()
 
 
-def _top_candidates(grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
-    numel = _numel(grad)
-    k = min(k, numel)
-    if k == 0:
-        threshold = float("inf")
-    else:
-        threshold = sample_threshold(grad, residual, min(1.0, (1.5 * k + 32) / numel), momentum=momentum,
-                                     momentum_factor=momentum_factor, sample_ratio=sample_ratio, seed=seed,
-                                     tensor_id=tensor_id, step=step)
-    acc, index, residual, momentum = accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                           momentum_factor=momentum_factor)
-    state = _accumulated_state(grad, residual, momentum)
-    acc, index = tf.cond(tf.size(acc) < k,
-                         lambda: accumulate_candidates(state, None, 0.0)[:2],  # sample overshot: every element
-                         lambda: (acc, index))
-    acc, index = select_top(acc, index, k)
-    return acc, index, residual, momentum
+def _packed(composite):
+    """A composite of sparsecomm.core.packing on these kernels: (values, index, residual, momentum)."""
+    def pack(*args, **kwargs):
+        return composite(KERNELS, *args, **kwargs)
+    pack.__name__, pack.__doc__ = composite.__name__, composite.__doc__
+    return pack
 
 
-def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
-              seed=0, tensor_id=0, step=0):
-    """Exactly the k elements of largest |acc| (ties: lower index), in index order."""
-    acc, index, residual, momentum = _top_candidates(grad, residual, k, momentum=momentum,
-                                                     momentum_factor=momentum_factor, sample_ratio=sample_ratio,
-                                                     seed=seed, tensor_id=tensor_id, step=step)
-    values, residual, momentum = send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
-    return values, index, residual, momentum
-
-
-def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
-                 sample_ratio=0.01, seed=0, tensor_id=0, step=0, value_dtype=None, bits=None):
-    """Sampled threshold with bounded correction into [band[0] k, band[1] k] (gradient dropping, DGC).
-    Values in `value_dtype` (default grad's); with bits (1 or 2) the values are (codes, scales)."""
-    numel = _numel(grad)
-    k = selected_count(ratio, numel)
-    if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
-        threshold = 0.0
-    else:
-        threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
-                                     sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
-    acc, index, residual, momentum = accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                           momentum_factor=momentum_factor)
-    state = _accumulated_state(grad, residual, momentum)
-    count = tf.cast(tf.size(acc), tf.float32)
-    acc, index = tf.case([(count > band[1] * k, lambda: select_top(acc, index, k)),
-                          (count < band[0] * k, lambda: select_top(*accumulate_candidates(state, None, 0.0)[:2], k))],
-                         default=lambda: (acc, index))
-    if bits is not None:
-        codes, scales, residual, momentum = send_quantized(acc, index, residual, bits, momentum=momentum,
-                                                           masking=masking)
-        return (codes, scales), index, residual, momentum
-    values, residual, momentum = send_selected(acc, index, residual, value_dtype or grad.dtype, momentum=momentum,
-                                               masking=masking)
-    return values, index, residual, momentum
-
-
-def pack_indices(grad, residual, index, *, momentum=None, momentum_factor=0.0, masking=True):
-    """The elements at `index` (int32, distinct, ascending): one pass, then an O(k) gather."""
-    if residual is not None or momentum is not None:
-        _, _, residual, momentum = accumulate_candidates(grad, residual, float("inf"), momentum=momentum,
-                                                         momentum_factor=momentum_factor)
-    acc = tf.cast(tf.gather(_accumulated_state(grad, residual, momentum), index), tf.float32)
-    values, residual, momentum = send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
-    return values, index, residual, momentum
-
-
-def pack_randomk(grad, residual, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True):
-    """Shared-seed random-k: the same k coordinates on every rank."""
-    numel = _numel(grad)
-    index = random_k_indices(numel, min(k, numel), seed=seed, tensor_id=tensor_id, step=step)
-    return pack_indices(grad, residual, index, momentum=momentum, momentum_factor=momentum_factor, masking=masking)
-
-
-def pack_rtopk(grad, residual, r, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True,
-               sample_ratio=0.01):
-    """rTop-k: k elements drawn with the shared-seed stream from the r of largest |acc|."""
-    acc, index, residual, momentum = _top_candidates(grad, residual, max(r, k), momentum=momentum,
-                                                     momentum_factor=momentum_factor, sample_ratio=sample_ratio,
-                                                     seed=seed, tensor_id=tensor_id, step=step)
-    pick = random_k_indices(tf.size(acc), tf.minimum(k, tf.size(acc)), seed=seed, tensor_id=tensor_id, step=step)
-    acc, index = tf.gather(acc, pick), tf.gather(index, pick)
-    values, residual, momentum = send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
-    return values, index, residual, momentum
+pack_above = _packed(packing.pack_above)
+pack_topk = _packed(packing.pack_topk)
+pack_rtopk = _packed(packing.pack_rtopk)
+pack_indices = _packed(packing.pack_indices)
+pack_randomk = _packed(packing.pack_randomk)
+pack_sampled = _packed(packing.pack_sampled)

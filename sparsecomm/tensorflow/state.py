@@ -21,7 +21,7 @@ import weakref
 
 import tensorflow as tf
 
-from .. import _settings
+from ..core.selection import tensor_id
 
 
 class VariableState(tf.Module):
@@ -31,7 +31,7 @@ class VariableState(tf.Module):
     def __init__(self, name, shape, dtype, residual, momentum):
         super().__init__()
         self._variable_name, self._shape, self._dtype = name, shape, dtype
-        self._tensor_id = _settings.tensor_id(name)
+        self._tensor_id = tensor_id(name)
         numel = shape.num_elements()
         counter = lambda: tf.Variable(0, dtype=tf.int64, trainable=False)  # noqa: E731
         self.step = counter()

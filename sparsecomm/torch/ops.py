@@ -8,7 +8,8 @@ from typing import Optional
 import torch
 
 from .. import _C  # noqa: F401  (loads the extension, registering torch.ops.sparsecomm)
-from .._settings import sample_count, seed_as_int64, selected_count
+from ..core import packing
+from ..core.selection import sample_count, seed_as_int64
 
 _ops = torch.ops.sparsecomm
 
@@ -103,100 +104,58 @@ def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     return out
 
 
-def pack_above(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, masking=True):
-    """Error-feedback pack of exactly the elements with |acc| >= threshold, in index order:
-    one pass over the tensor. Returns (values in grad's dtype, index int32)."""
-    acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
-    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
-
-
-def _accumulated_state(grad, residual, momentum):
-    """After accumulate_candidates, the tensor that holds acc for every element."""
-    return residual if residual is not None else momentum if momentum is not None else grad
-
-
-def _top_candidates(grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
-    """Accumulates the state (one pass) and returns the k candidates of largest |acc| (ties:
-    lower index), in index order. A sampled threshold set for about 1.5k + 32 candidates keeps
-    the exact selection to a small candidate set; if the sample overshoots (fewer than k
-    candidates) a second, read-only pass takes every element as a candidate."""
-    numel = grad.numel()
-    k = min(k, numel)
-    if k == 0:
-        threshold = float("inf")
-    else:
-        threshold = sample_threshold(grad, residual, min(1.0, (1.5 * k + 32) / numel), momentum=momentum,
-                                     momentum_factor=momentum_factor, sample_ratio=sample_ratio, seed=seed,
-                                     tensor_id=tensor_id, step=step)
-    acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
-    if acc.numel() < k:
-        acc, index = accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0)
-    return select_top(acc, index, k)
-
-
-def pack_topk(grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
-              seed=0, tensor_id=0, step=0):
-    """Error-feedback pack of exactly the k elements of largest |acc| (ties: lower index),
-    in index order: one pass over the tensor (see _top_candidates)."""
-    acc, index = _top_candidates(grad, residual, k, momentum=momentum, momentum_factor=momentum_factor,
-                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
-    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
-
-
 def random_k_indices(like, k, *, seed, tensor_id, step):
     """k distinct indices of [0, like.numel()), sorted, int32: a pure function of
     (seed, tensor_id, step), identical on every rank and device."""
     return _ops.random_k_indices(like, seed_as_int64(seed), tensor_id, step, k)
 
 
-def pack_indices(grad, residual, index, *, momentum=None, momentum_factor=0.0, masking=True):
-    """Error-feedback pack of the elements at `index` (int32, distinct, ascending): one pass
-    to accumulate the state, then an O(k) gather. Returns the values in grad's dtype."""
-    if residual is not None or momentum is not None:  # no state: nothing to accumulate
-        accumulate_candidates(grad, residual, float("inf"), momentum=momentum, momentum_factor=momentum_factor)
-    acc = _accumulated_state(grad, residual, momentum).reshape(-1)[index.long()].float()
-    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking)
+class _Kernels:
+    """These ops in the functional form of sparsecomm.core.packing: the state is updated in
+    place and returned as it is."""
+    sample_threshold = staticmethod(sample_threshold)
+    select_top = staticmethod(select_top)
+
+    @staticmethod
+    def random_k_indices(like, k, *, seed, tensor_id, step):  # at most every element
+        return random_k_indices(like, min(k, like.numel()), seed=seed, tensor_id=tensor_id, step=step)
+
+    @staticmethod
+    def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0):
+        acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum,
+                                           momentum_factor=momentum_factor)
+        return acc, index, residual, momentum
+
+    @staticmethod
+    def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):
+        return send_selected(acc, index, residual, dtype, momentum=momentum, masking=masking), residual, momentum
+
+    @staticmethod
+    def send_quantized(acc, index, residual, bits, *, momentum=None, masking=True):
+        return (*send_quantized(acc, index, residual, bits, momentum=momentum, masking=masking), residual, momentum)
+
+    numel = staticmethod(torch.Tensor.numel)
+    size = staticmethod(torch.Tensor.numel)
+    dtype = staticmethod(lambda t: t.dtype)
+    gather = staticmethod(lambda x, index: x[index.long()])
+    gather_float = staticmethod(lambda x, index: x.reshape(-1)[index.long()].float())
+    cond = staticmethod(lambda pred, then, otherwise: then() if pred else otherwise())
 
 
-def pack_randomk(grad, residual, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True):
-    """Shared-seed random-k: every rank packs the same k coordinates, so the values can be
-    summed by an allreduce with no indices on the wire. Returns (values, index)."""
-    index = random_k_indices(grad, min(k, grad.numel()), seed=seed, tensor_id=tensor_id, step=step)
-    return pack_indices(grad, residual, index, momentum=momentum, momentum_factor=momentum_factor,
-                        masking=masking), index
+KERNELS = _Kernels()
 
 
-def pack_rtopk(grad, residual, r, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True,
-               sample_ratio=0.01):
-    """rTop-k (Barnes et al. 2020): k elements drawn uniformly (shared-seed stream) from the
-    r of largest |acc|, in index order. Returns (values, index)."""
-    acc, index = _top_candidates(grad, residual, max(r, k), momentum=momentum, momentum_factor=momentum_factor,
-                                 sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
-    pick = random_k_indices(acc, min(k, acc.numel()), seed=seed, tensor_id=tensor_id, step=step).long()
-    acc, index = acc[pick], index[pick]
-    return send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
+def _packed(composite):
+    """A composite of sparsecomm.core.packing on these kernels, returning (values, index)."""
+    def pack(*args, **kwargs):
+        return composite(KERNELS, *args, **kwargs)[:2]
+    pack.__name__, pack.__doc__ = composite.__name__, composite.__doc__
+    return pack
 
 
-def pack_sampled(grad, residual, ratio, *, band=(0.8, 1.3), momentum=None, momentum_factor=0.0, masking=True,
-                 sample_ratio=0.01, seed=0, tensor_id=0, step=0, value_dtype=None, bits=None):
-    """Error-feedback pack by a sampled threshold (gradient dropping, DGC): about
-    k = ratio * numel elements, always between band[0] * k and band[1] * k (bounded
-    correction: above the band, the exact top k of the candidates; below it, a second,
-    read-only pass takes the exact top k). Returns (values in `value_dtype`, default grad's
-    dtype, and index int32); the rounding to value_dtype stays in the residual. With bits (1 or
-    2), returns ((codes, scales), index): the values quantized, the error in the residual."""
-    numel = grad.numel()
-    k = selected_count(ratio, numel)
-    if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
-        threshold = 0.0
-    else:
-        threshold = sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
-                                     sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
-    acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor)
-    if acc.numel() > band[1] * k:
-        acc, index = select_top(acc, index, k)
-    elif acc.numel() < band[0] * k:
-        acc, index = select_top(*accumulate_candidates(_accumulated_state(grad, residual, momentum), None, 0.0), k)
-    if bits is not None:
-        return send_quantized(acc, index, residual, bits, momentum=momentum, masking=masking), index
-    return send_selected(acc, index, residual, value_dtype or grad.dtype, momentum=momentum, masking=masking), index
+pack_above = _packed(packing.pack_above)
+pack_topk = _packed(packing.pack_topk)
+pack_rtopk = _packed(packing.pack_rtopk)
+pack_indices = _packed(packing.pack_indices)
+pack_randomk = _packed(packing.pack_randomk)
+pack_sampled = _packed(packing.pack_sampled)

@@ -11,6 +11,9 @@ from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
+from ..core import report
+from ..core.selection import tensor_id
+
 
 @dataclass
 class ParameterState:
@@ -19,6 +22,76 @@ class ParameterState:
     step: int = 0                            # compress calls so far (one per Horovod allreduce)
     residual: Optional[torch.Tensor] = None  # float32, numel of the parameter (error feedback)
     momentum: Optional[torch.Tensor] = None  # float32, numel of the parameter (DGC momentum correction)
+
+    @classmethod
+    def fresh(cls, name, step=0):
+        return cls(name, tensor_id(name), step)
+
+
+class Counters:
+    """What stats() reports: running totals and per-parameter counters (plain ints: cheap)."""
+
+    def __init__(self):
+        self.totals = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "received_bytes": 0, "compress_seconds": 0.0}
+        self.tensors: Dict[str, dict] = {}
+
+    def account(self, name, tensor, ctx, seconds):
+        """One compress: the tensor handed over, what its exchange context says was sent."""
+        per = self.tensors.setdefault(name, dict({key: 0 for key in report.COUNTERS}, compress_seconds=0.0,
+                                                 numel=tensor.numel()))
+        per["sent_elements"] += ctx.sent_elements
+        for totals in (self.totals, per):
+            totals["calls"] += 1
+            totals["dense_bytes"] += tensor.numel() * tensor.element_size()
+            totals["sent_bytes"] += ctx.sent_bytes
+            totals["received_bytes"] += ctx.received_bytes
+            totals["compress_seconds"] += seconds
+
+    def account_later(self, name, sent_bytes, received_bytes):
+        """Bytes known only in decompress (what the gathers brought, a second phase's payload)."""
+        for totals in (self.totals, self.tensors[name]):
+            totals["sent_bytes"] += sent_bytes
+            totals["received_bytes"] += received_bytes
+
+    def stats(self, choices):
+        tensors = {name: report.tensor_stats({k: v for k, v in per.items() if k != "numel"}, per["numel"],
+                                             choices.get(name))
+                   for name, per in self.tensors.items()}
+        return dict(self.totals, tensors=tensors)
+
+
+def state_dict(owner, states, counters):
+    """A compressor's state for checkpoints (each rank saves its own: residuals differ per
+    rank): per parameter, the step, residual and momentum; and the stats totals."""
+    return {"compressor": owner,
+            "parameters": {name: {"step": s.step, "residual": s.residual, "momentum": s.momentum}
+                           for name, s in states.items()},
+            "stats": dict(counters.totals)}
+
+
+def load_states(owner, binding, saved, counters):
+    """The parameter states of a state_dict(), checked against the bound parameters."""
+    if not isinstance(saved, dict) or "parameters" not in saved:
+        raise TypeError(f"{owner}: load_state_dict expects what state_dict() returned, got {type(saved).__name__}")
+    if saved.get("compressor") != owner:
+        raise ValueError(f"{owner}: the state was saved by {saved.get('compressor')!r}, not {owner}")
+    if binding is None:
+        raise RuntimeError(f"{owner}: bind named_parameters= before load_state_dict")
+    states = {}
+    for name, entry in saved["parameters"].items():
+        param = binding.params.get(name)
+        if param is None:
+            raise KeyError(f"{owner}: the state has parameter {name!r}, which is not among named_parameters")
+        restored = ParameterState.fresh(name, int(entry["step"]))
+        for key in ("residual", "momentum"):
+            tensor = entry.get(key)
+            if tensor is not None and tensor.numel() != param.numel():
+                raise ValueError(f"{owner}: the saved {key} of {name!r} has {tensor.numel()} elements, "
+                                 f"the parameter {param.numel()}")
+            setattr(restored, key, None if tensor is None else tensor.to(param.device, torch.float32).clone())
+        states[name] = restored
+    counters.totals.update(saved.get("stats", {}))
+    return states
 
 
 class ParameterBinding:

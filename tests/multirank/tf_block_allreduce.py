@@ -10,7 +10,7 @@ import tensorflow as tf
 import horovod.tensorflow as hvd
 
 import common
-from sparsecomm import _settings
+from sparsecomm.core import selection
 from sparsecomm.tensorflow import ops
 
 parser = argparse.ArgumentParser()
@@ -26,7 +26,7 @@ TENSORS = {"w_f32": ([1000], tf.float32), "w_f16": ([257], tf.float16), "w_bf16"
 def gradient(name, step, rank):
     """Rank- and step-specific gradient, reproducible by the reference."""
     shape, dtype = TENSORS[name]
-    rng = np.random.default_rng([step, rank, _settings.tensor_id(name)])
+    rng = np.random.default_rng([step, rank, selection.tensor_id(name)])
     return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
 
 
@@ -36,7 +36,7 @@ residuals = {name: tf.Variable(tf.zeros([int(np.prod(shape))]), name=f"res_{name
 
 @tf.function
 def exchange(grad, residual, step, name, numel, length):
-    start = ops.random_block_start(SEED, _settings.tensor_id(name), step, numel)
+    start = ops.random_block_start(SEED, selection.tensor_id(name), step, numel)
     values, residual_out = ops.block_pack(grad, residual.read_value(), start, length)
     residual.assign(residual_out)
     # Horovod 0.28.1's TF allreduce has no bfloat16: such values travel as float32.
@@ -50,7 +50,7 @@ for step in range(args.steps):
     for name, (shape, dtype) in TENSORS.items():
         numel = int(np.prod(shape))
         dense = exchange(gradient(name, step, hvd.rank()), residuals[name], tf.constant(step, tf.int64), name, numel,
-                         _settings.selected_count(RATIO, numel))
+                         selection.selected_count(RATIO, numel))
         out[f"{name}/dense/{step}"] = tf.cast(dense, tf.float32).numpy()
         out[f"{name}/residual/{step}"] = residuals[name].numpy()
 

@@ -1,0 +1,42 @@
+"""What a compressor of either framework is made of, framework-free: its method (the rules
+of sparsecomm.core.methods), its per-layer policy and its planner (sparsecomm.core.plan).
+
+The torch and TF compressors inherit Settings and add only their framework: binding to the
+model's parameters, state tensors, kernels and collectives. Each method's compressor class
+declares its hooks (see sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py):
+    pack(tensor, state, density)  the method's kernels -> what the exchange sends
+    dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
+"""
+from . import report
+from .plan import Planner, Policy
+
+
+class Settings:
+    """The settings part of a compressor: `method`, `policy`, `planner`, readable as
+    attributes (`compressor.ratio`, `compressor.exchange`, `compressor.min_numel`)."""
+
+    def _configure(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
+        """exchange: exchange=, network=, dense_fallback= of the per-rank-coordinate methods."""
+        self.method = method
+        self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
+        self.planner = Planner(method.owner, method, self.policy, **exchange)
+        self._instance = report.next_instance()  # names the settings check (same on every rank)
+
+    def settings(self) -> str:
+        """The settings every rank must share, as text (compared across ranks on the first step)."""
+        fields = dict(self.method.settings(), **self.planner.settings(), **vars(self.policy))
+        return report.settings_text(self.method.owner, fields)
+
+    def density(self, step: int) -> float:
+        """The density at a tensor's step (the warm-up schedule, then ratio)."""
+        return self.method.density(step)
+
+    def __getattr__(self, name):
+        # Called only when normal lookup fails: the public settings live in the three parts.
+        parts = [self.__dict__.get(part) for part in ("method", "planner", "policy")]
+        if not name.startswith("_") and None not in parts:
+            method, planner, policy = parts
+            for holder, names in ((method, method.settings()), (planner, planner.settings()), (policy, vars(policy))):
+                if name in names:
+                    return getattr(holder, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")

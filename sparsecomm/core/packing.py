@@ -1,0 +1,122 @@
+"""The error-feedback packs of every method, written once over a framework's kernels.
+
+`K` is a framework's kernel set (sparsecomm/torch/ops.py and sparsecomm/tensorflow/ops.py
+each build one, `KERNELS`): the compiled ops in a functional form, where every op that
+updates the state returns it (torch updates in place and returns the same tensors), plus
+`numel`, `size`, `gather_float` and `cond` (a Python branch in torch, tf.cond in a graph).
+
+acc = residual + (momentum_factor * momentum + grad), element-wise. Every pack returns
+(values, index, residual, momentum): the values to send (or (codes, scales) when quantized),
+their int32 indices in index order, and the state after the pack (None where absent).
+"""
+import math
+
+from .selection import BAND, candidate_ratio, selected_count
+
+
+def _accumulated(grad, residual, momentum):
+    """After an accumulation, the tensor that holds acc for every element."""
+    return residual if residual is not None else momentum if momentum is not None else grad
+
+
+def _send(K, acc, index, residual, momentum, masking, dtype=None, bits=None):
+    if bits is not None:
+        codes, scales, residual, momentum = K.send_quantized(acc, index, residual, bits, momentum=momentum,
+                                                             masking=masking)
+        return (codes, scales), index, residual, momentum
+    values, residual, momentum = K.send_selected(acc, index, residual, dtype, momentum=momentum, masking=masking)
+    return values, index, residual, momentum
+
+
+def pack_above(K, grad, residual, threshold, *, momentum=None, momentum_factor=0.0, masking=True):
+    """Exactly the elements with |acc| >= threshold, in index order: one pass."""
+    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
+                                                             momentum_factor=momentum_factor)
+    return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
+
+
+def _every_element(K, grad, residual, momentum, k):
+    """The exact top k of every element's acc (a second, read-only pass)."""
+    acc, index, _, _ = K.accumulate_candidates(_accumulated(grad, residual, momentum), None, 0.0)
+    return K.select_top(acc, index, k)
+
+
+def top_candidates(K, grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
+    """Accumulates the state (one pass) and returns the k candidates of largest |acc| (ties:
+    lower index), in index order, with the state. A sampled threshold set for about
+    CANDIDATES_PER_K * k + CANDIDATES_EXTRA candidates keeps the exact selection to a small
+    set; if the sample overshoots (fewer than k candidates), a second, read-only pass takes
+    every element as a candidate."""
+    numel = K.numel(grad)
+    k = min(k, numel)
+    threshold = float("inf") if k == 0 else K.sample_threshold(
+        grad, residual, candidate_ratio(k, numel), momentum=momentum, momentum_factor=momentum_factor,
+        sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
+                                                             momentum_factor=momentum_factor)
+    acc, index = K.cond(K.size(acc) < k, lambda: _every_element(K, grad, residual, momentum, k),
+                        lambda: K.select_top(acc, index, k))
+    return acc, index, residual, momentum
+
+
+def pack_topk(K, grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
+              seed=0, tensor_id=0, step=0):
+    """Exactly the k elements of largest |acc| (ties: lower index), in index order."""
+    acc, index, residual, momentum = top_candidates(K, grad, residual, k, momentum=momentum,
+                                                    momentum_factor=momentum_factor, sample_ratio=sample_ratio,
+                                                    seed=seed, tensor_id=tensor_id, step=step)
+    return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
+
+
+def pack_rtopk(K, grad, residual, r, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True,
+               sample_ratio=0.01):
+    """rTop-k (Barnes et al. 2020): k elements drawn uniformly (shared-seed stream) from the r
+    of largest |acc|, in index order."""
+    acc, index, residual, momentum = top_candidates(K, grad, residual, max(r, k), momentum=momentum,
+                                                    momentum_factor=momentum_factor, sample_ratio=sample_ratio,
+                                                    seed=seed, tensor_id=tensor_id, step=step)
+    pick = K.random_k_indices(acc, k, seed=seed, tensor_id=tensor_id, step=step)
+    acc, index = K.gather(acc, pick), K.gather(index, pick)
+    return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
+
+
+def pack_indices(K, grad, residual, index, *, momentum=None, momentum_factor=0.0, masking=True):
+    """The elements at `index` (int32, distinct, ascending): one pass to accumulate the state
+    (none without state), then an O(k) gather."""
+    if residual is not None or momentum is not None:
+        _, _, residual, momentum = K.accumulate_candidates(grad, residual, float("inf"), momentum=momentum,
+                                                           momentum_factor=momentum_factor)
+    acc = K.gather_float(_accumulated(grad, residual, momentum), index)
+    return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
+
+
+def pack_randomk(K, grad, residual, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True):
+    """Shared-seed random-k: every rank packs the same k coordinates, so the values can be
+    summed by an allreduce with no indices on the wire."""
+    index = K.random_k_indices(grad, k, seed=seed, tensor_id=tensor_id, step=step)
+    return pack_indices(K, grad, residual, index, momentum=momentum, momentum_factor=momentum_factor,
+                        masking=masking)
+
+
+def pack_sampled(K, grad, residual, ratio, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
+                 seed=0, tensor_id=0, step=0, value_dtype=None, bits=None):
+    """Sampled threshold with bounded correction (gradient dropping, DGC): about
+    k = ratio * numel elements, always between BAND[0] k and BAND[1] k (above the band, the
+    exact top k of the candidates; below it, a second, read-only pass takes the exact top k).
+    Values in `value_dtype` (default grad's; the rounding stays in the residual), or with bits
+    (1 or 2) as (codes, scales), the quantization error in the residual."""
+    numel = K.numel(grad)
+    k = selected_count(ratio, numel)
+    if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
+        threshold = 0.0
+    else:
+        threshold = K.sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
+                                       sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
+                                                             momentum_factor=momentum_factor)
+    count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
+    too_many, too_few = math.floor(BAND[1] * k), math.ceil(BAND[0] * k)
+    acc, index = K.cond(count > too_many, lambda: K.select_top(acc, index, k),
+                        lambda: K.cond(count < too_few, lambda: _every_element(K, grad, residual, momentum, k),
+                                       lambda: (acc, index)))
+    return _send(K, acc, index, residual, momentum, masking, value_dtype or K.dtype(grad), bits)

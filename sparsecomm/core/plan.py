@@ -1,0 +1,121 @@
+"""How each tensor travels: the per-layer policy and the exchange decision, written once.
+
+Routes (what `Planner.route` returns):
+  "dense"      Horovod's own allreduce of the whole tensor (policy, dense fallback, or the
+               cost model found it cheapest);
+  "shared"     the packed values of a shared-coordinate method on Horovod's allreduce;
+  "allgather"  values and indices of every rank (sparsecomm.<framework>.exchange);
+  "spardl"     sparse reduce-scatter + all-gather.
+Nothing here starts a collective: the network exchange="auto" needs is measured by the
+framework adapter (`needs_network`) and handed in.
+"""
+import fnmatch
+from dataclasses import dataclass
+
+from . import cost, validate
+from .selection import selected_count
+
+INDEX_BYTES = 4  # indices travel as int32
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The per-layer policy (every compressor): a tensor goes dense when it has fewer than
+    ``min_numel`` elements, when it is 1-D and ``dense_1d`` (biases, norm scales: the DGC paper
+    compresses only tensors of dim > 1), or when its name matches one of the fnmatch patterns in
+    ``dense`` (e.g. ``["*.embedding.*"]``)."""
+    min_numel: int = 1024
+    dense_1d: bool = True
+    dense: tuple = ()
+
+    @classmethod
+    def checked(cls, owner, min_numel=1024, dense_1d=True, dense=()):
+        return cls(validate.check_count(owner, "min_numel", min_numel, 0),
+                   validate.check_flag(owner, "dense_1d", dense_1d), validate.check_patterns(owner, dense))
+
+    def sends_dense(self, name, numel, ndim):
+        return (numel < self.min_numel or (self.dense_1d and ndim == 1)
+                or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense))
+
+
+def sparse_is_larger(k, numel, element_size):
+    """The dense fallback: k values and int32 indices would not be smaller than the tensor."""
+    return k * (element_size + INDEX_BYTES) >= numel * element_size
+
+
+class Planner:
+    """The route of each tensor at a density, and the record of what exchange='auto' chose
+    (shown by stats()). The same inputs give the same route on every rank."""
+
+    def __init__(self, owner, method, policy, exchange="auto", network=None, dense_fallback=True):
+        self.method, self.policy = method, policy
+        self.shared = method.shared_coordinates
+        if not self.shared:
+            self.dense_fallback = validate.check_flag(owner, "dense_fallback", dense_fallback)
+            self.exchange, self.network = validate.check_exchange(owner, exchange, network)
+        self.choices = {}  # name -> {"exchange", "predicted_seconds"?}: what stats() shows
+        self._cached = {}  # name -> ((k, ranks), route) of exchange="auto"
+
+    def settings(self):
+        if self.shared:
+            return {}
+        return {"dense_fallback": self.dense_fallback, "exchange": self.exchange, "network": self.network}
+
+    def needs_network(self, ranks):
+        """Whether a route needs the network measured first (exchange="auto" on several ranks)."""
+        return not self.shared and self.exchange == "auto" and self.network is None and ranks > 1
+
+    def route(self, name, numel, ndim, element_size, density, ranks, record=True):
+        """How this tensor travels at `density` (see the module docstring)."""
+        if self.policy.sends_dense(name, numel, ndim):
+            return "dense"
+        if self.shared:
+            return "shared"
+        k = selected_count(density, numel)
+        if self.dense_fallback and sparse_is_larger(k, numel, element_size):
+            return self._record(name, record, "dense")
+        if self.exchange != "auto":
+            return self._record(name, record, self.exchange)
+        if ranks == 1:
+            return "allgather"
+        return self._auto(name, numel, k, element_size, ranks, record)
+
+    def _auto(self, name, numel, k, element_size, ranks, record):
+        if self.network is None:
+            raise RuntimeError("exchange='auto' needs the network: measure it first (Planner.needs_network)")
+        cached = self._cached.get(name)
+        if cached is None or cached[0] != (k, ranks):
+            choice, predicted = cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks,
+                                            self.network, self.method.exchanges())
+            cached = self._cached[name] = ((k, ranks), {"exchange": choice, "predicted_seconds": predicted})
+        if record:
+            self.choices[name] = cached[1]
+        return cached[1]["exchange"]
+
+    def _record(self, name, record, route):
+        if record:
+            self.choices[name] = {"exchange": route}
+        return route
+
+
+@dataclass(frozen=True)
+class SparDLLayout:
+    """SparDL's blocks (Zhao et al. 2023): the tensor split into one contiguous block per rank,
+    rank b owning block b, and at most `per_rank` pairs sent to each owner and kept by it."""
+    numel: int
+    ranks: int
+    block: int
+    per_rank: int
+
+    @classmethod
+    def of(cls, numel, k, ranks):
+        return cls(numel, ranks, -(-numel // ranks), max(1, -(-k // ranks)))
+
+    def bounds(self):
+        """The first index of each block and the end: ranks + 1 int32-safe offsets."""
+        return [min(b * self.block, 2**31 - 1) for b in range(self.ranks + 1)]
+
+    def owned(self, rank):
+        """(first index, size) of the block `rank` owns."""
+        low = rank * self.block
+        return low, max(0, min(self.block, self.numel - low))

@@ -1,0 +1,46 @@
+"""What a compressor says about itself, written once: its settings text, the cross-rank
+settings check, and stats()."""
+import itertools
+
+_instances = itertools.count()  # names each compressor's settings check, in construction order (same on every rank)
+
+# The per-tensor counters of stats(): what this rank handed the collectives.
+COUNTERS = ("calls", "sent_elements", "dense_bytes", "sent_bytes", "received_bytes")
+
+
+def next_instance():
+    return next(_instances)
+
+
+def settings_text(owner, settings):
+    """`Owner(k=v, ...)`, sorted by name: what every rank must share."""
+    return f"{owner}({', '.join(f'{k}={v!r}' for k, v in sorted(settings.items()))})"
+
+
+def check_same_settings(owner, text, allgather):
+    """Raises the same error on every rank when the ranks' settings texts differ.
+    allgather(ints, part) -> the ints of every rank, concatenated in rank order (one
+    collective of the framework, named with `part`)."""
+    mine = list(text.encode("utf-8"))
+    lengths = allgather([len(mine)], "length")
+    joined, texts = allgather(mine, "text"), []
+    for length in lengths:
+        texts.append(bytes(joined[:length]).decode("utf-8"))
+        joined = joined[length:]
+    if len(set(texts)) > 1:
+        listed = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
+        raise ValueError(f"{owner}: compressor settings differ across ranks ({listed}). "
+                         f"Every rank must construct the compressor with the same arguments.")
+
+
+def tensor_stats(counters, numel, choice):
+    """One tensor's stats: its counters, numel, density (sent elements per call / numel; 1 when
+    dense or never called) and, for the per-rank-coordinate methods, the exchange chosen and
+    the cost model's predicted seconds of each."""
+    calls = counters["calls"]
+    density = counters["sent_elements"] / (calls * numel) if calls and numel else 1.0
+    return dict(counters, numel=numel, density=density, **(choice or {}))
+
+
+def totals(tensors, keys=("calls", "dense_bytes", "sent_bytes", "received_bytes")):
+    return {key: sum(t[key] for t in tensors.values()) for key in keys}

@@ -1,0 +1,46 @@
+"""How many elements a selection takes, and the constants of the sampled selections (both
+frameworks and every kernel composite read them from here)."""
+import math
+import zlib
+
+_UINT64 = 2**64
+
+# A sampled threshold for exact top-k aims at CANDIDATES_PER_K * k + CANDIDATES_EXTRA candidates,
+# so the exact selection runs over a small set and rarely falls short of k.
+CANDIDATES_PER_K = 1.5
+CANDIDATES_EXTRA = 32
+# Gradient dropping and DGC accept a sampled threshold whose count lies in [BAND[0] k, BAND[1] k]
+# (DGC's official bounds); outside it they correct to exactly k.
+BAND = (0.8, 1.3)
+# Enough sampled values above the threshold that its count has about 6% relative deviation.
+MIN_SAMPLED_HITS = 256
+
+
+def selected_count(ratio, numel):
+    """k = max(1, floor(ratio * numel + 1/2)) for a non-empty tensor, never above numel."""
+    if numel == 0:
+        return 0
+    return min(numel, max(1, int(ratio * numel + 0.5)))
+
+
+def candidate_ratio(k, numel):
+    """The density a sampled threshold aims at when it only has to bound an exact top-k."""
+    return min(1.0, (CANDIDATES_PER_K * k + CANDIDATES_EXTRA) / numel)
+
+
+def sample_count(numel, ratio, sample_ratio=0.01, min_hits=MIN_SAMPLED_HITS):
+    """How many positions to sample for a threshold at density `ratio`: `sample_ratio` of the
+    tensor, and at least enough that about `min_hits` sampled values pass it (the passing count
+    then has a relative standard deviation of about 1/sqrt(min_hits): 6% for 256)."""
+    return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))
+
+
+def tensor_id(name):
+    """Stable 32-bit id of a parameter name: the same on every rank and in both frameworks
+    (CRC-32 of its UTF-8 bytes). It keys the parameter's random selection stream."""
+    return zlib.crc32(name.encode("utf-8"))
+
+
+def seed_as_int64(seed):
+    """The uint64 seed as the int64 with the same bits (the ops' integer type)."""
+    return seed - _UINT64 if seed >= 2**63 else seed
