@@ -2,7 +2,8 @@
 of sparsecomm.core.methods), its per-layer policy and its planner (sparsecomm.core.plan).
 
 The torch and TF compressors inherit Settings and add only their framework: binding to the
-model's parameters, state tensors, kernels and collectives. Each method's compressor class
+model's parameters, state tensors, kernels and collectives (and `_ranks`, `_measure_network`,
+`_allgather_ints`). Each method's compressor class
 declares its hooks (see sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py):
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
@@ -21,11 +22,34 @@ class Settings:
         self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
         self.planner = Planner(method.owner, method, self.policy, **exchange)
         self._instance = report.next_instance()  # names the settings check (same on every rank)
+        self._settings_checked = False
 
     def settings(self) -> str:
         """The settings every rank must share, as text (compared across ranks on the first step)."""
         fields = dict(self.method.settings(), **self.planner.settings(), **vars(self.policy))
         return report.settings_text(self.method.owner, fields)
+
+    def _check_settings_once(self):
+        """On the first compress: every rank's settings text, gathered; different settings raise
+        the same error on every rank, instead of hanging or training wrong."""
+        if self._settings_checked:
+            return
+        self._settings_checked = True
+        if self._ranks() > 1:
+            name = f"sparsecomm.settings.{self._instance}"
+            report.check_same_settings(self.method.owner, self.settings(),
+                                       lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
+
+    def _routing_ranks(self, measure):
+        """The number of ranks to route for. exchange="auto" on several ranks needs the network:
+        measured here (once, collectively) when `measure`; a predicate (measure=False) starts
+        nothing and routes as on one rank (the policy and the dense fallback only)."""
+        ranks = self._ranks()
+        if self.planner.needs_network(ranks):
+            if not measure:
+                return 1
+            self.planner.network = self._measure_network()
+        return ranks
 
     def density(self, step: int) -> float:
         """The density at a tensor's step (the warm-up schedule, then ratio)."""

@@ -120,3 +120,17 @@ def pack_sampled(K, grad, residual, ratio, *, momentum=None, momentum_factor=0.0
                         lambda: K.cond(count < too_few, lambda: _every_element(K, grad, residual, momentum, k),
                                        lambda: (acc, index)))
     return _send(K, acc, index, residual, momentum, masking, value_dtype or K.dtype(grad), bits)
+
+
+COMPOSITES = (pack_above, pack_topk, pack_rtopk, pack_indices, pack_randomk, pack_sampled)
+
+
+def bound(K, results=4):
+    """COMPOSITES on the kernels K, in that order, each returning its first `results` results
+    (torch: 2, the values and the index; its state is updated in place)."""
+    def bind(composite):
+        def pack(*args, **kwargs):
+            return composite(K, *args, **kwargs)[:results]
+        pack.__name__, pack.__doc__ = composite.__name__, composite.__doc__
+        return pack
+    return tuple(bind(composite) for composite in COMPOSITES)

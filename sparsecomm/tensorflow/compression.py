@@ -40,7 +40,6 @@ class Compressor(Settings, tf.Module):
         self._name = method.owner
         self._process_set = process_set
         self._binding = None
-        self._settings_checked = False
         if variables is not None:
             self._bind(variables)
 
@@ -64,8 +63,7 @@ class Compressor(Settings, tf.Module):
     def compress(self, tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         state = self._state_for(tensor)
-        if not self._settings_checked:
-            self._check_settings_across_ranks()
+        self._check_settings_once()
         tensor = tf.convert_to_tensor(tensor)
         route = self._route(state, tensor, self.method.ratio)
         if route not in ("dense", "shared"):
@@ -73,9 +71,9 @@ class Compressor(Settings, tf.Module):
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, self.method.ratio)
         counts = route == "shared" or self.method.counts_dense_steps
         handed = EXCHANGES[route].start(payload, self._wire(state, tensor))
-        with tf.control_dependencies(self._assign(state, payload.residual, payload.momentum, counts)):
+        with tf.control_dependencies(state.updates(payload.residual, payload.momentum, counts)):
             wire = tf.identity(handed.tensor)
-        return self._counted(state, wire, handed.count, handed.sent, handed.received), handed.finish
+        return state.counted(wire, handed.count, handed.sent, handed.received), handed.finish
 
     def decompress(self, tensor, ctx):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
@@ -92,9 +90,9 @@ class Compressor(Settings, tf.Module):
             stage = self.method.stage(state.step.read_value(), minimum=tf.minimum)
             outcome = tf.switch_case(tf.cast(stage, tf.int32), stages)
         summed, residual, momentum, count, sent, received = outcome
-        with tf.control_dependencies(self._assign(state, residual, momentum, True)):
+        with tf.control_dependencies(state.updates(residual, momentum, True)):
             placeholder = exchange.placeholder(state.variable_name)
-        placeholder = self._counted(state, placeholder, count, sent, received)
+        placeholder = state.counted(placeholder, count, sent, received)
         wire = self._wire(state, tensor)
         return placeholder, lambda output: exchange.finish(output, summed, wire)
 
@@ -104,7 +102,7 @@ class Compressor(Settings, tf.Module):
             packed = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
             wire = self._wire(state, tensor, selected_count(density, state.numel))
             outcome = EXCHANGES[route].run(packed, wire)
-            residual = outcome.residual if outcome.residual is not None else self._residual(state)
+            residual = outcome.residual if outcome.residual is not None else state.read_residual()
             return outcome.summed, residual, packed.momentum, outcome.count, outcome.sent, outcome.received
         return run
 
@@ -120,23 +118,19 @@ class Compressor(Settings, tf.Module):
     # -- routes, state, settings ---------------------------------------------------------------
 
     def goes_dense(self, name: str, variable) -> bool:
-        """Whether the route of this variable's gradient is dense. Starts nothing: before
-        exchange='auto' has measured the network, it answers for the policy and the dense
-        fallback only."""
+        """Whether the route of this variable's gradient is dense (starts nothing: see
+        _routing_ranks)."""
         shape = tf.TensorShape(variable.shape)
-        ranks = self._ranks()
-        if self.planner.needs_network(ranks):
-            ranks = 1  # no cost model yet: the route on one rank
         return self.planner.route(name, shape.num_elements(), shape.rank, tf.as_dtype(variable.dtype).size,
-                                  self.method.ratio, ranks, record=False) == "dense"
+                                  self.method.ratio, self._routing_ranks(measure=False), record=False) == "dense"
 
     def _route(self, state, tensor, density, record=True):
-        ranks = self._ranks()
-        if self.planner.needs_network(ranks):
-            with tf.init_scope():  # measured eagerly, once, the same on every rank
-                self.planner.network = exchange.measure_network(self._collective_set())
         return self.planner.route(state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density,
-                                  ranks, record)
+                                  self._routing_ranks(measure=True), record)
+
+    def _measure_network(self):
+        with tf.init_scope():  # eagerly, even inside a trace
+            return exchange.measure_network(self._collective_set())
 
     def _wire(self, state, tensor, k=0):
         return Wire(state.variable_name, state.shape, tensor.dtype, self._collective_set(), k)
@@ -154,56 +148,26 @@ class Compressor(Settings, tf.Module):
                             f"{getattr(dtype, 'name', type(tensor).__name__)}")
         return self.state[self._binding.attribute(tensor)]
 
-    def _assign(self, state, residual, momentum, counts_step):
-        """The state updates of one compress."""
-        updates = [state.step.assign_add(1)] if counts_step else []
-        if residual is not None and state.residual is not None:
-            updates.append(state.residual.assign(residual))
-        if momentum is not None:
-            updates.append(state.momentum.assign(momentum))
-        return updates
-
-    def _counted(self, state, tensor, sent_elements, sent_bytes, received_bytes=0):
-        """Updates the stats counters; returns `tensor` once they ran."""
-        updates = [state.calls.assign_add(1), state.sent_elements.assign_add(tf.cast(sent_elements, tf.int64)),
-                   state.sent_bytes.assign_add(tf.cast(sent_bytes, tf.int64)),
-                   state.received_bytes.assign_add(tf.cast(received_bytes, tf.int64))]
-        with tf.control_dependencies(updates):
-            return tf.identity(tensor)
-
-    def _residual(self, state):
-        return state.residual.read_value() if state.residual is not None else None
-
     def _collective_set(self):
         return self._process_set or exchange._hvd().global_process_set
 
     def _ranks(self):
         return self._collective_set().size() if exchange._hvd().is_initialized() else 1
 
-    def _check_settings_across_ranks(self):
-        """One eager allgather of every rank's settings, on the first compress (escaping any
-        trace): different settings raise the same error on every rank instead of hanging."""
-        self._settings_checked = True
+    def _allgather_ints(self, ints, name):
         hvd = exchange._hvd()
-        with tf.init_scope():
-            process_set = self._collective_set()
-            if not hvd.is_initialized() or process_set.size() == 1:
-                return
-            name = f"sparsecomm.settings.{self._instance}"
-            report.check_same_settings(self._name, self.settings(), lambda ints, part: hvd.allgather(
-                tf.constant(ints, tf.int64), name=f"{name}.{part}", process_set=process_set).numpy().tolist())
+        with tf.init_scope():  # eagerly, even inside a trace
+            return hvd.allgather(tf.constant(ints, tf.int64), name=name, process_set=self._collective_set()
+                                 ).numpy().tolist()
 
     def stats(self) -> dict:
         """Since construction (read from the counters): calls, dense_bytes, sent_bytes,
         received_bytes, and per variable under "tensors": the same plus numel, sent_elements,
         density (sent elements per call / numel; 1 when dense) and the exchange chosen. Counts
         are what this rank hands the collectives."""
-        tensors = {}
-        for state in getattr(self, "state", ()):
-            counters = {key: int(getattr(state, key).numpy()) for key in report.COUNTERS if key != "dense_bytes"}
-            counters["dense_bytes"] = counters["calls"] * state.numel * state.dtype.size
-            tensors[state.variable_name] = report.tensor_stats(counters, state.numel,
-                                                               self.planner.choices.get(state.variable_name))
+        tensors = {state.variable_name: report.tensor_stats(state.counters(), state.numel,
+                                                            self.planner.choices.get(state.variable_name))
+                   for state in getattr(self, "state", ())}
         return dict(report.totals(tensors), tensors=tensors)
 
 
@@ -220,7 +184,7 @@ class RandomBlock(Compressor):
 
     def pack(self, tensor, state, density):
         start = ops.random_block_start(self.method.seed, state.tensor_id, state.step, state.numel)
-        values, residual = ops.block_pack(tensor, self._residual(state), start, selected_count(density, state.numel))
+        values, residual = ops.block_pack(tensor, state.read_residual(), start, selected_count(density, state.numel))
         return Packed(values, start=start, residual=residual if self.method.error_feedback else None)
 
 
@@ -228,7 +192,7 @@ class RandomK(RandomBlock):
     """Random-k with a shared seed, with error feedback: sparsecomm.torch.RandomK for TensorFlow."""
 
     def pack(self, tensor, state, density):
-        values, index, residual, _ = ops.pack_randomk(tensor, self._residual(state),
+        values, index, residual, _ = ops.pack_randomk(tensor, state.read_residual(),
                                                       selected_count(density, state.numel),
                                                       seed=self.method.seed, tensor_id=state.tensor_id,
                                                       step=state.step)
@@ -245,7 +209,7 @@ class TopK(Compressor):
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def pack(self, tensor, state, density):
-        values, index, residual, _ = ops.pack_topk(tensor, self._residual(state), selected_count(density, state.numel),
+        values, index, residual, _ = ops.pack_topk(tensor, state.read_residual(), selected_count(density, state.numel),
                                                    seed=0, tensor_id=state.tensor_id, step=state.step)
         return Packed(values, index, residual=residual)
 
@@ -260,7 +224,7 @@ class RTopK(Compressor):
 
     def pack(self, tensor, state, density):
         numel, method = state.numel, self.method
-        values, index, residual, _ = ops.pack_rtopk(tensor, self._residual(state), selected_count(method.r, numel),
+        values, index, residual, _ = ops.pack_rtopk(tensor, state.read_residual(), selected_count(method.r, numel),
                                                     selected_count(density, numel), seed=method.seed,
                                                     tensor_id=state.tensor_id, step=state.step)
         return Packed(values, index, residual=residual)
@@ -272,7 +236,7 @@ def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=
     bits = getattr(method, "bits", None)
     value_dtype = getattr(method, "value_dtype", None)
     values, index, residual, momentum = ops.pack_sampled(
-        tensor, compressor._residual(state), density, momentum=momentum, momentum_factor=momentum_factor,
+        tensor, state.read_residual(), density, momentum=momentum, momentum_factor=momentum_factor,
         masking=masking, sample_ratio=method.sample_ratio, tensor_id=state.tensor_id, step=state.step,
         value_dtype=value_dtype and tf.as_dtype(value_dtype), bits=bits)
     if bits is not None:

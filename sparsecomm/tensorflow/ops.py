@@ -151,17 +151,5 @@ class _Kernels:
 KERNELS = _Kernels()
 
 
-def _packed(composite):
-    """A composite of sparsecomm.core.packing on these kernels: (values, index, residual, momentum)."""
-    def pack(*args, **kwargs):
-        return composite(KERNELS, *args, **kwargs)
-    pack.__name__, pack.__doc__ = composite.__name__, composite.__doc__
-    return pack
-
-
-pack_above = _packed(packing.pack_above)
-pack_topk = _packed(packing.pack_topk)
-pack_rtopk = _packed(packing.pack_rtopk)
-pack_indices = _packed(packing.pack_indices)
-pack_randomk = _packed(packing.pack_randomk)
-pack_sampled = _packed(packing.pack_sampled)
+# The error-feedback packs of sparsecomm.core.packing on these kernels.
+pack_above, pack_topk, pack_rtopk, pack_indices, pack_randomk, pack_sampled = packing.bound(KERNELS)

@@ -21,6 +21,7 @@ import weakref
 
 import tensorflow as tf
 
+from ..core import report
 from ..core.selection import tensor_id
 
 
@@ -58,6 +59,32 @@ class VariableState(tf.Module):
     @property
     def numel(self):
         return self._shape.num_elements()
+
+    def read_residual(self):
+        return self.residual.read_value() if self.residual is not None else None
+
+    def updates(self, residual, momentum, counts_step):
+        """The assignments of one compress: the state after the pack (where kept), step + 1."""
+        updates = [self.step.assign_add(1)] if counts_step else []
+        if residual is not None and self.residual is not None:
+            updates.append(self.residual.assign(residual))
+        if momentum is not None:
+            updates.append(self.momentum.assign(momentum))
+        return updates
+
+    def counted(self, tensor, sent_elements, sent_bytes, received_bytes):
+        """`tensor`, once the stats counters of one compress are updated."""
+        updates = [self.calls.assign_add(1), self.sent_elements.assign_add(tf.cast(sent_elements, tf.int64)),
+                   self.sent_bytes.assign_add(tf.cast(sent_bytes, tf.int64)),
+                   self.received_bytes.assign_add(tf.cast(received_bytes, tf.int64))]
+        with tf.control_dependencies(updates):
+            return tf.identity(tensor)
+
+    def counters(self):
+        """The stats counters as ints (eager), with the dense bytes of the calls so far."""
+        counters = {key: int(getattr(self, key).numpy()) for key in report.COUNTERS if key != "dense_bytes"}
+        counters["dense_bytes"] = counters["calls"] * self.numel * self._dtype.size
+        return counters
 
 
 def _name_of(variable):

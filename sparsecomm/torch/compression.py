@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
-from ..core import methods, report
+from ..core import methods
 from ..core.selection import selected_count
 from ..core.compressor import Settings
 from . import exchange, ops
@@ -43,7 +43,6 @@ class Compressor(Settings):
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states = {}
         self._counters = Counters()
-        self._settings_checked = False
         self._pending = []  # contexts of exchanges started in compress that still have a phase to advance
 
     # -- Horovod's hooks ---------------------------------------------------------------------
@@ -52,8 +51,7 @@ class Compressor(Settings):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
         state = self._state_for(tensor)
-        if not self._settings_checked:
-            self._check_settings_across_ranks()
+        self._check_settings_once()
         density = self.method.density(state.step)
         route = self._route(state.name, tensor, density, measure=True)
         k = selected_count(density, tensor.numel())
@@ -98,20 +96,17 @@ class Compressor(Settings):
     # -- routes, state, settings ---------------------------------------------------------------
 
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
-        """Whether this parameter's gradient is sent dense at its current step. Starts nothing:
-        before exchange='auto' has measured the network (first step, several ranks), it answers
-        for the policy and the dense fallback only."""
+        """Whether this parameter's gradient is sent dense at its current step (starts nothing:
+        see _routing_ranks)."""
         state = self._states.get(name)
         return self._route(name, tensor, self.method.density(state.step if state else 0), measure=False) == "dense"
 
     def _route(self, name, tensor, density, measure):
-        ranks = self._ranks()
-        if self.planner.needs_network(ranks):
-            if not measure:
-                ranks = 1  # no cost model yet: the route on one rank (policy and fallback only)
-            else:
-                self.planner.network = exchange.measure_network(self._process_set())
-        return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density, ranks)
+        return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density,
+                                  self._routing_ranks(measure))
+
+    def _measure_network(self):
+        return exchange.measure_network(self._process_set())
 
     def _state_for(self, tensor: torch.Tensor) -> ParameterState:
         if self._binding is None:
@@ -128,15 +123,7 @@ class Compressor(Settings):
         return state
 
     def _residual_of(self, state: ParameterState, tensor: torch.Tensor):
-        """The parameter's float32 residual (created on first use), or None without error feedback."""
-        if self.method.keeps_residual and state.residual is None:
-            state.residual = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
-        return state.residual
-
-    def _momentum_of(self, state: ParameterState, tensor: torch.Tensor):
-        if state.momentum is None:
-            state.momentum = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
-        return state.momentum
+        return state.residual_for(tensor, self.method.keeps_residual)
 
     def _process_set(self):
         return self.process_set or exchange._hvd().global_process_set
@@ -144,16 +131,9 @@ class Compressor(Settings):
     def _ranks(self) -> int:
         return self._process_set().size() if exchange._hvd().is_initialized() else 1
 
-    def _check_settings_across_ranks(self) -> None:
-        """On the first compress: every rank's settings text by allgather; different settings
-        raise the same error on every rank, instead of hanging or training wrong."""
-        self._settings_checked = True
-        hvd, process_set = exchange._hvd(), self._process_set()
-        if not hvd.is_initialized() or process_set.size() == 1:
-            return
-        name = f"sparsecomm.settings.{self._instance}"
-        report.check_same_settings(self._name, self.settings(), lambda ints, part: hvd.allgather(
-            torch.tensor(ints, dtype=torch.int64), name=f"{name}.{part}", process_set=process_set).tolist())
+    def _allgather_ints(self, ints, name):
+        return exchange._hvd().allgather(torch.tensor(ints, dtype=torch.int64), name=name,
+                                         process_set=self._process_set()).tolist()
 
     # -- checkpoints and stats ---------------------------------------------------------------
 
@@ -372,11 +352,11 @@ class DGC(_PerRank):
     def dense_payload(self, tensor, state):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
         and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
-        momentum = self._momentum_of(state, tensor)
+        momentum = state.momentum_for(tensor)
         ops.accumulate_candidates(self._clipped(tensor), None, float("inf"), momentum=momentum,
                                   momentum_factor=self.method.momentum)
         return momentum.to(tensor.dtype, copy=True).view(tensor.shape)  # Horovod reduces in place: a copy
 
     def pack(self, tensor, state, density):
-        return _sampled(self, self._clipped(tensor), state, density, momentum=self._momentum_of(state, tensor),
+        return _sampled(self, self._clipped(tensor), state, density, momentum=state.momentum_for(tensor),
                         momentum_factor=self.method.momentum, masking=self.method.momentum_masking)

@@ -27,6 +27,17 @@ class ParameterState:
     def fresh(cls, name, step=0):
         return cls(name, tensor_id(name), step)
 
+    def residual_for(self, tensor, keeps_residual):
+        """The float32 residual (created on first use), or None without error feedback."""
+        if keeps_residual and self.residual is None:
+            self.residual = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
+        return self.residual
+
+    def momentum_for(self, tensor):
+        if self.momentum is None:
+            self.momentum = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
+        return self.momentum
+
 
 class Counters:
     """What stats() reports: running totals and per-parameter counters (plain ints: cheap)."""
