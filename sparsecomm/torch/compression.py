@@ -16,8 +16,8 @@ from typing import Iterable, Optional, Tuple
 import torch
 
 from ..core import methods
-from ..core.selection import selected_count
 from ..core.compressor import Settings
+from ..core.selection import selected_count
 from . import exchange, ops
 from .exchange import EXCHANGES, Packed, Wire
 from .state import Counters, ParameterBinding, ParameterState, load_states, state_dict
@@ -343,11 +343,14 @@ class DGC(_PerRank):
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def _clipped(self, tensor):
+        """Local gradient clipping to clip_norm / sqrt(N), the factor computed on the device (no
+        host read): the gradient times limit / norm in float32, rounded once to its dtype."""
         limit = self.method.clip_limit(self._ranks())
         if limit is None:
             return tensor
-        norm = float(tensor.float().norm())
-        return tensor * (limit / norm) if norm > limit else tensor
+        norm = tensor.float().norm().double()
+        scale = (limit / norm).float()
+        return torch.where(norm > limit, (tensor.float() * scale).to(tensor.dtype), tensor)
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,

@@ -1,0 +1,77 @@
+"""Worker (2 ranks under horovodrun): every host read of tensor data (item, float(), int(),
+bool(), tolist, numpy) that a compress + decompress makes, per compressor configuration, with
+the innermost sparsecomm function that made it. Saves {config: [(read, "file:function"), ...]}
+for the steps after the first (the first step also runs the one-off settings check)."""
+import argparse
+import json
+import os
+import traceback
+
+import horovod.torch as hvd
+import torch
+from torch.overrides import TorchFunctionMode
+
+import common
+from common import EVERY
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+
+READS = {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__array__"}
+
+
+class HostReads(TorchFunctionMode):
+    """Records each read of a tensor's data on the host, and where in sparsecomm it came from."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name in READS:
+            frames = [f for f in traceback.extract_stack() if "/sparsecomm/" in f.filename]
+            where = f"{frames[-1].filename.split('/sparsecomm/')[-1]}:{frames[-1].name}" if frames else "outside"
+            self.reads.append((name, where))
+        return func(*args, **(kwargs or {}))
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+hvd.init()
+x_all, y_all = common.digits()
+named = lambda m: dict(named_parameters=m.named_parameters(), **EVERY)  # noqa: E731
+CONFIGS = {
+    "RandomBlock": lambda m: RandomBlock(ratio=0.05, **named(m)),
+    "RandomK": lambda m: RandomK(ratio=0.05, **named(m)),
+    "TopK_allgather": lambda m: TopK(ratio=0.05, exchange="allgather", **named(m)),
+    "RTopK_allgather": lambda m: RTopK(ratio=0.05, exchange="allgather", **named(m)),
+    "Threshold_allgather": lambda m: Threshold(ratio=0.05, exchange="allgather", **named(m)),
+    "Threshold_2bit": lambda m: Threshold(ratio=0.05, quantize="2bit", exchange="allgather", **named(m)),
+    "DGC_allgather_clipped": lambda m: DGC(ratio=0.05, clip_norm=1e-3, exchange="allgather", **named(m)),
+    "DGC_spardl": lambda m: DGC(ratio=0.05, exchange="spardl", **named(m)),
+    "TopK_spardl": lambda m: TopK(ratio=0.05, exchange="spardl", **named(m)),
+}
+results = {}
+for config, make in CONFIGS.items():
+    model = common.torch_model()
+    compression = make(model)
+    mode = HostReads()
+    for step in range(3):
+        model.zero_grad()
+        idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
+        torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])).backward()
+        params = list(model.parameters())
+        if step == 0:  # the settings check runs once, on the first step: not the hot path
+            handed = [compression.compress(p.grad) for p in params]
+            for i, (tensor, ctx) in enumerate(handed):
+                compression.decompress(hvd.allreduce(tensor, name=f"{config}.{step}.{i}"), ctx)
+            continue
+        with mode:  # Horovod's own allreduce is outside the mode: only compress and decompress count
+            handed = [compression.compress(p.grad) for p in params]
+        outputs = [hvd.allreduce(tensor, name=f"{config}.{step}.{i}") for i, (tensor, _) in enumerate(handed)]
+        with mode:
+            for output, (_, ctx) in zip(outputs, handed):
+                compression.decompress(output, ctx)
+    results[config] = {"tensors": len(list(model.parameters())), "steps": 2, "reads": mode.reads}
+with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
+    json.dump(results, f)

@@ -1,0 +1,46 @@
+"""Host reads on the hot path: every read of tensor data on the host (item, float(), int(),
+bool(), tolist, numpy) that compress + decompress make, per compressor, on 2 ranks under
+horovodrun (tests/multirank/torch_host_reads.py records them with a TorchFunctionMode).
+
+On a GPU each such read is a synchronisation of the host with the device. The budget below is
+the complete list of today's reads, each explained in docs/kernels.md ("Host synchronisation");
+a new read anywhere in a compressor or an exchange fails this test until it is justified there.
+(Reads inside the compiled ops are not Python-visible: docs/kernels.md lists those too.)"""
+import collections
+import json
+
+import pytest
+
+from launch import horovodrun
+
+PLACEHOLDER = ("__float__", "torch/exchange.py:_scale")  # Horovod's reduced placeholder -> the op's scale
+BUDGET = {  # per tensor and step: {(read, "file:function"): count}
+    "RandomBlock": {},
+    "RandomK": {},
+    "TopK_allgather": {PLACEHOLDER: 1},
+    "RTopK_allgather": {PLACEHOLDER: 1},
+    "Threshold_allgather": {PLACEHOLDER: 1},
+    "Threshold_2bit": {PLACEHOLDER: 1, ("tolist", "torch/exchange.py:_decoded"): 1},  # the codes per rank
+    "DGC_allgather_clipped": {PLACEHOLDER: 1},  # the clipping factor stays on the device
+    "DGC_spardl": {PLACEHOLDER: 1, ("tolist", "torch/exchange.py:start"): 1,  # the alltoall's splits
+                   ("tolist", "torch/exchange.py:advance"): 1},                # what arrived from each rank
+    "TopK_spardl": {PLACEHOLDER: 1, ("tolist", "torch/exchange.py:start"): 1,
+                    ("tolist", "torch/exchange.py:advance"): 1},
+}
+
+
+@pytest.fixture(scope="module")
+def reads(tmp_path_factory):
+    out = tmp_path_factory.mktemp("host_reads")
+    horovodrun(2, "torch_host_reads.py", "--out", out, timeout=240)
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+@pytest.mark.parametrize("config", sorted(BUDGET))
+def test_host_reads_stay_within_the_documented_budget(reads, config):
+    for rank in range(2):
+        run = reads[rank][config]
+        calls = run["tensors"] * run["steps"]
+        got = collections.Counter(tuple(read) for read in run["reads"])
+        want = {site: count * calls for site, count in BUDGET[config].items()}
+        assert dict(got) == want, f"rank {rank}, {config}: host reads {dict(got)}, documented {want}"
