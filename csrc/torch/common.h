@@ -99,7 +99,6 @@ inline Feedback send_state(const char* op, const c10::optional<at::Tensor>& resi
   return fb;
 }
 
-
 // Index range check (CPU only: on CUDA it would need a host synchronisation).
 inline void check_index_range(const char* op, const at::Tensor& index, int64_t numel) {
   if (index.numel() == 0) return;
