@@ -48,11 +48,13 @@ def torch_extension():
     if with_cuda is None:
         import torch
         with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-    sources = _sources("csrc/torch/ops.cpp") + _sources("csrc/torch/cpu.cpp") + _sources("csrc/cpu/*.cpp")
+    # The CUDA side (csrc/torch/cuda*.cpp, csrc/cuda/*.cu) is compiled only into CUDA builds.
+    cuda_bindings = _sources("csrc/torch/cuda*.cpp")
+    sources = [s for s in _sources("csrc/torch/*.cpp") if s not in cuda_bindings] + _sources("csrc/cpu/*.cpp")
     if not with_cuda:
         return cpp_extension.CppExtension("sparsecomm._C", sources, extra_compile_args={"cxx": _cpu_flags()},
                                           extra_link_args=["-fopenmp"])
-    sources += _sources("csrc/torch/cuda.cpp") + _sources("csrc/cuda/*.cu")
+    sources += cuda_bindings + _sources("csrc/cuda/*.cu")
     return cpp_extension.CUDAExtension(
         "sparsecomm._C", sources,
         extra_compile_args={"cxx": _cpu_flags(), "nvcc": ["-O3", "--fmad=false"]}, extra_link_args=["-fopenmp"])

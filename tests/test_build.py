@@ -10,6 +10,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+# The torch bindings compiled only into CUDA builds (setup.py's rule).
+CUDA_BINDINGS = sorted(glob.glob(os.path.join(ROOT, "csrc", "torch", "cuda*.cpp")))
 
 
 def test_horovod_has_tensorflow_pytorch_mpi_and_gloo():
@@ -21,7 +23,7 @@ def test_horovod_has_tensorflow_pytorch_mpi_and_gloo():
 
 
 def test_there_are_cuda_sources():
-    assert CUDA_SOURCES
+    assert CUDA_SOURCES and CUDA_BINDINGS
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: CUDA compile check skipped")
@@ -35,9 +37,10 @@ def test_cuda_source_compiles(source, tmp_path):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: CUDA binding check skipped")
-def test_torch_cuda_binding_compiles(tmp_path):
-    """csrc/torch/cuda.cpp against torch's CUDA headers (syntax only: a CPU torch wheel lacks
-    one generated header, stubbed here, and the CUDA libraries)."""
+@pytest.mark.parametrize("source", CUDA_BINDINGS, ids=os.path.basename)
+def test_torch_cuda_binding_compiles(source, tmp_path):
+    """Each csrc/torch/cuda*.cpp against torch's CUDA headers (syntax only: a CPU torch wheel
+    lacks one generated header, stubbed here, and the CUDA libraries)."""
     import sysconfig
 
     from torch.utils import cpp_extension
@@ -51,6 +54,6 @@ def test_torch_cuda_binding_compiles(tmp_path):
         pytest.skip("no CUDA toolkit headers found ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
     cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", f"-I{tmp_path}", f"-I{cuda_include}",
            f"-I{sysconfig.get_paths()['include']}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
-    cmd.append(os.path.join(ROOT, "csrc", "torch", "cuda.cpp"))
+    cmd.append(source)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"

@@ -1,5 +1,15 @@
-// Shared by the CPU and CUDA torch bindings: argument checks with messages that say what was
-// expected and what came, and the dtype dispatch onto the framework-free storage types.
+// Shared by the torch op families (block.h, select.h, quantize.h): argument checks with
+// messages that say what was expected and what came, and the dtype dispatch onto the
+// framework-free storage types.
+//
+// Each op body is written once over a device policy `Device` (CpuDevice in cpu.cpp,
+// CudaDevice in cuda.cpp), which provides:
+//   Guard                               constructed from an at::Device (CUDA: selects it)
+//   check_index_range(op, index, numel) (a no-op on CUDA: it would need a host synchronisation)
+//   the launchers with csrc/cpu/launchers.h's signatures (CUDA: on torch's current stream):
+//     block_pack<T>, block_unpack<T>, send_selected<T>, send_quantized, dequantize
+//   the steps that differ by device, over tensors (each says why where it is defined):
+//     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices
 #pragma once
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -89,10 +99,6 @@ inline Feedback send_state(const char* op, const c10::optional<at::Tensor>& resi
   return fb;
 }
 
-inline int64_t state_numel(const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& momentum) {
-  return residual.has_value() ? residual->numel() : momentum->numel();
-}
-
 // Index range check (CPU only: on CUDA it would need a host synchronisation).
 inline void check_index_range(const char* op, const at::Tensor& index, int64_t numel) {
   if (index.numel() == 0) return;
@@ -100,6 +106,17 @@ inline void check_index_range(const char* op, const at::Tensor& index, int64_t n
   const auto [lo, hi] = std::minmax_element(idx, idx + index.numel());
   TORCH_CHECK(*lo >= 0 && *hi < numel, op, ": index should be in [0, ", numel, "), got values in [", *lo, ", ", *hi,
               "]");
+}
+
+// send_state with the candidates' indices checked against the state (where Device can).
+template <typename Device>
+Feedback send_feedback(const char* op, const at::Tensor& index, const c10::optional<at::Tensor>& residual,
+                       const c10::optional<at::Tensor>& momentum, bool masking) {
+  const Feedback fb = send_state(op, residual, momentum, masking);
+  if (fb.residual_out || fb.momentum_out) {
+    Device::check_index_range(op, index, residual.has_value() ? residual->numel() : momentum->numel());
+  }
+  return fb;
 }
 
 inline void check_unpack_args(const at::Tensor& values, const at::Tensor& index, const at::Tensor& out) {

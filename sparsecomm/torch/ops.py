@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 
 from .. import _C  # noqa: F401  (loads the extension, registering torch.ops.sparsecomm)
+from . import fakes  # noqa: F401  (registers the ops' fake kernels)
 from ..core import packing
 from ..core.selection import sample_count, seed_as_int64
 
@@ -39,18 +40,6 @@ def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.
 #
 # acc = residual + (momentum_factor * momentum + grad), element-wise; residual and momentum
 # (float32, grad's numel) are updated in place; None means that state is absent.
-
-@torch.library.register_fake("sparsecomm::accumulate_candidates")
-def _accumulate_candidates_fake(grad, residual, momentum, momentum_factor, threshold):
-    count = torch.library.get_ctx().new_dynamic_size()
-    return grad.new_empty(count, dtype=torch.float32), grad.new_empty(count, dtype=torch.int32)
-
-
-@torch.library.register_fake("sparsecomm::select_top")
-def _select_top_fake(acc, index, k):
-    count = torch.library.get_ctx().new_dynamic_size()
-    return acc.new_empty(count), index.new_empty(count)
-
 
 def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,
                      seed=0, tensor_id=0, step=0) -> torch.Tensor:

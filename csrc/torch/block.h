@@ -1,11 +1,20 @@
-// The block ops' torch implementations, written once over a device policy `Device` that
-// provides: `Guard` (constructed from an at::Device) and the launchers
-// `block_pack<T>(...)` / `block_unpack<T>(...)` with csrc/cpu/launchers.h's signatures.
+// The block family's torch ops (csrc/kernels/block.h, philox.h), each body written once over
+// a device policy (common.h says what a policy provides; cpu.cpp and cuda.cpp define one).
 #pragma once
 #include "common.h"
+#include "../kernels/philox.h"
 
 namespace sparsecomm {
 namespace torch_binding {
+
+// Device-free (a pure function of its arguments): registered with its schema in ops.cpp.
+inline int64_t random_block_start(int64_t seed, int64_t tensor_id, int64_t step, int64_t numel) {
+  TORCH_CHECK(numel >= 0, "random_block_start: numel should be >= 0, got ", numel);
+  TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL,
+              "random_block_start: tensor_id should be a uint32, got ", tensor_id);
+  TORCH_CHECK(step >= 0, "random_block_start: step should be >= 0, got ", step);
+  return sparsecomm::random_block_start(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel);
+}
 
 template <typename Device>
 at::Tensor block_pack(const at::Tensor& grad_in, const c10::optional<at::Tensor>& residual, int64_t start,

@@ -1,9 +1,7 @@
-// TensorFlow op library: the same csrc/cpu launchers as the torch extension, so both
-// frameworks compute identical bits from identical inputs. TF ops are functional: the
-// residual comes in and the updated residual goes out (the Python layer assigns it).
-#include "tensorflow/core/framework/op.h"
-#include "tensorflow/core/framework/op_kernel.h"
-#include "tensorflow/core/framework/shape_inference.h"
+// The block family's TF ops (csrc/kernels/block.h, philox.h) over csrc/cpu/block.cpp: the
+// same launchers as the torch ops, so both frameworks compute identical bits from identical
+// inputs. TF ops are functional: the residual comes in and the updated residual goes out
+// (the Python layer assigns it).
 #include "common.h"
 #include "../cpu/launchers.h"
 #include "../kernels/philox.h"
@@ -11,7 +9,7 @@
 namespace sparsecomm {
 namespace tf_binding {
 
-using namespace tensorflow;  // NOLINT: the REGISTER_* macros expect it
+namespace {
 
 absl::Status check_block(int64_t numel, int64_t start, int64_t length) {
   if (length < 0 || length > numel)
@@ -21,35 +19,35 @@ absl::Status check_block(int64_t numel, int64_t start, int64_t length) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
+// ---- SparsecommRandomBlockStart ----
 REGISTER_OP("SparsecommRandomBlockStart")
     .Input("seed: int64")
     .Input("tensor_id: int64")
     .Input("step: int64")
     .Input("numel: int64")
     .Output("start: int64")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Scalar());
-      return absl::OkStatus();
-    })
+    .SetShapeFn(shape_inference::ScalarShape)
     .Doc("Start of the cyclic random block (Philox4x32-10 selection stream of (seed, tensor_id, step)).");
 
 class RandomBlockStartOp : public OpKernel {
  public:
-  explicit RandomBlockStartOp(OpKernelConstruction* c) : OpKernel(c) {}
+  using OpKernel::OpKernel;
   void Compute(OpKernelContext* c) override {
-    int64_t args[4];
-    const char* names[4] = {"seed", "tensor_id", "step", "numel"};
-    for (int i = 0; i < 4; ++i) OP_REQUIRES_OK(c, scalar_input(c, i, names[i], &args[i]));
-    OP_REQUIRES(c, args[1] >= 0 && args[1] <= 0xffffffffLL, invalid("tensor_id should be a uint32, got ", args[1]));
-    OP_REQUIRES(c, args[2] >= 0, invalid("step should be >= 0, got ", args[2]));
-    OP_REQUIRES(c, args[3] >= 0, invalid("numel should be >= 0, got ", args[3]));
+    int64_t seed, tensor_id, step, numel;
+    OP_REQUIRES_OK(c, scalar_inputs(c, 0, {"seed", "tensor_id", "step", "numel"},
+                                    {&seed, &tensor_id, &step, &numel}));
+    OP_REQUIRES_OK(c, check_stream(tensor_id, step));
+    OP_REQUIRES(c, numel >= 0, invalid("numel should be >= 0, got ", numel));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = random_block_start(uint64_t(args[0]), uint32_t(args[1]), uint64_t(args[2]), args[3]);
+    out->scalar<int64_t>()() = random_block_start(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel);
   }
 };
 REGISTER_KERNEL_BUILDER(Name("SparsecommRandomBlockStart").Device(DEVICE_CPU), RandomBlockStartOp);
 
+// ---- SparsecommBlockPack ----
 REGISTER_OP("SparsecommBlockPack")
     .Attr("T: {float, half, bfloat16}")
     .Attr("length: int >= 0")
@@ -58,12 +56,9 @@ REGISTER_OP("SparsecommBlockPack")
     .Input("start: int64")
     .Output("values: T")
     .Output("residual_out: float")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int64_t length;
-      TF_RETURN_IF_ERROR(c->GetAttr("length", &length));
-      c->set_output(0, c->Vector(length));
-      c->set_output(1, c->input(1));
-      return absl::OkStatus();
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(vector_of_attr(c, 0, "length"));
+      return same_as_input(c, 1, 1, 1);
     })
     .Doc("Error-feedback pack of a cyclic block (csrc/kernels/block.h). residual of 0 elements: no error feedback.");
 
@@ -80,8 +75,8 @@ class BlockPackOp : public OpKernel {
     OP_REQUIRES_OK(c, check_block(numel, start, length_));
     const bool feedback = residual.NumElements() == numel;
     OP_REQUIRES(c, feedback || residual.NumElements() == 0,
-                invalid("residual should have ", numel, " elements like grad (or 0 for no error "
-                                        "feedback), got ", residual.NumElements()));
+                invalid("residual should have ", numel, " elements like grad (or 0 for no error feedback), got ",
+                        residual.NumElements()));
     Tensor* values = nullptr;
     Tensor* residual_out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({length_}), &values));
@@ -93,7 +88,9 @@ class BlockPackOp : public OpKernel {
  private:
   int64_t length_;
 };
+SC_REGISTER_FLOAT_KERNELS("SparsecommBlockPack", "T", BlockPackOp);
 
+// ---- SparsecommBlockUnpack ----
 REGISTER_OP("SparsecommBlockUnpack")
     .Attr("T: {float, half, bfloat16}")
     .Attr("numel: int >= 0")
@@ -101,12 +98,7 @@ REGISTER_OP("SparsecommBlockUnpack")
     .Input("values: T")
     .Input("start: int64")
     .Output("dense: T")
-    .SetShapeFn([](shape_inference::InferenceContext* c) {
-      int64_t numel;
-      TF_RETURN_IF_ERROR(c->GetAttr("numel", &numel));
-      c->set_output(0, c->Vector(numel));
-      return absl::OkStatus();
-    })
+    .SetShapeFn([](InferenceContext* c) { return vector_of_attr(c, 0, "numel"); })
     .Doc("Dense vector of numel elements: scale * values in the cyclic block, zero elsewhere.");
 
 template <typename T>
@@ -131,14 +123,7 @@ class BlockUnpackOp : public OpKernel {
   int64_t numel_;
   float scale_;
 };
-
-#define SC_REGISTER(T)                                                                                   \
-  REGISTER_KERNEL_BUILDER(Name("SparsecommBlockPack").Device(DEVICE_CPU).TypeConstraint<T>("T"), BlockPackOp<T>); \
-  REGISTER_KERNEL_BUILDER(Name("SparsecommBlockUnpack").Device(DEVICE_CPU).TypeConstraint<T>("T"), BlockUnpackOp<T>);
-SC_REGISTER(float)
-SC_REGISTER(Eigen::half)
-SC_REGISTER(Eigen::bfloat16)
-#undef SC_REGISTER
+SC_REGISTER_FLOAT_KERNELS("SparsecommBlockUnpack", "T", BlockUnpackOp);
 
 }  // namespace tf_binding
 }  // namespace sparsecomm

@@ -1,0 +1,99 @@
+// The select family's torch ops (csrc/kernels/feedback.h, sample.h, permutation.h; launchers
+// in csrc/cpu/select.cpp, csrc/cuda/select.cu), each body written once over a device policy
+// (common.h). Where a device computes differently, the body calls the policy's step.
+#pragma once
+#include "common.h"
+
+namespace sparsecomm {
+namespace torch_binding {
+
+template <typename Device>
+at::Tensor sample_threshold(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
+                            const c10::optional<at::Tensor>& momentum, double momentum_factor, double ratio,
+                            int64_t sample_count, int64_t seed, int64_t tensor_id, int64_t step) {
+  const typename Device::Guard guard(grad.device());
+  FeedbackArgs a("sample_threshold", grad, residual, momentum, momentum_factor);
+  const SamplePlan plan = checked_sample_plan(a.grad.numel(), ratio, sample_count, seed, tensor_id, step);
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "sample_threshold", [&] {
+    return Device::template sample_threshold<scalar_t>(a, plan);
+  });
+}
+
+template <typename Device>
+std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
+                                                         const c10::optional<at::Tensor>& residual,
+                                                         const c10::optional<at::Tensor>& momentum,
+                                                         double momentum_factor, const at::Tensor& threshold) {
+  const typename Device::Guard guard(grad.device());
+  TORCH_CHECK(threshold.numel() == 1, "accumulate_candidates: threshold should have one element, got ",
+              threshold.numel());
+  FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor);
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates", [&] {
+    return Device::template accumulate_candidates<scalar_t>(a, threshold);
+  });
+}
+
+template <typename Device>
+std::tuple<at::Tensor, at::Tensor> select_top(const at::Tensor& acc, const at::Tensor& index, int64_t k) {
+  const typename Device::Guard guard(acc.device());
+  check_candidates("select_top", acc, index);
+  TORCH_CHECK(k >= 0, "select_top: k should be >= 0, got ", k);
+  return Device::select_top(acc, index, k);
+}
+
+template <typename Device>
+at::Tensor send_selected(const at::Tensor& acc_in, const at::Tensor& index_in,
+                         const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& momentum,
+                         bool masking, at::ScalarType dtype) {
+  const typename Device::Guard guard(acc_in.device());
+  check_candidates("send_selected", acc_in, index_in);
+  const at::Tensor acc = acc_in.contiguous(), index = index_in.contiguous();
+  const Feedback fb = send_feedback<Device>("send_selected", index, residual, momentum, masking);
+  at::Tensor values = at::empty({acc.numel()}, acc.options().dtype(dtype));
+  SC_DISPATCH_FLOAT_TYPES(dtype, "send_selected", [&] {
+    Device::template send_selected<scalar_t>(acc.data_ptr<float>(), index.data_ptr<int32_t>(), acc.numel(), fb,
+                                             data_as<scalar_t>(values));
+  });
+  return values;
+}
+
+template <typename Device>
+void sparse_unpack_into(const at::Tensor& values_in, const at::Tensor& index_in, double scale,
+                        const at::Tensor& out) {
+  const typename Device::Guard guard(out.device());
+  check_unpack_args(values_in, index_in, out);
+  const at::Tensor values = values_in.contiguous(), index = index_in.contiguous();
+  Device::check_index_range("sparse_unpack", index, out.numel());
+  SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "sparse_unpack", [&] {
+    Device::template sparse_unpack<scalar_t>(values, index, float(scale), out);
+  });
+}
+
+template <typename Device>
+at::Tensor sparse_unpack(const at::Tensor& values, const at::Tensor& index, int64_t numel, double scale) {
+  TORCH_CHECK(numel >= 0, "sparse_unpack: numel should be >= 0, got ", numel);
+  at::Tensor dense = at::empty({numel}, values.options());
+  sparse_unpack_into<Device>(values, index, scale, dense);
+  return dense;
+}
+
+template <typename Device>
+at::Tensor random_k_indices(const at::Tensor& like, int64_t seed, int64_t tensor_id, int64_t step, int64_t k) {
+  const typename Device::Guard guard(like.device());
+  const Permutation perm = checked_permutation(like.numel(), k, seed, tensor_id, step);
+  return Device::random_k_indices(perm, k, at::empty({k}, like.options().dtype(at::kInt)));
+}
+
+template <typename Device>
+void register_select_ops(torch::Library& m) {
+  m.impl("sample_threshold", &sample_threshold<Device>);
+  m.impl("accumulate_candidates", &accumulate_candidates<Device>);
+  m.impl("select_top", &select_top<Device>);
+  m.impl("send_selected", &send_selected<Device>);
+  m.impl("sparse_unpack", &sparse_unpack<Device>);
+  m.impl("sparse_unpack_into", &sparse_unpack_into<Device>);
+  m.impl("random_k_indices", &random_k_indices<Device>);
+}
+
+}  // namespace torch_binding
+}  // namespace sparsecomm

@@ -1,0 +1,78 @@
+"""Fake kernels of the torch ops in csrc/ (``torch.ops.sparsecomm.*``), all in one place.
+
+A fake kernel gives an op's outputs (shape, dtype, device) without computing them, so the ops
+trace under torch.compile and pass ``torch.library.opcheck``; each also serves as the op's
+Meta kernel. Outputs whose size depends on the data (the candidates) get a dynamic size.
+``random_block_start`` takes and returns no tensors and needs none.
+"""
+import torch
+
+from .. import _C  # noqa: F401  (loads the extension: the ops must exist before their fakes)
+
+
+def _fake(name):
+    return torch.library.register_fake(f"sparsecomm::{name}")
+
+
+# --- block family (csrc/torch/block.h) ---
+
+@_fake("block_pack")
+def _block_pack(grad, residual, start, length):
+    return grad.new_empty(length)
+
+
+@_fake("block_unpack")
+def _block_unpack(values, numel, start, scale):
+    return values.new_empty(numel)
+
+
+# --- select family (csrc/torch/select.h) ---
+
+@_fake("sample_threshold")
+def _sample_threshold(grad, residual, momentum, momentum_factor, ratio, sample_count, seed, tensor_id, step):
+    return grad.new_empty((), dtype=torch.float32)
+
+
+@_fake("accumulate_candidates")
+def _accumulate_candidates(grad, residual, momentum, momentum_factor, threshold):
+    count = torch.library.get_ctx().new_dynamic_size()
+    return grad.new_empty(count, dtype=torch.float32), grad.new_empty(count, dtype=torch.int32)
+
+
+@_fake("select_top")
+def _select_top(acc, index, k):
+    count = torch.library.get_ctx().new_dynamic_size()
+    return acc.new_empty(count), index.new_empty(count)
+
+
+@_fake("send_selected")
+def _send_selected(acc, index, residual, momentum, masking, dtype):
+    return acc.new_empty(acc.shape, dtype=dtype)
+
+
+@_fake("sparse_unpack")
+def _sparse_unpack(values, index, numel, scale):
+    return values.new_empty(numel)
+
+
+@_fake("sparse_unpack_into")
+def _sparse_unpack_into(values, index, scale, out):
+    return None
+
+
+@_fake("random_k_indices")
+def _random_k_indices(like, seed, tensor_id, step, k):
+    return like.new_empty(k, dtype=torch.int32)
+
+
+# --- quantize family (csrc/torch/quantize.h; sizes from csrc/kernels/quantize.h) ---
+
+@_fake("send_quantized")
+def _send_quantized(acc, index, residual, momentum, masking, bits):
+    codes = acc.new_empty((acc.numel() * bits + 7) // 8, dtype=torch.uint8)
+    return codes, acc.new_empty(2 if bits == 1 else 4)
+
+
+@_fake("dequantize")
+def _dequantize(codes, scales, count, bits):
+    return codes.new_empty(count, dtype=torch.float32)
