@@ -187,10 +187,13 @@ void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const Sa
                       float* threshold, cudaStream_t stream) {
   if (numel == 0 || plan.count == 0) {
     fill_kernel<<<1, 1, 0, stream>>>(threshold, bits_float(0x7f800000u));
+    check_launch("fill_kernel");
     return;
   }
   gather_sample_kernel<T><<<grid_for(plan.count), kThreads, 0, stream>>>(grad, fb, plan, sample);
+  check_launch("gather_sample_kernel");
   radix_select_kernel<<<1, kSelectThreads, 0, stream>>>(sample, plan.count, plan.rank, threshold);
+  check_launch("radix_select_kernel");
 }
 
 template <typename T>
@@ -199,6 +202,7 @@ void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const fl
   if (numel == 0) return;
   accumulate_count_kernel<T><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(grad, fb, numel, threshold,
                                                                                   tile_counts);
+  check_launch("accumulate_count_kernel");
 }
 
 template <typename S>
@@ -207,6 +211,7 @@ void compact_candidates(const S* source, int64_t numel, const float* threshold, 
   if (numel == 0) return;
   compact_candidates_kernel<S><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(source, numel, threshold,
                                                                                     tile_offsets, acc, index);
+  check_launch("compact_candidates_kernel");
 }
 
 template <typename T>
@@ -214,17 +219,20 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
                    cudaStream_t stream) {
   if (count == 0) return;
   send_selected_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(acc, index, count, fb, values);
+  check_launch("send_selected_kernel");
 }
 
 void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
                     uint8_t* codes, float* scales, cudaStream_t stream) {
   send_quantized_kernel<<<1, kQuantThreads, 0, stream>>>(acc, index, count, fb, bits, codes, scales);
+  check_launch("send_quantized_kernel");
 }
 
 void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values,
                 cudaStream_t stream) {
   if (count == 0) return;
   dequantize_kernel<<<grid_for(count), kThreads, 0, stream>>>(codes, scales, count, bits, values);
+  check_launch("dequantize_kernel");
 }
 
 template <typename T>
@@ -233,11 +241,13 @@ void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const in
   if (count == 0) return;
   sparse_unpack_sorted_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(values, sorted_index, order, count, scale,
                                                                           dense);
+  check_launch("sparse_unpack_sorted_kernel");
 }
 
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream) {
   if (k == 0) return;
   random_k_kernel<<<grid_for(k), kThreads, 0, stream>>>(perm, k, out);
+  check_launch("random_k_kernel");
 }
 
 #define SC_INSTANTIATE(T)                                                                                       \

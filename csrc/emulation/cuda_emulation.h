@@ -1,0 +1,286 @@
+// CPU emulation of exactly the CUDA features csrc/cuda/*.cu uses, so that the kernels can be
+// executed (and checked with ThreadSanitizer / AddressSanitizer) on a machine without a GPU.
+// Test-only: tests/test_cuda_emulation.py compiles the .cu sources with g++ against this.
+//
+// Model:
+//   - every CUDA thread of a block is a real std::thread, so that ThreadSanitizer sees the
+//     intra-block races a real GPU could have (fibers or sequential lanes would hide them);
+//   - blocks run one after another, so a `static` variable is the block's shared memory
+//     (each block in turn gets the one instance); inter-block races are NOT modelled;
+//   - __syncthreads and __ballot_sync are strict barriers: every thread of the block (warp)
+//     must reach the same call site, else the run aborts with both sites named;
+//   - atomicAdd is a real atomic (std::atomic_ref), so replacing it with `+=` is a race;
+//   - launches are synchronous; streams are ignored; a bad launch configuration is reported
+//     by cudaGetLastError like CUDA does (cudaErrorInvalidConfiguration, kernel not run).
+// A launch `k<<<grid, block, shared, stream>>>(args)` is written as
+// `::sc_emu::launch("k", k, grid, block, shared, stream)(args)` by the test's rewrite step.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <math.h>  // CUDA's math functions live in the global namespace (fabs, ...)
+#include <semaphore>
+#include <source_location>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+// Blocks run one after another: one static instance serves as each block's shared memory in turn.
+#define __shared__ static
+
+struct uint3 { unsigned int x, y, z; };
+struct dim3 {
+  unsigned int x, y, z;
+  constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+
+inline const char* cudaGetErrorString(cudaError_t err) {  // CUDA's own wording
+  switch (err) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+  }
+  return "unrecognized error code";
+}
+
+namespace sc_emu {
+inline thread_local cudaError_t last_error = cudaSuccess;  // per host thread, like CUDA's
+}  // namespace sc_emu
+
+inline cudaError_t cudaPeekAtLastError() { return sc_emu::last_error; }
+inline cudaError_t cudaGetLastError() {
+  const cudaError_t err = sc_emu::last_error;
+  sc_emu::last_error = cudaSuccess;
+  return err;
+}
+
+// Built-in variables: per emulated thread.
+inline thread_local uint3 threadIdx, blockIdx;
+inline thread_local dim3 blockDim, gridDim;
+
+namespace sc_emu {
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "CUDA emulation: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
+// A reusable barrier for a fixed group of threads that also enforces the CUDA rules a GPU would
+// not forgive: every member waits at the same call site, and no member exits while others wait
+// for it (or waits for one that exited). The bookkeeping is under a mutex; waiters sleep on the
+// phase (futex), since 2 cores run up to 1024 threads. ThreadSanitizer sees the happens-before
+// both give, which is exactly what a barrier gives.
+class Barrier {
+ public:
+  explicit Barrier(unsigned count) : count_(count) {}
+
+  void arrive_and_wait(const char* what, const std::source_location& where) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (exited_ > 0) fail_at(what, where, "a thread of the group has exited and will never arrive");
+    if (arrived_ == 0) site_ = where;
+    else if (site_.line() != where.line() || std::strcmp(site_.file_name(), where.file_name()) != 0)
+      fail_at(what, where, "threads wait at different call sites (divergent barrier)");
+    const unsigned phase = phase_.load(std::memory_order_relaxed);
+    if (++arrived_ == count_) {
+      arrived_ = 0;
+      phase_.store(phase + 1, std::memory_order_release);
+      lock.unlock();
+      phase_.notify_all();
+      return;
+    }
+    lock.unlock();
+    for (unsigned now = phase; now == phase; now = phase_.load(std::memory_order_acquire)) phase_.wait(phase);
+  }
+
+  void exit_thread() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++exited_;
+    if (arrived_ > 0) fail_at("a thread's exit", site_, "it exited while others wait at this barrier");
+  }
+
+ private:
+  [[noreturn]] void fail_at(const char* what, const std::source_location& where, const char* why) const {
+    char message[1024];
+    std::snprintf(message, sizeof message, "%s at %s:%u (first waiter at %s:%u): %s", what, where.file_name(),
+                  unsigned(where.line()), site_.file_name(), unsigned(site_.line()), why);
+    fail(message);
+  }
+
+  const unsigned count_;
+  std::mutex mutex_;
+  unsigned arrived_ = 0, exited_ = 0;
+  std::source_location site_;  // where the first of this phase waits
+  std::atomic<unsigned> phase_{0};
+};
+
+// What the threads of the running block share besides their `__shared__` variables.
+struct Block {
+  explicit Block(unsigned threads) : barrier(threads), votes(threads) {
+    for (unsigned first = 0; first < threads; first += 32) warps.emplace_back(std::min(32u, threads - first));
+  }
+  Barrier barrier;
+  std::deque<Barrier> warps;  // (a deque: a Barrier cannot move)
+  std::vector<unsigned char> votes;
+};
+inline thread_local Block* block = nullptr;
+
+inline unsigned linear_thread() { return threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z); }
+
+// OS threads created once and reused (creating 256 threads per block costs more than the
+// kernels): worker t plays thread t of every block. Semaphores (atomics) order the host's
+// writes before a block and the block's writes before the host continues, as a launch would.
+class Workers {
+ public:
+  static Workers& instance() {
+    static Workers workers;
+    return workers;
+  }
+
+  void run(unsigned count, const std::function<void(unsigned)>& body) {
+    while (workers_.size() < count) {
+      Worker& w = workers_.emplace_back();
+      w.thread = std::thread([this, &w, t = unsigned(workers_.size() - 1)] { loop(w, t); });
+    }
+    body_ = &body;
+    remaining_.store(count, std::memory_order_relaxed);
+    for (unsigned t = 0; t < count; ++t) workers_[t].go.release();
+    done_.acquire();
+  }
+
+  ~Workers() {
+    stop_ = true;
+    for (Worker& w : workers_) w.go.release();
+    for (Worker& w : workers_) w.thread.join();
+  }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::binary_semaphore go{0};
+  };
+
+  void loop(Worker& w, unsigned t) {
+    for (;;) {
+      w.go.acquire();
+      if (stop_) return;
+      (*body_)(t);
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) done_.release();
+    }
+  }
+
+  std::deque<Worker> workers_;
+  const std::function<void(unsigned)>* body_ = nullptr;
+  std::atomic<unsigned> remaining_{0};
+  std::binary_semaphore done_{0};
+  bool stop_ = false;
+};
+
+inline bool valid(const dim3& grid, const dim3& threads) {
+  const uint64_t per_block = uint64_t(threads.x) * threads.y * threads.z;
+  return grid.x >= 1 && grid.x <= 0x7fffffffu && grid.y >= 1 && grid.y <= 65535 && grid.z >= 1 && grid.z <= 65535 &&
+         threads.x >= 1 && threads.x <= 1024 && threads.y >= 1 && threads.y <= 1024 && threads.z >= 1 &&
+         threads.z <= 64 && per_block <= 1024;
+}
+
+template <typename... Params>
+class Launch {
+ public:
+  Launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 threads, size_t shared)
+      : kernel_(kernel), grid_(grid), threads_(threads) {
+    if (shared != 0) {
+      std::fprintf(stderr, "CUDA emulation: %s: dynamic shared memory is not emulated\n", name);
+      std::abort();
+    }
+  }
+
+  // Arguments convert to the kernel's parameter types here, like at a CUDA launch; each
+  // emulated thread then gets its own copy (kernel parameters are per thread).
+  void operator()(Params... args) const {
+    if (!valid(grid_, threads_)) {  // like CUDA: nothing runs, cudaGetLastError reports it
+      last_error = cudaErrorInvalidConfiguration;
+      return;
+    }
+    const unsigned count = threads_.x * threads_.y * threads_.z;
+    for (unsigned bz = 0; bz < grid_.z; ++bz)
+      for (unsigned by = 0; by < grid_.y; ++by)
+        for (unsigned bx = 0; bx < grid_.x; ++bx) {  // blocks one after another
+          Block shared(count);
+          Workers::instance().run(count, [&](unsigned t) {
+            blockIdx = uint3{bx, by, bz};
+            blockDim = threads_;
+            gridDim = grid_;
+            threadIdx = uint3{t % threads_.x, t / threads_.x % threads_.y, t / (threads_.x * threads_.y)};
+            block = &shared;
+            kernel_(args...);
+            shared.warps[t / 32].exit_thread();
+            shared.barrier.exit_thread();
+            block = nullptr;
+          });
+        }
+  }
+
+ private:
+  void (*kernel_)(Params...);
+  dim3 grid_, threads_;
+};
+
+template <typename... Params>
+Launch<Params...> launch(const char* name, void (*kernel)(Params...), dim3 grid, dim3 threads, size_t shared = 0,
+                         cudaStream_t = nullptr) {
+  return Launch<Params...>(name, kernel, grid, threads, shared);
+}
+
+}  // namespace sc_emu
+
+inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
+  sc_emu::block->barrier.arrive_and_wait("__syncthreads", where);
+}
+
+// Full-warp ballots only (the kernels use 0xffffffff): each lane votes, the warp waits, every
+// lane reads all votes, and the warp waits again so no lane votes anew before all have read.
+inline unsigned __ballot_sync(unsigned mask, int predicate,
+                              const std::source_location& where = std::source_location::current()) {
+  sc_emu::Block& b = *sc_emu::block;
+  const unsigned t = sc_emu::linear_thread(), first = t / 32 * 32;
+  const unsigned lanes = std::min(32u, unsigned(b.votes.size()) - first);
+  const unsigned active = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
+  if (mask != active) sc_emu::fail("__ballot_sync: the mask must name exactly the warp's lanes (full-warp ballots only)");
+  sc_emu::Barrier& warp = b.warps[t / 32];
+  b.votes[t] = predicate != 0;
+  warp.arrive_and_wait("__ballot_sync", where);
+  unsigned ballot = 0;
+  for (unsigned lane = 0; lane < lanes; ++lane) ballot |= unsigned(b.votes[first + lane]) << lane;
+  warp.arrive_and_wait("__ballot_sync", where);
+  return ballot;
+}
+
+inline int __popc(unsigned int x) { return std::popcount(x); }
+inline unsigned int __float_as_uint(float x) { return std::bit_cast<unsigned int>(x); }
+inline float __uint_as_float(unsigned int x) { return std::bit_cast<float>(x); }
+
+// CUDA's atomicAdd overloads that the kernels use; a real atomic read-modify-write.
+inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
+inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
+  return std::atomic_ref<unsigned int>(*address).fetch_add(value);
+}
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
+  return std::atomic_ref<unsigned long long>(*address).fetch_add(value);
+}
