@@ -85,49 +85,48 @@ namespace sc_emu {
 
 // A reusable barrier for a fixed group of threads that also enforces the CUDA rules a GPU would
 // not forgive: every member waits at the same call site, and no member exits while others wait
-// for it (or waits for one that exited). The bookkeeping is under a mutex; waiters sleep on the
-// phase (futex), since 2 cores run up to 1024 threads. ThreadSanitizer sees the happens-before
-// both give, which is exactly what a barrier gives.
+// for it. Arrivals and exits are counted in one atomic word, so a phase completes either by the
+// last arrival or by an exit, and both cases with a member gone are reported instead of hanging.
+// Acquire/release atomics: ThreadSanitizer sees exactly the happens-before a barrier gives.
+// Waiters sleep on the phase (futex): 2 cores run up to 1024 threads.
 class Barrier {
  public:
-  explicit Barrier(unsigned count) : count_(count) {}
+  explicit Barrier(unsigned count) : count_(count), sites_(count) {}
 
-  void arrive_and_wait(const char* what, const std::source_location& where) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (exited_ > 0) fail_at(what, where, "a thread of the group has exited and will never arrive");
-    if (arrived_ == 0) site_ = where;
-    else if (site_.line() != where.line() || std::strcmp(site_.file_name(), where.file_name()) != 0)
-      fail_at(what, where, "threads wait at different call sites (divergent barrier)");
+  void arrive_and_wait(unsigned member, const char* what, const std::source_location& where) {
+    sites_[member] = where;  // read by whoever completes the phase
     const unsigned phase = phase_.load(std::memory_order_relaxed);
-    if (++arrived_ == count_) {
-      arrived_ = 0;
+    const unsigned before = counts_.fetch_add(1, std::memory_order_acq_rel);
+    if ((before & 0xffff) + 1 + (before >> 16) == count_) {  // the last: it has acquired every arrival
+      if (before >> 16) fail_at(what, where, where, "a thread of the group exited and will never arrive");
+      for (const std::source_location& site : sites_)
+        if (site.line() != where.line() || std::strcmp(site.file_name(), where.file_name()) != 0)
+          fail_at(what, where, site, "threads wait at different call sites (divergent barrier)");
+      counts_.store(0, std::memory_order_relaxed);  // every member is waiting: nobody else writes it
       phase_.store(phase + 1, std::memory_order_release);
-      lock.unlock();
       phase_.notify_all();
       return;
     }
-    lock.unlock();
-    for (unsigned now = phase; now == phase; now = phase_.load(std::memory_order_acquire)) phase_.wait(phase);
+    while (phase_.load(std::memory_order_acquire) == phase) phase_.wait(phase, std::memory_order_relaxed);
   }
 
   void exit_thread() {
-    std::lock_guard<std::mutex> lock(mutex_);
-    ++exited_;
-    if (arrived_ > 0) fail_at("a thread's exit", site_, "it exited while others wait at this barrier");
+    const unsigned before = counts_.fetch_add(1u << 16, std::memory_order_acq_rel);
+    if (before & 0xffff) fail("a thread exited while others of its block or warp wait at a barrier (divergent barrier)");
   }
 
  private:
-  [[noreturn]] void fail_at(const char* what, const std::source_location& where, const char* why) const {
+  [[noreturn]] static void fail_at(const char* what, const std::source_location& a, const std::source_location& b,
+                                   const char* why) {
     char message[1024];
-    std::snprintf(message, sizeof message, "%s at %s:%u (first waiter at %s:%u): %s", what, where.file_name(),
-                  unsigned(where.line()), site_.file_name(), unsigned(site_.line()), why);
+    std::snprintf(message, sizeof message, "%s at %s:%u (and %s:%u): %s", what, a.file_name(), unsigned(a.line()),
+                  b.file_name(), unsigned(b.line()), why);
     fail(message);
   }
 
-  const unsigned count_;
-  std::mutex mutex_;
-  unsigned arrived_ = 0, exited_ = 0;
-  std::source_location site_;  // where the first of this phase waits
+  const unsigned count_;  // at most 1024
+  std::vector<std::source_location> sites_;  // each member's latest call site
+  std::atomic<unsigned> counts_{0};          // arrivals in this phase | exits << 16
   std::atomic<unsigned> phase_{0};
 };
 
@@ -251,7 +250,7 @@ Launch<Params...> launch(const char* name, void (*kernel)(Params...), dim3 grid,
 }  // namespace sc_emu
 
 inline void __syncthreads(const std::source_location& where = std::source_location::current()) {
-  sc_emu::block->barrier.arrive_and_wait("__syncthreads", where);
+  sc_emu::block->barrier.arrive_and_wait(sc_emu::linear_thread(), "__syncthreads", where);
 }
 
 // Full-warp ballots only (the kernels use 0xffffffff): each lane votes, the warp waits, every
@@ -265,10 +264,10 @@ inline unsigned __ballot_sync(unsigned mask, int predicate,
   if (mask != active) sc_emu::fail("__ballot_sync: the mask must name exactly the warp's lanes (full-warp ballots only)");
   sc_emu::Barrier& warp = b.warps[t / 32];
   b.votes[t] = predicate != 0;
-  warp.arrive_and_wait("__ballot_sync", where);
+  warp.arrive_and_wait(t % 32, "__ballot_sync", where);
   unsigned ballot = 0;
   for (unsigned lane = 0; lane < lanes; ++lane) ballot |= unsigned(b.votes[first + lane]) << lane;
-  warp.arrive_and_wait("__ballot_sync", where);
+  warp.arrive_and_wait(t % 32, "__ballot_sync", where);
   return ballot;
 }
 
