@@ -20,6 +20,7 @@ __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan
 
 // The rank-th largest of n non-negative floats (inf allowed): their bit patterns order like
 // the values, so a most-significant-digit-first radix select over 4 bytes finds it exactly.
+// The sign bit is cleared first: magnitude(-0.0f) is -0.0f, which must order as 0, not above inf.
 constexpr int kSelectThreads = 1024;
 
 __global__ void radix_select_kernel(const float* values, int64_t n, int64_t rank, float* out) {
@@ -36,7 +37,7 @@ __global__ void radix_select_kernel(const float* values, int64_t n, int64_t rank
     __syncthreads();
     const uint32_t prefix = prefix_shared;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const uint32_t bits = float_bits(values[j]);
+      const uint32_t bits = float_bits(values[j]) & 0x7fffffffu;
       if ((bits & mask) == prefix) atomicAdd(reinterpret_cast<unsigned long long*>(&histogram[(bits >> shift) & 255]), 1ull);
     }
     __syncthreads();
