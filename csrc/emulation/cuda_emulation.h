@@ -272,8 +272,9 @@ inline unsigned __ballot_sync(unsigned mask, int predicate,
 }
 
 inline int __popc(unsigned int x) { return std::popcount(x); }
-inline unsigned int __float_as_uint(float x) { return std::bit_cast<unsigned int>(x); }
-inline float __uint_as_float(unsigned int x) { return std::bit_cast<float>(x); }
+// No __float_as_uint / __uint_as_float: common.h calls them only under __CUDA_ARCH__, which
+// stays undefined here (defining it for the .cu objects alone would give common.h's inline
+// functions two bodies in one program); its host branch gives the same bits.
 
 // CUDA's atomicAdd overloads that the kernels use; a real atomic read-modify-write.
 inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }

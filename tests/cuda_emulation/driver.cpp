@@ -41,7 +41,7 @@ namespace {
 // ---- what is running, for every failure message ----
 
 char g_case[512] = "(no case yet)";
-long g_cases = 0;
+long g_cases = 0, g_nan_payloads = 0;
 
 void set_case(const char* format, ...) {
   va_list args;
@@ -174,7 +174,10 @@ bool is_nan(const T& x) {
 // emulated code inline feedback.h differently); a GPU returns its canonical NaN instead.
 template <typename T>
 bool identical(const T& a, const T& b) {
-  return std::memcmp(&a, &b, sizeof(T)) == 0 || (is_nan(a) && is_nan(b));
+  if (std::memcmp(&a, &b, sizeof(T)) == 0) return true;
+  const bool nans = is_nan(a) && is_nan(b);
+  g_nan_payloads += nans;  // reported with the group's result
+  return nans;
 }
 
 template <typename T>
@@ -632,13 +635,15 @@ int main(int argc, char** argv) {
     for (const Group& x : kGroups) g = name == x.name ? &x : g;
     for (const Group& x : kKnownDivergences) g = name == x.name ? &x : g;
     if (!g) return std::fprintf(stderr, "unknown group %s (see --list)\n", name.c_str()), 2;
-    g_cases = 0;
+    g_cases = g_nan_payloads = 0;
     try {
       g->run();
     } catch (const std::exception& e) {
       fail("exception: %s", e.what());
     }
-    std::printf("%s: %ld cases identical\n", g->name, g_cases);
+    std::printf("%s: %ld cases identical", g->name, g_cases);
+    if (g_nan_payloads) std::printf(" (NaN payloads differed in %ld elements)", g_nan_payloads);
+    std::printf("\n");
     total += g_cases;
   }
   std::printf("%ld cases identical\n", total);
