@@ -103,6 +103,12 @@ def test_thread_sanitizer_sees_an_intra_block_race(drivers):
     assert status != 0 and "WARNING: ThreadSanitizer: data race" in out and "racy_count_kernel" in out, out
 
 
+def test_a_ballot_is_no_memory_fence(drivers):
+    """Like on a GPU (and for compute-sanitizer's racecheck), only __syncthreads orders memory."""
+    status, out = _run(drivers["tsan"], "canary-ballot")
+    assert status != 0 and "WARNING: ThreadSanitizer: data race" in out and "ballot_as_fence_kernel" in out, out
+
+
 def test_divergent_barrier_is_reported(drivers):
     status, out = _run(drivers["asan"], "canary-barrier")
     assert status != 0 and "divergent barrier" in out and "canary-barrier" in out, out

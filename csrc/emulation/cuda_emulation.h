@@ -3,15 +3,18 @@
 // Test-only: tests/test_cuda_emulation.py compiles the .cu sources with g++ against this.
 //
 // Model:
-//   - every CUDA thread of a block is a real std::thread, so that ThreadSanitizer sees the
-//     intra-block races a real GPU could have (fibers or sequential lanes would hide them);
+//   - every CUDA thread of a block is a real OS thread (pooled std::threads), so that
+//     ThreadSanitizer sees the intra-block races a GPU could have (fibers or lanes run in
+//     order would hide them);
 //   - blocks run one after another, so a `static` variable is the block's shared memory
 //     (each block in turn gets the one instance); inter-block races are NOT modelled;
 //   - __syncthreads and __ballot_sync are strict barriers: every thread of the block (warp)
-//     must reach the same call site, else the run aborts with both sites named;
+//     must reach the same call site, else the run aborts with both sites named. Like on a GPU,
+//     only __syncthreads orders memory: ThreadSanitizer does not see the ballot's barrier;
 //   - atomicAdd is a real atomic (std::atomic_ref), so replacing it with `+=` is a race;
-//   - launches are synchronous; streams are ignored; a bad launch configuration is reported
-//     by cudaGetLastError like CUDA does (cudaErrorInvalidConfiguration, kernel not run).
+//   - launches are synchronous, from one host thread at a time; streams are ignored; a bad
+//     launch configuration is reported by cudaGetLastError like CUDA does
+//     (cudaErrorInvalidConfiguration, kernel not run).
 // A launch `k<<<grid, block, shared, stream>>>(args)` is written as
 // `::sc_emu::launch("k", k, grid, block, shared, stream)(args)` by the test's rewrite step.
 #pragma once
@@ -27,7 +30,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <math.h>  // CUDA's math functions live in the global namespace (fabs, ...)
 #include <semaphore>
 #include <source_location>
@@ -47,14 +49,13 @@ struct dim3 {
   constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
-enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorInvalidConfiguration = 9 };
+enum cudaError_t { cudaSuccess = 0, cudaErrorInvalidConfiguration = 9 };
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
 
 inline const char* cudaGetErrorString(cudaError_t err) {  // CUDA's own wording
   switch (err) {
     case cudaSuccess: return "no error";
-    case cudaErrorInvalidValue: return "invalid argument";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
   }
   return "unrecognized error code";
@@ -76,6 +77,37 @@ inline thread_local uint3 threadIdx, blockIdx;
 inline thread_local dim3 blockDim, gridDim;
 
 namespace sc_emu {
+
+// ThreadSanitizer's annotations; weak, so they are null in the AddressSanitizer build.
+extern "C" {
+void AnnotateIgnoreSyncBegin(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreSyncEnd(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreReadsBegin(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreReadsEnd(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreWritesBegin(const char* file, int line) __attribute__((weak));
+void AnnotateIgnoreWritesEnd(const char* file, int line) __attribute__((weak));
+}
+
+// While alive, this thread's synchronisation and memory accesses are hidden from
+// ThreadSanitizer: the emulation's own bookkeeping for an operation that orders no memory.
+struct Unobserved {
+  Unobserved() {
+    if (AnnotateIgnoreSyncBegin) {
+      AnnotateIgnoreSyncBegin(__FILE__, __LINE__);
+      AnnotateIgnoreReadsBegin(__FILE__, __LINE__);
+      AnnotateIgnoreWritesBegin(__FILE__, __LINE__);
+    }
+  }
+  ~Unobserved() {
+    if (AnnotateIgnoreSyncEnd) {
+      AnnotateIgnoreWritesEnd(__FILE__, __LINE__);
+      AnnotateIgnoreReadsEnd(__FILE__, __LINE__);
+      AnnotateIgnoreSyncEnd(__FILE__, __LINE__);
+    }
+  }
+  Unobserved(const Unobserved&) = delete;
+  Unobserved& operator=(const Unobserved&) = delete;
+};
 
 [[noreturn]] inline void fail(const char* what) {
   std::fprintf(stderr, "CUDA emulation: %s\n", what);
@@ -255,8 +287,11 @@ inline void __syncthreads(const std::source_location& where = std::source_locati
 
 // Full-warp ballots only (the kernels use 0xffffffff): each lane votes, the warp waits, every
 // lane reads all votes, and the warp waits again so no lane votes anew before all have read.
+// A vote is no memory fence on a GPU, so ThreadSanitizer must not see one here: a lane reading
+// another lane's shared-memory write after a ballot, without __syncthreads, is a race.
 inline unsigned __ballot_sync(unsigned mask, int predicate,
                               const std::source_location& where = std::source_location::current()) {
+  const sc_emu::Unobserved unobserved;
   sc_emu::Block& b = *sc_emu::block;
   const unsigned t = sc_emu::linear_thread(), first = t / 32 * 32;
   const unsigned lanes = std::min(32u, unsigned(b.votes.size()) - first);
@@ -278,9 +313,6 @@ inline int __popc(unsigned int x) { return std::popcount(x); }
 
 // CUDA's atomicAdd overloads that the kernels use; a real atomic read-modify-write.
 inline int atomicAdd(int* address, int value) { return std::atomic_ref<int>(*address).fetch_add(value); }
-inline unsigned int atomicAdd(unsigned int* address, unsigned int value) {
-  return std::atomic_ref<unsigned int>(*address).fetch_add(value);
-}
 inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long value) {
   return std::atomic_ref<unsigned long long>(*address).fetch_add(value);
 }

@@ -6,7 +6,7 @@
 //
 //   driver [GROUP...]   runs the named groups (default: all); exits 1 at the first mismatch
 //   driver --list       the groups
-//   driver canary-race | canary-barrier | canary-oob
+//   driver canary-race | canary-ballot | canary-barrier | canary-oob
 //                       deliberately broken kernels: the sanitizer or the emulation must stop them
 //
 // Where a CUDA launcher's contract differs from the CPU one, the host glue is done here the way
@@ -578,6 +578,13 @@ __global__ void racy_count_kernel(int* out) {  // += on shared memory instead of
   if (threadIdx.x == 0) *out = count;
 }
 
+__global__ void ballot_as_fence_kernel(int* out) {  // a vote orders no memory: __syncwarp is missing
+  __shared__ int value;
+  if (threadIdx.x == 0) value = 42;
+  out[threadIdx.x] = int(__ballot_sync(0xffffffffu, 1) != 0);
+  out[threadIdx.x] += value;
+}
+
 __global__ void divergent_barrier_kernel(int* out) {  // __syncthreads reached by half the block
   if (threadIdx.x < 32) __syncthreads();
   out[threadIdx.x] = 1;
@@ -589,6 +596,7 @@ int canary(const std::string& name) {
   set_case("%s", name.c_str());
   std::vector<int> out(64);
   if (name == "canary-race") sc_emu::launch("racy_count_kernel", racy_count_kernel, 1, 64)(out.data());
+  else if (name == "canary-ballot") sc_emu::launch("ballot_as_fence_kernel", ballot_as_fence_kernel, 1, 32)(out.data());
   else if (name == "canary-barrier") sc_emu::launch("divergent_barrier_kernel", divergent_barrier_kernel, 1, 64)(out.data());
   else if (name == "canary-oob") sc_emu::launch("overflow_kernel", overflow_kernel, 1, 65)(out.data());
   else return std::fprintf(stderr, "unknown canary %s\n", name.c_str()), 2;
