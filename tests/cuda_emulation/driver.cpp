@@ -181,13 +181,14 @@ bool identical(const T& a, const T& b) {
 }
 
 template <typename T>
-void same(const char* buffer, const std::vector<T>& cuda, const std::vector<T>& cpu) {
-  if (cuda.size() != cpu.size()) fail("%s: cuda has %zu elements, cpu %zu", buffer, cuda.size(), cpu.size());
+void same(const char* buffer, const std::vector<T>& cuda, const std::vector<T>& cpu, const char* a = "cuda",
+          const char* b = "cpu") {
+  if (cuda.size() != cpu.size()) fail("%s: %s has %zu elements, %s %zu", buffer, a, cuda.size(), b, cpu.size());
   size_t first = cuda.size(), differ = 0;
   for (size_t i = 0; i < cuda.size(); ++i)
     if (!identical(cuda[i], cpu[i]) && differ++ == 0) first = i;
   if (differ)
-    fail("%s[%zu]: cuda %s, cpu %s (%zu of %zu elements differ)", buffer, first, show(cuda[first]).c_str(),
+    fail("%s[%zu]: %s %s, %s %s (%zu of %zu elements differ)", buffer, first, a, show(cuda[first]).c_str(), b,
          show(cpu[first]).c_str(), differ, cuda.size());
 }
 
@@ -200,13 +201,16 @@ constexpr int64_t kSizes[] = {0, 1, 31, 32, 33, 255, 256, 257, 4095, 4096, 4097,
 enum class State { none, in_place, in_out };
 const char* state_name(State s) { return s == State::none ? "none" : s == State::in_place ? "in-place" : "in->out"; }
 
-// A float state buffer on both sides: in (read) and out (written), as the mode wants.
+// A float state buffer on both sides: in (read) and out (written), as the mode wants. A
+// separate output starts with different garbage on each side, so an element left unwritten
+// shows.
 struct StateBuffers {
   std::vector<float> in, cuda_out, cpu_out;
   StateBuffers(State mode, int64_t n, Rng& r) : mode_(mode) {
     if (mode == State::none) return;
     in = random_floats(n, r);
-    cuda_out = cpu_out = mode == State::in_place ? in : random_floats(n, r);
+    cuda_out = mode == State::in_place ? in : random_floats(n, r);
+    cpu_out = mode == State::in_place ? in : random_floats(n, r);
   }
   const float* cuda_in() const { return mode_ == State::none ? nullptr : mode_ == State::in_place ? cuda_out.data() : in.data(); }
   const float* cpu_in() const { return mode_ == State::none ? nullptr : mode_ == State::in_place ? cpu_out.data() : in.data(); }
@@ -229,7 +233,7 @@ void check_block_pack() {
                    (long long)starts[s], (long long)lengths[s], state_name(mode));
           const std::vector<T> grad = random_vector<T>(n, r);
           StateBuffers residual(mode, n, r);
-          std::vector<T> cuda_values = random_vector<T>(lengths[s], r), cpu_values = cuda_values;
+          std::vector<T> cuda_values = random_vector<T>(lengths[s], r), cpu_values = random_vector<T>(lengths[s], r);
           sc::cuda::block_pack<T>(grad.data(), residual.cuda_in(), residual.cuda(), cuda_values.data(), n, starts[s],
                                   lengths[s], nullptr);
           sc::cpu::block_pack<T>(grad.data(), residual.cpu_in(), residual.cpu(), cpu_values.data(), n, starts[s],
@@ -298,6 +302,12 @@ struct FeedbackBuffers {
     same("residual", residual.cuda_out, residual.cpu_out);
     same("momentum", momentum.cuda_out, momentum.cpu_out);
   }
+  void unchanged_since(const FeedbackBuffers& before) {  // for the read-only ops
+    same("residual", residual.cuda_out, before.residual.cuda_out, "cuda", "before");
+    same("residual", residual.cpu_out, before.residual.cpu_out, "cpu", "before");
+    same("momentum", momentum.cuda_out, before.momentum.cuda_out, "cuda", "before");
+    same("momentum", momentum.cpu_out, before.momentum.cpu_out, "cpu", "before");
+  }
 };
 
 void check_sample_threshold() {
@@ -316,8 +326,9 @@ void check_sample_threshold() {
                  (long long)plan.stride, (long long)plan.offset, (long long)plan.rank, fc.name);
         const std::vector<T> grad = random_vector<T>(n, r);
         FeedbackBuffers state(fc, n, r);
+        const FeedbackBuffers before = state;
         const Feedback fb = state.cuda();
-        std::vector<float> sample(static_cast<size_t>(plan.count)), threshold(1);
+        std::vector<float> sample(static_cast<size_t>(plan.count), -1.0f), threshold(1, -1.0f);
         sc::cuda::sample_threshold<T>(grad.data(), fb, n, plan, sample.data(), threshold.data(), nullptr);
         // The gathered sample, element by element, then the selected threshold.
         std::vector<float> expected(static_cast<size_t>(plan.count));
@@ -329,7 +340,7 @@ void check_sample_threshold() {
         // and nth_element leaves whichever zero at the rank. Both select the same elements.
         const float cpu = sc::cpu::sample_threshold<T>(grad.data(), state.cpu(), n, plan);
         same_value("threshold", threshold[0], cpu == 0.0f ? 0.0f : cpu);
-        state.compare();  // read only: both unchanged
+        state.unchanged_since(before);
       }
     }
   });
@@ -384,7 +395,8 @@ void check_candidates() {
   });
 }
 
-// The send-side state: residual_out and momentum_out of the tensor, each present or not.
+// The send-side state: residual_out and momentum_out of the tensor, each present or not. Both
+// sides start equal: only the sent elements may change.
 struct SendState {
   std::vector<float> cuda_residual, cpu_residual, cuda_momentum, cpu_momentum;
   bool residual, momentum, masking;
@@ -417,7 +429,7 @@ void check_send_selected() {
                  (long long)count, (long long)numel, state.residual, state.momentum, state.masking);
         const std::vector<float> acc = random_floats(count, r);
         const std::vector<int32_t> index = distinct_sorted(count, numel, r);
-        std::vector<T> cuda_values = random_vector<T>(count, r), cpu_values = cuda_values;
+        std::vector<T> cuda_values = random_vector<T>(count, r), cpu_values = random_vector<T>(count, r);
         sc::cuda::send_selected<T>(acc.data(), index.data(), count, state.fb(true), cuda_values.data(), nullptr);
         sc::cpu::send_selected<T>(acc.data(), index.data(), count, state.fb(false), cpu_values.data());
         same("values", cuda_values, cpu_values);
