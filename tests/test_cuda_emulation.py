@@ -5,8 +5,9 @@ cap lowered to 3 blocks (-DSC_MAX_BLOCKS=3) so that small inputs run the grid-st
 tests/cuda_emulation/driver.cpp runs every launcher of csrc/cuda/launchers.h and its CPU twin on
 the same inputs and compares every output and state buffer bit for bit (NaN payloads aside).
 
-About 60 s on the project's 2-core machine: the two builds in parallel (~20 s), then the runs
-(ThreadSanitizer ~30 s: 2 cores switching between up to 1024 threads at every barrier).
+About 50 s on the project's 2-core machine when idle: the two builds in parallel (~17 s), then
+the runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024 threads at every barrier,
+ASan ~4 s). docs/kernels.md says what this proves and what it cannot.
 """
 import concurrent.futures
 import importlib.util
