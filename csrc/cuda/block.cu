@@ -35,6 +35,7 @@ void block_pack(const T* grad, const float* residual_in, float* residual_out, T*
   fb.residual_in = residual_in;
   fb.residual_out = residual_out;
   block_pack_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, fb, values, numel, start, length);
+  check_launch("block_pack_kernel");
 }
 
 template <typename T>
@@ -42,6 +43,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
                   cudaStream_t stream) {
   if (numel == 0) return;
   block_unpack_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(values, dense, numel, start, length, scale);
+  check_launch("block_unpack_kernel");
 }
 
 #define SC_INSTANTIATE(T)                                                                                 \

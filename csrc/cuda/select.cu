@@ -20,6 +20,7 @@ __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan
 
 // The rank-th largest of n non-negative floats (inf allowed): their bit patterns order like
 // the values, so a most-significant-digit-first radix select over 4 bytes finds it exactly.
+// The sign bit is cleared first: magnitude(-0.0f) is -0.0f, which must order as 0, not above inf.
 constexpr int kSelectThreads = 1024;
 
 __global__ void radix_select_kernel(const float* values, int64_t n, int64_t rank, float* out) {
@@ -36,7 +37,7 @@ __global__ void radix_select_kernel(const float* values, int64_t n, int64_t rank
     __syncthreads();
     const uint32_t prefix = prefix_shared;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
-      const uint32_t bits = float_bits(values[j]);
+      const uint32_t bits = float_bits(values[j]) & 0x7fffffffu;
       if ((bits & mask) == prefix) atomicAdd(reinterpret_cast<unsigned long long*>(&histogram[(bits >> shift) & 255]), 1ull);
     }
     __syncthreads();
@@ -187,10 +188,13 @@ void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const Sa
                       float* threshold, cudaStream_t stream) {
   if (numel == 0 || plan.count == 0) {
     fill_kernel<<<1, 1, 0, stream>>>(threshold, bits_float(0x7f800000u));
+    check_launch("fill_kernel");
     return;
   }
   gather_sample_kernel<T><<<grid_for(plan.count), kThreads, 0, stream>>>(grad, fb, plan, sample);
+  check_launch("gather_sample_kernel");
   radix_select_kernel<<<1, kSelectThreads, 0, stream>>>(sample, plan.count, plan.rank, threshold);
+  check_launch("radix_select_kernel");
 }
 
 template <typename T>
@@ -199,6 +203,7 @@ void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const fl
   if (numel == 0) return;
   accumulate_count_kernel<T><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(grad, fb, numel, threshold,
                                                                                   tile_counts);
+  check_launch("accumulate_count_kernel");
 }
 
 template <typename S>
@@ -207,6 +212,7 @@ void compact_candidates(const S* source, int64_t numel, const float* threshold, 
   if (numel == 0) return;
   compact_candidates_kernel<S><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(source, numel, threshold,
                                                                                     tile_offsets, acc, index);
+  check_launch("compact_candidates_kernel");
 }
 
 template <typename T>
@@ -214,17 +220,20 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
                    cudaStream_t stream) {
   if (count == 0) return;
   send_selected_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(acc, index, count, fb, values);
+  check_launch("send_selected_kernel");
 }
 
 void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
                     uint8_t* codes, float* scales, cudaStream_t stream) {
   send_quantized_kernel<<<1, kQuantThreads, 0, stream>>>(acc, index, count, fb, bits, codes, scales);
+  check_launch("send_quantized_kernel");
 }
 
 void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values,
                 cudaStream_t stream) {
   if (count == 0) return;
   dequantize_kernel<<<grid_for(count), kThreads, 0, stream>>>(codes, scales, count, bits, values);
+  check_launch("dequantize_kernel");
 }
 
 template <typename T>
@@ -233,11 +242,13 @@ void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const in
   if (count == 0) return;
   sparse_unpack_sorted_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(values, sorted_index, order, count, scale,
                                                                           dense);
+  check_launch("sparse_unpack_sorted_kernel");
 }
 
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream) {
   if (k == 0) return;
   random_k_kernel<<<grid_for(k), kThreads, 0, stream>>>(perm, k, out);
+  check_launch("random_k_kernel");
 }
 
 #define SC_INSTANTIATE(T)                                                                                       \

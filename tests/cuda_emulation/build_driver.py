@@ -1,0 +1,79 @@
+"""Builds tests/cuda_emulation/driver.cpp with the CUDA launchers (csrc/cuda/*.cu) compiled by
+g++ against the CPU emulation (csrc/emulation/cuda_emulation.h) and the CPU launchers
+(csrc/cpu/*.cpp), in one sanitizer variant.
+
+The only rewrite of a .cu is its launches, `k<<<grid, block, shared, stream>>>(args)` ->
+`::sc_emu::launch("k", k, grid, block, shared, stream)(args)`, into a temporary copy whose
+`#line` keeps compiler and sanitizer messages pointing at the real file and line.
+
+By hand:  python tests/cuda_emulation/build_driver.py tsan /tmp/emu-tsan  (then /tmp/emu-tsan/driver --list)
+"""
+import concurrent.futures
+import glob
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+CPU_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
+DRIVER = os.path.join(ROOT, "tests", "cuda_emulation", "driver.cpp")
+
+# -O1 -g: readable sanitizer stacks at a bearable speed. -ffp-contract=off like the real build
+# (setup.py / nvcc --fmad=false), so float results are comparable bit for bit. The CPU
+# launchers are built without -fopenmp (one thread: ThreadSanitizer cannot see OpenMP's own
+# synchronisation). SC_MAX_BLOCKS=3 makes small inputs run the grid-stride loops.
+COMMON_FLAGS = ["-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", "-ffp-contract=off", "-DSC_MAX_BLOCKS=3",
+                "-pthread"]
+VARIANTS = {
+    "tsan": ["-fsanitize=thread"],
+    "asan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"],
+}
+EMULATION_INCLUDE = os.path.join(ROOT, "csrc", "emulation", "include")  # its cuda_runtime_api.h
+
+_LAUNCH = re.compile(r"([A-Za-z_]\w*(?:<[^<>;()]*>)?)\s*<<<(.*?)>>>")
+
+
+def rewrite_launches(text):
+    """(text with every kernel launch rewritten to the emulation's, number of launches)."""
+    rewritten, count = _LAUNCH.subn(lambda m: f'::sc_emu::launch("{m.group(1)}", {m.group(1)}, {m.group(2)})', text)
+    if count != text.count("<<<"):
+        raise ValueError(f"rewrote {count} launches but the source has {text.count('<<<')} '<<<'")
+    return rewritten, count
+
+
+def _compile(args):
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"compile failed: {' '.join(args)}\n{proc.stdout}{proc.stderr}")
+
+
+def build(variant, out_dir, jobs=None):
+    """Builds out_dir/driver for `variant` ('tsan' or 'asan'); returns its path."""
+    flags = COMMON_FLAGS + VARIANTS[variant]
+    os.makedirs(out_dir, exist_ok=True)
+    commands, objects = [], []
+    for source in CUDA_SOURCES:
+        text, _ = rewrite_launches(open(source).read())
+        copy = os.path.join(out_dir, os.path.basename(source) + ".cpp")
+        with open(copy, "w") as f:
+            f.write(f'#line 1 "{source}"\n{text}')
+        obj = copy + ".o"
+        # -iquote: the copy's "grid.cuh" and "../kernels/x.h" resolve as from csrc/cuda.
+        commands.append(["g++", *flags, "-I", EMULATION_INCLUDE, "-iquote", os.path.dirname(source), "-c", copy,
+                         "-o", obj])
+        objects.append(obj)
+    for source in CPU_SOURCES + [DRIVER]:
+        obj = os.path.join(out_dir, os.path.basename(source) + ".o")
+        commands.append(["g++", *flags, "-I", EMULATION_INCLUDE, "-c", source, "-o", obj])
+        objects.append(obj)
+    with concurrent.futures.ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
+        list(pool.map(_compile, commands))
+    binary = os.path.join(out_dir, "driver")
+    _compile(["g++", *flags, *objects, "-o", binary])
+    return binary
+
+
+if __name__ == "__main__":
+    print(build(sys.argv[1], sys.argv[2]))

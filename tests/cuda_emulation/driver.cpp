@@ -1,0 +1,671 @@
+// Executes every CUDA launcher of csrc/cuda/launchers.h on the CPU emulation
+// (csrc/emulation/cuda_emulation.h) and its CPU twin of csrc/cpu/launchers.h on the same
+// inputs, and compares every output and state buffer bit for bit. Built by
+// tests/cuda_emulation/build_driver.py under ThreadSanitizer or AddressSanitizer + UBSan, run by
+// tests/test_cuda_emulation.py.
+//
+//   driver [GROUP...]   runs the named groups (default: all); exits 1 at the first mismatch
+//   driver --list       the groups
+//   driver canary-race | canary-ballot | canary-barrier | canary-oob
+//                       deliberately broken kernels: the sanitizer or the emulation must stop them
+//
+// Where a CUDA launcher's contract differs from the CPU one, the host glue is done here the way
+// csrc/torch/cuda.cpp does it, and the final results are compared.
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <unistd.h>
+#include <vector>
+
+#include <sanitizer/common_interface_defs.h>
+
+#include <cuda_runtime_api.h>  // the emulation's: build_driver.py puts csrc/emulation/include on the path
+#include "../../csrc/cpu/launchers.h"
+#include "../../csrc/cuda/grid.cuh"
+#include "../../csrc/cuda/launchers.h"
+
+namespace sc = sparsecomm;
+using sc::bfloat16;
+using sc::Feedback;
+using sc::half16;
+
+namespace {
+
+// ---- what is running, for every failure message ----
+
+char g_case[512] = "(no case yet)";
+long g_cases = 0, g_nan_payloads = 0;
+
+void set_case(const char* format, ...) {
+  va_list args;
+  va_start(args, format);
+  std::vsnprintf(g_case, sizeof g_case, format, args);
+  va_end(args);
+  ++g_cases;
+}
+
+void print_case() {  // also from the sanitizers' death callback and SIGABRT: write(2) only
+  const char prefix[] = "while running case: ";
+  (void)!write(2, prefix, sizeof prefix - 1);
+  (void)!write(2, g_case, std::strlen(g_case));
+  (void)!write(2, "\n", 1);
+}
+
+[[noreturn]] void fail(const char* format, ...) {
+  std::fprintf(stdout, "MISMATCH in %s: ", g_case);
+  va_list args;
+  va_start(args, format);
+  std::vfprintf(stdout, format, args);
+  va_end(args);
+  std::fprintf(stdout, "\n");
+  std::fflush(stdout);
+  std::exit(1);
+}
+
+// ---- inputs ----
+
+struct Rng {  // splitmix64: every case's inputs follow from its seed
+  uint64_t state;
+  uint64_t next() {
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+  }
+  int64_t below(int64_t n) { return n > 0 ? int64_t(next() % uint64_t(n)) : 0; }
+  double uniform() { return double(next() >> 11) * 0x1p-53; }
+};
+
+// Float patterns at every edge the kernels and the 16-bit conversions care about.
+constexpr uint32_t kSpecials[] = {
+    0x00000000, 0x80000000,                          // +0, -0
+    0x7f800000, 0xff800000,                          // +-inf
+    0x7fc00000, 0xffc00000, 0x7fa00001,              // quiet NaNs, a signalling NaN
+    0x00000001, 0x807fffff, 0x00400000,              // float denormals
+    0x00800000, 0x7f7fffff, 0xff7fffff,              // FLT_MIN, +-FLT_MAX
+    0x33800000, 0x33000000, 0x33c00000, 0xb3400000,  // half's subnormal ulp and ties below it
+    0x387fe000, 0x38800000,                          // around the smallest normal half
+    0x477fe000, 0x477fefff, 0x477ff000, 0xc77ff000,  // 65504, just below and at half's overflow
+    0x3f808000, 0x3f818000, 0x3f801000, 0x3f803000,  // bfloat16 and half ties (to even, to odd)
+    0x3f800000, 0xbf800000, 0x3e800000,              // 1, -1, 0.25
+};
+
+float special(Rng& r) { return sc::bits_float(kSpecials[r.below(std::size(kSpecials))]); }
+
+// Mostly ordinary magnitudes over 25 octaves, a quarter edge cases.
+float value(Rng& r) {
+  if (r.below(4) == 0) return special(r);
+  const float v = float(std::ldexp(1.0 + r.uniform(), int(r.below(25)) - 12));
+  return r.below(2) ? -v : v;
+}
+
+// A gradient element: also raw bit patterns (every NaN payload, every 16-bit pattern).
+template <typename T>
+T element(Rng& r) {
+  if constexpr (std::is_same_v<T, float>) return r.below(20) == 0 ? sc::bits_float(uint32_t(r.next())) : value(r);
+  else return r.below(3) == 0 ? T{uint16_t(r.next())} : sc::from_float<T>(value(r));
+}
+
+template <typename T>
+std::vector<T> random_vector(int64_t n, Rng& r) {
+  std::vector<T> v(static_cast<size_t>(n));
+  for (T& x : v) x = element<T>(r);
+  return v;
+}
+
+std::vector<float> random_floats(int64_t n, Rng& r) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = value(r);
+  return v;
+}
+
+// count distinct indices of [0, numel), ascending (candidates come in index order).
+std::vector<int32_t> distinct_sorted(int64_t count, int64_t numel, Rng& r) {
+  std::vector<int32_t> all(static_cast<size_t>(numel));
+  std::iota(all.begin(), all.end(), 0);
+  for (int64_t j = 0; j < count; ++j) std::swap(all[size_t(j)], all[size_t(j + r.below(numel - j))]);
+  all.resize(size_t(count));
+  std::sort(all.begin(), all.end());
+  return all;
+}
+
+template <typename T> const char* type_name();
+template <> const char* type_name<float>() { return "float32"; }
+template <> const char* type_name<half16>() { return "float16"; }
+template <> const char* type_name<bfloat16>() { return "bfloat16"; }
+
+template <typename F>
+void for_each_dtype(F f) {
+  f(float{});
+  f(half16{});
+  f(bfloat16{});
+}
+
+// ---- bit-for-bit comparison ----
+
+template <typename T>
+std::string show(const T& x) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &x, sizeof x);
+  double v;
+  if constexpr (std::is_same_v<T, half16> || std::is_same_v<T, bfloat16>) v = sc::to_float(x);
+  else v = double(x);
+  char text[96];
+  std::snprintf(text, sizeof text, "0x%0*llx (%.9g)", int(2 * sizeof x), (unsigned long long)bits, v);
+  return text;
+}
+
+template <typename T>
+bool is_nan(const T& x) {
+  if constexpr (std::is_same_v<T, half16> || std::is_same_v<T, bfloat16> || std::is_same_v<T, float>)
+    return std::isnan(sc::to_float(x));
+  else return false;
+}
+
+// Identical bits, except that any NaN equals any NaN: NaN payloads are not portable. x86
+// returns the payload of one NaN operand and the compiler picks the operand order (CPU and
+// emulated code inline feedback.h differently); a GPU returns its canonical NaN instead.
+template <typename T>
+bool identical(const T& a, const T& b) {
+  if (std::memcmp(&a, &b, sizeof(T)) == 0) return true;
+  const bool nans = is_nan(a) && is_nan(b);
+  g_nan_payloads += nans;  // reported with the group's result
+  return nans;
+}
+
+template <typename T>
+void same(const char* buffer, const std::vector<T>& cuda, const std::vector<T>& cpu, const char* a = "cuda",
+          const char* b = "cpu") {
+  if (cuda.size() != cpu.size()) fail("%s: %s has %zu elements, %s %zu", buffer, a, cuda.size(), b, cpu.size());
+  size_t first = cuda.size(), differ = 0;
+  for (size_t i = 0; i < cuda.size(); ++i)
+    if (!identical(cuda[i], cpu[i]) && differ++ == 0) first = i;
+  if (differ)
+    fail("%s[%zu]: %s %s, %s %s (%zu of %zu elements differ)", buffer, first, a, show(cuda[first]).c_str(), b,
+         show(cpu[first]).c_str(), differ, cuda.size());
+}
+
+void same_value(const char* what, float cuda, float cpu) { same(what, std::vector<float>{cuda}, std::vector<float>{cpu}); }
+
+constexpr int64_t kSizes[] = {0, 1, 31, 32, 33, 255, 256, 257, 4095, 4096, 4097, 10007, 12289};
+
+// The state of a case: absent, updated in place (torch), or read from one buffer and written to
+// another (TF).
+enum class State { none, in_place, in_out };
+const char* state_name(State s) { return s == State::none ? "none" : s == State::in_place ? "in-place" : "in->out"; }
+
+// A float state buffer on both sides: in (read) and out (written), as the mode wants. A
+// separate output starts with different garbage on each side, so an element left unwritten
+// shows.
+struct StateBuffers {
+  std::vector<float> in, cuda_out, cpu_out;
+  StateBuffers(State mode, int64_t n, Rng& r) : mode_(mode) {
+    if (mode == State::none) return;
+    in = random_floats(n, r);
+    cuda_out = mode == State::in_place ? in : random_floats(n, r);
+    cpu_out = mode == State::in_place ? in : random_floats(n, r);
+  }
+  const float* cuda_in() const { return mode_ == State::none ? nullptr : mode_ == State::in_place ? cuda_out.data() : in.data(); }
+  const float* cpu_in() const { return mode_ == State::none ? nullptr : mode_ == State::in_place ? cpu_out.data() : in.data(); }
+  float* cuda() { return mode_ == State::none ? nullptr : cuda_out.data(); }
+  float* cpu() { return mode_ == State::none ? nullptr : cpu_out.data(); }
+  State mode_;
+};
+
+// ---- the launchers ----
+
+void check_block_pack() {
+  for_each_dtype([]<typename T>(T) {
+    for (int64_t n : kSizes) {
+      Rng r{uint64_t(n) * 31 + sizeof(T)};
+      const int64_t starts[] = {0, n ? n - 1 : 0, r.below(n)};
+      const int64_t lengths[] = {n, std::min<int64_t>(n, 2 + n / 3), r.below(n + 1)};
+      for (int s = 0; s < 3; ++s)
+        for (State mode : {State::none, State::in_place, State::in_out}) {
+          set_case("block_pack<%s> numel=%lld start=%lld length=%lld residual=%s", type_name<T>(), (long long)n,
+                   (long long)starts[s], (long long)lengths[s], state_name(mode));
+          const std::vector<T> grad = random_vector<T>(n, r);
+          StateBuffers residual(mode, n, r);
+          std::vector<T> cuda_values = random_vector<T>(lengths[s], r), cpu_values = random_vector<T>(lengths[s], r);
+          sc::cuda::block_pack<T>(grad.data(), residual.cuda_in(), residual.cuda(), cuda_values.data(), n, starts[s],
+                                  lengths[s], nullptr);
+          sc::cpu::block_pack<T>(grad.data(), residual.cpu_in(), residual.cpu(), cpu_values.data(), n, starts[s],
+                                 lengths[s]);
+          same("values", cuda_values, cpu_values);
+          same("residual", residual.cuda_out, residual.cpu_out);
+        }
+    }
+  });
+}
+
+void check_block_unpack() {
+  for_each_dtype([]<typename T>(T) {
+    for (int64_t n : kSizes) {
+      Rng r{uint64_t(n) * 37 + sizeof(T)};
+      const int64_t starts[] = {0, n ? n - 1 : 0, r.below(n)};
+      const int64_t lengths[] = {n, std::min<int64_t>(n, 2 + n / 3), r.below(n + 1)};
+      const float scales[] = {1.0f, 0.5f, -1.0f / 3.0f};
+      for (int s = 0; s < 3; ++s) {
+        set_case("block_unpack<%s> numel=%lld start=%lld length=%lld scale=%g", type_name<T>(), (long long)n,
+                 (long long)starts[s], (long long)lengths[s], scales[s]);
+        const std::vector<T> values = random_vector<T>(lengths[s], r);
+        std::vector<T> cuda_dense = random_vector<T>(n, r), cpu_dense = random_vector<T>(n, r);
+        sc::cuda::block_unpack<T>(values.data(), cuda_dense.data(), n, starts[s], lengths[s], scales[s], nullptr);
+        sc::cpu::block_unpack<T>(values.data(), cpu_dense.data(), n, starts[s], lengths[s], scales[s]);
+        same("dense", cuda_dense, cpu_dense);
+      }
+    }
+  });
+}
+
+// Residual and momentum of the selection ops (DGC: both; gradient dropping: residual only).
+struct FeedbackCase {
+  const char* name;
+  State residual, momentum;
+};
+constexpr FeedbackCase kFeedback[] = {
+    {"none", State::none, State::none},
+    {"residual in-place", State::in_place, State::none},
+    {"residual in->out", State::in_out, State::none},
+    {"momentum in-place", State::none, State::in_place},
+    {"residual+momentum in-place", State::in_place, State::in_place},
+};
+
+struct FeedbackBuffers {
+  StateBuffers residual, momentum;
+  FeedbackBuffers(const FeedbackCase& c, int64_t n, Rng& r) : residual(c.residual, n, r), momentum(c.momentum, n, r) {}
+  Feedback cuda() {
+    Feedback fb;
+    fb.residual_in = residual.cuda_in();
+    fb.residual_out = residual.cuda();
+    fb.momentum_in = momentum.cuda_in();
+    fb.momentum_out = momentum.cuda();
+    fb.momentum = 0.9f;
+    return fb;
+  }
+  Feedback cpu() {
+    Feedback fb = cuda();
+    fb.residual_in = residual.cpu_in();
+    fb.residual_out = residual.cpu();
+    fb.momentum_in = momentum.cpu_in();
+    fb.momentum_out = momentum.cpu();
+    return fb;
+  }
+  void compare() {
+    same("residual", residual.cuda_out, residual.cpu_out);
+    same("momentum", momentum.cuda_out, momentum.cpu_out);
+  }
+  void unchanged_since(const FeedbackBuffers& before) {  // for the read-only ops
+    same("residual", residual.cuda_out, before.residual.cuda_out, "cuda", "before");
+    same("residual", residual.cpu_out, before.residual.cpu_out, "cpu", "before");
+    same("momentum", momentum.cuda_out, before.momentum.cuda_out, "cuda", "before");
+    same("momentum", momentum.cpu_out, before.momentum.cpu_out, "cpu", "before");
+  }
+};
+
+void check_sample_threshold() {
+  for_each_dtype([]<typename T>(T) {
+    for (int64_t n : kSizes) {
+      Rng r{uint64_t(n) * 41 + sizeof(T)};
+      // (wanted sample size, ratio): every element; runs of 16 (n / wanted >= 32); a single one.
+      const int64_t wanted[] = {n, std::max<int64_t>(1, n / 40), 1};
+      const double ratios[] = {0.3, 0.001, 1.0};
+      {  // one case per (dtype, size): the plan and the feedback rotate (ThreadSanitizer's time)
+        const int p = int(size_t(n + sizeof(T)) % 3);
+        const FeedbackCase& fc = kFeedback[size_t(n / 3 + sizeof(T)) % std::size(kFeedback)];
+        const sc::SamplePlan plan = sc::plan_sample(n, wanted[p], ratios[p], r.next(), uint32_t(r.next()), r.next());
+        set_case("sample_threshold<%s> numel=%lld plan(count=%lld run=%lld stride=%lld offset=%lld rank=%lld) "
+                 "feedback=%s", type_name<T>(), (long long)n, (long long)plan.count, (long long)plan.run,
+                 (long long)plan.stride, (long long)plan.offset, (long long)plan.rank, fc.name);
+        const std::vector<T> grad = random_vector<T>(n, r);
+        FeedbackBuffers state(fc, n, r);
+        const FeedbackBuffers before = state;
+        const Feedback fb = state.cuda();
+        std::vector<float> sample(static_cast<size_t>(plan.count), -1.0f), threshold(1, -1.0f);
+        sc::cuda::sample_threshold<T>(grad.data(), fb, n, plan, sample.data(), threshold.data(), nullptr);
+        // The gathered sample, element by element, then the selected threshold.
+        std::vector<float> expected(static_cast<size_t>(plan.count));
+        float u;
+        for (int64_t j = 0; j < plan.count; ++j)
+          expected[size_t(j)] = sc::magnitude(sc::accumulated(grad.data(), fb, plan.position(j), &u));
+        same("sample", sample, expected);
+        // A zero threshold may be either zero on the CPU: magnitude(-0.0f) is -0.0f (feedback.h)
+        // and nth_element leaves whichever zero at the rank. Both select the same elements.
+        const float cpu = sc::cpu::sample_threshold<T>(grad.data(), state.cpu(), n, plan);
+        same_value("threshold", threshold[0], cpu == 0.0f ? 0.0f : cpu);
+        state.unchanged_since(before);
+      }
+    }
+  });
+}
+
+// accumulate_count + exclusive scan + compact_candidates (csrc/torch/cuda.cpp's glue) against
+// the one-pass CPU accumulate_candidates.
+void check_candidates() {
+  const int64_t sizes[] = {0, 1, 31, 33, 255, 257, 4095, 4096, 4097, 12289};
+  const float thresholds[] = {1.0f, 0.0f, INFINITY, 0.01f, 64.0f};
+  int k = 0;
+  for_each_dtype([&]<typename T>(T) {
+    for (int64_t n : sizes) {
+      Rng r{uint64_t(n) * 43 + sizeof(T)};
+      {  // one case per (dtype, size): the state and the threshold rotate (ThreadSanitizer's time)
+        const FeedbackCase& fc = kFeedback[size_t(k++) % std::size(kFeedback)];
+        const float t = thresholds[size_t(n + sizeof(T)) % std::size(thresholds)];
+        set_case("accumulate_count+compact_candidates<%s> numel=%lld threshold=%g feedback=%s", type_name<T>(),
+                 (long long)n, t, fc.name);
+        const std::vector<T> grad = random_vector<T>(n, r);
+        FeedbackBuffers state(fc, n, r);
+        const Feedback fb = state.cuda();
+        const std::vector<float> threshold{t};
+        const int64_t tiles = sc::cuda::candidate_tiles(n);
+        std::vector<int32_t> counts(size_t(tiles), -1);
+        sc::cuda::accumulate_count<T>(grad.data(), fb, n, threshold.data(), counts.data(), nullptr);
+        std::vector<int64_t> offsets(static_cast<size_t>(tiles));
+        int64_t total = 0;
+        for (int64_t k = 0; k < tiles; ++k) {
+          offsets[size_t(k)] = total;
+          total += counts[size_t(k)];
+        }
+        std::vector<float> cuda_acc(static_cast<size_t>(total));
+        std::vector<int32_t> cuda_index(static_cast<size_t>(total));
+        if (const float* source = fb.residual_out ? fb.residual_out : fb.momentum_out)
+          sc::cuda::compact_candidates<float>(source, n, threshold.data(), offsets.data(), cuda_acc.data(),
+                                              cuda_index.data(), nullptr);
+        else
+          sc::cuda::compact_candidates<T>(grad.data(), n, threshold.data(), offsets.data(), cuda_acc.data(),
+                                          cuda_index.data(), nullptr);
+        std::vector<float> cpu_acc;
+        std::vector<int32_t> cpu_index;
+        sc::cpu::accumulate_candidates<T>(grad.data(), state.cpu(), n, t, cpu_acc, cpu_index);
+        std::vector<int32_t> cpu_counts(size_t(tiles), 0);
+        for (int32_t i : cpu_index) ++cpu_counts[size_t(i / sc::cuda::kCandidateTile)];
+        same("tile_counts", counts, cpu_counts);
+        same("index", cuda_index, cpu_index);
+        same("acc", cuda_acc, cpu_acc);
+        state.compare();
+      }
+    }
+  });
+}
+
+// The send-side state: residual_out and momentum_out of the tensor, each present or not. Both
+// sides start equal: only the sent elements may change.
+struct SendState {
+  std::vector<float> cuda_residual, cpu_residual, cuda_momentum, cpu_momentum;
+  bool residual, momentum, masking;
+  SendState(int64_t numel, int variant, Rng& r)
+      : residual(variant & 1), momentum(variant & 2), masking(variant & 4) {
+    if (residual) cuda_residual = cpu_residual = random_floats(numel, r);
+    if (momentum) cuda_momentum = cpu_momentum = random_floats(numel, r);
+  }
+  Feedback fb(bool cuda) {
+    Feedback fb;
+    fb.residual_out = residual ? (cuda ? cuda_residual : cpu_residual).data() : nullptr;
+    fb.momentum_out = momentum ? (cuda ? cuda_momentum : cpu_momentum).data() : nullptr;
+    fb.masking = masking;
+    return fb;
+  }
+  void compare() {
+    same("residual", cuda_residual, cpu_residual);
+    same("momentum", cuda_momentum, cpu_momentum);
+  }
+};
+
+void check_send_selected() {
+  for_each_dtype([]<typename T>(T) {
+    for (int64_t count : kSizes) {
+      Rng r{uint64_t(count) * 47 + sizeof(T)};
+      for (int v : {int(count + sizeof(T)) % 8, int(count + sizeof(T) + 3) % 8}) {
+        const int64_t numel = 2 * count + 3;
+        SendState state(numel, v, r);
+        set_case("send_selected<%s> count=%lld numel=%lld residual=%d momentum=%d masking=%d", type_name<T>(),
+                 (long long)count, (long long)numel, state.residual, state.momentum, state.masking);
+        const std::vector<float> acc = random_floats(count, r);
+        const std::vector<int32_t> index = distinct_sorted(count, numel, r);
+        std::vector<T> cuda_values = random_vector<T>(count, r), cpu_values = random_vector<T>(count, r);
+        sc::cuda::send_selected<T>(acc.data(), index.data(), count, state.fb(true), cuda_values.data(), nullptr);
+        sc::cpu::send_selected<T>(acc.data(), index.data(), count, state.fb(false), cpu_values.data());
+        same("values", cuda_values, cpu_values);
+        state.compare();
+      }
+    }
+  });
+}
+
+void check_send_quantized() {
+  const int64_t counts[] = {0, 1, 33, 511, 513, 4097};  // the kernel is one block of 512 threads
+  for (int bits : {1, 2})
+    for (int64_t count : counts) {
+      Rng r{uint64_t(count) * 53 + bits};
+      const int64_t numel = count + 5;
+      SendState state(numel, int(count + bits) % 8, r);
+      set_case("send_quantized bits=%d count=%lld numel=%lld residual=%d momentum=%d masking=%d", bits,
+               (long long)count, (long long)numel, state.residual, state.momentum, state.masking);
+      const std::vector<float> acc = random_floats(count, r);
+      const std::vector<int32_t> index = distinct_sorted(count, numel, r);
+      const size_t bytes = size_t(sc::quantized_bytes(count, bits)), scales = size_t(sc::quantized_scales(bits));
+      std::vector<uint8_t> cuda_codes(bytes, 0xa5), cpu_codes(bytes, 0x5a);
+      std::vector<float> cuda_scales(scales, -1.0f), cpu_scales(scales, -2.0f);
+      sc::cuda::send_quantized(acc.data(), index.data(), count, state.fb(true), bits, cuda_codes.data(),
+                               cuda_scales.data(), nullptr);
+      sc::cpu::send_quantized(acc.data(), index.data(), count, state.fb(false), bits, cpu_codes.data(),
+                              cpu_scales.data());
+      same("scales", cuda_scales, cpu_scales);
+      same("codes", cuda_codes, cpu_codes);
+      state.compare();
+    }
+}
+
+// Not in the default run: a known divergence (tests/test_cuda_emulation.py expects it to fail).
+// The CPU sums the class in index order, the CUDA kernel in 512 strided partial sums and a
+// tree. Within a class all values have one sign, so the double sums differ by a few units in
+// the last place of a double only, but the mean can sit on a float rounding tie: here the CPU
+// mean is exactly 2^38 + 2^14 (a tie, to even: 2^38), the CUDA one 2^-14 above it (2^38 + 2^15).
+void check_send_quantized_order() {
+  set_case("send_quantized bits=1 acc={2^-13, 2^40, 2^-13, 2^16} (summation order)");
+  const std::vector<float> acc{0x1p-13f, 0x1p40f, 0x1p-13f, 0x1p16f};
+  const std::vector<int32_t> index{0, 1, 2, 3};
+  std::vector<uint8_t> cuda_codes(1), cpu_codes(1);
+  std::vector<float> cuda_scales(2), cpu_scales(2);
+  sc::cuda::send_quantized(acc.data(), index.data(), 4, Feedback{}, 1, cuda_codes.data(), cuda_scales.data(), nullptr);
+  sc::cpu::send_quantized(acc.data(), index.data(), 4, Feedback{}, 1, cpu_codes.data(), cpu_scales.data());
+  same("codes", cuda_codes, cpu_codes);
+  same("scales", cuda_scales, cpu_scales);
+}
+
+void check_dequantize() {
+  for (int bits : {1, 2})
+    for (int64_t count : kSizes) {
+      Rng r{uint64_t(count) * 59 + bits};
+      set_case("dequantize bits=%d count=%lld", bits, (long long)count);
+      std::vector<uint8_t> codes(static_cast<size_t>(sc::quantized_bytes(count, bits)));
+      for (uint8_t& c : codes) c = uint8_t(r.next());
+      const std::vector<float> scales = random_floats(sc::quantized_scales(bits), r);
+      std::vector<float> cuda_values = random_floats(count, r), cpu_values = random_floats(count, r);
+      sc::cuda::dequantize(codes.data(), scales.data(), count, bits, cuda_values.data(), nullptr);
+      sc::cpu::dequantize(codes.data(), scales.data(), count, bits, cpu_values.data());
+      same("values", cuda_values, cpu_values);
+    }
+}
+
+// The values of 3 ranks, concatenated: duplicates add in input order. CUDA's glue (as in
+// csrc/torch/cuda.cpp): zero the output, stable-sort the indices, then the kernel.
+void check_sparse_unpack() {
+  const float scales[] = {1.0f, 0.5f, 1.0f / 3.0f};
+  for_each_dtype([&]<typename T>(T) {
+    for (int64_t numel : kSizes) {
+      Rng r{uint64_t(numel) * 61 + sizeof(T)};
+      for (int s = 0; s < 2; ++s) {
+        const int64_t per_rank = numel ? 1 + r.below(std::min<int64_t>(numel, 2 + numel / 4)) : 0;
+        std::vector<int32_t> index;
+        for (int rank = 0; rank < 3; ++rank)
+          for (int32_t i : distinct_sorted(per_rank, numel, r)) index.push_back(i);
+        const int64_t count = int64_t(index.size());
+        const float scale = scales[size_t(numel + s) % std::size(scales)];
+        set_case("sparse_unpack_sorted<%s> numel=%lld count=%lld (3 ranks) scale=%g", type_name<T>(),
+                 (long long)numel, (long long)count, scale);
+        const std::vector<T> values = random_vector<T>(count, r);
+        std::vector<int64_t> order(static_cast<size_t>(count));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return index[size_t(a)] < index[size_t(b)]; });
+        std::vector<int32_t> sorted_index(static_cast<size_t>(count));
+        for (int64_t p = 0; p < count; ++p) sorted_index[size_t(p)] = index[size_t(order[size_t(p)])];
+        std::vector<T> cuda_dense(size_t(numel), sc::from_float<T>(0.0f)), cpu_dense = random_vector<T>(numel, r);
+        sc::cuda::sparse_unpack_sorted<T>(values.data(), sorted_index.data(), order.data(), count, scale,
+                                          cuda_dense.data(), nullptr);
+        sc::cpu::sparse_unpack<T>(values.data(), index.data(), count, scale, numel, cpu_dense.data());
+        same("dense", cuda_dense, cpu_dense);
+      }
+    }
+  });
+}
+
+void check_random_k() {
+  for (int64_t numel : kSizes) {
+    Rng r{uint64_t(numel) * 67};
+    const int64_t ks[] = {numel, numel / 3, numel ? 1 : 0, 0};
+    for (int c = 0; c < 2; ++c) {
+      const int64_t k = ks[size_t(2 * c + numel % 2)];
+      const uint64_t seed = r.next(), step = r.below(1000);
+      const uint32_t tensor_id = uint32_t(r.next());
+      set_case("random_k_indices numel=%lld k=%lld seed=%llu tensor_id=%u step=%llu", (long long)numel,
+               (long long)k, (unsigned long long)seed, tensor_id, (unsigned long long)step);
+      const sc::Permutation perm(seed, tensor_id, step, numel);
+      std::vector<int32_t> cuda_out(size_t(k), -1), cpu_out(size_t(k), -2);
+      sc::cuda::random_k_indices(perm, k, cuda_out.data(), nullptr);
+      std::sort(cuda_out.begin(), cuda_out.end());  // CUDA leaves them unsorted: the torch glue sorts
+      sc::cpu::random_k_indices(perm, k, cpu_out.data());
+      same("indices", cuda_out, cpu_out);
+    }
+  }
+}
+
+// check_launch (csrc/cuda/grid.cuh) turns a bad launch configuration into an exception naming
+// the kernel. No launcher can be driven into one, so a test kernel is launched directly.
+__global__ void mark_kernel(int* out) { out[threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * blockIdx.x)] = 1; }
+
+void check_launch_errors() {
+  struct Config { const char* name; dim3 grid, threads; };
+  const Config bad[] = {{"1025 threads", dim3(1), dim3(1025)},
+                        {"32x32x2 threads", dim3(1), dim3(32, 32, 2)},
+                        {"a grid of 0 blocks", dim3(0), dim3(32)},
+                        {"a grid of -1 blocks", dim3(unsigned(-1)), dim3(32)}};
+  for (const Config& c : bad) {
+    set_case("check_launch after mark_kernel with %s", c.name);
+    std::vector<int> out(4096, 0);
+    sc_emu::launch("mark_kernel", mark_kernel, c.grid, c.threads)(out.data());
+    if (cudaPeekAtLastError() != cudaErrorInvalidConfiguration) fail("the emulation did not report the launch error");
+    try {
+      sc::cuda::check_launch("mark_kernel");
+      fail("check_launch did not throw");
+    } catch (const std::runtime_error& e) {
+      if (!std::strstr(e.what(), "mark_kernel") || !std::strstr(e.what(), "invalid configuration argument"))
+        fail("check_launch's message does not name the kernel and the error: %s", e.what());
+    }
+    if (std::count(out.begin(), out.end(), 0) != int64_t(out.size())) fail("the badly configured kernel ran");
+    if (cudaGetLastError() != cudaSuccess) fail("check_launch did not clear the error");
+  }
+  set_case("check_launch after a good launch of mark_kernel");
+  std::vector<int> out(3 * 64, 0);
+  sc_emu::launch("mark_kernel", mark_kernel, dim3(3), dim3(32, 2))(out.data());
+  sc::cuda::check_launch("mark_kernel");
+  if (std::count(out.begin(), out.end(), 1) != int64_t(out.size())) fail("mark_kernel did not write every element");
+}
+
+// ---- canaries: kernels broken on purpose, to show that the checks are alive ----
+
+__global__ void racy_count_kernel(int* out) {  // += on shared memory instead of atomicAdd
+  __shared__ int count;
+  if (threadIdx.x == 0) count = 0;
+  __syncthreads();
+  count += 1;
+  __syncthreads();
+  if (threadIdx.x == 0) *out = count;
+}
+
+__global__ void ballot_as_fence_kernel(int* out) {  // a vote orders no memory: __syncwarp is missing
+  __shared__ int value;
+  if (threadIdx.x == 0) value = 42;
+  out[threadIdx.x] = int(__ballot_sync(0xffffffffu, 1) != 0);
+  out[threadIdx.x] += value;
+}
+
+__global__ void divergent_barrier_kernel(int* out) {  // __syncthreads reached by half the block
+  if (threadIdx.x < 32) __syncthreads();
+  out[threadIdx.x] = 1;
+}
+
+__global__ void overflow_kernel(int* out) { out[threadIdx.x] = 1; }  // one thread too many
+
+int canary(const std::string& name) {
+  set_case("%s", name.c_str());
+  std::vector<int> out(64);
+  if (name == "canary-race") sc_emu::launch("racy_count_kernel", racy_count_kernel, 1, 64)(out.data());
+  else if (name == "canary-ballot") sc_emu::launch("ballot_as_fence_kernel", ballot_as_fence_kernel, 1, 32)(out.data());
+  else if (name == "canary-barrier") sc_emu::launch("divergent_barrier_kernel", divergent_barrier_kernel, 1, 64)(out.data());
+  else if (name == "canary-oob") sc_emu::launch("overflow_kernel", overflow_kernel, 1, 65)(out.data());
+  else return std::fprintf(stderr, "unknown canary %s\n", name.c_str()), 2;
+  std::printf("%s: not stopped\n", name.c_str());
+  return 0;
+}
+
+struct Group {
+  const char* name;
+  void (*run)();
+};
+constexpr Group kGroups[] = {
+    {"block_pack", check_block_pack},
+    {"block_unpack", check_block_unpack},
+    {"sample_threshold", check_sample_threshold},
+    {"candidates", check_candidates},
+    {"send_selected", check_send_selected},
+    {"send_quantized", check_send_quantized},
+    {"dequantize", check_dequantize},
+    {"sparse_unpack_sorted", check_sparse_unpack},
+    {"random_k_indices", check_random_k},
+    {"launch_check", check_launch_errors},
+};
+constexpr Group kKnownDivergences[] = {
+    {"send_quantized_order", check_send_quantized_order},
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  __sanitizer_set_death_callback(print_case);
+  std::signal(SIGABRT, [](int) { print_case(); });  // the emulation's own errors abort
+  std::vector<std::string> names(argv + 1, argv + argc);
+  if (names.size() == 1 && names[0] == "--list") {
+    for (const Group& g : kGroups) std::printf("%s\n", g.name);
+    return 0;
+  }
+  if (names.size() == 1 && names[0].rfind("canary-", 0) == 0) return canary(names[0]);
+  if (names.empty())
+    for (const Group& g : kGroups) names.push_back(g.name);
+  long total = 0;
+  for (const std::string& name : names) {
+    const Group* g = nullptr;
+    for (const Group& x : kGroups) g = name == x.name ? &x : g;
+    for (const Group& x : kKnownDivergences) g = name == x.name ? &x : g;
+    if (!g) return std::fprintf(stderr, "unknown group %s (see --list)\n", name.c_str()), 2;
+    g_cases = g_nan_payloads = 0;
+    try {
+      g->run();
+    } catch (const std::exception& e) {
+      fail("exception: %s", e.what());
+    }
+    std::printf("%s: %ld cases identical", g->name, g_cases);
+    if (g_nan_payloads) std::printf(" (NaN payloads differed in %ld elements)", g_nan_payloads);
+    std::printf("\n");
+    total += g_cases;
+  }
+  std::printf("%ld cases identical\n", total);
+  return 0;
+}

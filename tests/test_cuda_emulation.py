@@ -1,0 +1,142 @@
+"""The CUDA kernels (csrc/cuda/*.cu) executed on the CPU. No GPU here: g++ compiles them against
+a CUDA emulation (csrc/emulation/cuda_emulation.h: a real thread per CUDA thread, blocks one
+after another), once under ThreadSanitizer and once under AddressSanitizer + UBSan, with the grid
+cap lowered to 3 blocks (-DSC_MAX_BLOCKS=3) so that small inputs run the grid-stride loops.
+tests/cuda_emulation/driver.cpp runs every launcher of csrc/cuda/launchers.h and its CPU twin on
+the same inputs and compares every output and state buffer bit for bit (NaN payloads aside).
+
+About 50 s on the project's 2-core machine when idle: the two builds in parallel (~17 s), then
+the runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024 threads at every barrier,
+ASan ~4 s). docs/kernels.md says what this proves and what it cannot.
+"""
+import concurrent.futures
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+_spec = importlib.util.spec_from_file_location("cuda_emulation_build",
+                                               os.path.join(HERE, "cuda_emulation", "build_driver.py"))
+build_driver = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(build_driver)
+
+VARIANTS = ("tsan", "asan")
+GROUPS = ["block_pack", "block_unpack", "sample_threshold", "candidates", "send_selected", "send_quantized",
+          "dequantize", "sparse_unpack_sorted", "random_k_indices", "launch_check"]
+ENV = dict(os.environ,
+           TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1",
+           ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 detect_stack_use_after_return=1",
+           UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1")
+RUN_TIMEOUT = 300  # a kernel stuck at a barrier fails the test instead of hanging it
+
+
+def _missing_sanitizers(tmp_path):
+    """Why g++ cannot link a sanitized program, or None."""
+    if shutil.which("g++") is None:
+        return "g++ not found"
+    source = tmp_path / "probe.cpp"
+    source.write_text("int main() { return 0; }\n")
+    for flags in build_driver.VARIANTS.values():
+        proc = subprocess.run(["g++", *flags, str(source), "-o", str(tmp_path / "probe")], capture_output=True,
+                              text=True)
+        if proc.returncode != 0:
+            return f"g++ {' '.join(flags)} cannot link: {proc.stderr.strip()[-300:]}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def drivers(tmp_path_factory):
+    """{variant: path of the driver}, built once per session, both variants in parallel."""
+    out = tmp_path_factory.mktemp("cuda_emulation")
+    missing = _missing_sanitizers(out)
+    if missing:
+        pytest.skip(f"sanitizer runtimes unavailable: {missing}")
+    with concurrent.futures.ThreadPoolExecutor(len(VARIANTS)) as pool:
+        futures = {v: pool.submit(build_driver.build, v, str(out / v), 1) for v in VARIANTS}
+        return {v: f.result() for v, f in futures.items()}
+
+
+def _run(driver, *args):
+    """(exit status, stdout and stderr interleaved)."""
+    try:
+        proc = subprocess.run([driver, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              timeout=RUN_TIMEOUT, env=ENV)
+    except subprocess.TimeoutExpired as e:
+        output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        pytest.fail(f"{os.path.basename(driver)} {' '.join(args)} still running after {RUN_TIMEOUT}s "
+                    f"(a barrier that some threads never reach?):\n{_tail(output)}")
+    return proc.returncode, proc.stdout
+
+
+def _tail(text, lines=120):
+    kept = text.splitlines()[-lines:]
+    return "\n".join(kept)
+
+
+def test_driver_runs_every_group(drivers):
+    status, out = _run(drivers["asan"], "--list")
+    assert status == 0 and out.split() == GROUPS, out
+
+
+@pytest.mark.parametrize("group", GROUPS)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_emulated_cuda_matches_cpu(drivers, variant, group):
+    status, out = _run(drivers[variant], group)
+    assert status == 0, f"{variant}: {group} failed (exit {status}):\n{_tail(out)}"
+    assert re.search(rf"^{group}: [1-9]\d* cases identical\b", out, re.M), out
+
+
+@pytest.mark.xfail(strict=True, reason="known divergence: send_quantized's scales are summed in index order on "
+                   "the CPU and by a tree on CUDA; a mean on a float rounding tie then rounds differently")
+def test_send_quantized_summation_order(drivers):
+    status, out = _run(drivers["asan"], "send_quantized_order")
+    assert status == 0, out
+
+
+# Canaries: kernels broken on purpose (driver.cpp) must be stopped, or the checks above prove nothing.
+
+def test_thread_sanitizer_sees_an_intra_block_race(drivers):
+    status, out = _run(drivers["tsan"], "canary-race")
+    assert status != 0 and "WARNING: ThreadSanitizer: data race" in out and "racy_count_kernel" in out, out
+
+
+def test_a_ballot_is_no_memory_fence(drivers):
+    """Like on a GPU (and for compute-sanitizer's racecheck), only __syncthreads orders memory."""
+    status, out = _run(drivers["tsan"], "canary-ballot")
+    assert status != 0 and "WARNING: ThreadSanitizer: data race" in out and "ballot_as_fence_kernel" in out, out
+
+
+def test_divergent_barrier_is_reported(drivers):
+    status, out = _run(drivers["asan"], "canary-barrier")
+    assert status != 0 and "divergent barrier" in out and "canary-barrier" in out, out
+
+
+def test_address_sanitizer_sees_an_out_of_bounds_write(drivers):
+    status, out = _run(drivers["asan"], "canary-oob")
+    assert status != 0 and "heap-buffer-overflow" in out and "overflow_kernel" in out, out
+
+
+# The launch plumbing, without building anything.
+
+def test_every_launch_is_checked():
+    """Each `kernel<<<...>>>(...);` in csrc/cuda is followed by check_launch("kernel")."""
+    launch = re.compile(r"(\w+)(?:<[^<>;()]*>)?<<<[^;]*?>>>\([^;]*?\);\s*(?:check_launch\(\"(\w+)\"\);)?")
+    for source in build_driver.CUDA_SOURCES:
+        text = open(source).read()
+        found = launch.findall(text)
+        assert len(found) == text.count("<<<"), source
+        for kernel, checked in found:
+            assert checked == kernel, f"{os.path.basename(source)}: launch of {kernel} not followed by " \
+                                      f'check_launch("{kernel}");'
+
+
+def test_launch_rewrite():
+    text = 'k<T><<<grid_for(n), kThreads, 0, stream>>>(a,\n    b);\nfill<<<1, 1>>>(x);'
+    rewritten, count = build_driver.rewrite_launches(text)
+    assert count == 2
+    assert rewritten == ('::sc_emu::launch("k<T>", k<T>, grid_for(n), kThreads, 0, stream)(a,\n    b);\n'
+                         '::sc_emu::launch("fill", fill, 1, 1)(x);')
