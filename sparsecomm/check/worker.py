@@ -19,13 +19,12 @@ from sparsecomm.torch import DGC, TopK
 # Compress every tensor, however small: the default policy would send this model's small and
 # 1-D tensors dense, and the kernels would never run.
 EVERY = dict(min_numel=0, dense_1d=False)
+# name -> (compressor, its settings); DGC carries its own momentum (the optimizer is plain SGD).
 CONFIGS = {
-    "DGC allgather": lambda m: DGC(ratio=0.1, momentum=0.9, exchange="allgather",
-                                   named_parameters=m.named_parameters(), **EVERY),
-    "DGC spardl": lambda m: DGC(ratio=0.1, momentum=0.9, exchange="spardl",
-                                named_parameters=m.named_parameters(), **EVERY),
-    "TopK allgather": lambda m: TopK(ratio=0.1, exchange="allgather", named_parameters=m.named_parameters(), **EVERY),
-    "TopK spardl": lambda m: TopK(ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(), **EVERY),
+    "DGC allgather": (DGC, dict(ratio=0.1, momentum=0.9, exchange="allgather")),
+    "DGC spardl": (DGC, dict(ratio=0.1, momentum=0.9, exchange="spardl")),
+    "TopK allgather": (TopK, dict(ratio=0.1, exchange="allgather")),
+    "TopK spardl": (TopK, dict(ratio=0.1, exchange="spardl")),
 }
 ROWS, FEATURES, CLASSES, BATCH = 2048, 32, 10, 32
 
@@ -45,7 +44,8 @@ def tiny_model(device):
 
 def train(name, steps, lr, x, y):
     model = tiny_model(x.device)
-    compression = CONFIGS[name](model)
+    kind, settings = CONFIGS[name]
+    compression = kind(named_parameters=model.named_parameters(), **settings, **EVERY)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
                                    named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -64,7 +64,7 @@ def train(name, steps, lr, x, y):
     everyone = hvd.allgather(flat, name=f"check.params.{name}")  # one row per rank
     stats = compression.stats()
     exchanges = sorted({t.get("exchange") or "" for t in stats["tensors"].values()} - {""})
-    return {"config": name, "device": str(x.device), "ranks": hvd.size(), "steps": steps,
+    return {"config": name, "exchange": settings["exchange"], "device": str(x.device), "ranks": hvd.size(), "steps": steps,
             "loss_before": before, "loss_after": after,
             "ranks_equal": all(torch.equal(everyone[0], row) for row in everyone[1:]),
             "max_rank_difference": (everyone - everyone[0]).abs().max().item(),
