@@ -64,8 +64,8 @@ def train(name, steps, lr, x, y):
     everyone = hvd.allgather(flat, name=f"check.params.{name}")  # one row per rank
     stats = compression.stats()
     exchanges = sorted({t.get("exchange") or "" for t in stats["tensors"].values()} - {""})
-    return {"config": name, "exchange": settings["exchange"], "device": str(x.device), "ranks": hvd.size(), "steps": steps,
-            "loss_before": before, "loss_after": after,
+    return {"config": name, "exchange": settings["exchange"], "device": str(x.device), "ranks": hvd.size(),
+            "steps": steps, "loss_before": before, "loss_after": after,
             "ranks_equal": all(torch.equal(everyone[0], row) for row in everyone[1:]),
             "max_rank_difference": (everyone - everyone[0]).abs().max().item(),
             "exchanges": exchanges, "sent_bytes": stats["sent_bytes"], "dense_bytes": stats["dense_bytes"]}
