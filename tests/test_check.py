@@ -91,7 +91,7 @@ def test_the_smoke_test_flags_each_kind_of_bad_record():
 def _env(**changes):
     """A machine with 2 GPUs, sparsecomm's CUDA kernels and Horovod with NCCL 2.18.5 and Gloo."""
     base = environment.Environment(
-        python="3.11", torch="2.5.0+cu124", torch_cuda="12.4", cuda_warning="", gpus=["H100", "H100"],
+        python="3.11", torch="2.5.0+cu124", torch_cuda="12.4", cuda_warning="", gpus=["H100", "H100"], driver_gpus=2,
         extension_error=None, extension_cuda=True, horovod="0.28.1", horovod_error="", nccl=21805, gloo=True,
         mpi=True, horovod_cuda=True, tensorflow=None, tf_ops=False, tests="/src/tests")
     return dataclasses.replace(base, **changes)
@@ -113,8 +113,11 @@ def test_which_backend_the_2_rank_runs_use_or_why_they_cannot_run():
 
 def test_why_a_step_cannot_run_on_a_device():
     assert environment.blocker(_env(), "cuda") is None and environment.blocker(_env(), "cpu") is None
-    status, reason = environment.blocker(_env(gpus=[], torch_cuda=None), "cuda")
-    assert status == SKIP and reason.startswith(environment.NO_CUDA) and "CPU-only build" in reason
+    status, reason = environment.blocker(_env(gpus=[], torch_cuda=None, driver_gpus=0), "cuda")
+    assert status == SKIP and reason == environment.NO_CUDA + "; torch is a CPU-only build"
+    status, reason = environment.blocker(_env(gpus=[], torch="2.13.0+cpu", torch_cuda=None), "cuda")
+    assert status == SKIP and reason == (environment.NO_CUDA + ": torch 2.13.0+cpu is a CPU-only build, yet the "
+                                         "NVIDIA driver lists 2 GPU(s): install a CUDA build of torch")
     status, reason = environment.blocker(_env(extension_cuda=False), "cuda")  # a GPU sparsecomm cannot use
     assert status == FAIL and "no CUDA kernels" in reason and "SPARSECOMM_WITH_CUDA=1" in reason
     assert environment.blocker(_env(extension_cuda=False), "cpu") is None

@@ -4,9 +4,11 @@ this is a source checkout with the tests. Also why a cuda step cannot run here, 
 import dataclasses
 import glob
 import importlib.metadata
+import json
 import os
 import platform
-import warnings
+import subprocess
+import sys
 from typing import List, Optional
 
 import torch
@@ -23,7 +25,8 @@ class Environment:
     torch: str
     torch_cuda: Optional[str]  # torch.version.cuda: None for a CPU-only torch build
     cuda_warning: str  # what torch said while looking for a GPU (e.g. a driver too old)
-    gpus: List[str]
+    gpus: List[str]  # the GPUs torch can use
+    driver_gpus: int  # the NVIDIA GPUs the driver lists (torch may not see them: a CPU-only torch)
     extension_error: Optional[str]  # None when sparsecomm._C loads
     extension_cuda: bool  # the extension registered CUDA kernels
     horovod: Optional[str]
@@ -37,18 +40,39 @@ class Environment:
     tests: Optional[str]  # the tests directory of a source checkout, None for an installed package
 
 
+# Run in a child process: this one never opens a CUDA context, which on GPUs in exclusive-process
+# mode would lock the ranks out, and a CUDA start-up that crashes or hangs only ends the child.
+GPU_PROBE = """
+import json, warnings, torch
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    available = torch.cuda.is_available()
+gpus = []
+for i in range(torch.cuda.device_count() if available else 0):
+    p = torch.cuda.get_device_properties(i)
+    gpus.append(f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)")
+print(json.dumps({"gpus": gpus, "said": "; ".join(str(w.message).strip().splitlines()[0] for w in caught)}))
+"""
+
+
 def _gpus():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        available = torch.cuda.is_available()
-    said = "; ".join(str(w.message).strip().splitlines()[0] for w in caught)
-    if not available:
-        return [], said
-    names = []
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        names.append(f"{p.name} (sm_{p.major}{p.minor}, {p.total_memory / 2**30:.0f} GiB)")
-    return names, said
+    """(the GPUs torch can use, what torch said while looking)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", GPU_PROBE], capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return [], "asking torch for its GPUs timed out after 180 s"
+    if proc.returncode != 0:
+        return [], "asking torch for its GPUs failed: " + (proc.stderr.strip().splitlines() or ["no output"])[-1]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    return found["gpus"], found["said"]
+
+
+def _driver_gpus():
+    """NVIDIA GPUs the driver lists, whatever torch can use (0 without the driver)."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
 def _extension():
@@ -90,7 +114,7 @@ def probe():
     extension_error, extension_cuda = _extension()
     horovod, horovod_error, nccl, gloo, mpi, horovod_cuda = _horovod()
     package = os.path.join(ROOT, "sparsecomm")
-    return Environment(platform.python_version(), torch.__version__, torch.version.cuda, said, gpus,
+    return Environment(platform.python_version(), torch.__version__, torch.version.cuda, said, gpus, _driver_gpus(),
                        extension_error, extension_cuda, horovod, horovod_error, nccl, gloo, mpi, horovod_cuda,
                        _version("tensorflow", "tensorflow-cpu", "tf-nightly"),
                        bool(glob.glob(os.path.join(package, "tensorflow", "_ops*.so"))), _tests_dir())
@@ -108,7 +132,9 @@ def lines(env):
     return [
         f"python      {env.python}",
         f"torch       {env.torch}, CUDA {env.torch_cuda or 'none (CPU-only build)'}",
-        f"GPUs        {', '.join(env.gpus) or 'none'}" + (f" ({env.cuda_warning})" if env.cuda_warning else ""),
+        f"GPUs        {', '.join(env.gpus) or 'none that torch can use'}"
+        + (f" (the NVIDIA driver lists {env.driver_gpus})" if env.driver_gpus != len(env.gpus) else "")
+        + (f" ({env.cuda_warning})" if env.cuda_warning else ""),
         "sparsecomm  " + (f"extension does NOT load: {env.extension_error}" if env.extension_error else
                           f"extension loads, CUDA kernels: {yes[env.extension_cuda]}") + f"  ({ROOT})",
         "horovod     " + (f"{env.horovod}: NCCL {nccl_version(env.nccl) if env.nccl else 'no'}, "
@@ -134,11 +160,19 @@ def summary(env):
 def blocker(env, device):
     """(status, reason) when steps on `device` cannot run here, None when they can."""
     if device == "cuda" and not env.gpus:
-        return SKIP, NO_CUDA + (f": {env.cuda_warning}" if env.cuda_warning else
-                                "; torch is a CPU-only build" if env.torch_cuda is None else "")
+        return SKIP, NO_CUDA + _why_no_cuda(env)
     if env.extension_error:
         return FAIL, f"sparsecomm's extension does not load: {env.extension_error}"
     if device == "cuda" and not env.extension_cuda:
         return FAIL, (f"{len(env.gpus)} GPU(s) found but sparsecomm's extension has no CUDA kernels: rebuild it "
                       "with a CUDA toolkit on the PATH (SPARSECOMM_WITH_CUDA=1 make build)")
     return None
+
+
+def _why_no_cuda(env):
+    if env.cuda_warning:
+        return f": {env.cuda_warning}"
+    if env.torch_cuda is None and env.driver_gpus:
+        return (f": torch {env.torch} is a CPU-only build, yet the NVIDIA driver lists {env.driver_gpus} GPU(s): "
+                "install a CUDA build of torch")
+    return "; torch is a CPU-only build" if env.torch_cuda is None else ""

@@ -152,7 +152,7 @@ def launch_plan(env, device):
         return flag, f"NCCL {environment.nccl_version(env.nccl)}, one GPU per rank"
     if not env.horovod_cuda:
         return None, ("horovod was built without CUDA (horovod.torch.cuda_built() is False), so it cannot take cuda "
-                      "tensors: rebuild it with HOROVOD_GPU_OPERATIONS=NCCL")
+                      "tensors (make env builds it so): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL")
     gpus = "one GPU per rank" if len(env.gpus) >= 2 else "both ranks on GPU 0"
     return flag, f"{controller}, cuda tensors staged through host memory (horovod without NCCL), {gpus}"
 
