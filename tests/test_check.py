@@ -125,6 +125,8 @@ def test_why_a_step_cannot_run_on_a_device():
     assert status == FAIL and reason.endswith("ImportError: _C")
     status, reason = steps.op_tests(_env(gpus=[], tests=None), "cpu", quick=True)
     assert status == SKIP and "not a source checkout" in reason
+    status, reason = steps.kernel_bench(_env(), "cpu", quick=True)  # a usable GPU: the benchmark runs there
+    assert status == SKIP and reason.startswith("benchmarked on cuda instead")
 
 
 def test_the_kernel_summary_reads_the_largest_size_at_the_smallest_density():
@@ -134,3 +136,16 @@ def test_the_kernel_summary_reads_the_largest_size_at_the_smallest_density():
     assert steps.bench_summary(records) == (
         "4,000 floats at density 0.001: DGC/Threshold pack 2.0x a memcpy, 2.0x faster than torch.topk; "
         "exact top-k pack 8.0x a memcpy, 2.0x slower than torch.topk; copy 0.1 GB/s")
+
+
+def test_a_failing_op_test_fails_its_step_and_names_the_test(tmp_path, capsys):
+    """A real pytest run over a stand-in tests/ directory with one failing test."""
+    (tmp_path / "conftest.py").write_text(
+        "import pytest\n\n@pytest.fixture(params=['cpu'])\ndef device(request):\n    return request.param\n")
+    (tmp_path / "test_torch_select_ops.py").write_text(
+        "def test_good(device):\n    pass\n\ndef test_bad(device):\n    assert device == 'elsewhere'\n")
+    (tmp_path / "test_torch_block_ops.py").write_text("def test_fine(device):\n    pass\n")
+    status, detail = steps.op_tests(_env(tests=str(tmp_path)), "cpu", quick=True)
+    assert status == FAIL and detail.startswith("1 failed, 2 passed (pytest -k 'not cuda' "), detail
+    assert detail.endswith("test_torch_select_ops.py::test_bad[cpu]"), detail
+    assert "assert 'cpu' == 'elsewhere'" in capsys.readouterr().out  # pytest's own report, shown above the table

@@ -75,7 +75,7 @@ def op_tests(env, device, quick):
     code, output = run_command([sys.executable, "-m", "pytest", *files, "-q", "-rf", "-p", "no:cacheprovider",
                                 "-k", select], timeout, cwd=ROOT)
     counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s", output, re.M)
-    counts = counts[-1] if counts else "no summary line"
+    counts = counts[-1] if counts else f"pytest exited {code} without a summary (a crash?)"
     where = f"pytest -k '{select}' tests/{{{','.join(OP_TEST_FILES)}}}"
     if code == 0:
         return PASS, f"{counts} ({where})"
