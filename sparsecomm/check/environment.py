@@ -148,9 +148,8 @@ def lines(env):
 
 def summary(env):
     """The environment on one line (the table's detail)."""
-    hvd = (f"horovod {env.horovod} (" + ", ".join(name for name, built in
-                                                  (("NCCL", env.nccl), ("Gloo", env.gloo), ("MPI", env.mpi)) if built)
-           + ")" if env.horovod else "no horovod")
+    backends = [name for name, built in (("NCCL", env.nccl), ("Gloo", env.gloo), ("MPI", env.mpi)) if built]
+    hvd = f"horovod {env.horovod} ({', '.join(backends) or 'no backend'})" if env.horovod else "no horovod"
     ext = ("extension does NOT load" if env.extension_error else
            "extension with CUDA kernels" if env.extension_cuda else "extension CPU-only")
     return (f"torch {env.torch} (CUDA {env.torch_cuda or 'none'}), {len(env.gpus)} GPU(s), {ext}, {hvd}, "
