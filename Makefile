@@ -3,6 +3,8 @@
 #   make build  the compiled extension (torch ops; TF op library when TF is present)
 #   make test   env + build, then the whole suite (single-process and horovodrun multi-rank)
 #   make demo   train a small real model on 2 ranks, dense vs sparsecomm, print a table
+#   make check  self-check of this machine (its GPUs when present): op tests, kernel benchmark,
+#               2-rank training; a verdict table, exit 1 on a FAIL (CHECK_ARGS=--quick: about 1 min)
 #   make bench  kernels, end-to-end speed on an emulated 1/10 Gbit/s network, convergence on
 #               real data; writes docs/results/ (JSON, PNG) and docs/results.md
 SHELL := /bin/bash
@@ -14,7 +16,7 @@ export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 CSRC := $(shell find csrc -type f 2>/dev/null)
 
-.PHONY: env build test demo bench clean distclean
+.PHONY: env build test demo check bench clean distclean
 
 env: $(VENV)/.stamp-horovod
 
@@ -50,6 +52,10 @@ test: build
 
 demo: build
 	$(PY) -m sparsecomm.demo
+
+# On a GPU machine: op tests on cuda, kernels vs torch.topk and memcpy, NCCL training on 2 ranks.
+check: build
+	$(PY) -m sparsecomm.check $(CHECK_ARGS)
 
 # Shaping the network needs root (ip netns, tc); without it the end-to-end part runs on plain
 # loopback and says so.
