@@ -57,7 +57,7 @@ __global__ void gather_kernel(const float* acc, const int32_t* index, const int3
 size_t candidate_offsets(const int32_t* tile_counts, int64_t tiles, int64_t* tile_offsets, void* scratch,
                          cudaStream_t stream) {
   Carve carve(scratch);
-  size_t cub_bytes = 0;
+  size_t cub_bytes = 0;  // summed as int32: the total is at most numel < 2^31 (int32 indices)
   cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, tile_counts, tile_offsets, tiles + 1, stream);
   void* cub_scratch = carve.take<char>(int64_t(cub_bytes));
   if (!carve.query())
