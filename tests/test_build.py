@@ -1,7 +1,9 @@
 """The build itself: Horovod's capabilities in the project environment, and a compile check
-of every CUDA source (nvcc -c, no GPU needed) wherever nvcc exists."""
+of every CUDA source (nvcc -c, no GPU needed) and of the torch and TF GPU bindings wherever nvcc
+exists."""
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +14,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
 # The torch bindings compiled only into CUDA builds (setup.py's rule).
 CUDA_BINDINGS = sorted(glob.glob(os.path.join(ROOT, "csrc", "torch", "cuda*.cpp")))
+# The TF op families: their GPU kernels are compiled in with -DGOOGLE_CUDA=1 (setup.py's rule).
+TF_FAMILIES = sorted(glob.glob(os.path.join(ROOT, "csrc", "tensorflow", "*.cc")))
+
+
+def _cuda_include():
+    from torch.utils import cpp_extension
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), cpp_extension.CUDA_HOME, "/usr/local/cuda"]
+    found = next((os.path.join(h, "include") for h in homes
+                  if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h"))), None)
+    if found is None:
+        pytest.skip("no CUDA toolkit headers found ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
+    return found
 
 
 def test_horovod_has_tensorflow_pytorch_mpi_and_gloo():
@@ -23,7 +37,25 @@ def test_horovod_has_tensorflow_pytorch_mpi_and_gloo():
 
 
 def test_there_are_cuda_sources():
-    assert CUDA_SOURCES and CUDA_BINDINGS
+    assert CUDA_SOURCES and CUDA_BINDINGS and TF_FAMILIES
+
+
+@pytest.mark.parametrize("source", TF_FAMILIES, ids=os.path.basename)
+def test_every_tf_op_has_a_gpu_kernel(source):
+    """Read from the source (no GPU build here): every REGISTER_OP has a DEVICE_GPU kernel whose
+    HostMemory args exist, and every int64 or double arg (a scalar the kernel reads on the host)
+    is among them. TF itself would only notice either on a GPU."""
+    with open(source) as f:
+        text = f.read()
+    ops = {name: dict(re.findall(r'\.(?:Input|Output)\("(\w+): (\w+)"\)', chain))
+           for name, chain in re.findall(r'REGISTER_OP\("(\w+)"\)(.*?);', text, re.S)}
+    gpu = {name: set(re.findall(r'"(\w+)"', host)) for name, host in
+           re.findall(r'Name\("(\w+)"\)\s*\.Device\(DEVICE_GPU\)((?:\s*\.HostMemory\("\w+"\))*)', text)}
+    assert ops and set(gpu) == set(ops), f"ops without a GPU kernel: {sorted(set(ops) - set(gpu))}"
+    for name, args in ops.items():
+        assert gpu[name] <= set(args), f"{name}: HostMemory of no such arg: {sorted(gpu[name] - set(args))}"
+        scalars = {arg for arg, dtype in args.items() if dtype in ("int64", "double")}
+        assert scalars <= gpu[name], f"{name}: read on the host but not HostMemory: {sorted(scalars - gpu[name])}"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: CUDA compile check skipped")
@@ -47,13 +79,27 @@ def test_torch_cuda_binding_compiles(source, tmp_path):
     stub = tmp_path / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), cpp_extension.CUDA_HOME, "/usr/local/cuda"]
-    cuda_include = next((os.path.join(h, "include") for h in homes
-                         if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h"))), None)
-    if cuda_include is None:
-        pytest.skip("no CUDA toolkit headers found ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
+    cuda_include = _cuda_include()
     cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", f"-I{tmp_path}", f"-I{cuda_include}",
            f"-I{sysconfig.get_paths()['include']}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
     cmd.append(source)
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: TF GPU kernel check skipped")
+@pytest.mark.parametrize("source", TF_FAMILIES, ids=os.path.basename)
+def test_tf_gpu_kernels_compile(source):
+    """Each csrc/tensorflow/*.cc with its GPU kernels (-DGOOGLE_CUDA=1, as CUDA builds compile
+    it) against TF's headers and the CUDA toolkit's, syntax only: the kernel templates are
+    instantiated for every registered dtype, but nothing is linked or run. The TF headers are
+    system headers here (their own warnings are not ours); -std=c++20 as torch's BuildExtension
+    builds the TF library."""
+    tf = pytest.importorskip("tensorflow")
+    flags = []
+    for flag in tf.sysconfig.get_compile_flags():
+        flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
+    cmd = (["g++"] + flags + ["-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DGOOGLE_CUDA=1",
+                              "-isystem", _cuda_include(), source])
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"

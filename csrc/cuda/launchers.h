@@ -1,6 +1,7 @@
 // CUDA launchers: raw device pointers, sizes and the caller's stream; no framework types,
 // no host synchronisation. Instantiated for T = float, half16, bfloat16.
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <cuda_runtime_api.h>
 #include "../kernels/feedback.h"
@@ -59,6 +60,27 @@ void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const in
 
 // The first k indices of the permutation, unsorted.
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream);
+
+// ---- sort.cu: the scan and sorts that csrc/torch/cuda.cpp takes from torch (cumsum, sort),
+// for the TF binding. Each needs `scratch` device memory and returns how many bytes (at least
+// 1); with scratch == nullptr it only returns them and launches nothing (cub's convention).
+
+// tile_offsets[t] = tile_counts[0] + ... + tile_counts[t - 1] for t <= tiles: tile_counts has
+// tiles + 1 entries, the last 0, so that tile_offsets[tiles] is the number of candidates.
+size_t candidate_offsets(const int32_t* tile_counts, int64_t tiles, int64_t* tile_offsets, void* scratch,
+                         cudaStream_t stream);
+
+// A stable sort of the indices: sparse_unpack_sorted's sorted_index and order.
+size_t sort_index(const int32_t* index, int64_t count, int32_t* sorted_index, int64_t* order, void* scratch,
+                  cudaStream_t stream);
+
+// out = in[0, n) sorted ascending.
+size_t sort_ascending(const int32_t* in, int64_t n, int32_t* out, void* scratch, cudaStream_t stream);
+
+// cpu::select_top out of place: the min(count, k) candidates of largest magnitude (ties: lower
+// position first) to acc_top / index_top, in input order. count < 2^31 (int32 positions).
+size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t k, float* acc_top,
+                  int32_t* index_top, void* scratch, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace sparsecomm

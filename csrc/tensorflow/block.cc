@@ -1,10 +1,13 @@
-// The block family's TF ops (csrc/kernels/block.h, philox.h) over csrc/cpu/block.cpp: the
-// same launchers as the torch ops, so both frameworks compute identical bits from identical
-// inputs. TF ops are functional: the residual comes in and the updated residual goes out
-// (the Python layer assigns it).
+// The block family's TF ops (csrc/kernels/block.h, philox.h) over csrc/cpu/block.cpp and
+// csrc/cuda/block.cu: the same launchers as the torch ops, so both frameworks compute
+// identical bits from identical inputs. TF ops are functional: the residual comes in and the
+// updated residual goes out (the Python layer assigns it).
 #include "common.h"
-#include "../cpu/launchers.h"
+#include "cpu.h"
 #include "../kernels/philox.h"
+#if GOOGLE_CUDA
+#include "gpu.h"
+#endif
 
 namespace sparsecomm {
 namespace tf_binding {
@@ -62,7 +65,7 @@ REGISTER_OP("SparsecommBlockPack")
     })
     .Doc("Error-feedback pack of a cyclic block (csrc/kernels/block.h). residual of 0 elements: no error feedback.");
 
-template <typename T>
+template <typename Device, typename T>
 class BlockPackOp : public OpKernel {
  public:
   explicit BlockPackOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, c->GetAttr("length", &length_)); }
@@ -81,14 +84,15 @@ class BlockPackOp : public OpKernel {
     Tensor* residual_out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({length_}), &values));
     OP_REQUIRES_OK(c, c->allocate_output(1, residual.shape(), &residual_out));
-    cpu::block_pack(raw<T>(grad), feedback ? residual.flat<float>().data() : nullptr,
-                    feedback ? residual_out->flat<float>().data() : nullptr, raw<T>(values), numel, start, length_);
+    OP_REQUIRES_OK(c, Device(c).block_pack(raw<T>(grad), feedback ? residual.flat<float>().data() : nullptr,
+                                           feedback ? residual_out->flat<float>().data() : nullptr, raw<T>(values),
+                                           numel, start, length_));
   }
 
  private:
   int64_t length_;
 };
-SC_REGISTER_FLOAT_KERNELS("SparsecommBlockPack", "T", BlockPackOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommBlockPack").Device(DEVICE_CPU), "T", BlockPackOp, CpuDevice);
 
 // ---- SparsecommBlockUnpack ----
 REGISTER_OP("SparsecommBlockUnpack")
@@ -101,7 +105,7 @@ REGISTER_OP("SparsecommBlockUnpack")
     .SetShapeFn([](InferenceContext* c) { return vector_of_attr(c, 0, "numel"); })
     .Doc("Dense vector of numel elements: scale * values in the cyclic block, zero elsewhere.");
 
-template <typename T>
+template <typename Device, typename T>
 class BlockUnpackOp : public OpKernel {
  public:
   explicit BlockUnpackOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -116,14 +120,32 @@ class BlockUnpackOp : public OpKernel {
     OP_REQUIRES_OK(c, check_block(numel_, start, values.NumElements()));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));
-    cpu::block_unpack(raw<T>(values), raw<T>(dense), numel_, start, values.NumElements(), scale_);
+    OP_REQUIRES_OK(c, Device(c).block_unpack(raw<T>(values), raw<T>(dense), numel_, start, values.NumElements(),
+                                             scale_));
   }
 
  private:
   int64_t numel_;
   float scale_;
 };
-SC_REGISTER_FLOAT_KERNELS("SparsecommBlockUnpack", "T", BlockUnpackOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommBlockUnpack").Device(DEVICE_CPU), "T", BlockUnpackOp, CpuDevice);
+
+#if GOOGLE_CUDA
+// ---- GPU kernels: the same bodies over GpuDevice (gpu.h); scalars read on the host are
+// HostMemory. SparsecommRandomBlockStart is a host computation: all of it in host memory.
+REGISTER_KERNEL_BUILDER(Name("SparsecommRandomBlockStart")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("seed")
+                            .HostMemory("tensor_id")
+                            .HostMemory("step")
+                            .HostMemory("numel")
+                            .HostMemory("start"),
+                        RandomBlockStartOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommBlockPack").Device(DEVICE_GPU).HostMemory("start"), "T", BlockPackOp,
+                          GpuDevice);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommBlockUnpack").Device(DEVICE_GPU).HostMemory("start"), "T", BlockUnpackOp,
+                          GpuDevice);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_binding
 }  // namespace sparsecomm

@@ -1,6 +1,17 @@
 // Shared by the TF op families (block.cc, select.cc, quantize.cc): errors, TF dtype ->
 // framework-free storage type, raw pointers, scalar and state inputs, the checks and shape
 // functions more than one op uses, and the float kernel registration.
+//
+// Each OpKernel is written once over a device policy `Device` (CpuDevice in cpu.h; GpuDevice
+// in gpu.h, compiled only with GOOGLE_CUDA), constructed in Compute from the OpKernelContext.
+// Every member returns absl::Status:
+//   check_index(index, numel, name)  (a no-op on the GPU: it would need a host synchronisation)
+//   copy(from, n, to)                float32 state, within the device
+//   the launchers with csrc/cpu/launchers.h's arguments (GPU: on TF's stream):
+//     block_pack, block_unpack, send_selected, send_quantized, dequantize
+//   the steps that differ by device, over tensors (each says why where it is defined):
+//     sample_threshold<T>, accumulate_candidates<T> (allocates outputs 0 and 1), select_top
+//     (likewise), sparse_unpack<T>, random_k_indices
 #pragma once
 #include <algorithm>
 #include <initializer_list>
@@ -38,13 +49,12 @@ typename Storage<T>::type* raw(Tensor* t) {
   return reinterpret_cast<typename Storage<T>::type*>(t->flat<T>().data());
 }
 
-// The float kernels of op `name` (T = float, half, bfloat16 bound to its type attr `attr`).
-#define SC_REGISTER_FLOAT_KERNELS(name, attr, Kernel)                                                      \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<float>(attr), Kernel<float>);       \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<Eigen::half>(attr),                 \
-                          Kernel<Eigen::half>);                                                            \
-  REGISTER_KERNEL_BUILDER(Name(name).Device(DEVICE_CPU).TypeConstraint<Eigen::bfloat16>(attr),             \
-                          Kernel<Eigen::bfloat16>)
+// The float kernels Kernel<Device, T> of a kernel builder (Name(...).Device(...)), T = float,
+// half, bfloat16 bound to its type attr `attr`.
+#define SC_REGISTER_FLOAT_KERNELS(builder, attr, Kernel, Device)                                    \
+  REGISTER_KERNEL_BUILDER(builder.TypeConstraint<float>(attr), Kernel<Device, float>);             \
+  REGISTER_KERNEL_BUILDER(builder.TypeConstraint<Eigen::half>(attr), Kernel<Device, Eigen::half>); \
+  REGISTER_KERNEL_BUILDER(builder.TypeConstraint<Eigen::bfloat16>(attr), Kernel<Device, Eigen::bfloat16>)
 
 // ---- Inputs ----
 
@@ -78,8 +88,9 @@ inline absl::Status state_input(const Tensor& t, int64_t numel, const char* name
 // An optional float32 state (input `input`, output `output`; absent: empty output, nullptr).
 // The output reuses the input's buffer when TF can forward it. copy: the output must start as
 // the input (the op writes only some elements).
-inline absl::Status state_io(OpKernelContext* c, int input, int output, int64_t numel, const char* name, bool copy,
-                             const float** in, float** out) {
+template <typename Device>
+absl::Status state_io(OpKernelContext* c, const Device& dev, int input, int output, int64_t numel, const char* name,
+                      bool copy, const float** in, float** out) {
   const Tensor& t = c->input(input);
   *out = nullptr;
   TF_RETURN_IF_ERROR(state_input(t, numel, name, in));
@@ -87,12 +98,12 @@ inline absl::Status state_io(OpKernelContext* c, int input, int output, int64_t 
   if (*in == nullptr) return c->allocate_output(output, t.shape(), &result);
   TF_RETURN_IF_ERROR(c->forward_input_or_allocate_output({input}, output, t.shape(), &result));
   *out = result->flat<float>().data();
-  if (copy && *out != *in) std::copy(*in, *in + numel, *out);
-  return absl::OkStatus();
+  return copy && *out != *in ? dev.copy(*in, numel, *out) : absl::OkStatus();
 }
 
 // ---- Checks ----
 
+// Reads the indices: on the host only (CpuDevice::check_index).
 inline absl::Status check_index(const Tensor& index, int64_t numel, const char* name) {
   const int32_t* idx = index.flat<int32_t>().data();
   if (index.NumElements() == 0) return absl::OkStatus();
@@ -125,15 +136,16 @@ inline absl::Status check_stream(int64_t tensor_id, int64_t step) {
 // A send step's inputs (acc, index, residual, momentum), checked, and the state it writes:
 // residual and momentum copied through to outputs first_output, +1 and written at the
 // candidates, whose indices are checked against them.
-inline absl::Status send_inputs(OpKernelContext* c, int first_output, bool masking, Feedback* fb) {
+template <typename Device>
+absl::Status send_inputs(OpKernelContext* c, const Device& dev, int first_output, bool masking, Feedback* fb) {
   const Tensor& index = c->input(1);
   TF_RETURN_IF_ERROR(check_pair(c->input(0), index, "acc", "index"));
   const int64_t numel = std::max(c->input(2).NumElements(), c->input(3).NumElements());
   const float* unused;
-  TF_RETURN_IF_ERROR(state_io(c, 2, first_output, numel, "residual", true, &unused, &fb->residual_out));
-  TF_RETURN_IF_ERROR(state_io(c, 3, first_output + 1, numel, "momentum", true, &unused, &fb->momentum_out));
+  TF_RETURN_IF_ERROR(state_io(c, dev, 2, first_output, numel, "residual", true, &unused, &fb->residual_out));
+  TF_RETURN_IF_ERROR(state_io(c, dev, 3, first_output + 1, numel, "momentum", true, &unused, &fb->momentum_out));
   fb->masking = masking;
-  return (fb->residual_out || fb->momentum_out) ? check_index(index, numel, "index") : absl::OkStatus();
+  return (fb->residual_out || fb->momentum_out) ? dev.check_index(index, numel, "index") : absl::OkStatus();
 }
 
 // ---- Shape functions ----

@@ -1,8 +1,11 @@
-// The quantize family's TF ops (csrc/kernels/quantize.h) over csrc/cpu/quantize.cpp: the same
-// launchers as the torch ops. Functional like select.cc: residual and momentum come in and go
-// out (0 elements: absent).
+// The quantize family's TF ops (csrc/kernels/quantize.h) over csrc/cpu/quantize.cpp and
+// csrc/cuda/select.cu: the same launchers as the torch ops. Functional like select.cc:
+// residual and momentum come in and go out (0 elements: absent).
 #include "common.h"
-#include "../cpu/launchers.h"
+#include "cpu.h"
+#if GOOGLE_CUDA
+#include "gpu.h"
+#endif
 
 namespace sparsecomm {
 namespace tf_binding {
@@ -32,6 +35,7 @@ REGISTER_OP("SparsecommSendQuantized")
       return same_as_input(c, 2, 2, 2);
     });
 
+template <typename Device>
 class SendQuantizedOp : public OpKernel {
  public:
   explicit SendQuantizedOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -39,22 +43,23 @@ class SendQuantizedOp : public OpKernel {
     OP_REQUIRES_OK(c, c->GetAttr("masking", &masking_));
   }
   void Compute(OpKernelContext* c) override {
+    const Device dev(c);
     Feedback fb;
-    OP_REQUIRES_OK(c, send_inputs(c, 2, masking_, &fb));
+    OP_REQUIRES_OK(c, send_inputs(c, dev, 2, masking_, &fb));
     const Tensor& acc = c->input(0);
     const Tensor& index = c->input(1);
     Tensor *codes = nullptr, *scales = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({quantized_bytes(acc.NumElements(), bits_)}), &codes));
     OP_REQUIRES_OK(c, c->allocate_output(1, TensorShape({quantized_scales(bits_)}), &scales));
-    cpu::send_quantized(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(), fb, bits_,
-                        codes->flat<uint8_t>().data(), scales->flat<float>().data());
+    OP_REQUIRES_OK(c, dev.send_quantized(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(),
+                                         fb, bits_, codes->flat<uint8_t>().data(), scales->flat<float>().data()));
   }
 
  private:
   int bits_;
   bool masking_;
 };
-REGISTER_KERNEL_BUILDER(Name("SparsecommSendQuantized").Device(DEVICE_CPU), SendQuantizedOp);
+REGISTER_KERNEL_BUILDER(Name("SparsecommSendQuantized").Device(DEVICE_CPU), SendQuantizedOp<CpuDevice>);
 
 // ---- SparsecommDequantize ----
 REGISTER_OP("SparsecommDequantize")
@@ -65,6 +70,7 @@ REGISTER_OP("SparsecommDequantize")
     .Output("values: float")
     .SetShapeFn([](InferenceContext* c) { return unknown_vectors(c, 0, 1); });
 
+template <typename Device>
 class DequantizeOp : public OpKernel {
  public:
   explicit DequantizeOp(OpKernelConstruction* c) : OpKernel(c) { OP_REQUIRES_OK(c, get_bits(c, &bits_)); }
@@ -80,14 +86,20 @@ class DequantizeOp : public OpKernel {
                 invalid("scales should be ", quantized_scales(bits_), " values, got ", scales.NumElements()));
     Tensor* values = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({count}), &values));
-    cpu::dequantize(codes.flat<uint8_t>().data(), scales.flat<float>().data(), count, bits_,
-                    values->flat<float>().data());
+    OP_REQUIRES_OK(c, Device(c).dequantize(codes.flat<uint8_t>().data(), scales.flat<float>().data(), count, bits_,
+                                           values->flat<float>().data()));
   }
 
  private:
   int bits_;
 };
-REGISTER_KERNEL_BUILDER(Name("SparsecommDequantize").Device(DEVICE_CPU), DequantizeOp);
+REGISTER_KERNEL_BUILDER(Name("SparsecommDequantize").Device(DEVICE_CPU), DequantizeOp<CpuDevice>);
+
+#if GOOGLE_CUDA
+// ---- GPU kernels: the same bodies over GpuDevice (gpu.h); count is read on the host.
+REGISTER_KERNEL_BUILDER(Name("SparsecommSendQuantized").Device(DEVICE_GPU), SendQuantizedOp<GpuDevice>);
+REGISTER_KERNEL_BUILDER(Name("SparsecommDequantize").Device(DEVICE_GPU).HostMemory("count"), DequantizeOp<GpuDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_binding
 }  // namespace sparsecomm

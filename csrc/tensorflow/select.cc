@@ -1,27 +1,16 @@
 // The select family's TF ops (csrc/kernels/feedback.h, sample.h, permutation.h) over
-// csrc/cpu/select.cpp: the same launchers as the torch ops, so both frameworks give identical
-// bits. Functional: residual and momentum come in and go out (0 elements: absent); an output
-// reuses its input's buffer when TF can forward it, so the update is usually in place.
-#include <algorithm>
-#include <vector>
-
+// csrc/cpu/select.cpp and csrc/cuda/select.cu, sort.cu: the same launchers as the torch ops,
+// so both frameworks give identical bits. Functional: residual and momentum come in and go out
+// (0 elements: absent); an output reuses its input's buffer when TF can forward it, so the
+// update is usually in place.
 #include "common.h"
-#include "../cpu/launchers.h"
+#include "cpu.h"
+#if GOOGLE_CUDA
+#include "gpu.h"
+#endif
 
 namespace sparsecomm {
 namespace tf_binding {
-namespace {
-
-// Output `output`: a vector holding data[0, n).
-template <typename V>
-absl::Status output_vector(OpKernelContext* c, int output, const V* data, int64_t n) {
-  Tensor* t = nullptr;
-  TF_RETURN_IF_ERROR(c->allocate_output(output, TensorShape({n}), &t));
-  std::copy(data, data + n, t->flat<V>().data());
-  return absl::OkStatus();
-}
-
-}  // namespace
 
 // ---- SparsecommSampleThreshold ----
 REGISTER_OP("SparsecommSampleThreshold")
@@ -38,7 +27,7 @@ REGISTER_OP("SparsecommSampleThreshold")
     .Output("threshold: float")
     .SetShapeFn(shape_inference::ScalarShape);
 
-template <typename T>
+template <typename Device, typename T>
 class SampleThresholdOp : public OpKernel {
  public:
   explicit SampleThresholdOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -63,14 +52,14 @@ class SampleThresholdOp : public OpKernel {
                                         uint64_t(step));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
-    out->scalar<float>()() = cpu::sample_threshold(raw<T>(grad), fb, numel, plan);
+    OP_REQUIRES_OK(c, Device(c).template sample_threshold<T>(grad, fb, plan, out));
   }
 
  private:
   float momentum_factor_;
   int64_t sample_count_;
 };
-SC_REGISTER_FLOAT_KERNELS("SparsecommSampleThreshold", "T", SampleThresholdOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSampleThreshold").Device(DEVICE_CPU), "T", SampleThresholdOp, CpuDevice);
 
 // ---- SparsecommAccumulateCandidates ----
 REGISTER_OP("SparsecommAccumulateCandidates")
@@ -89,7 +78,7 @@ REGISTER_OP("SparsecommAccumulateCandidates")
       return same_as_input(c, 2, 1, 2);
     });
 
-template <typename T>
+template <typename Device, typename T>
 class AccumulateCandidatesOp : public OpKernel {
  public:
   explicit AccumulateCandidatesOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -101,21 +90,19 @@ class AccumulateCandidatesOp : public OpKernel {
     OP_REQUIRES_OK(c, check_indexable(numel));
     OP_REQUIRES(c, c->input(3).NumElements() == 1,
                 invalid("threshold should have one element, got ", c->input(3).NumElements()));
+    const Device dev(c);
     Feedback fb;
-    OP_REQUIRES_OK(c, state_io(c, 1, 2, numel, "residual", false, &fb.residual_in, &fb.residual_out));
-    OP_REQUIRES_OK(c, state_io(c, 2, 3, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
+    OP_REQUIRES_OK(c, state_io(c, dev, 1, 2, numel, "residual", false, &fb.residual_in, &fb.residual_out));
+    OP_REQUIRES_OK(c, state_io(c, dev, 2, 3, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
     fb.momentum = momentum_factor_;
-    std::vector<float> acc;
-    std::vector<int32_t> index;
-    cpu::accumulate_candidates(raw<T>(grad), fb, numel, c->input(3).flat<float>()(0), acc, index);
-    OP_REQUIRES_OK(c, output_vector(c, 0, acc.data(), int64_t(acc.size())));
-    OP_REQUIRES_OK(c, output_vector(c, 1, index.data(), int64_t(index.size())));
+    OP_REQUIRES_OK(c, dev.template accumulate_candidates<T>(grad, fb, c->input(3)));
   }
 
  private:
   float momentum_factor_;
 };
-SC_REGISTER_FLOAT_KERNELS("SparsecommAccumulateCandidates", "T", AccumulateCandidatesOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_CPU), "T", AccumulateCandidatesOp,
+                          CpuDevice);
 
 // ---- SparsecommSelectTop ----
 REGISTER_OP("SparsecommSelectTop")
@@ -126,6 +113,7 @@ REGISTER_OP("SparsecommSelectTop")
     .Output("index_top: int32")
     .SetShapeFn([](InferenceContext* c) { return unknown_vectors(c, 0, 2); });
 
+template <typename Device>
 class SelectTopOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -136,15 +124,10 @@ class SelectTopOp : public OpKernel {
     int64_t k;
     OP_REQUIRES_OK(c, scalar_input(c, 2, "k", &k));
     OP_REQUIRES(c, k >= 0, invalid("k should be >= 0, got ", k));
-    // cpu::select_top works in place: on copies, the inputs being read-only.
-    std::vector<float> a(acc.flat<float>().data(), acc.flat<float>().data() + acc.NumElements());
-    std::vector<int32_t> i(index.flat<int32_t>().data(), index.flat<int32_t>().data() + index.NumElements());
-    const int64_t kept = cpu::select_top(a.data(), i.data(), int64_t(a.size()), k);
-    OP_REQUIRES_OK(c, output_vector(c, 0, a.data(), kept));
-    OP_REQUIRES_OK(c, output_vector(c, 1, i.data(), kept));
+    OP_REQUIRES_OK(c, Device(c).select_top(acc, index, k));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_CPU), SelectTopOp);
+REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_CPU), SelectTopOp<CpuDevice>);
 
 // ---- SparsecommSendSelected ----
 REGISTER_OP("SparsecommSendSelected")
@@ -162,26 +145,28 @@ REGISTER_OP("SparsecommSendSelected")
       return same_as_input(c, 1, 2, 2);
     });
 
-template <typename T>
+template <typename Device, typename T>
 class SendSelectedOp : public OpKernel {
  public:
   explicit SendSelectedOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("masking", &masking_));
   }
   void Compute(OpKernelContext* c) override {
+    const Device dev(c);
     Feedback fb;
-    OP_REQUIRES_OK(c, send_inputs(c, 1, masking_, &fb));
+    OP_REQUIRES_OK(c, send_inputs(c, dev, 1, masking_, &fb));
     const Tensor& acc = c->input(0);
     const Tensor& index = c->input(1);
     Tensor* values = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, acc.shape(), &values));
-    cpu::send_selected(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(), fb, raw<T>(values));
+    OP_REQUIRES_OK(c, dev.send_selected(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(),
+                                        fb, raw<T>(values)));
   }
 
  private:
   bool masking_;
 };
-SC_REGISTER_FLOAT_KERNELS("SparsecommSendSelected", "dtype", SendSelectedOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_CPU), "dtype", SendSelectedOp, CpuDevice);
 
 // ---- SparsecommSparseUnpack ----
 REGISTER_OP("SparsecommSparseUnpack")
@@ -193,7 +178,7 @@ REGISTER_OP("SparsecommSparseUnpack")
     .Output("dense: T")
     .SetShapeFn([](InferenceContext* c) { return vector_of_attr(c, 0, "numel"); });
 
-template <typename T>
+template <typename Device, typename T>
 class SparseUnpackOp : public OpKernel {
  public:
   explicit SparseUnpackOp(OpKernelConstruction* c) : OpKernel(c) {
@@ -204,19 +189,19 @@ class SparseUnpackOp : public OpKernel {
   void Compute(OpKernelContext* c) override {
     const Tensor& values = c->input(0);
     const Tensor& index = c->input(1);
+    const Device dev(c);
     OP_REQUIRES_OK(c, check_pair(values, index, "values", "index"));
-    OP_REQUIRES_OK(c, check_index(index, numel_, "index"));
+    OP_REQUIRES_OK(c, dev.check_index(index, numel_, "index"));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));
-    cpu::sparse_unpack(raw<T>(values), index.flat<int32_t>().data(), values.NumElements(), scale_, numel_,
-                       raw<T>(dense));
+    OP_REQUIRES_OK(c, dev.template sparse_unpack<T>(values, index, scale_, dense));
   }
 
  private:
   int64_t numel_;
   float scale_;
 };
-SC_REGISTER_FLOAT_KERNELS("SparsecommSparseUnpack", "T", SparseUnpackOp);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_CPU), "T", SparseUnpackOp, CpuDevice);
 
 // ---- SparsecommRandomKIndices ----
 REGISTER_OP("SparsecommRandomKIndices")
@@ -228,6 +213,7 @@ REGISTER_OP("SparsecommRandomKIndices")
     .Output("index: int32")
     .SetShapeFn([](InferenceContext* c) { return unknown_vectors(c, 0, 1); });
 
+template <typename Device>
 class RandomKIndicesOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
@@ -240,11 +226,37 @@ class RandomKIndicesOp : public OpKernel {
     OP_REQUIRES_OK(c, check_stream(tensor_id, step));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({k}), &out));
-    cpu::random_k_indices(Permutation(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel), k,
-                          out->flat<int32_t>().data());
+    OP_REQUIRES_OK(c, Device(c).random_k_indices(
+                          Permutation(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel), k, out));
   }
 };
-REGISTER_KERNEL_BUILDER(Name("SparsecommRandomKIndices").Device(DEVICE_CPU), RandomKIndicesOp);
+REGISTER_KERNEL_BUILDER(Name("SparsecommRandomKIndices").Device(DEVICE_CPU), RandomKIndicesOp<CpuDevice>);
+
+#if GOOGLE_CUDA
+// ---- GPU kernels: the same bodies over GpuDevice (gpu.h); scalars read on the host are
+// HostMemory. The threshold stays on the device: sample_threshold writes it there and
+// accumulate_candidates reads it there.
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSampleThreshold")
+                              .Device(DEVICE_GPU)
+                              .HostMemory("seed")
+                              .HostMemory("tensor_id")
+                              .HostMemory("step")
+                              .HostMemory("ratio"),
+                          "T", SampleThresholdOp, GpuDevice);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_GPU), "T", AccumulateCandidatesOp,
+                          GpuDevice);
+REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_GPU).HostMemory("k"), SelectTopOp<GpuDevice>);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_GPU), "dtype", SendSelectedOp, GpuDevice);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_GPU), "T", SparseUnpackOp, GpuDevice);
+REGISTER_KERNEL_BUILDER(Name("SparsecommRandomKIndices")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("seed")
+                            .HostMemory("tensor_id")
+                            .HostMemory("step")
+                            .HostMemory("numel")
+                            .HostMemory("k"),
+                        RandomKIndicesOp<GpuDevice>);
+#endif  // GOOGLE_CUDA
 
 }  // namespace tf_binding
 }  // namespace sparsecomm

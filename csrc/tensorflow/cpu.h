@@ -1,0 +1,101 @@
+// The CPU device policy of the TF op kernels (common.h lists its members): csrc/cpu's
+// launchers, on the host.
+#pragma once
+#include <algorithm>
+#include <vector>
+
+#include "common.h"
+#include "../cpu/launchers.h"
+
+namespace sparsecomm {
+namespace tf_binding {
+
+class CpuDevice {
+ public:
+  explicit CpuDevice(OpKernelContext* c) : c_(c) {}
+
+  absl::Status check_index(const Tensor& index, int64_t numel, const char* name) const {
+    return tf_binding::check_index(index, numel, name);
+  }
+  absl::Status copy(const float* from, int64_t n, float* to) const {
+    std::copy(from, from + n, to);
+    return absl::OkStatus();
+  }
+
+  // The launchers, as they are.
+  template <typename... Args> absl::Status block_pack(Args... args) const {
+    cpu::block_pack(args...);
+    return absl::OkStatus();
+  }
+  template <typename... Args> absl::Status block_unpack(Args... args) const {
+    cpu::block_unpack(args...);
+    return absl::OkStatus();
+  }
+  template <typename... Args> absl::Status send_selected(Args... args) const {
+    cpu::send_selected(args...);
+    return absl::OkStatus();
+  }
+  template <typename... Args> absl::Status send_quantized(Args... args) const {
+    cpu::send_quantized(args...);
+    return absl::OkStatus();
+  }
+  template <typename... Args> absl::Status dequantize(Args... args) const {
+    cpu::dequantize(args...);
+    return absl::OkStatus();
+  }
+
+  // The threshold is computed on the host (the GPU's stays on the device).
+  template <typename T>
+  absl::Status sample_threshold(const Tensor& grad, const Feedback& fb, const SamplePlan& plan, Tensor* out) const {
+    out->scalar<float>()() = cpu::sample_threshold(raw<T>(grad), fb, grad.NumElements(), plan);
+    return absl::OkStatus();
+  }
+
+  // One pass that appends the candidates to growing vectors (the GPU counts first instead).
+  template <typename T>
+  absl::Status accumulate_candidates(const Tensor& grad, const Feedback& fb, const Tensor& threshold) const {
+    std::vector<float> acc;
+    std::vector<int32_t> index;
+    cpu::accumulate_candidates(raw<T>(grad), fb, grad.NumElements(), threshold.flat<float>()(0), acc, index);
+    TF_RETURN_IF_ERROR(output_vector(0, acc.data(), int64_t(acc.size())));
+    return output_vector(1, index.data(), int64_t(index.size()));
+  }
+
+  // cpu::select_top works in place: on copies, the inputs being read-only (the GPU sorts).
+  absl::Status select_top(const Tensor& acc, const Tensor& index, int64_t k) const {
+    std::vector<float> a(acc.flat<float>().data(), acc.flat<float>().data() + acc.NumElements());
+    std::vector<int32_t> i(index.flat<int32_t>().data(), index.flat<int32_t>().data() + index.NumElements());
+    const int64_t kept = cpu::select_top(a.data(), i.data(), int64_t(a.size()), k);
+    TF_RETURN_IF_ERROR(output_vector(0, a.data(), kept));
+    return output_vector(1, i.data(), kept);
+  }
+
+  // Sums duplicates in input order directly (the GPU sorts the indices first).
+  template <typename T>
+  absl::Status sparse_unpack(const Tensor& values, const Tensor& index, float scale, Tensor* dense) const {
+    cpu::sparse_unpack(raw<T>(values), index.flat<int32_t>().data(), values.NumElements(), scale,
+                       dense->NumElements(), raw<T>(dense));
+    return absl::OkStatus();
+  }
+
+  // The launcher writes the indices sorted (the GPU sorts afterwards).
+  absl::Status random_k_indices(const Permutation& perm, int64_t k, Tensor* out) const {
+    cpu::random_k_indices(perm, k, out->flat<int32_t>().data());
+    return absl::OkStatus();
+  }
+
+ private:
+  // Output `output`: a vector holding data[0, n).
+  template <typename V>
+  absl::Status output_vector(int output, const V* data, int64_t n) const {
+    Tensor* t = nullptr;
+    TF_RETURN_IF_ERROR(c_->allocate_output(output, TensorShape({n}), &t));
+    std::copy(data, data + n, t->flat<V>().data());
+    return absl::OkStatus();
+  }
+
+  OpKernelContext* c_;
+};
+
+}  // namespace tf_binding
+}  // namespace sparsecomm
