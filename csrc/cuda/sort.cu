@@ -74,6 +74,7 @@ size_t sort_index(const int32_t* index, int64_t count, int32_t* sorted_index, in
   void* cub_scratch = carve.take<char>(int64_t(cub_bytes));
   if (carve.query() || count == 0) return carve.bytes();
   iota_kernel<<<grid_for(count), kThreads, 0, stream>>>(position, count);
+  check_launch("iota_kernel");
   cub::DeviceRadixSort::SortPairs(cub_scratch, cub_bytes, index, sorted_index, position, order, count, 0, 32,
                                   stream);  // radix sorts are stable: equal indices keep input order
   return carve.bytes();
@@ -110,13 +111,16 @@ size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t
     return carve.bytes();
   }
   magnitude_kernel<<<grid_for(count), kThreads, 0, stream>>>(acc, count, key);
+  check_launch("magnitude_kernel");
   iota_kernel<<<grid_for(count), kThreads, 0, stream>>>(position, count);
+  check_launch("iota_kernel");
   // Stable: equal magnitudes keep the lower position first, as cpu::select_top.
   cub_bytes = pair_bytes;
   cub::DeviceRadixSort::SortPairsDescending(cub_scratch, cub_bytes, key, sorted_key, position, by_magnitude, count,
                                             0, 32, stream);
   sort_ascending(by_magnitude, k, kept, cub_scratch, stream);  // the first k, back to input order
   gather_kernel<<<grid_for(k), kThreads, 0, stream>>>(acc, index, kept, k, acc_top, index_top);
+  check_launch("gather_kernel");
   return carve.bytes();
 }
 

@@ -17,6 +17,11 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+# Not emulated, with the reason. sort.cu is built on cub's device-wide radix sort and scan
+# (NVIDIA's library, whose block-level primitives this emulation does not provide); its own three
+# small kernels (iota, magnitude, gather) are only compile-checked (nvcc) until a GPU runs them.
+NOT_EMULATED = {"sort.cu": "cub device-wide sorts and scans"}
+EMULATED_SOURCES = [s for s in CUDA_SOURCES if os.path.basename(s) not in NOT_EMULATED]
 CPU_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cpu", "*.cpp")))
 DRIVER = os.path.join(ROOT, "tests", "cuda_emulation", "driver.cpp")
 
@@ -54,7 +59,7 @@ def build(variant, out_dir, jobs=None):
     flags = COMMON_FLAGS + VARIANTS[variant]
     os.makedirs(out_dir, exist_ok=True)
     commands, objects = [], []
-    for source in CUDA_SOURCES:
+    for source in EMULATED_SOURCES:
         text, _ = rewrite_launches(open(source).read())
         copy = os.path.join(out_dir, os.path.basename(source) + ".cpp")
         with open(copy, "w") as f:
