@@ -23,13 +23,14 @@ def _grad(numel, dtype, device, seed=1, shape=None):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("numel", [0, 1, 7, 1000, 4097])
-@pytest.mark.parametrize("mode", ["plain", "feedback", "momentum"])
+@pytest.mark.parametrize("mode", ["plain", "feedback", "momentum", "momentum-only"])
 def test_pack_above_is_exactly_the_elements_at_or_above_the_threshold(device, dtype, numel, mode):
     grad = _grad(numel, dtype, device)
-    residual, momentum = _state(numel, device, with_momentum=mode == "momentum")
-    if mode == "plain":
+    # momentum-only: DGC's dense path; the CUDA binding then reads acc back from the momentum.
+    residual, momentum = _state(numel, device, with_momentum=mode.startswith("momentum"))
+    if mode in ("plain", "momentum-only"):
         residual = None
-    m = 0.9 if mode == "momentum" else 0.0
+    m = 0.9 if mode.startswith("momentum") else 0.0
     acc, u = reference.accumulate(grad.cpu(), None if residual is None else residual.cpu(),
                                   None if momentum is None else momentum.cpu(), m)
     threshold = 1.0
@@ -182,6 +183,15 @@ def test_select_top_keeps_index_order():
     index = torch.tensor([3, 8, 9, 20, 31], dtype=torch.int32)
     a, i = ops.select_top(acc, index, 3)
     assert i.tolist() == [8, 9, 20] and a.tolist() == [-5.0, 2.0, 5.0]
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_select_top_counts_nan_as_inf_and_breaks_that_tie_by_index():
+    acc = torch.tensor([1.0, float("inf"), 2.0, float("nan"), -float("inf")])
+    index = torch.tensor([3, 5, 7, 9, 11], dtype=torch.int32)
+    for k in range(6):
+        _, i = ops.select_top(acc, index, k)
+        assert i.tolist() == index[reference.topk_mask(acc, k)].tolist(), k
 
 
 @pytest.mark.usefixtures("host_binding")
