@@ -8,6 +8,13 @@ the same inputs and compares every output and state buffer bit for bit (NaN payl
 About 50 s on the project's 2-core machine when idle: the two builds in parallel (~17 s), then
 the runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024 threads at every barrier,
 ASan ~4 s). docs/kernels.md says what this proves and what it cannot.
+
+The torch CUDA binding (csrc/torch/cuda.cpp) on the same emulation is tested by the op tests
+themselves, on their "cuda-emulated" device (tests/conftest.py,
+tests/cuda_emulation/build_torch_binding.py). This file checks only that that binding
+registers every op and that the device really reaches it. Those 277 op-test cases took 48 s
+at a load average of about 220 on the 2-core machine, against 8 s on the CPU binding. The
+build adds 19 s once (about 1 s when nothing changed).
 """
 import concurrent.futures
 import importlib.util
