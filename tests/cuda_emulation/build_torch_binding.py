@@ -15,6 +15,7 @@ ninja rebuilds only what changed, so a warm run costs a few seconds.
 
 By hand:  python tests/cuda_emulation/build_torch_binding.py [BUILD_DIR]
 """
+import fcntl
 import os
 import sys
 
@@ -36,10 +37,18 @@ def load(build_dir=DEFAULT_BUILD_DIR, verbose=False):
 
     from sparsecomm.torch import fakes
 
-    copies = build_driver.write_emulated_sources(os.path.join(build_dir, "sources"))
-    cpp_extension.load(name=NAMESPACE, sources=[SOURCE, *copies], extra_cflags=FLAGS, extra_ldflags=["-pthread"],
-                       extra_include_paths=[STUBS_INCLUDE, build_driver.EMULATION_INCLUDE], build_directory=build_dir,
-                       is_python_module=False, verbose=verbose)
+    os.makedirs(build_dir, exist_ok=True)
+    # torch's own lock (a file named "lock") stays behind when a build is killed, and the next
+    # build would wait for it forever. Builders here hold a flock instead, which the OS drops
+    # with the process, so whoever holds it may remove torch's stale file.
+    with open(os.path.join(build_dir, "flock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(build_dir, "lock")):
+            os.remove(os.path.join(build_dir, "lock"))
+        copies = build_driver.write_emulated_sources(os.path.join(build_dir, "sources"))
+        cpp_extension.load(name=NAMESPACE, sources=[SOURCE, *copies], extra_cflags=FLAGS, extra_ldflags=["-pthread"],
+                           extra_include_paths=[STUBS_INCLUDE, build_driver.EMULATION_INCLUDE],
+                           build_directory=build_dir, is_python_module=False, verbose=verbose)
     for name, fake in fakes.FAKES.items():
         torch.library.register_fake(f"{NAMESPACE}::{name}")(fake)
     return getattr(torch.ops, NAMESPACE)
