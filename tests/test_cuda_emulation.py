@@ -12,9 +12,9 @@ ASan ~4 s). docs/kernels.md says what this proves and what it cannot.
 The torch CUDA binding (csrc/torch/cuda.cpp) on the same emulation is tested by the op tests
 themselves, on their "cuda-emulated" device (tests/conftest.py,
 tests/cuda_emulation/build_torch_binding.py). This file checks only that that binding
-registers every op and that the device really reaches it. Those 277 op-test cases took 48 s
-at a load average of about 220 on the 2-core machine, against 8 s on the CPU binding. The
-build adds 19 s once (about 1 s when nothing changed).
+registers every op and that the device really reaches it. Those 277 op-test cases took 48 to
+53 s on the 2-core machine at load averages of 50 to 230, against 8 to 9 s on the CPU binding.
+A build from scratch adds 12 to 19 s, and about 1 s when nothing has changed.
 """
 import concurrent.futures
 import importlib.util
