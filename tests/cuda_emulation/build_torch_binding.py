@@ -5,13 +5,14 @@ csrc/torch/ops.cpp, registered on the CPU key (tests/cuda_emulation/torch_bindin
 
 The launchers are build_driver.py's copies of csrc/cuda/*.cu (launches rewritten), compiled
 with the same -ffp-contract=off and -DSC_MAX_BLOCKS=3 as the driver. No sanitizer: a sanitized
-torch extension would need the runtime preloaded into Python, and a ThreadSanitizer run through
-torch's own (uninstrumented) thread pools reports their synchronisation as races; the driver
+torch extension would need the runtime preloaded into a second Python process, and
+ThreadSanitizer cannot see the synchronisation inside torch's uninstrumented thread pools (false
+races); the driver
 (tests/test_cuda_emulation.py) runs the launchers under both sanitizers already. -O1 and one
 translation unit for ops.cpp + cuda.cpp keep the build short (torch's headers parsed once).
 
 The build goes to a cache folder (default: build/cuda_emulation_torch in the repository) and
-ninja rebuilds only what changed, so a warm run costs a few seconds.
+ninja rebuilds only what changed: about 1 s when nothing did.
 
 By hand:  python tests/cuda_emulation/build_torch_binding.py [BUILD_DIR]
 """
