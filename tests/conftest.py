@@ -1,20 +1,64 @@
 import os
+import shutil
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference`, `import launch`
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multirank"))  # `import common` (workers' shared code)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emulation"))  # `import build_torch_binding`
+
+# The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU
+# (tests/cuda_emulation/build_torch_binding.py): a device for the op tests, on CPU tensors.
+EMULATED = "cuda-emulated"
 
 
 def _devices():
     import torch
-    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + [EMULATED]
+
+
+@pytest.fixture(scope="session")
+def cuda_emulated_ops():
+    """torch.ops.sparsecomm_cuda_emulated, built once per session into a cached build folder.
+    Skips where there is no compiler; a build error fails the tests that need it."""
+    from torch.utils import cpp_extension
+    if shutil.which("g++") is None or not cpp_extension.is_ninja_available():
+        pytest.skip("the emulated CUDA binding needs g++ and ninja")
+    import build_torch_binding
+    return build_torch_binding.load()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow_under_emulation(why): skipped on the cuda-emulated device unless "
+                                       "SPARSECOMM_EMULATION_SLOW=1")
+
+
+def _route(request, binding):
+    """The device to put tensors on for `binding`. For the emulated CUDA binding that is the CPU,
+    and sparsecomm.torch.ops calls torch.ops.sparsecomm_cuda_emulated until the test ends."""
+    if binding != EMULATED:
+        return binding
+    slow = request.node.get_closest_marker("slow_under_emulation")
+    if slow and os.environ.get("SPARSECOMM_EMULATION_SLOW") != "1":
+        pytest.skip(f"{EMULATED}: {slow.args[0]} (SPARSECOMM_EMULATION_SLOW=1 runs it)")
+    from sparsecomm.torch import ops
+    request.getfixturevalue("monkeypatch").setattr(ops, "_ops", request.getfixturevalue("cuda_emulated_ops"))
+    return "cpu"
 
 
 @pytest.fixture(params=_devices())
 def device(request):
-    return request.param
+    """Where an op test puts its tensors and runs the ops: "cpu", "cuda" (with a GPU), and
+    "cuda-emulated" (the test sees "cpu", and the ops go through the emulated CUDA binding)."""
+    return _route(request, request.param)
+
+
+@pytest.fixture(params=["cpu", EMULATED])
+def host_binding(request):
+    """For op tests written on CPU tensors: runs them through the CPU binding and through the
+    emulated CUDA one (use it as @pytest.mark.usefixtures("host_binding"))."""
+    return _route(request, request.param)
 
 
 def pytest_terminal_summary(terminalreporter):

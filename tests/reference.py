@@ -95,9 +95,9 @@ def above(acc, threshold):
 
 
 def topk_mask(acc, k):
-    """The k largest |acc|, ties broken by the lower index (NaN counts as largest)."""
+    """The k largest |acc|, ties broken by the lower index (NaN counts as +inf, like feedback.h's magnitude)."""
     import torch
-    mag = torch.nan_to_num(acc.abs().double(), nan=float("inf"))
+    mag = torch.nan_to_num(acc.abs().double(), nan=float("inf"), posinf=float("inf"))
     order = sorted(range(acc.numel()), key=lambda i: (-mag[i].item(), i))[:k] if acc.numel() < 5000 else \
         torch.argsort(-mag, stable=True)[:k].tolist()
     mask = torch.zeros(acc.numel(), dtype=torch.bool)
@@ -182,7 +182,7 @@ def sampled_threshold(acc, ratio, seed, tensor_id, step, sample_ratio=0.01):
     count = runs * run
     rank = min(count, max(1, math.ceil(ratio * count)))
     positions = torch.tensor([offset + (j // run) * stride + j % run for j in range(count)])
-    mags = torch.nan_to_num(acc.reshape(-1)[positions].abs(), nan=float("inf"))
+    mags = torch.nan_to_num(acc.reshape(-1)[positions].abs(), nan=float("inf"), posinf=float("inf"))
     return mags.sort(descending=True).values[rank - 1].item()
 
 

@@ -90,11 +90,11 @@ def dgc(grad, state, density, name, step, momentum=0.9, masking=True, clip_limit
 
 
 def _keep_largest(values, index, k, residual):
-    """The k of largest |value| (ties: lower index, NaN largest), in index order; the others
+    """The k of largest |value| (ties: lower index, NaN as +inf), in index order; the others
     are added to `residual` (when given)."""
     if len(index) <= k:
         return values, index
-    magnitude = torch.nan_to_num(values.abs().double(), nan=float("inf")).tolist()
+    magnitude = torch.nan_to_num(values.abs().double(), nan=float("inf"), posinf=float("inf")).tolist()
     keep = sorted(sorted(range(len(index)), key=lambda j: (-magnitude[j], int(index[j])))[:k])
     mask = torch.zeros(len(index), dtype=torch.bool)
     mask[keep] = True

@@ -84,11 +84,12 @@ def test_rounding_to_16_bit_matches_torch_everywhere(device, dtype):
     assert torch.equal(values.cpu().float(), residual.to(dtype).float())
 
 
+@pytest.mark.usefixtures("host_binding")
 def test_ops_pass_opcheck():
     grad = torch.randn(50)
-    torch.library.opcheck(torch.ops.sparsecomm.block_pack.default, (grad, torch.zeros(50), 45, 10))
-    torch.library.opcheck(torch.ops.sparsecomm.block_pack.default, (grad, None, 3, 10))
-    torch.library.opcheck(torch.ops.sparsecomm.block_unpack.default, (torch.randn(10), 50, 45, 0.5))
+    torch.library.opcheck(ops._ops.block_pack.default, (grad, torch.zeros(50), 45, 10))
+    torch.library.opcheck(ops._ops.block_pack.default, (grad, None, 3, 10))
+    torch.library.opcheck(ops._ops.block_unpack.default, (torch.randn(10), 50, 45, 0.5))
 
 
 @pytest.mark.parametrize("call,message", [

@@ -101,7 +101,13 @@ struct CudaDevice {
 
 }  // namespace
 
-TORCH_LIBRARY_IMPL(sparsecomm, CUDA, m) {
+// The emulated CUDA test build (tests/cuda_emulation/torch_binding.cpp) registers this policy
+// under its own namespace on the CPU key; every other build uses this default.
+#ifndef SC_TORCH_CUDA_LIBRARY_IMPL
+#define SC_TORCH_CUDA_LIBRARY_IMPL TORCH_LIBRARY_IMPL(sparsecomm, CUDA, m)
+#endif
+
+SC_TORCH_CUDA_LIBRARY_IMPL {
   register_block_ops<CudaDevice>(m);
   register_select_ops<CudaDevice>(m);
   register_quantize_ops<CudaDevice>(m);

@@ -13,7 +13,13 @@ extern "C" PyObject* PyInit__C(void) {
 
 namespace sparsecomm {
 
-TORCH_LIBRARY(sparsecomm, m) {
+// The emulated CUDA test build (tests/cuda_emulation/torch_binding.cpp) defines these schemas
+// again under its own namespace; every other build uses this default.
+#ifndef SC_TORCH_LIBRARY
+#define SC_TORCH_LIBRARY TORCH_LIBRARY(sparsecomm, m)
+#endif
+
+SC_TORCH_LIBRARY {
   // The start of the cyclic random block of a tensor at a step: Philox4x32-10 selection stream.
   m.def("random_block_start(int seed, int tensor_id, int step, int numel) -> int",
         &torch_binding::random_block_start);

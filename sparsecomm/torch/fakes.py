@@ -10,8 +10,14 @@ import torch
 from .. import _C  # noqa: F401  (loads the extension: the ops must exist before their fakes)
 
 
+FAKES = {}  # op name -> fake kernel (the emulated CUDA test build registers them for its namespace too)
+
+
 def _fake(name):
-    return torch.library.register_fake(f"sparsecomm::{name}")
+    def register(fake):
+        FAKES[name] = fake
+        return torch.library.register_fake(f"sparsecomm::{name}")(fake)
+    return register
 
 
 # --- block family (csrc/torch/block.h) ---

@@ -16,7 +16,8 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
+CUDA_DIR = os.path.join(ROOT, "csrc", "cuda")
+CUDA_SOURCES = sorted(glob.glob(os.path.join(CUDA_DIR, "*.cu")))
 # Not emulated, with the reason. sort.cu is built on cub's device-wide radix sort and scan
 # (NVIDIA's library, whose block-level primitives this emulation does not provide); its own three
 # small kernels (iota, magnitude, gather) are only compile-checked (nvcc) until a GPU runs them.
@@ -48,6 +49,24 @@ def rewrite_launches(text):
     return rewritten, count
 
 
+def write_emulated_sources(out_dir):
+    """Writes each emulated csrc/cuda/*.cu to out_dir/<name>.cu.cpp with its launches rewritten, behind a
+    `#line` naming the real file; returns the copies' paths. Compile them with -iquote CUDA_DIR
+    (their "grid.cuh" and "../kernels/x.h" resolve as from csrc/cuda) and -I EMULATION_INCLUDE.
+    A copy whose text has not changed is not rewritten, so that incremental builds stay so."""
+    os.makedirs(out_dir, exist_ok=True)
+    copies = []
+    for source in EMULATED_SOURCES:
+        text, _ = rewrite_launches(open(source).read())
+        text = f'#line 1 "{source}"\n{text}'
+        copy = os.path.join(out_dir, os.path.basename(source) + ".cpp")
+        if not os.path.exists(copy) or open(copy).read() != text:
+            with open(copy, "w") as f:
+                f.write(text)
+        copies.append(copy)
+    return copies
+
+
 def _compile(args):
     proc = subprocess.run(args, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -59,15 +78,9 @@ def build(variant, out_dir, jobs=None):
     flags = COMMON_FLAGS + VARIANTS[variant]
     os.makedirs(out_dir, exist_ok=True)
     commands, objects = [], []
-    for source in EMULATED_SOURCES:
-        text, _ = rewrite_launches(open(source).read())
-        copy = os.path.join(out_dir, os.path.basename(source) + ".cpp")
-        with open(copy, "w") as f:
-            f.write(f'#line 1 "{source}"\n{text}')
+    for copy in write_emulated_sources(out_dir):
         obj = copy + ".o"
-        # -iquote: the copy's "grid.cuh" and "../kernels/x.h" resolve as from csrc/cuda.
-        commands.append(["g++", *flags, "-I", EMULATION_INCLUDE, "-iquote", os.path.dirname(source), "-c", copy,
-                         "-o", obj])
+        commands.append(["g++", *flags, "-I", EMULATION_INCLUDE, "-iquote", CUDA_DIR, "-c", copy, "-o", obj])
         objects.append(obj)
     for source in CPU_SOURCES + [DRIVER]:
         obj = os.path.join(out_dir, os.path.basename(source) + ".o")

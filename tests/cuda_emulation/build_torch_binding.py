@@ -1,0 +1,61 @@
+"""Builds and loads the torch CUDA binding (csrc/torch/cuda.cpp: the CudaDevice policy and the op
+bodies of block.h, select.h and quantize.h over it) against the CPU emulation of CUDA, as a
+test-only op library: torch.ops.sparsecomm_cuda_emulated, with the schemas of
+csrc/torch/ops.cpp, registered on the CPU key (tests/cuda_emulation/torch_binding.cpp).
+
+The launchers are build_driver.py's copies of csrc/cuda/*.cu (launches rewritten), compiled
+with the same -ffp-contract=off and -DSC_MAX_BLOCKS=3 as the driver. No sanitizer: a sanitized
+torch extension would need the runtime preloaded into a second Python process, and
+ThreadSanitizer cannot see the synchronisation inside torch's uninstrumented thread pools (false
+races); the driver
+(tests/test_cuda_emulation.py) runs the launchers under both sanitizers already. -O1 and one
+translation unit for ops.cpp + cuda.cpp keep the build short (torch's headers parsed once).
+
+The build goes to a cache folder (default: build/cuda_emulation_torch in the repository) and
+ninja rebuilds only what changed: about 1 s when nothing did.
+
+By hand:  python tests/cuda_emulation/build_torch_binding.py [BUILD_DIR]
+"""
+import fcntl
+import os
+import sys
+
+import build_driver
+
+NAMESPACE = "sparsecomm_cuda_emulated"
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCE = os.path.join(HERE, "torch_binding.cpp")
+STUBS_INCLUDE = os.path.join(HERE, "include")  # c10/cuda/CUDAGuard.h, CUDAStream.h stand-ins
+DEFAULT_BUILD_DIR = os.path.join(build_driver.ROOT, "build", "cuda_emulation_torch")
+FLAGS = ["-O1", "-ffp-contract=off", "-DSC_MAX_BLOCKS=3", "-pthread", "-iquote", build_driver.CUDA_DIR]
+
+
+def load(build_dir=DEFAULT_BUILD_DIR, verbose=False):
+    """Builds (if needed) and loads the library; registers sparsecomm's fake kernels for its
+    namespace too (opcheck); returns torch.ops.sparsecomm_cuda_emulated."""
+    import torch
+    from torch.utils import cpp_extension
+
+    from sparsecomm.torch import fakes
+
+    os.makedirs(build_dir, exist_ok=True)
+    # torch's own lock (a file named "lock") stays behind when a build is killed, and the next
+    # build would wait for it forever. Builders here hold a flock instead, which the OS drops
+    # with the process, so whoever holds it may remove torch's stale file.
+    with open(os.path.join(build_dir, "flock"), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(build_dir, "lock")):
+            os.remove(os.path.join(build_dir, "lock"))
+        copies = build_driver.write_emulated_sources(os.path.join(build_dir, "sources"))
+        cpp_extension.load(name=NAMESPACE, sources=[SOURCE, *copies], extra_cflags=FLAGS, extra_ldflags=["-pthread"],
+                           extra_include_paths=[STUBS_INCLUDE, build_driver.EMULATION_INCLUDE],
+                           build_directory=build_dir, is_python_module=False, verbose=verbose)
+    for name, fake in fakes.FAKES.items():
+        torch.library.register_fake(f"{NAMESPACE}::{name}")(fake)
+    return getattr(torch.ops, NAMESPACE)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, build_driver.ROOT)  # sparsecomm
+    ops = load(sys.argv[1] if len(sys.argv) > 1 else DEFAULT_BUILD_DIR, verbose=True)
+    print(ops)
