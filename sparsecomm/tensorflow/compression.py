@@ -97,6 +97,8 @@ class Compressor(Settings, tf.Module):
         return placeholder, lambda output: exchange.finish(output, summed, wire)
 
     def _stage(self, tensor, state, density):
+        """One stage of the schedule as a branch: its route at that density (a warm-up stage may
+        go dense), pack and exchange, returning tensors only, the same structure in every branch."""
         def run():
             route = self._route(state, tensor, density, record=False)
             packed = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
