@@ -21,7 +21,8 @@ class Method:
     shared_coordinates = False  # every rank picks the same coordinates: values ride Horovod's allreduce
     keeps_momentum = False      # a float32 momentum per tensor (DGC's momentum correction)
     counts_dense_steps = False  # a step sent dense advances the step (DGC: the warm-up counts it)
-    sample_ratio = 0.01         # fraction sampled by a threshold estimate (the sampled methods set theirs)
+    bits = None                 # 1 or 2: values travel as quantized codes (Threshold's quantize=)
+    value_dtype = None          # a dtype name values travel as; None: the gradient's own
 
     def __init__(self, owner, ratio, error_feedback=True):
         self.owner = owner

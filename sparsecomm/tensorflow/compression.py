@@ -235,8 +235,7 @@ class RTopK(Compressor):
 def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
-    bits = getattr(method, "bits", None)
-    value_dtype = getattr(method, "value_dtype", None)
+    value_dtype, bits = method.value_dtype, method.bits
     values, index, residual, momentum = ops.pack_sampled(
         tensor, state.read_residual(), density, momentum=momentum, momentum_factor=momentum_factor,
         masking=masking, sample_ratio=method.sample_ratio, tensor_id=state.tensor_id, step=state.step,

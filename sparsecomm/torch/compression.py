@@ -270,8 +270,7 @@ class RTopK(_PerRank):
 def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
-    value_dtype = getattr(method, "value_dtype", None)
-    bits = getattr(method, "bits", None)
+    value_dtype, bits = method.value_dtype, method.bits
     values, index = ops.pack_sampled(tensor, compressor._residual_of(state, tensor), density, momentum=momentum,
                                      momentum_factor=momentum_factor, masking=masking,
                                      sample_ratio=method.sample_ratio, value_dtype=value_dtype and getattr(
