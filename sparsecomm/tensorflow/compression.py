@@ -135,7 +135,7 @@ class Compressor(Settings, tf.Module):
             return exchange.measure_network(self._collective_set())
 
     def _wire(self, state, tensor, k=0):
-        return Wire(state.variable_name, state.shape, tensor.dtype, self._collective_set(), k)
+        return Wire(state.variable_name, state.shape, tensor.dtype, self._collective_set(), self._ranks(), k)
 
     def _state_for(self, tensor) -> VariableState:
         if self._binding is None:

@@ -69,11 +69,13 @@ class Packed:
 
 @dataclass
 class Wire:
-    """One variable's exchange: its name, numel, shape and dtype, the process set and k."""
+    """One variable's exchange: its name, numel, shape and dtype, the process set and its number
+    of ranks, and k."""
     name: str
     shape: tf.TensorShape
     dtype: tf.DType
     process_set: object
+    ranks: int
     k: int = 0
 
     @property
@@ -105,7 +107,7 @@ class Outcome:
 def finish(output, summed, wire):
     """decompress: the gathered float32 sum scaled by output / M, in the gradient's dtype.
     (Sum, then one multiplication, then one rounding: the torch sparse_unpack's arithmetic.)"""
-    scale = tf.reshape(output, [-1])[0] / float(wire.process_set.size())
+    scale = tf.reshape(output, [-1])[0] / float(wire.ranks)
     return tf.reshape(tf.cast(summed * scale, wire.dtype), wire.shape)
 
 
@@ -119,8 +121,7 @@ class Dense:
 
     def start(self, packed, wire):
         handed = to_wire(packed.values)  # bfloat16 is summed as float32
-        dtype, size = wire.dtype, wire.numel * handed.dtype.size
-        ranks = wire.process_set.size() if _hvd().is_initialized() else 1
+        dtype, size, ranks = wire.dtype, wire.numel * handed.dtype.size, wire.ranks
         return Handed(handed, lambda output: output if output.dtype == dtype else tf.cast(output, dtype),
                       wire.numel, size, int(2 * (ranks - 1) / ranks * size))
 
@@ -130,7 +131,7 @@ class Dense:
                                process_set=wire.process_set)
         count = tf.constant(wire.numel, tf.int64)
         size = count * wire_bytes(wire.dtype)
-        ranks = wire.process_set.size()
+        ranks = wire.ranks
         return Outcome(tf.cast(tf.cast(summed, wire.dtype), tf.float32), packed.residual, count, size,
                        tf.cast(2 * (ranks - 1) * size // ranks, tf.int64))
 
@@ -180,7 +181,7 @@ class Allgather:
         count = _i64(tf.size(packed.index))
         codes, scales, index, counts = (gather(packed.codes, "codes"), gather(packed.scales, "scales"),
                                         gather(packed.index, "index"), gather(tf.reshape(count, [1]), "count"))
-        ranks = wire.process_set.size()
+        ranks = wire.ranks
         per_rank = scales.shape[0] // ranks if scales.shape[0] is not None else tf.size(scales) // ranks
         sizes = (counts * packed.bits + 7) // 8
         ends = tf.cumsum(sizes)
@@ -221,7 +222,7 @@ class SparDL:
 
     def run(self, packed, wire):
         hvd, ps = _hvd(), wire.process_set
-        layout, rank = SparDLLayout.of(wire.numel, wire.k, ps.size()), ps.rank()
+        layout, rank = SparDLLayout.of(wire.numel, wire.k, wire.ranks), ps.rank()
         payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
         received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits),
                                                  name=collective_name(wire.name, "scatter"), process_set=ps)

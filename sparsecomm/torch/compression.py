@@ -58,7 +58,7 @@ class Compressor(Settings):
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), k, state.residual)
+        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), self._ranks(), k, state.residual)
         handed, ctx = EXCHANGES[route].start(payload, wire)
         if getattr(ctx.exchange, "advances", False):
             self._pending.append(ctx)

@@ -55,18 +55,15 @@ class Packed:
 
 @dataclass
 class Wire:
-    """One tensor's exchange: its parameter, shape and dtype, the process set, the selected
-    count k and the residual (SparDL adds what it drops there)."""
+    """One tensor's exchange: its parameter, shape and dtype, the process set and its number of
+    ranks, the selected count k and the residual (SparDL adds what it drops there)."""
     name: str
     shape: torch.Size
     dtype: torch.dtype
     process_set: object
+    ranks: int
     k: int = 0
     residual: Optional[torch.Tensor] = None
-
-    @property
-    def ranks(self):
-        return self.process_set.size() if _hvd().is_initialized() else 1
 
 
 @dataclass
@@ -96,8 +93,7 @@ class Dense:
     def start(self, payload, wire):
         handed = to_wire(payload)
         size = handed.numel() * handed.element_size()
-        ranks = wire.ranks
-        return handed, Context(self, wire, handed.numel(), size, int(2 * (ranks - 1) / ranks * size))
+        return handed, Context(self, wire, handed.numel(), size, int(2 * (wire.ranks - 1) / wire.ranks * size))
 
     @staticmethod
     def restored(output, dtype):
@@ -220,7 +216,7 @@ class SparDL:
 
     def start(self, packed, wire):
         hvd, ps = _hvd(), wire.process_set
-        layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, ps.size()), ps.rank()
+        layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, wire.ranks), ps.rank()
         values, index = packed.values.float(), packed.index
         bounds = torch.searchsorted(index, torch.tensor(layout.bounds(), dtype=torch.int32)).tolist()
         rows, splits, own = [], [], None
