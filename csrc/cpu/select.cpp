@@ -1,7 +1,9 @@
 // CPU launchers for threshold / top-k selection with error feedback (feedback.h, sample.h).
 #include <algorithm>
+#include <cstdint>
 #include <cmath>
 #include <stdexcept>
+#include <vector>
 
 #include "launchers.h"
 #include "parallel.h"
@@ -136,19 +138,56 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
   for (int64_t j = 0; j < count; ++j) values[j] = send<T>(fb, index[j], acc[j]);
 }
 
+namespace {
+
+// Above this many ascending runs the merge's scan of the run heads costs more than summing
+// in a scratch buffer.
+constexpr size_t kMaxMergedRuns = 16;
+
+// Sums duplicates in a per-thread float32 scratch that is all zero between calls (grown once):
+// for inputs in no useful order.
 template <typename T>
-void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense) {
-  // Sums in float32 go to a per-thread scratch buffer that is all zero between calls (grown
-  // once, then reused: no page faults on the hot path). One parallel pass writes the output;
-  // only the touched scratch entries are zeroed again.
+void scatter_through_scratch(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel,
+                             T* dense) {
   static thread_local std::vector<float> scratch;
   if (int64_t(scratch.size()) < numel) scratch.assign(numel, 0.0f);
   float* sum = scratch.data();
   for (int64_t j = 0; j < count; ++j) sum[index[j]] += to_float(values[j]);
-  for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) dense[i] = from_float<T>(scale * sum[i]);
-  });
+  for (int64_t j = 0; j < count; ++j) dense[index[j]] = from_float<T>(scale * sum[index[j]]);  // again for a duplicate
   for (int64_t j = 0; j < count; ++j) sum[index[j]] = 0.0f;
+}
+
+}  // namespace
+
+template <typename T>
+void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense) {
+  // One write-only pass zeroes the output (it may be the gradient buffer itself: no
+  // allocation, no page faults). The values come as strictly ascending runs (every rank's
+  // selection is in index order; gathered, they are one run per rank): merging the runs
+  // visits each output element once, in ascending order, and sums its duplicates in input
+  // order, in float32, before one scaling and one rounding.
+  for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
+    std::fill(dense + lo, dense + hi, from_float<T>(0.0f));
+  });
+  std::vector<int64_t> next = {0}, end;  // each run's cursor and end
+  for (int64_t j = 1; j < count; ++j) {
+    if (index[j] > index[j - 1]) continue;
+    end.push_back(j);
+    next.push_back(j);
+    if (next.size() > kMaxMergedRuns) return scatter_through_scratch(values, index, count, scale, numel, dense);
+  }
+  end.push_back(count);
+  const size_t runs = next.size();
+  while (true) {
+    int64_t lowest = INT64_MAX;
+    for (size_t r = 0; r < runs; ++r)
+      if (next[r] < end[r] && index[next[r]] < lowest) lowest = index[next[r]];
+    if (lowest == INT64_MAX) return;
+    float sum = 0.0f;  // +0 + x: a lone -0 lands as +0, as in every unpack
+    for (size_t r = 0; r < runs; ++r)
+      if (next[r] < end[r] && index[next[r]] == lowest) sum += to_float(values[next[r]++]);
+    dense[lowest] = from_float<T>(scale * sum);
+  }
 }
 
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {

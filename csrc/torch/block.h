@@ -32,16 +32,26 @@ at::Tensor block_pack(const at::Tensor& grad_in, const c10::optional<at::Tensor>
 }
 
 template <typename Device>
-at::Tensor block_unpack(const at::Tensor& values_in, int64_t numel, int64_t start, double scale) {
-  const typename Device::Guard guard(values_in.device());
+void block_unpack_into(const at::Tensor& values_in, int64_t start, double scale, const at::Tensor& out) {
+  const typename Device::Guard guard(out.device());
   const at::Tensor values = values_in.contiguous();
   TORCH_CHECK(values.dim() == 1, "block_unpack: values should be 1-D, got ", values.dim(), "-D");
-  check_block("block_unpack", numel, start, values.numel());
-  at::Tensor dense = at::empty({numel}, values.options());
+  TORCH_CHECK(out.scalar_type() == values.scalar_type(), "block_unpack: out should be ", values.scalar_type(),
+              " like values, got ", out.scalar_type());
+  TORCH_CHECK(out.is_contiguous(), "block_unpack: out should be contiguous");
+  TORCH_CHECK(out.device() == values.device(), "block_unpack: values and out should be on one device");
+  check_block("block_unpack", out.numel(), start, values.numel());
   SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "block_unpack", [&] {
-    Device::template block_unpack<scalar_t>(data_as<scalar_t>(values), data_as<scalar_t>(dense), numel, start,
+    Device::template block_unpack<scalar_t>(data_as<scalar_t>(values), data_as<scalar_t>(out), out.numel(), start,
                                             values.numel(), float(scale));
   });
+}
+
+template <typename Device>
+at::Tensor block_unpack(const at::Tensor& values, int64_t numel, int64_t start, double scale) {
+  TORCH_CHECK(numel >= 0, "block_unpack: numel should be >= 0, got ", numel);
+  at::Tensor dense = at::empty({numel}, values.options());
+  block_unpack_into<Device>(values, start, scale, dense);
   return dense;
 }
 
@@ -49,6 +59,7 @@ template <typename Device>
 void register_block_ops(torch::Library& m) {
   m.impl("block_pack", &block_pack<Device>);
   m.impl("block_unpack", &block_unpack<Device>);
+  m.impl("block_unpack_into", &block_unpack_into<Device>);
 }
 
 }  // namespace torch_binding

@@ -28,6 +28,8 @@ SC_TORCH_LIBRARY {
   m.def("block_pack(Tensor grad, Tensor(a!)? residual, int start, int length) -> Tensor");
   // Dense tensor of numel elements: scale * values in the block, zero elsewhere.
   m.def("block_unpack(Tensor values, int numel, int start, float scale) -> Tensor");
+  // The same into an existing buffer (the gradient itself): every element written, one pass.
+  m.def("block_unpack_into(Tensor values, int start, float scale, Tensor(a!) out) -> ()");
 
   // Selection with error feedback (csrc/kernels/feedback.h): acc = residual + (m * momentum + grad).
   // The magnitude threshold (0-d float32) such that about `ratio` of a strided sample of |acc|

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from . import cost, validate
 from .selection import selected_count
-
-INDEX_BYTES = 4  # indices travel as int32
+from .wire import INDEX_BYTES
 
 
 @dataclass(frozen=True)

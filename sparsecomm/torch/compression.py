@@ -58,7 +58,8 @@ class Compressor(Settings):
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), self._ranks(), k, state.residual)
+        out = tensor if tensor.is_contiguous() else None  # consumed by the pack: the result goes there
+        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), self._ranks(), k, state.residual, out)
         handed, ctx = EXCHANGES[route].start(payload, wire)
         if getattr(ctx.exchange, "advances", False):
             self._pending.append(ctx)
@@ -357,7 +358,9 @@ class DGC(_PerRank):
         momentum = state.momentum_for(tensor)
         ops.accumulate_candidates(self._clipped(tensor), None, float("inf"), momentum=momentum,
                                   momentum_factor=self.method.momentum)
-        return momentum.to(tensor.dtype, copy=True).view(tensor.shape)  # Horovod reduces in place: a copy
+        if not tensor.is_contiguous():
+            return momentum.to(tensor.dtype, copy=True).view(tensor.shape)
+        return tensor.view(-1).copy_(momentum).view(tensor.shape)  # Horovod reduces in place: into the gradient
 
     def pack(self, tensor, state, density):
         return _sampled(self, self._clipped(tensor), state, density, momentum=state.momentum_for(tensor),

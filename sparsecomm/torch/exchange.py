@@ -23,7 +23,8 @@ from typing import Optional
 import torch
 
 from . import ops
-from ..core.plan import INDEX_BYTES, SparDLLayout
+from ..core import wire as wire_format
+from ..core.plan import SparDLLayout
 
 
 def _hvd():
@@ -34,11 +35,6 @@ def _hvd():
 def to_wire(tensor):
     """Horovod 0.28.1 reduces no bfloat16 on CPU: summed bfloat16 values travel as float32 (exact)."""
     return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
-
-
-def as_bits(values):
-    """Gathered (not summed) bfloat16 values travel as their bits in a float16 tensor."""
-    return values.view(torch.float16) if values.dtype == torch.bfloat16 else values
 
 
 @dataclass
@@ -56,7 +52,8 @@ class Packed:
 @dataclass
 class Wire:
     """One tensor's exchange: its parameter, shape and dtype, the process set and its number of
-    ranks, the selected count k and the residual (SparDL adds what it drops there)."""
+    ranks, the selected count k, the residual (SparDL adds what it drops there) and `out`, the
+    buffer the dense result is written into (the gradient compress received: no allocation)."""
     name: str
     shape: torch.Size
     dtype: torch.dtype
@@ -64,6 +61,14 @@ class Wire:
     ranks: int
     k: int = 0
     residual: Optional[torch.Tensor] = None
+    out: Optional[torch.Tensor] = None
+
+    def output(self):
+        """The flat buffer for the result: `out`, or a new one where there is none."""
+        if self.out is not None:
+            return self.out.view(-1)
+        return torch.empty(self.shape.numel(), dtype=self.dtype, device=self.residual.device
+                           if self.residual is not None else None)
 
 
 @dataclass
@@ -110,60 +115,78 @@ class Shared:
         return values, Context(self, wire, values.numel(), values.numel() * values.element_size(), pending=packed)
 
     def finish(self, output, ctx):
-        packed, numel = ctx.pending, ctx.wire.shape.numel()
+        packed, numel, out = ctx.pending, ctx.wire.shape.numel(), ctx.wire.output()
         values = output.to(ctx.wire.dtype)
         if packed.start is not None:
-            return ops.block_unpack(values, numel, packed.start).view(ctx.wire.shape)
-        return ops.sparse_unpack(values, packed.index, numel).view(ctx.wire.shape)
+            return ops.block_unpack(values, numel, packed.start, out=out).view(ctx.wire.shape)
+        return ops.sparse_unpack(values, packed.index, numel, out=out).view(ctx.wire.shape)
 
 
 class Allgather:
-    """Every rank's values and int32 indices by allgather (1-/2-bit codes with their scales and
-    counts when quantized); each rank adds them all, in rank order."""
+    """Every rank's (index, value) rows, or its quantized segment (sparsecomm.core.wire), in ONE
+    allgather; each rank adds all contributions, in rank order, into the result."""
 
     def start(self, packed, wire):
-        hvd, ps = _hvd(), wire.process_set
-        gather = lambda t, part: hvd.allgather_async(t, name=f"sparsecomm.{wire.name}.{part}",  # noqa: E731
-                                                    process_set=ps)
-        if packed.bits is not None:
-            count = torch.tensor([packed.index.numel()], dtype=torch.int64)
-            parts = (("codes", packed.codes), ("scales", packed.scales), ("index", packed.index), ("count", count))
-            sent = packed.codes.numel() + (packed.scales.numel() + packed.index.numel()) * INDEX_BYTES + 8
-            handles = tuple(gather(t, part) for part, t in parts)
-            return _placeholder(packed.index.device), Context(self, wire, packed.index.numel(), sent,
-                                                              pending=(handles, packed))
-        values, index = packed.values, packed.index
-        handles = (gather(as_bits(values), "values"), gather(index, "index"))
-        sent = values.numel() * values.element_size() + index.numel() * index.element_size()
-        return _placeholder(values.device), Context(self, wire, values.numel(), sent, pending=(handles, packed))
+        buffer, sent_elements = (_segment(packed) if packed.bits is not None else _rows(packed.values, packed.index),
+                                 packed.index.numel())
+        handle = _hvd().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
+        pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)
+        return _placeholder(buffer.device), Context(self, wire, sent_elements, buffer.numel(), pending=pending)
 
     def finish(self, output, ctx):
-        handles, packed = ctx.pending
-        if packed.bits is not None:
-            values, index = self._decoded(handles, packed.bits, ctx)
+        handle, value_dtype, bits = ctx.pending
+        gathered = _hvd().synchronize(handle)
+        ctx.received_bytes = gathered.numel() - ctx.sent_bytes
+        if bits is not None:
+            values, index = _from_segments(gathered, bits, ctx.wire.ranks)
         else:
-            hvd = _hvd()
-            values = hvd.synchronize(handles[0]).view(packed.values.dtype)
-            index = hvd.synchronize(handles[1])
-            ctx.received_bytes = (values.numel() - ctx.sent_elements) * (values.element_size() + INDEX_BYTES)
-        values = values.to(ctx.wire.dtype)  # values may travel in 16 bits
-        return ops.sparse_unpack(values, index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks)
-                                 ).view(ctx.wire.shape)
+            values, index = _from_rows(gathered, value_dtype)
+        values = values.to(ctx.wire.dtype)  # values may travel in 16 bits (or quantized)
+        return ops.sparse_unpack(values, index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
+                                 out=ctx.wire.output()).view(ctx.wire.shape)
 
-    @staticmethod
-    def _decoded(handles, bits, ctx):
-        """Every rank's codes decoded with that rank's scales, in rank order, and the indices."""
-        hvd = _hvd()
-        codes, scales, index, counts = (hvd.synchronize(h) for h in handles)
-        ctx.received_bytes = codes.numel() + (scales.numel() + index.numel()) * 4 + counts.numel() * 8 - ctx.sent_bytes
-        per_scales = scales.numel() // len(counts)
-        values, byte = [], 0
-        for rank, count in enumerate(counts.tolist()):
-            size = (count * bits + 7) // 8
-            values.append(ops.dequantize(codes[byte:byte + size], scales[rank * per_scales:(rank + 1) * per_scales],
-                                         count, bits))
-            byte += size
-        return torch.cat(values), index
+
+def _bytes(tensor, columns):
+    return tensor.contiguous().view(torch.uint8).view(-1, columns)
+
+
+def _rows(values, index):
+    """(index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
+    return torch.cat([_bytes(index, wire_format.INDEX_BYTES), _bytes(values, values.element_size())], 1)
+
+
+def _from_rows(rows, value_dtype):
+    columns = wire_format.INDEX_BYTES
+    index = rows[:, :columns].reshape(-1).view(torch.int32)  # (a copy: the columns are strided)
+    return rows[:, columns:].reshape(-1).view(value_dtype), index
+
+
+def _segment(packed):
+    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D)."""
+    layout = wire_format.Segment(packed.index.numel(), packed.scales.numel(), packed.bits)
+    segment = torch.zeros(layout.size, dtype=torch.uint8, device=packed.index.device)
+    segment[:layout.scales].view(torch.int64)[0] = layout.count
+    segment[layout.scales:layout.index].view(torch.float32).copy_(packed.scales)
+    segment[layout.index:layout.codes].view(torch.int32).copy_(packed.index)
+    segment[layout.codes:layout.codes + packed.codes.numel()].copy_(packed.codes)
+    return segment
+
+
+def _from_segments(gathered, bits, ranks):
+    """Every rank's codes decoded with that rank's scales, in rank order, and the indices. The
+    segments' lengths differ: each count is read on the host (a small read per rank)."""
+    values, indices, start = [], [], 0
+    n_scales = wire_format.scale_count(bits)
+    for _ in range(ranks):
+        count = int(gathered[start:start + wire_format.COUNT_BYTES].view(torch.int64)[0])
+        layout = wire_format.Segment(count, n_scales, bits)
+        part = gathered[start:start + layout.size]
+        scales = part[layout.scales:layout.index].view(torch.float32)
+        codes = part[layout.codes:layout.codes + wire_format.code_bytes(count, bits)]
+        values.append(ops.dequantize(codes, scales, count, bits))
+        indices.append(part[layout.index:layout.codes].view(torch.int32))
+        start += layout.size
+    return torch.cat(values), torch.cat(indices)
 
 
 # --- SparDL (Zhao et al. 2023): sparse reduce-scatter + sparse all-gather -----------------
@@ -260,8 +283,11 @@ class SparDL:
         gathered = _hvd().synchronize(ctx.pending.gather_handle)
         ctx.received_bytes += (gathered.shape[0] - ctx.pending.own_share) * 8
         values, index = _unpair(gathered)
-        scale = _scale(output, ctx.wire.ranks)
-        return ops.sparse_unpack(values, index, ctx.wire.shape.numel(), scale).to(ctx.wire.dtype).view(ctx.wire.shape)
+        scale, numel = _scale(output, ctx.wire.ranks), ctx.wire.shape.numel()
+        if ctx.wire.dtype == torch.float32:  # summed and scaled straight into the result
+            return ops.sparse_unpack(values, index, numel, scale, out=ctx.wire.output()).view(ctx.wire.shape)
+        dense = ops.sparse_unpack(values, index, numel, scale)  # float32 sums, rounded once to the dtype
+        return ctx.wire.output().copy_(dense).view(ctx.wire.shape)
 
 
 EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}

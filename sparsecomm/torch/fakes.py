@@ -32,6 +32,11 @@ def _block_unpack(values, numel, start, scale):
     return values.new_empty(numel)
 
 
+@_fake("block_unpack_into")
+def _block_unpack_into(values, start, scale, out):
+    return None
+
+
 # --- select family (csrc/torch/select.h) ---
 
 @_fake("sample_threshold")

@@ -31,9 +31,15 @@ def block_pack(grad: torch.Tensor, residual: Optional[torch.Tensor], start: int,
     return _ops.block_pack(grad, residual, start, length)
 
 
-def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.0) -> torch.Tensor:
-    """Dense 1-D tensor of ``numel`` elements: ``scale * values`` in the block, zero elsewhere."""
-    return _ops.block_unpack(values, numel, start, scale)
+def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.0, *, out=None) -> torch.Tensor:
+    """Dense 1-D tensor of ``numel`` elements: ``scale * values`` in the block, zero elsewhere.
+    With `out` (contiguous, values' dtype), writes there in one pass and returns it."""
+    if out is None:
+        return _ops.block_unpack(values, numel, start, scale)
+    if out.numel() != numel:
+        raise ValueError(f"block_unpack: out should have numel {numel}, got {out.numel()}")
+    _ops.block_unpack_into(values, start, scale, out)
+    return out
 
 
 # --- Selection with error feedback (csrc/kernels/feedback.h, sample.h; csrc/cpu/select.cpp) ---
