@@ -343,14 +343,14 @@ class DGC(_PerRank):
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def _clipped(self, tensor):
-        """Local gradient clipping to clip_norm / sqrt(N), the factor computed on the device (no
-        host read): the gradient times limit / norm in float32, rounded once to its dtype."""
+        """Local gradient clipping to clip_norm / sqrt(N), in place (the gradient is consumed by
+        the pack), the factor computed on the device (no host read): the gradient times
+        limit / norm in float32, rounded once to its dtype; times 1 (unchanged) below the limit."""
         limit = self.method.clip_limit(self._ranks())
         if limit is None:
             return tensor
         norm = tensor.float().norm().double()
-        scale = (limit / norm).float()
-        return torch.where(norm > limit, (tensor.float() * scale).to(tensor.dtype), tensor)
+        return tensor.mul_(torch.where(norm > limit, limit / norm, 1.0).float())
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,

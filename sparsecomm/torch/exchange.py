@@ -232,6 +232,14 @@ class _SparDLState:
     gather_handle: object = None
 
 
+def _owned_scratch(wire, size):
+    """A float32 buffer for the owned block's sums: the front of the gradient buffer (consumed
+    by the pack, overwritten by finish) when it is float32; a new one otherwise."""
+    if wire.out is not None and wire.dtype == torch.float32:
+        return wire.out.view(-1)[:size]
+    return torch.empty(size, dtype=torch.float32, device=wire.residual.device if wire.residual is not None else None)
+
+
 class SparDL:
     """Phase 1 in compress (per-block reselection, alltoall to the owners), phase 2 in
     `advance` (reduce the owned block, all-gather), phase 3 in finish."""
@@ -268,7 +276,7 @@ class SparDL:
         parts[st.rank] = _pairs(*st.own)
         values, index = _unpair(torch.cat(parts))
         low, size = st.layout.owned(st.rank)
-        sums = ops.sparse_unpack(values, index - low, size)  # float32, added in rank order
+        sums = ops.sparse_unpack(values, index - low, size, out=_owned_scratch(ctx.wire, size))  # in rank order
         owned = torch.unique(index)
         reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
         reduced, owned = _keep_largest(reduced, owned, st.layout.per_rank, ctx.wire.residual)

@@ -1,0 +1,80 @@
+"""Worker (2 ranks under horovodrun): every tensor that compress and decompress allocate, per
+compressor configuration, after warm-up, recorded with a TorchDispatchMode (an op's output
+whose storage is none of its inputs' is new). Saves per config, for the timed steps: the
+largest new tensor of any one call in bytes and its op, the gradient's dense bytes, and whether every
+decompress returned the gradient buffer that compress received."""
+import argparse
+import json
+import os
+
+import horovod.torch as hvd
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+from common import EVERY
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+
+WARMUP, STEPS = 3, 10
+
+
+class Allocations(TorchDispatchMode):
+    """The size in bytes of every new storage an op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.sizes.append((str(func), t.untyped_storage().nbytes()))
+        return out
+
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+args = parser.parse_args()
+hvd.init()
+named = lambda m: dict(named_parameters=m.named_parameters(), **EVERY)  # noqa: E731
+CONFIGS = {
+    "RandomBlock": lambda m: RandomBlock(ratio=0.01, **named(m)),
+    "RandomK": lambda m: RandomK(ratio=0.01, **named(m)),
+    "TopK_allgather": lambda m: TopK(ratio=0.01, exchange="allgather", **named(m)),
+    "RTopK_allgather": lambda m: RTopK(ratio=0.01, exchange="allgather", **named(m)),
+    "Threshold_allgather": lambda m: Threshold(ratio=0.01, exchange="allgather", **named(m)),
+    "Threshold_fp16": lambda m: Threshold(ratio=0.01, quantize="fp16", exchange="allgather", **named(m)),
+    "Threshold_2bit": lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather", **named(m)),
+    "DGC_allgather_clipped": lambda m: DGC(ratio=0.01, clip_norm=1e-3, exchange="allgather", **named(m)),
+    "DGC_dense": lambda m: DGC(ratio=0.01, dense=["*"], **named(m)),  # momentum SGD, routed dense
+    "DGC_spardl": lambda m: DGC(ratio=0.01, exchange="spardl", **named(m)),
+    "TopK_spardl": lambda m: TopK(ratio=0.01, exchange="spardl", **named(m)),
+}
+results = {}
+for config, make in CONFIGS.items():
+    torch.manual_seed(hvd.rank())
+    model = torch.nn.Linear(512, 256, bias=False)  # one 131,072-element gradient
+    compression = make(model)
+    largest, largest_op, in_place = 0, None, True
+    for step in range(WARMUP + STEPS):
+        model.zero_grad()
+        model(torch.randn(16, 512)).square().mean().backward()
+        grad = model.weight.grad
+        mode = Allocations()
+        with mode:
+            tensor, ctx = compression.compress(grad)
+        output = hvd.allreduce_(tensor, name=f"{config}.{step}")  # in place, as the optimizer; not counted
+        with mode:
+            result = compression.decompress(output, ctx)
+        if step >= WARMUP:
+            for op, size in mode.sizes:
+                if size > largest:
+                    largest, largest_op = size, op
+            in_place &= result.data_ptr() == grad.data_ptr()
+    results[config] = {"largest_bytes": largest, "largest_op": largest_op, "dense_bytes": grad.numel() * grad.element_size(),
+                       "in_place": in_place}
+with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
+    json.dump(results, f)
