@@ -63,3 +63,34 @@ def test_bad_exchange_settings_are_named(framework):
         family.Threshold(quantize="1bit", exchange="spardl")
     assert "exchange='auto'" in family.TopK(ratio=0.1).settings()
     assert "network=Network(bandwidth=" in family.TopK(ratio=0.1, network=GBIT).settings()
+
+
+LOCAL = cost.LocalCost(per_call=1e-4, per_element=2e-9, per_pair=5e-9)
+
+
+def test_a_measured_local_cost_replaces_the_copy_estimate():
+    numel, k, ranks = 1_000_000, 1000, 4
+    got = cost.costs(numel, k, 4, 4, ranks, GBIT, LOCAL)
+    assert got["dense"] == cost.costs(numel, k, 4, 4, ranks, GBIT)["dense"]  # dense has no local work
+    gathered = 1e-4 + 2e-9 * numel + 5e-9 * 3 * k  # the other 3 ranks' k pairs are unpacked too
+    reduced = 1e-4 + 2e-9 * numel + 5e-9 * 2 * 3 * math.ceil(k / 4)
+    assert got["allgather"] == pytest.approx(gathered + 3 * 5e-5 + 3 * k * 8 / 1.25e8)
+    assert got["spardl"] == pytest.approx(reduced + 2 * 3 * 5e-5 + 2 * 3 * math.ceil(k / 4) * 8 / 1.25e8)
+
+
+def test_local_cost_is_fitted_from_two_sizes_and_the_unpack():
+    fitted = cost.LocalCost.fitted((1000, 3e-6), (11000, 23e-6), unpack=9e-6, memset=4e-6, pairs=1000)
+    assert fitted.per_element == pytest.approx(2e-9) and fitted.per_call == pytest.approx(1e-6)
+    assert fitted.per_pair == pytest.approx(5e-9)
+    noisy = cost.LocalCost.fitted((1000, 5e-6), (11000, 4e-6), unpack=3e-6, memset=4e-6, pairs=0)
+    assert noisy.per_element == 0 and noisy.per_pair == 0 and noisy.per_call == 5e-6  # never below zero
+
+
+@pytest.mark.parametrize("per_element,want", [
+    (1e-11, "allgather"),  # packing is nearly free: the 1,000 pairs beat 4 MB on 1 Gbit/s
+    (1e-8, "dense"),       # packing costs more than sending the tensor whole: dense, honestly
+])
+def test_auto_goes_dense_when_the_measured_sparse_path_costs_more(per_element, want):
+    local = cost.LocalCost(per_call=0.0, per_element=per_element, per_pair=0.0)
+    fast = Network(bandwidth=1.25e9, latency=5e-6)
+    assert cost.choose(1_000_000, 1000, 4, 4, 2, fast, local=local)[0] == want

@@ -48,8 +48,8 @@ float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const S
 
 namespace {
 
-// Blocks of 64 elements: the accumulate loop and the any-selected flag vectorize; the rare
-// blocks with a candidate are walked again to append it.
+// Blocks of 64 elements: the accumulate loop and the any-selected flag vectorize; the blocks
+// with a candidate are visited again, candidate by candidate.
 constexpr int64_t kBlock = 64;
 
 template <typename T, bool kResidual, bool kMomentum>
@@ -77,11 +77,14 @@ void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t
       any |= int(selected(a, threshold));
     }
     if (!any) continue;
-    for (int64_t j = 0; j < n; ++j) {
-      if (selected(acc[j], threshold)) {
-        acc_out.push_back(acc[j]);
-        index_out.push_back(int32_t(first + j));
-      }
+    // The block's candidates as bits (branch-free, from L1), then one step per candidate: no
+    // mispredicted branch per element when many blocks hold one (densities around 1%).
+    uint64_t mask = 0;
+    for (int64_t j = 0; j < n; ++j) mask |= uint64_t(selected(acc[j], threshold)) << j;
+    for (; mask; mask &= mask - 1) {
+      const int j = __builtin_ctzll(mask);
+      acc_out.push_back(acc[j]);
+      index_out.push_back(int32_t(first + j));
     }
   }
 }

@@ -41,14 +41,15 @@ class Settings:
                                        lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
 
     def _routing_ranks(self, measure):
-        """The number of ranks to route for. exchange="auto" on several ranks needs the network:
-        measured here (once, collectively) when `measure`; a predicate (measure=False) starts
+        """The number of ranks to route for. exchange="auto" on several ranks needs the network
+        and the local cost of the sparse path (`_measure_network`: a Network and a LocalCost or
+        None): measured here (once, collectively) when `measure`; a predicate (measure=False) starts
         nothing and routes as on one rank (the policy and the dense fallback only)."""
         ranks = self._ranks()
         if self.planner.needs_network(ranks):
             if not measure:
                 return 1
-            self.planner.network = self._measure_network()
+            self.planner.network, self.planner.local = self._measure_network()
         return ranks
 
     def density(self, step: int) -> float:

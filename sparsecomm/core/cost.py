@@ -10,11 +10,14 @@ elements on N ranks, each rank sending k elements:
              rank) + sparse all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
              2 (N-1) alpha + 2 (N-1) * ceil(k/N) * 8 * beta   (the gather waits for the alltoall)
 
-plus, for the sparse ones, the local work of packing and unpacking: about `PACK_COPIES`
-copies of the dense tensor at the machine's copy bandwidth. beta is seconds per byte
-received by one rank. Costs are seconds per step; the cheapest wins. Every rank must make
-the same choice, so the inputs (Network) are the same on every rank: given by the user, or
-measured once and averaged over the ranks.
+plus, for the sparse ones, the local work of packing and unpacking. Measured (LocalCost,
+what exchange="auto" uses when it measures the cluster itself): this compressor's own pack +
+unpack timed on this machine, as a fixed cost per call, a cost per element of the tensor and
+one per (index, value) pair unpacked (N k of them). Without a measurement (a Network given by
+the user): `PACK_COPIES` copies of the dense tensor at the Network's copy bandwidth.
+beta is seconds per byte received by one rank. Costs are seconds per step; the cheapest wins,
+dense included. Every rank must make the same choice, so the inputs are the same on every
+rank: given by the user, or measured once and averaged over the ranks.
 """
 import math
 import time
@@ -44,21 +47,49 @@ class Network:
                 raise ValueError(f"Network: {name} should be a finite number > 0 (latency >= 0), got {value!r}")
 
 
-def costs(numel, k, size, value_size, ranks, network):
-    """Predicted seconds per step of each exchange for one tensor (see the module docstring)."""
+@dataclass(frozen=True)
+class LocalCost:
+    """Measured seconds of one compressor's sparse path (pack + unpack of its own selection)
+    on this machine: per call, per element of the tensor, and per extra (index, value) pair
+    that arrives from another rank and is unpacked."""
+    per_call: float
+    per_element: float
+    per_pair: float
+
+    def seconds(self, numel, extra_pairs):
+        return self.per_call + self.per_element * numel + self.per_pair * extra_pairs
+
+    @classmethod
+    def fitted(cls, small, large, unpack, memset, pairs):
+        """From timings (numel, seconds) of the whole path at two sizes (a line through the two
+        points: per call and per element), and of the larger size's unpack of its `pairs`
+        against its write pass alone (memset): the scatter's cost per pair. Never below zero."""
+        (n1, t1), (n2, t2) = small, large
+        per_element = max(0.0, (t2 - t1) / (n2 - n1))
+        per_pair = max(0.0, (unpack - memset) / pairs) if pairs else 0.0
+        return cls(max(0.0, t1 - per_element * n1), per_element, per_pair)
+
+
+def costs(numel, k, size, value_size, ranks, network, local=None):
+    """Predicted seconds per step of each exchange for one tensor (see the module docstring);
+    `local` (LocalCost) replaces the copy-bandwidth estimate of the sparse path's own work."""
     n, beta, alpha = ranks, 1.0 / network.bandwidth, network.latency
-    local = PACK_COPIES * numel * size / network.copy_bandwidth
     per_rank = math.ceil(k / n)
+    if local is None:
+        local = PACK_COPIES * numel * size / network.copy_bandwidth
+        gathered = reduced = local
+    else:  # allgather unpacks the k pairs of each other rank; SparDL sums and unpacks 2 (N-1) blocks of per_rank
+        gathered, reduced = local.seconds(numel, (n - 1) * k), local.seconds(numel, 2 * (n - 1) * per_rank)
     return {
         "dense": 2 * (n - 1) * alpha + 2 * (n - 1) / n * numel * size * beta,
-        "allgather": local + (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
-        "spardl": local + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * 8 * beta,
+        "allgather": gathered + (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
+        "spardl": reduced + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * 8 * beta,
     }
 
 
-def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES):
+def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=None):
     """(the cheapest allowed exchange, every prediction). Ties go to the earlier of EXCHANGES."""
-    predicted = costs(numel, k, size, value_size, ranks, network)
+    predicted = costs(numel, k, size, value_size, ranks, network, local)
     return min((e for e in EXCHANGES if e in allowed), key=lambda e: predicted[e]), predicted
 
 
@@ -72,12 +103,17 @@ def received_bytes(exchange, numel, k, size, value_size, ranks):
     return 2 * (n - 1) * math.ceil(k / n) * 8
 
 
-def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds):
+def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds, per_op_seconds=None):
     """(latency, bandwidth, copy bandwidth) from the measurements of measure_network: a
-    1-element allreduce (2 (N-1) latency steps), one of big_bytes (its extra time is the
-    ring's 2 (N-1)/N * big_bytes) and a local copy of big_bytes. The front ends average these
-    over the ranks before building the Network, so every rank decides alike."""
-    latency = small_seconds / (2 * max(ranks - 1, 1))
+    1-element allreduce, one of big_bytes (its extra time is the ring's 2 (N-1)/N * big_bytes),
+    a local copy of big_bytes, and, where measured, the added time of one more tiny allgather
+    in a burst of them (per_op_seconds: N - 1 message steps). A lone collective's time is
+    mostly Horovod's cycle and negotiation, which the collectives of a step share: the burst's
+    marginal cost is the latency a tensor's exchange adds. Without it, the lone allreduce's
+    2 (N - 1) steps give the latency. The front ends average these over the ranks before
+    building the Network, so every rank decides alike."""
+    steps = max(ranks - 1, 1)
+    latency = small_seconds / (2 * steps) if per_op_seconds is None else per_op_seconds / steps
     bandwidth = (2 * (ranks - 1) / ranks * big_bytes) / max(big_seconds - small_seconds, 1e-9)
     return latency, bandwidth, big_bytes / max(copy_seconds, 1e-9)
 

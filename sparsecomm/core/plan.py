@@ -52,6 +52,7 @@ class Planner:
         if not self.shared:
             self.dense_fallback = validate.check_flag(owner, "dense_fallback", dense_fallback)
             self.exchange, self.network = validate.check_exchange(owner, exchange, network)
+        self.local = None  # cost.LocalCost of this compressor's sparse path, measured with the network
         self.choices = {}  # name -> {"exchange", "predicted_seconds"?}: what stats() shows
         self._cached = {}  # name -> ((k, ranks), route) of exchange="auto"
 
@@ -85,7 +86,7 @@ class Planner:
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks):
             choice, predicted = cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks,
-                                            self.network, self.method.exchanges())
+                                            self.network, self.method.exchanges(), self.local)
             cached = self._cached[name] = ((k, ranks), {"exchange": choice, "predicted_seconds": predicted})
         if record:
             self.choices[name] = cached[1]

@@ -131,8 +131,10 @@ class Compressor(Settings, tf.Module):
                                   self._routing_ranks(measure=True), record)
 
     def _measure_network(self):
-        with tf.init_scope():  # eagerly, even inside a trace
-            return exchange.measure_network(self._collective_set())
+        """The network, measured eagerly (even inside a trace). The sparse path's local cost is
+        not measured in TF (its pack runs inside the graph): the copy-bandwidth estimate."""
+        with tf.init_scope():
+            return exchange.measure_network(self._collective_set()), None
 
     def _wire(self, state, tensor, k=0):
         return Wire(state.variable_name, state.shape, tensor.dtype, self._collective_set(), self._ranks(), k)

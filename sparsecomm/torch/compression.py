@@ -15,7 +15,7 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
-from ..core import methods
+from ..core import cost, methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
 from . import exchange, ops
@@ -51,6 +51,7 @@ class Compressor(Settings):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
         state = self._state_for(tensor)
+        self._device = tensor.device  # where a measurement of the sparse path runs
         self._check_settings_once()
         density = self.method.density(state.step)
         route = self._route(state.name, tensor, density, measure=True)
@@ -107,7 +108,33 @@ class Compressor(Settings):
                                   self._routing_ranks(measure))
 
     def _measure_network(self):
-        return exchange.measure_network(self._process_set())
+        """The network, and this compressor's LocalCost (both averaged over the ranks)."""
+        network, timings = exchange.measure_network(self._process_set(), self._time_sparse_path())
+        small, large, unpack, memset, pairs = timings
+        return network, cost.LocalCost.fitted((CALIBRATION_SIZES[0], small), (CALIBRATION_SIZES[1], large), unpack,
+                                              memset, pairs)
+
+    def _time_sparse_path(self):
+        """This rank's seconds of pack + unpack (at the final density) on random gradients of
+        the two CALIBRATION_SIZES; at the larger, of the unpack alone and of its write pass
+        alone; and the pairs that unpack scattered: LocalCost.fitted's inputs."""
+        device = self._device
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        timings = []
+        for numel in CALIBRATION_SIZES:
+            grad, out = torch.randn(numel, device=device), torch.empty(numel, device=device)
+            state = ParameterState.fresh("sparsecomm.calibration")
+            unpacked = []
+
+            def path():
+                unpacked[:] = _unpacked_locally(self.pack(grad, state, self.method.ratio))
+                ops.sparse_unpack(*unpacked, numel, out=out)
+                sync()
+            path()  # allocates the state
+            timings.append(cost.median_seconds(path, 3))
+        timings.append(cost.median_seconds(lambda: (ops.sparse_unpack(*unpacked, numel, out=out), sync()), 3))
+        timings.append(cost.median_seconds(lambda: (out.zero_(), sync()), 3))
+        return timings + [unpacked[1].numel()]
 
     def _state_for(self, tensor: torch.Tensor) -> ParameterState:
         if self._binding is None:
@@ -157,6 +184,16 @@ class Compressor(Settings):
         per call / numel; 1 when dense) and, for the per-rank-coordinate methods, the exchange
         chosen and the cost model's predicted seconds of each."""
         return self._counters.stats(self.planner.choices)
+
+
+CALIBRATION_SIZES = (1 << 12, 1 << 20)  # elements: a small and a large gradient, to split per call from per element
+
+
+def _unpacked_locally(packed):
+    """The (values, index) a packed gradient unpacks from (quantized: decoded)."""
+    if packed.bits is None:
+        return packed.values, packed.index
+    return ops.dequantize(packed.codes, packed.scales, packed.index.numel(), packed.bits), packed.index
 
 
 def _pack_args(state):

@@ -301,10 +301,11 @@ class SparDL:
 EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
 
 
-def measure_network(process_set=None):
+def measure_network(process_set=None, local=()):
     """Measures this cluster for exchange="auto" (once): latency from 1-element allreduces,
-    bandwidth from 4 MB ones, copy bandwidth from a local copy; averaged over the ranks so
-    every rank makes the same choices."""
+    bandwidth from 4 MB ones, copy bandwidth from a local copy. These and this rank's `local`
+    timings are averaged over the ranks, so every rank makes the same choices. Returns
+    (Network, the averaged local timings)."""
     from ..core import cost
     hvd = _hvd()
     process_set = process_set or hvd.global_process_set
@@ -316,7 +317,14 @@ def measure_network(process_set=None):
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
     t_copy = cost.median_seconds(lambda: big.clone(), 3)
-    measured = cost.from_timings(ranks, t_small, t_big, big.numel() * 4, t_copy)
+
+    def burst(count):  # `count` tiny allgathers in flight at once, as a step's exchanges are
+        handles = [hvd.allgather_async(small, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set)
+                   for _ in range(count)]
+        for handle in handles:
+            hvd.synchronize(handle)
+    per_op = max(0.0, (cost.median_seconds(lambda: burst(16), 3) - cost.median_seconds(lambda: burst(1), 3)) / 15)
+    measured = list(cost.from_timings(ranks, t_small, t_big, big.numel() * 4, t_copy, per_op)) + list(local)
     mean = hvd.allreduce(torch.tensor(measured, dtype=torch.float64), name="sparsecomm.measure.mean",
-                         process_set=process_set)
-    return cost.Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))
+                         process_set=process_set).tolist()
+    return cost.Network(bandwidth=mean[1], latency=mean[0], copy_bandwidth=mean[2]), mean[3:]
