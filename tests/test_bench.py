@@ -12,7 +12,8 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x memcpy" in proc.stdout and "topk / op" in proc.stdout
     records = json.loads(out.read_text())["records"]
-    assert len(records) == 8
+    assert len(records) == 10  # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%)
+    assert [r["op"].split()[0] for r in records[-2:]] == ["TopK", "Threshold"]
     for r in records:
         assert {"op", "numel", "density", "dtype", "device", "median_ms", "memcpy_ms", "topk_ms"} <= set(r)
         assert r["numel"] == 20000 and r["dtype"] == "float32" and r["median_ms"] > 0

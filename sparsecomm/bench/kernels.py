@@ -1,6 +1,8 @@
 """Kernel benchmark: every sparsecomm kernel on realistic sizes, with the baselines measured
 in the same run (memcpy of the same float32 buffer and torch.topk(x.abs(), k)), so the
-ratios carry to other machines. Medians of repeated runs after a warm-up."""
+ratios carry to other machines; and the whole path of TopK, Threshold and DGC (at densities
+up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against the same memcpy.
+Medians of repeated runs after a warm-up."""
 import statistics
 import time
 
@@ -55,6 +57,32 @@ def cases(x, density):
     ]
 
 
+def _path_cases(x, density):
+    """(name, fn, setup) of a compressor's whole path on one rank, as hvd.DistributedOptimizer
+    runs it: compress -> Horovod allreduce (of what compress hands over) -> decompress. The
+    gradient buffer is refilled before each call (untimed): decompress writes its result there."""
+    import horovod.torch as hvd
+    from ..torch import DGC, Threshold, TopK
+    hvd.init()
+    param = torch.nn.Parameter(torch.empty_like(x))
+    grad = torch.empty_like(x)
+    makers = [("TopK", TopK), ("Threshold", Threshold)] + ([("DGC", DGC)] if density <= 0.001 else [])
+    cases = []
+    for name, make in makers:
+        compressor = make(ratio=density, exchange="allgather", named_parameters=[("w", param)], min_numel=0,
+                          dense_1d=False)
+
+        def path(compressor=compressor):
+            handed, ctx = compressor.compress(param.grad)
+            compressor.decompress(hvd.allreduce_(handed, name="bench.path"), ctx)
+
+        def refill():
+            param.grad = grad.copy_(x)
+            return ()
+        cases.append((f"{name} whole path (1 rank)", path, refill))
+    return cases
+
+
 def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print):
     device = torch.device(device)
     records = []
@@ -67,7 +95,7 @@ def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, rep
         for density in densities:
             k = max(1, int(density * numel + 0.5))
             topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
-            for name, fn, setup in cases(x, density):
+            for name, fn, setup in cases(x, density) + _path_cases(x, density):
                 ms = median_ms(fn, device, repeats, setup)
                 record = {"op": name, "numel": numel, "density": density, "dtype": str(dtype).replace("torch.", ""),
                           "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms}
@@ -87,6 +115,8 @@ def table(records):
     baselines = sorted({(r["numel"], r["density"], r["memcpy_ms"], r["topk_ms"]) for r in records})
     lines.append("")
     lines.append("baselines in the same run: memcpy = float32 copy of the same numel; topk = torch.topk(x.abs(), k)")
+    lines.append("whole path: compress -> Horovod allreduce of what it hands over -> decompress, one rank, as "
+                 "hvd.DistributedOptimizer runs it")
     for numel, density, memcpy_ms, topk_ms in baselines:
         lines.append(f"  numel {numel:>12,}  density {density:<6}  memcpy {memcpy_ms:8.3f} ms  topk {topk_ms:9.3f} ms")
     return "\n".join(lines)
