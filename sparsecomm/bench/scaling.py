@@ -1,0 +1,347 @@
+"""Scaling past this machine: the step time the alpha-beta model of sparsecomm.core.cost
+predicts for the e2e models at 2 to 1024 ranks, and how far that model is from the step
+times measured here.
+
+A predicted step is the floor (the same step with no gradient exchange) plus, for every
+tensor of the model, what cost.costs says its exchange takes. Nothing here restates the
+model's formulas: each rule (bytes, latency terms, local pack/unpack work) is cost.py's.
+
+Inputs, all from recorded results (nothing is measured here):
+  - the local work of the sparse path: a cost.LocalCost fitted to the kernel records
+    (local_cost_from_kernels says which rows it takes);
+  - the floor: the e2e "floor" row, or, in runs that have none, an estimate (floor_of);
+  - the network: one NIC per rank at 1, 10 or 100 Gbit/s and LATENCY per message step.
+"""
+import math
+import os
+import statistics
+
+from ..core import cost
+from ..core.plan import Policy, sparse_is_larger
+from ..core.selection import selected_count
+from .network import RATES as EMULATED_RATES
+
+RANKS = tuple(2 ** i for i in range(1, 11))  # 2, 4, ..., 1024
+RATES = {"1 Gbit/s": 1.25e8, "10 Gbit/s": 1.25e9, "100 Gbit/s": 1.25e10}  # bytes per second per rank
+# 50 us per message step: a TCP round trip inside one cluster plus the collective library's
+# own handling is tens of microseconds; kept the same at every rate (RDMA at 100 Gbit/s would
+# be lower, which only helps the latency-bound rows).
+LATENCY = 5e-5
+DENSITY = 0.001  # DGC 0.1%, the e2e rows this model is checked against
+ELEMENT_SIZE = VALUE_SIZE = 4  # float32 gradients, DGC sends float32 values
+CHECKED_METHODS = {"dense": "dense", "DGC 0.1% allgather": "allgather", "DGC 0.1% spardl": "spardl"}
+CHECKED_RANKS = (2, 4)
+
+# The parameters (name, shape) of sparsecomm.bench.e2e_worker.model_and_batch, written out so
+# this module needs neither torch nor Horovod (tests compare the counts with the records).
+MODELS = {
+    "comm": (("0.weight", (4096, 1024)), ("0.bias", (4096,)), ("2.weight", (4096, 4096)), ("2.bias", (4096,)),
+             ("4.weight", (1024, 4096)), ("4.bias", (1024,))),
+    "compute": (("0.weight", (32, 3, 3, 3)), ("0.bias", (32,)), ("2.weight", (64, 32, 3, 3)), ("2.bias", (64,)),
+                ("5.weight", (128, 64, 3, 3)), ("5.bias", (128,)), ("8.weight", (128, 128, 3, 3)),
+                ("8.bias", (128,)), ("12.weight", (10, 128)), ("12.bias", (10,))),
+}
+
+# Kernel rows a compressor's path is made of, where a run has no "whole path" rows.
+PACK_OPS = {"TopK": "pack_topk (exact top-k, EF)", "Threshold": "pack_sampled (estimate + pack + band)",
+            "DGC": "pack_sampled (estimate + pack + band)"}
+UNPACK_OP = "sparse_unpack (k values, into a buffer)"
+
+
+# -- the prediction ---------------------------------------------------------------------------
+
+def _tensors(model_shapes, density, policy):
+    """(numel, k, whether the compressor sends it dense) per tensor. model_shapes holds
+    (name, shape) pairs or bare shapes. Dense: the per-layer policy (1-D, under min_numel,
+    name patterns) or the dense fallback (k pairs no smaller than the tensor), as plan.py routes."""
+    for i, item in enumerate(model_shapes):
+        name, shape = item if isinstance(item[0], str) else (f"tensor{i}", item)
+        numel = math.prod(shape)
+        k = selected_count(density, numel)
+        yield numel, k, policy.sends_dense(name, numel, len(shape)) or sparse_is_larger(k, numel, ELEMENT_SIZE)
+
+
+def predict(model_shapes, ranks, network, local, floor_ms, density=DENSITY, policy=Policy()):
+    """Predicted ms per step of the whole model under each exchange ("dense", "allgather",
+    "spardl"): floor_ms + the sum over tensors of cost.costs. A tensor the compressor sends
+    dense costs the dense term under every exchange. local: cost.LocalCost or None (cost.costs'
+    copy estimate)."""
+    seconds = dict.fromkeys(cost.EXCHANGES, 0.0)
+    for numel, k, dense in _tensors(model_shapes, density, policy):
+        each = cost.costs(numel, k, ELEMENT_SIZE, VALUE_SIZE, ranks, network, local)
+        for exchange in seconds:
+            seconds[exchange] += each["dense" if dense else exchange]
+    return {exchange: floor_ms + 1000 * s for exchange, s in seconds.items()}
+
+
+def predicted_bytes(model_shapes, ranks, density=DENSITY, policy=Policy()):
+    """Bytes one rank receives per step under each exchange (cost.received_bytes, summed)."""
+    total = dict.fromkeys(cost.EXCHANGES, 0.0)
+    for numel, k, dense in _tensors(model_shapes, density, policy):
+        for exchange in total:
+            total[exchange] += cost.received_bytes("dense" if dense else exchange, numel, k, ELEMENT_SIZE,
+                                                   VALUE_SIZE, ranks)
+    return total
+
+
+# -- inputs from the records ------------------------------------------------------------------
+
+def path_timings(kernel_records, method="DGC", density=DENSITY):
+    """(LocalCost.fitted's inputs, a sentence saying where they come from), or (None, why).
+
+    The path at two sizes (the smallest and largest recorded): the "<method> whole path
+    (1 rank)" rows where the run has them (compress -> 1-rank Horovod allreduce -> decompress:
+    the per-call term then also holds Horovod's own per-tensor cost); otherwise the sum of the
+    method's pack row and the sparse_unpack row. The per-pair cost: the largest size's
+    sparse_unpack row against its memcpy (no memset is recorded; a copy reads as well as
+    writes, so it overstates the write pass and the per-pair cost comes out low, at worst 0)."""
+    def ms(op, numel):
+        return next((r["median_ms"] for r in kernel_records if r["op"] == op and r["numel"] == numel
+                     and math.isclose(r["density"], density)), None)
+
+    def sizes_with(*ops):
+        return sorted({r["numel"] for r in kernel_records if all(ms(op, r["numel"]) is not None for op in ops)})
+
+    whole, pack = f"{method} whole path (1 rank)", PACK_OPS.get(method)
+    if len(sizes_with(whole)) >= 2:
+        sizes, path, source = sizes_with(whole), (lambda n: ms(whole, n)), f"the '{whole}' kernel rows"
+    elif pack and len(sizes_with(pack, UNPACK_OP)) >= 2:
+        sizes, path = sizes_with(pack, UNPACK_OP), (lambda n: ms(pack, n) + ms(UNPACK_OP, n))
+        source = f"'{pack}' + '{UNPACK_OP}' kernel rows (this run has no whole-path rows)"
+    else:
+        return None, f"no {method} kernel rows at density {density} (cost.costs' copy estimate instead)"
+    small, large = sizes[0], sizes[-1]
+    unpack = ms(UNPACK_OP, large)
+    memcpy = next(r["memcpy_ms"] for r in kernel_records if r["numel"] == large)
+    pairs = selected_count(density, large) if unpack is not None else 0
+    timings = ((small, path(small) / 1000), (large, path(large) / 1000), (unpack or 0) / 1000, memcpy / 1000, pairs)
+    return timings, f"{source} at {small:,} and {large:,} elements, density {density}"
+
+
+def local_cost_from_kernels(kernel_records, method="DGC", density=DENSITY):
+    """The cost.LocalCost of `method`'s sparse path fitted (LocalCost.fitted) to the kernel
+    records, as path_timings describes; None where the records hold no such rows."""
+    timings, _ = path_timings(kernel_records, method, density)
+    return None if timings is None else cost.LocalCost.fitted(*timings)
+
+
+def network_model_of(record):
+    """Runs before the per-host network model existed all ran on the shared link."""
+    return record.get("network_model", "shared")
+
+
+def floor_of(e2e_records, model, ranks, network=None, network_model=None):
+    """(floor ms, "measured" or "estimated"), or (None, "none").
+
+    Measured: the median of the "floor" rows of (model, ranks[, network][, network model]).
+    Estimated, in runs without floor rows: the fastest row of (model, ranks[, network model])
+    on any network. Every row pays the floor, so up to noise this is an upper bound of it:
+    predictions built on it come out high by that row's own exchange cost."""
+    cell = [r for r in e2e_records if r["model"] == model and r["ranks"] == ranks
+            and network_model in (None, network_model_of(r))]
+    floors = [r["step_ms"] for r in cell if r["method"] == "floor" and network in (None, r["network"])]
+    if floors:
+        return statistics.median(floors), "measured"
+    if cell:
+        return min(r["step_ms"] for r in cell), "estimated"
+    return None, "none"
+
+
+def emulated_network(rate_name, ranks, network_model, latency=LATENCY):
+    """The cost.Network of an emulated e2e network. On the shared link (one shaped loopback)
+    all ranks send at once through one link of that rate: each gets 1/ranks of it. Per host,
+    each rank has its own NIC of that rate."""
+    rate = EMULATED_RATES[rate_name]
+    return cost.Network(bandwidth=rate / ranks if network_model == "shared" else rate, latency=latency)
+
+
+# -- the projection ---------------------------------------------------------------------------
+
+def table(kernel_records, e2e_records=(), models=("comm", "compute"), rank_counts=RANKS, rates=RATES,
+          latency=LATENCY, density=DENSITY):
+    """One row per (model, rate, ranks): the predicted ms of "dense", "allgather" and "spardl"
+    (DGC's local cost from the kernel records), with the floor used and where it came from.
+    The floor is the 2-rank one at every rank count: a fixed batch per rank (weak scaling),
+    and 2 ranks on this 2-core machine is the closest it has to one host per rank."""
+    local = local_cost_from_kernels(kernel_records, "DGC", density)
+    rows = []
+    for model in models:
+        floor, source = floor_of(e2e_records, model, 2)
+        if floor is None:  # no e2e rows at all: the exchange alone
+            floor = 0.0
+        for rate_name, rate in rates.items():
+            network = cost.Network(bandwidth=rate, latency=latency)
+            for ranks in rank_counts:
+                predicted = predict(MODELS[model], ranks, network, local, floor, density)
+                rows.append({"model": model, "network": rate_name, "ranks": ranks, "floor_ms": floor,
+                             "floor": source, **predicted})
+    return rows
+
+
+def figure(path, rows):
+    """Predicted ms/step vs ranks (log-log), one panel per model: a colour per exchange, a line
+    style per network rate."""
+    from .report import _plt
+    plt = _plt()
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    rates = list(dict.fromkeys(r["network"] for r in rows))
+    styles = ("-", "--", ":", "-.")
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        for exchange, colour in zip(cost.EXCHANGES, ("black", "tab:orange", "tab:blue")):
+            for rate, style in zip(rates, styles):
+                line = [r for r in rows if (r["model"], r["network"]) == (model, rate)]
+                ax.plot([r["ranks"] for r in line], [r[exchange] for r in line], style, color=colour,
+                        label=f"{'SparDL' if exchange == 'spardl' else exchange}, {rate}")
+        ax.axhline(next(r["floor_ms"] for r in rows if r["model"] == model), color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("ranks (one NIC each)")
+        ax.set_ylabel("predicted ms/step")
+        ax.set_title(f"{model} model: floor (grey) + alpha-beta exchange, DGC 0.1%")
+        ax.legend(fontsize=7, ncol=3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# -- the model against the measurements -------------------------------------------------------
+
+def check(e2e_records, kernel_records, latency=LATENCY, density=DENSITY):
+    """The model against the measured 2- and 4-rank e2e rows on the shaped networks: dense,
+    "DGC 0.1% allgather" and "DGC 0.1% spardl". Returns {"rows": [...], "summary": {...}};
+    each row holds the measured and predicted ms and error = predicted / measured - 1."""
+    local = local_cost_from_kernels(kernel_records, "DGC", density)
+    rows = []
+    for r in e2e_records:
+        exchange = CHECKED_METHODS.get(r["method"])
+        if exchange is None or r["ranks"] not in CHECKED_RANKS or r["network"] not in EMULATED_RATES \
+                or r["model"] not in MODELS:
+            continue
+        network_model = network_model_of(r)
+        floor, source = floor_of(e2e_records, r["model"], r["ranks"], r["network"], network_model)
+        network = emulated_network(r["network"], r["ranks"], network_model, latency)
+        predicted = predict(MODELS[r["model"]], r["ranks"], network, local, floor, density)[exchange]
+        rows.append({"model": r["model"], "ranks": r["ranks"], "network": r["network"],
+                     "network_model": network_model, "method": r["method"], "exchange": exchange,
+                     "floor_ms": floor, "floor": source, "measured_ms": r["step_ms"], "predicted_ms": predicted,
+                     "error": predicted / r["step_ms"] - 1})
+    return {"rows": rows, "summary": summarize(rows)}
+
+
+def summarize(rows):
+    """Median and max |error| over the rows, how many the model predicts below measurement,
+    and the same per model."""
+    def of(subset):
+        errors = [abs(r["error"]) for r in subset]
+        return {"count": len(subset), "median_abs_error": statistics.median(errors) if errors else None,
+                "max_abs_error": max(errors) if errors else None,
+                "below": sum(r["error"] < 0 for r in subset)}
+    summary = of(rows)
+    summary["by_model"] = {m: of([r for r in rows if r["model"] == m]) for m in dict.fromkeys(r["model"] for r in rows)}
+    summary["floors"] = sorted({r["floor"] for r in rows})
+    return summary
+
+
+# -- docs/results.md --------------------------------------------------------------------------
+
+def _md(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
+
+
+def projection_markdown(rows, model):
+    """One model's predicted ms/step: a row per rank count, dense / allgather / SparDL per rate."""
+    rates = list(dict.fromkeys(r["network"] for r in rows if r["model"] == model))
+    header = ["ranks"] + [f"{rate} {name}" for rate in rates for name in ("dense", "allgather", "SparDL")]
+    body = []
+    for ranks in dict.fromkeys(r["ranks"] for r in rows if r["model"] == model):
+        cells = {r["network"]: r for r in rows if (r["model"], r["ranks"]) == (model, ranks)}
+        body.append([ranks] + [f"{cells[rate][e]:,.0f}" for rate in rates for e in cost.EXCHANGES])
+    return _md(header, body)
+
+
+def check_markdown(checked):
+    body = [(r["model"], r["ranks"], r["network"], r["network_model"], r["method"],
+             f"{r['floor_ms']:.0f} ({r['floor']})", f"{r['measured_ms']:.0f}", f"{r['predicted_ms']:.0f}",
+             f"{100 * r['error']:+.0f}%") for r in checked["rows"]]
+    return _md(("model", "ranks", "network", "link", "method", "floor ms", "measured ms", "predicted ms", "error"),
+               body)
+
+
+def _error_sentence(summary):
+    if not summary["count"]:
+        return "No measured row to check the model against in this run (it needs 2- or 4-rank rows on 1gbit/10gbit)."
+    parts = [f"{m} model {100 * s['median_abs_error']:.0f}% (max {100 * s['max_abs_error']:.0f}%)"
+             for m, s in summary["by_model"].items()]
+    floors = " and ".join(summary["floors"])
+    return (f"Over {summary['count']} measured rows the prediction is off by a median of "
+            f"{100 * summary['median_abs_error']:.0f}% and at most {100 * summary['max_abs_error']:.0f}% "
+            f"({'; '.join(parts)}); it is below the measurement in {summary['below']} of them. "
+            f"Floors: {floors}.")
+
+
+def assumptions(latency=LATENCY, top=RANKS[-1]):
+    """The assumptions list of the section, with the latency and the largest rank count used."""
+    us, per_tensor = latency * 1e6, 2 * (top - 1) * latency
+    counts = ", ".join(f"{len(shapes)} in the {model} model" for model, shapes in MODELS.items())
+    return f"""What the model leaves out (each one makes a real step slower or faster than predicted):
+
+- **One host per rank.** The projection gives every rank its own NIC of that rate and its own
+  cores. Here, the ranks share 2 cores (CPU contention: 4 ranks oversubscribe them) and, on the
+  shared link, one link: the check divides the rate by the ranks, the projection does not.
+- **No tensor fusion, no overlap.** Each tensor is its own collective, paying its own latency
+  terms: Horovod fuses small tensors (the biases) into one buffer and overlaps the exchange
+  with the backward pass; neither is modelled. Horovod's cycle time and negotiation are not
+  either (the whole-path kernel rows, where present, carry its 1-rank share).
+- **Ring collectives, constant latency.** Dense is a ring allreduce (2 (N-1) message steps),
+  so its latency terms, and SparDL's, grow linearly with N: at {top} ranks 2 x {top - 1} steps of
+  {us:.0f} us are {per_tensor:.2f} s, paid by every tensor ({counts}). That is what bends
+  every curve up at hundreds of ranks; fusion and tree or hierarchical allreduces (NCCL, MPI)
+  would pay far less there. Latency is {us:.0f} us per step at every rate.
+- **Fixed density, worst-case bytes.** DGC at 0.1% from the first step (no warm-up), float32
+  values, SparDL sending its full ceil(k/N) pairs to each rank; the local pack/unpack cost is
+  this machine's CPU kernels, the same on every rank, with no stragglers.
+- **Fixed floor.** The 2-rank floor at every rank count: a fixed batch per rank."""
+
+
+def section(results, out_dir, link_dir="results"):
+    """The markdown of "## Scaling past this machine" for docs/results.md, from a results
+    dict (keys "kernels", "e2e"); writes its figure to out_dir/scaling.png, linked as
+    link_dir/scaling.png (the figures' folder relative to the page)."""
+    kernels, e2e = results.get("kernels", []), results.get("e2e", [])
+    rows = table(kernels, e2e)
+    figure(os.path.join(out_dir, "scaling.png"), rows)
+    checked = check(e2e, kernels)
+    _, local_source = path_timings(kernels, "DGC")
+    floors = {m: next(r for r in rows if r["model"] == m) for m in MODELS}
+    floor_text = "; ".join(f"{m} {r['floor_ms']:.0f} ms ({r['floor'] if r['floor'] != 'none' else 'no e2e rows'})"
+                           for m, r in floors.items())
+    tables = "\n\n".join(f"{m} model, predicted ms/step:\n\n{projection_markdown(rows, m)}" for m in MODELS)
+    return f"""## Scaling past this machine
+
+What the exchange cost model of exchange="auto" (`sparsecomm/core/cost.py`, alpha-beta) predicts
+for the two e2e models at 2 to 1024 ranks, each rank with its own NIC of 1, 10 or 100 Gbit/s
+(1.25e8, 1.25e9, 1.25e10 bytes/s) and {LATENCY * 1e6:.0f} us per message step (a TCP round trip
+in one cluster plus the library's handling). Predicted step = floor + the sum over the model's
+tensors of the exchange's cost; tensors the per-layer policy sends dense (1-D, under 1,024
+elements) cost the dense allreduce under every method. DGC at 0.1%; its local pack/unpack cost
+from {local_source}. Floor (the step with no exchange, 2 ranks): {floor_text}.
+`sparsecomm.bench.scaling` computes all of it from the records; nothing is measured for it.
+
+{tables}
+
+![scaling]({link_dir}/scaling.png)
+
+### The model against this machine
+
+The same prediction for the measured 2- and 4-rank rows (networks emulated here: on the shared
+link each rank gets 1/N of the rate), with the floor of the same model, ranks and network where
+the run measured one. Error = predicted / measured - 1.
+
+{_error_sentence(checked['summary'])}
+
+{check_markdown(checked)}
+
+{assumptions()}
+"""

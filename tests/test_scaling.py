@@ -1,0 +1,124 @@
+"""sparsecomm.bench.scaling: the projection past this machine is the floor plus core/cost.py's
+model summed over the tensors, and the check against measured rows computes its error right.
+Pure arithmetic on hand-made and recorded numbers: nothing is timed."""
+import json
+import math
+import os
+
+import pytest
+
+from sparsecomm.bench import scaling
+from sparsecomm.core import cost
+from sparsecomm.core.selection import selected_count
+
+RESULTS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "results", "results.json")
+NET = cost.Network(bandwidth=1e8, latency=1e-4)
+LOCAL = cost.LocalCost(per_call=2e-4, per_element=1e-9, per_pair=1e-8)
+
+
+def test_prediction_is_the_floor_plus_each_tensors_cost():
+    # "w" goes sparse; "b" is 1-D and "v" has fewer than 1,024 elements: both go dense
+    model = [("w", (64, 32)), ("b", (64,)), ("v", (8, 4))]
+    ranks, density, floor = 4, 0.01, 37.0
+    k = selected_count(density, 2048)
+    w = cost.costs(2048, k, 4, 4, ranks, NET, LOCAL)
+    b = cost.costs(64, selected_count(density, 64), 4, 4, ranks, NET, LOCAL)["dense"]
+    v = cost.costs(32, selected_count(density, 32), 4, 4, ranks, NET, LOCAL)["dense"]
+    got = scaling.predict(model, ranks, NET, LOCAL, floor, density)
+    for exchange in ("dense", "allgather", "spardl"):
+        assert got[exchange] == pytest.approx(floor + 1000 * (w[exchange] + b + v), rel=1e-12)
+    assert got["allgather"] != got["dense"] != got["spardl"]  # the sparse tensor did take each exchange
+
+
+def test_bare_shapes_are_routed_like_named_ones():
+    named = scaling.predict([("a", (64, 32)), ("b", (64,))], 8, NET, LOCAL, 0.0)
+    assert scaling.predict([(64, 32), (64,)], 8, NET, LOCAL, 0.0) == named
+
+
+def test_dense_grows_as_the_ring_says_while_spardl_bytes_stay_order_k():
+    shapes = scaling.MODELS["comm"]
+    numel = sum(math.prod(shape) for _, shape in shapes)
+    sparse = [math.prod(shape) for _, shape in shapes if len(shape) > 1]
+    k = sum(selected_count(scaling.DENSITY, n) for n in sparse)
+    dense_numel = numel - sum(sparse)  # the biases, dense under every exchange
+    bandwidth_only = cost.Network(bandwidth=1.25e9, latency=0.0)
+    for ranks in scaling.RANKS:
+        ring = 2 * (ranks - 1) / ranks
+        got = scaling.predicted_bytes(shapes, ranks)
+        assert got["dense"] == pytest.approx(ring * numel * 4)
+        assert got["allgather"] == pytest.approx((ranks - 1) * k * 8 + ring * dense_numel * 4)
+        # SparDL: 2 (N-1) ceil(k/N) pairs of 8 bytes per tensor, under 16 (k + N) per tensor
+        assert got["spardl"] - ring * dense_numel * 4 <= 16 * (k + ranks * len(sparse))
+        step = scaling.predict(shapes, ranks, bandwidth_only, cost.LocalCost(0, 0, 0), 0.0)
+        assert step["dense"] == pytest.approx(1000 * ring * numel * 4 / 1.25e9)
+    def sparse_bytes(exchange, ranks):
+        return scaling.predicted_bytes(shapes, ranks)[exchange] - 2 * (ranks - 1) / ranks * dense_numel * 4
+    # from 2 to 1024 ranks: allgather's pairs grow with N, SparDL's at most triple (8k -> about 16k)
+    assert sparse_bytes("allgather", 1024) > 1000 * sparse_bytes("allgather", 2)
+    assert sparse_bytes("spardl", 1024) < 3 * sparse_bytes("spardl", 2)
+
+
+def _row(method, step_ms, ranks=2, network="1gbit", network_model=None, model="comm"):
+    row = {"model": model, "method": method, "ranks": ranks, "network": network, "step_ms": step_ms}
+    if network_model:
+        row["network_model"] = network_model
+    return row
+
+
+def test_check_computes_the_error_against_hand_made_records():
+    # comm model on 2 ranks, every tensor dense: 6 tensors x 2 (N-1) steps, and the ring's
+    # 2 (N-1)/N = 1 of the 100,700,160-byte gradient. Shared link: each rank gets half of 1 Gbit/s.
+    shared_ms = 100 + 1000 * (6 * 2 * 5e-5 + 100_700_160 / (1.25e8 / 2))
+    per_host_ms = 50 + 1000 * (6 * 2 * 5e-5 + 100_700_160 / 1.25e8)
+    records = [_row("floor", 100), _row("dense", shared_ms / 0.8),
+               _row("floor", 50, network_model="per-host"), _row("dense", per_host_ms / 2, network_model="per-host"),
+               _row("dense", 1.0, network="unshaped"), _row("dense", 1.0, ranks=8), _row("TopK 1%", 1.0)]
+    checked = scaling.check(records, [])
+    assert [(r["network_model"], r["floor"]) for r in checked["rows"]] == [("shared", "measured"),
+                                                                           ("per-host", "measured")]
+    assert [r["predicted_ms"] for r in checked["rows"]] == pytest.approx([shared_ms, per_host_ms])
+    assert [r["error"] for r in checked["rows"]] == pytest.approx([-0.2, 1.0])
+    summary = checked["summary"]
+    assert (summary["count"], summary["below"]) == (2, 1)
+    assert summary["median_abs_error"] == pytest.approx(0.6) and summary["max_abs_error"] == pytest.approx(1.0)
+
+
+def test_without_a_floor_row_the_floor_is_the_fastest_row_and_says_so():
+    records = [_row("dense", 900), _row("DGC 0.1% spardl", 300), _row("RandomBlock 1%", 250, network="unshaped")]
+    assert scaling.floor_of(records, "comm", 2) == (250, "estimated")
+    assert {r["floor"] for r in scaling.check(records, [])["rows"]} == {"estimated"}
+    assert scaling.floor_of(records, "compute", 2) == (None, "none")
+
+
+def _kernel(op, numel, ms, memcpy_ms=1.0, density=0.001):
+    return {"op": op, "numel": numel, "density": density, "median_ms": ms, "memcpy_ms": memcpy_ms}
+
+
+def test_local_cost_from_the_whole_path_rows_then_from_pack_and_unpack():
+    # whole path: 2 ms at 1M, 4 ms at 3M -> 1 ns per element, 1 ms per call; the unpack of
+    # 3,000 pairs at 3M takes 0.03 ms more than its memcpy -> 10 ns per pair
+    rows = [_kernel("DGC whole path (1 rank)", 1_000_000, 2.0), _kernel("DGC whole path (1 rank)", 3_000_000, 4.0),
+            _kernel(scaling.UNPACK_OP, 3_000_000, 1.03), _kernel(scaling.UNPACK_OP, 1_000_000, 0.5),
+            _kernel(scaling.PACK_OPS["DGC"], 1_000_000, 1.0), _kernel(scaling.PACK_OPS["DGC"], 3_000_000, 1.0)]
+    local = scaling.local_cost_from_kernels(rows)
+    assert (local.per_call, local.per_element, local.per_pair) == pytest.approx((1e-3, 1e-9, 1e-8))
+    fallback = scaling.local_cost_from_kernels(rows[2:])  # pack + unpack: 1.5 ms at 1M, 2.03 ms at 3M
+    assert fallback.per_element == pytest.approx(0.53e-3 / 2e6)
+    assert "no whole-path rows" in scaling.path_timings(rows[2:])[1]
+    assert scaling.local_cost_from_kernels(rows, density=0.01) is None
+
+
+def test_section_on_the_recorded_results_writes_the_figure(tmp_path):
+    with open(RESULTS) as f:
+        results = json.load(f)
+    for model, shapes in scaling.MODELS.items():  # the written-out shapes are the benchmarked models
+        recorded = {r["parameters"] for r in results["e2e"] if r["model"] == model}
+        assert recorded == {sum(math.prod(shape) for _, shape in shapes)}
+    text = scaling.section(results, str(tmp_path))
+    assert text.startswith("## Scaling past this machine")
+    assert "![scaling](results/scaling.png)" in text and "median of" in text
+    assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
+    checked = scaling.check(results["e2e"], results["kernels"])
+    assert len(checked["rows"]) == 2 * 2 * 2 * 3  # models x ranks x networks x methods
+    assert all(row[e] > row["floor_ms"] for row in scaling.table(results["kernels"], results["e2e"])
+               for e in ("dense", "allgather", "spardl"))
