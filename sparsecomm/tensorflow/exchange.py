@@ -24,10 +24,11 @@ from typing import Optional
 import tensorflow as tf
 
 from . import ops
-from ..core.plan import INDEX_BYTES, SparDLLayout
+from ..core import wire as wire_format
+from ..core.plan import SparDLLayout
 
 # Horovod 0.28.1's TF collectives have no bfloat16. Summed bfloat16 values travel as float32
-# (exact); gathered ones as their bits in a float16 tensor (no arithmetic: same bytes).
+# (exact); gathered ones as their 2 bytes in the uint8 buffer of sparsecomm.core.wire.
 _WIRE = {tf.bfloat16: tf.float32}
 
 
@@ -154,43 +155,66 @@ class Shared:
 
 
 class Allgather:
-    """Every rank's values and int32 indices (or 1-/2-bit codes, scales and counts), summed by
-    each rank in rank order."""
+    """Every rank's (index, value) rows, or its quantized segment (sparsecomm.core.wire), in ONE
+    allgather; each rank adds all contributions, in rank order, in float32."""
 
     def run(self, packed, wire):
-        if packed.bits is not None:
-            return self._quantized(packed, wire)
-        hvd, values = _hvd(), packed.values
-        bits16 = values.dtype == tf.bfloat16
-        sent_values = tf.bitcast(values, tf.float16) if bits16 else values
-        gathered = hvd.allgather(sent_values, name=collective_name(wire.name, "values"),
-                                 process_set=wire.process_set)
-        index = hvd.allgather(packed.index, name=collective_name(wire.name, "index"), process_set=wire.process_set)
-        gathered = tf.bitcast(gathered, tf.bfloat16) if bits16 else gathered
-        count = _i64(tf.size(packed.index))
-        size = values.dtype.size + INDEX_BYTES
-        received = _i64(tf.size(index) - tf.size(values)) * size
-        gathered = tf.cast(tf.cast(gathered, wire.dtype), tf.float32)  # values may travel in 16 bits
-        return Outcome(ops.sparse_unpack(gathered, index, wire.numel), packed.residual, count, count * size, received)
+        quantized = packed.bits is not None
+        buffer = _segment(packed) if quantized else _rows(packed.values, packed.index)
+        gathered = _hvd().allgather(buffer, name=collective_name(wire.name, "gather"), process_set=wire.process_set)
+        if quantized:
+            values, index = _from_segments(gathered, packed.bits, wire.ranks)
+        else:
+            values, index = _from_rows(gathered, packed.values.dtype)
+        values = tf.cast(tf.cast(values, wire.dtype), tf.float32)  # values may travel in 16 bits (or quantized)
+        sent = tf.size(buffer, out_type=tf.int64)
+        return Outcome(ops.sparse_unpack(values, index, wire.numel), packed.residual,
+                       tf.size(packed.index, out_type=tf.int64), sent, tf.size(gathered, out_type=tf.int64) - sent)
 
-    @staticmethod
-    def _quantized(packed, wire):
-        hvd = _hvd()
-        gather = lambda t, part: hvd.allgather(t, name=collective_name(wire.name, part),  # noqa: E731
-                                              process_set=wire.process_set)
-        count = _i64(tf.size(packed.index))
-        codes, scales, index, counts = (gather(packed.codes, "codes"), gather(packed.scales, "scales"),
-                                        gather(packed.index, "index"), gather(tf.reshape(count, [1]), "count"))
-        ranks = wire.ranks
-        per_rank = scales.shape[0] // ranks if scales.shape[0] is not None else tf.size(scales) // ranks
-        sizes = (counts * packed.bits + 7) // 8
-        ends = tf.cumsum(sizes)
-        values = [ops.dequantize(codes[ends[r] - sizes[r]:ends[r]], scales[r * per_rank:(r + 1) * per_rank],
-                                 counts[r], packed.bits) for r in range(ranks)]
-        decoded = tf.cast(tf.cast(tf.concat(values, 0), wire.dtype), tf.float32)
-        sent = _i64(tf.size(packed.codes)) + INDEX_BYTES * (_i64(tf.size(packed.scales)) + count) + 8
-        return Outcome(ops.sparse_unpack(decoded, index, wire.numel), packed.residual, count, sent,
-                       (ranks - 1) * sent)
+
+def _bytes(tensor, shape):
+    """A tensor's bytes as in memory (tf.bitcast), as uint8 of the given shape."""
+    return tf.reshape(tf.bitcast(tensor, tf.uint8), shape)
+
+
+def _view(data, dtype):
+    """uint8 bytes as dtype (tf.bitcast): [..., n * size] -> [n]."""
+    return tf.bitcast(tf.reshape(data, [-1, dtype.size]), dtype)
+
+
+def _rows(values, index):
+    """(index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
+    return tf.concat([_bytes(index, [-1, wire_format.INDEX_BYTES]), _bytes(values, [-1, values.dtype.size])], 1)
+
+
+def _from_rows(rows, value_dtype):
+    columns = wire_format.INDEX_BYTES
+    return _view(rows[:, columns:], value_dtype), _view(rows[:, :columns], tf.int32)
+
+
+def _segment(packed):
+    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D)."""
+    count = tf.size(packed.index, out_type=tf.int64)
+    layout = wire_format.Segment(count, wire_format.scale_count(packed.bits), packed.bits)
+    body = tf.concat([_bytes(count, [-1]), _bytes(packed.scales, [-1]), _bytes(packed.index, [-1]), packed.codes], 0)
+    return tf.concat([body, tf.zeros([layout.size - tf.size(body, out_type=tf.int64)], tf.uint8)], 0)
+
+
+def _from_segments(gathered, bits, ranks):
+    """Every rank's codes decoded with that rank's scales, in rank order, and the indices. The
+    segments' lengths differ: each count is read in the graph, from its segment's header."""
+    values, indices, start = [], [], 0
+    n_scales = wire_format.scale_count(bits)
+    for _ in range(ranks):
+        count = _view(gathered[start:start + wire_format.COUNT_BYTES], tf.int64)[0]
+        layout = wire_format.Segment(count, n_scales, bits)
+        part = gathered[start:start + layout.size]
+        scales = _view(part[layout.scales:layout.index], tf.float32)
+        codes = part[layout.codes:layout.codes + wire_format.code_bytes(count, bits)]
+        values.append(ops.dequantize(codes, scales, count, bits))
+        indices.append(_view(part[layout.index:layout.codes], tf.int32))
+        start += layout.size
+    return tf.concat(values, 0), tf.concat(indices, 0)
 
 
 # --- SparDL: the torch exchange's twin (sparsecomm/torch/exchange.py explains it) ---------
