@@ -70,15 +70,14 @@ def _md_table(header, rows):
 
 
 NETWORK_MODELS = {
-    "per-host": "**Per-host NICs.** Each rank runs in a network namespace of its own, joined to a "
-                "bridge by a veth pair whose two ends are shaped with `tc ... tbf` (the rank's end: what "
-                "it sends; the bridge's end: what it receives): every rank has its own full-duplex link of "
-                "that rate, like hosts with one NIC each on a non-blocking switch. The ranks are started "
-                "one per namespace with the Gloo environment `horovodrun` gives them. Unshaped: the same "
-                "veths and bridge without tbf.",
-    "shared": "**One shared link.** The ranks of one `horovodrun --gloo` run inside one network namespace "
-              "whose loopback is shaped with `tc ... tbf`: they share ONE link of that rate (the aggregate "
-              "of a small cluster behind one switch port, not one NIC per host). Unshaped: plain loopback.",
+    "per-host": """**Per-host NICs.** Each rank runs in a network namespace of its own, joined to a bridge by a
+veth pair whose two ends are shaped with `tc ... tbf` (the rank's end: what it sends; the
+bridge's end: what it receives): every rank has its own full-duplex link of that rate, like
+hosts with one NIC each on a non-blocking switch. The ranks are started one per namespace with
+the Gloo environment `horovodrun` gives them. Unshaped: the same veths and bridge without tbf.""",
+    "shared": """**One shared link.** The ranks of one `horovodrun --gloo` run inside one network namespace
+whose loopback is shaped with `tc ... tbf`: they share ONE link of that rate (the aggregate of a
+small cluster behind one switch port, not one NIC per host). Unshaped: plain loopback.""",
 }
 FLOOR_AND_PEERS = """**Floor and peers.** `floor` is the same training step with no gradient exchange at all:
 each rank steps (SGD, momentum 0.9) on its own gradient. No exchange can beat it; `vs floor` is
@@ -180,6 +179,8 @@ Reading these numbers:
   order the methods ran in), not a property of "auto".
 - **fp16 on CPU.** The dense fp16 row is often slower than float32 off the 1 Gbit/s link:
   Horovod casts and sums in software half precision on CPU.
+- **Under the floor.** A row faster than the floor (vs floor under 1.00x) is that noise too:
+  its step does the floor's work and more. The compute model's rows sit close to its floor.
 
 {_e2e_tables(e2e)}
 
