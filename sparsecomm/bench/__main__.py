@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 
@@ -119,7 +120,13 @@ def _parser():
     return parser
 
 
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def main():
+    # a SIGTERM unwinds like Ctrl-C, so the network namespaces and ranks are removed on the way out
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args()
     if hasattr(args, "networks"):

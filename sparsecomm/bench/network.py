@@ -82,7 +82,15 @@ def horovodrun(ranks, module, args, marker, prefix=None, log=print):
     cmd = (prefix or []) + [os.path.join(bin_dir, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
                             "--gloo", sys.executable, "-m", module, *args]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    tail = _follow([proc], proc.stdout, marker, log)
+    try:
+        tail = _follow([proc], proc.stdout, marker, log)
+    finally:
+        if proc.poll() is None:  # interrupted: horovodrun ends its ranks on SIGTERM
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     if proc.wait() != 0:
         raise RuntimeError(f"horovodrun failed ({module} {' '.join(args[:4])} ...):\n{''.join(tail)}")
 
