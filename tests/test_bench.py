@@ -1,8 +1,13 @@
-"""`python -m sparsecomm.bench kernels` runs and writes one record per measurement with the
-fields the results pages rely on (timings are never asserted: they are measured, not tested)."""
+"""`python -m sparsecomm.bench` runs and writes records with the fields the results pages rely on
+(timings are never asserted: they are measured, not tested); the per-host network model builds,
+runs and cleans up after itself."""
 import json
+import os
 import subprocess
 import sys
+import time
+
+import pytest
 
 
 def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
@@ -21,22 +26,103 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
 
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
-    elements, the compute model for 1 step on 2 unshaped ranks (dense and DGC), digits for 1
-    epoch (dense and DGC). It must write the JSON, both figures and the results page."""
+    elements, the compute model for 1 step on 2 unshaped ranks (the floor, dense, DGC, DDP
+    dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must write the JSON, both
+    figures and the results page."""
     md = tmp_path / "results.md"
+    rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD"]
     proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "all", "--out", str(tmp_path / "out"),
                            "--results-md", str(md), "--sizes", "20000", "--densities", "0.01", "--repeats", "1",
                            "--ranks", "2", "--networks", "unshaped", "--models", "compute",
-                           "--e2e-methods", "dense", "DGC 0.1% spardl", "--warmup", "1", "--steps", "1",
+                           "--e2e-methods", *rows, "--warmup", "1", "--steps", "1",
                            "--tasks", "digits", "--convergence-methods", "dense", "DGC 0.1%", "--epochs", "1"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     results = json.loads((tmp_path / "out" / "results.json").read_text())
-    assert [r["method"] for r in results["e2e"]] == ["dense", "DGC 0.1% spardl"]
-    assert results["e2e"][0]["speedup_vs_dense"] == 1.0 and results["e2e"][1]["exchanges"] == ["spardl"]
+    e2e = {r["method"]: r for r in results["e2e"]}
+    assert [r["method"] for r in results["e2e"]] == rows
+    assert e2e["dense"]["speedup_vs_dense"] == e2e["dense"]["vs_dense"] == 1.0
+    assert e2e["floor"]["vs_floor"] == 1.0 and e2e["floor"]["received_bytes"] == 0
+    assert e2e["DGC 0.1% spardl"]["exchanges"] == ["spardl"]
+    for r in results["e2e"]:
+        assert r["network_model"] in ("per-host", "shared") and r["network"] == "unshaped"
+        assert r["vs_floor"] == r["step_ms"] / e2e["floor"]["step_ms"] > 0
+    assert e2e["DDP dense"]["received_bytes"] == e2e["dense"]["received_bytes"]  # the same ring, same gradient
+    # the timed PowerSGD step compressed: rank-4 factors are far smaller than the gradient
+    assert 0 < e2e["DDP PowerSGD"]["received_bytes"] < e2e["DDP dense"]["received_bytes"] / 5
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
     assert all(0 <= r["final"] <= 1 for r in results["convergence"])
     for figure in ("e2e_speedup.png", "convergence.png"):
         assert (tmp_path / "out" / figure).read_bytes()[:4] == b"\x89PNG"
     text = md.read_text()
     assert "## End-to-end step time" in text and "| compute | 2 | unshaped | DGC 0.1% spardl |" in text
+    assert "| vs dense | vs floor |" in text and "| compute | 2 | unshaped | floor | " in text
+    assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
+
+
+def _per_host_or_skip():
+    from sparsecomm.bench import network
+    why = network.per_host_unavailable()
+    if why is not None:
+        pytest.skip(f"the per-host network model needs network namespaces, veths and tc (root): {why}")
+    return network
+
+
+def _namespaces():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_e2e_on_the_per_host_network_model_at_1gbit_and_cleans_up(tmp_path):
+    """`bench e2e --network-model per-host`: 2 ranks, each in its own namespace with a 1 Gbit/s
+    NIC, run the floor, dense and DDP rows, the records say so, and no namespace is left."""
+    _per_host_or_skip()
+    out = tmp_path / "e2e.json"
+    proc = subprocess.Popen([sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host",
+                             "--ranks", "2", "--networks", "1gbit", "--models", "compute", "--e2e-methods", "floor",
+                             "dense", "DDP fp16", "--warmup", "1", "--steps", "1", "--json", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, (stdout[-3000:], stderr[-3000:])
+    records = json.loads(out.read_text())["records"]
+    assert [r["method"] for r in records] == ["floor", "dense", "DDP fp16"]
+    assert all(r["network_model"] == "per-host" and r["network"] == "1gbit" and r["ranks"] == 2 for r in records)
+    assert all(r["vs_floor"] > 0 and r["vs_dense"] > 0 for r in records)
+    assert "per-host network model" in stdout and "vs floor" in stdout
+    assert f"sparsecomm-{proc.pid}-" not in _namespaces()
+
+
+def test_per_host_network_removes_its_namespaces_when_a_rank_fails():
+    """Ranks that fail end the launch with an error, and every namespace of the network is
+    deleted."""
+    network = _per_host_or_skip()
+    with pytest.raises(RuntimeError, match="per-host ranks failed"):
+        with network.per_host("1gbit", 2) as hosts:
+            names = [hosts.bridge, *hosts.hosts]
+            assert all(name in _namespaces() for name in names)
+            hosts.launch(2, "sparsecomm.bench.no_such_module", [], "[e2e]")
+    assert not any(name in _namespaces() for name in names)
+
+
+def test_ratios_against_dense_and_floor_of_the_same_run():
+    from sparsecomm.bench import e2e
+    records = [{"method": "floor", "step_ms": 50.0}, {"method": "dense", "step_ms": 200.0},
+               {"method": "DDP PowerSGD", "step_ms": 100.0}]
+    e2e.add_ratios(records)
+    assert [(r["vs_dense"], r["speedup_vs_dense"], r["vs_floor"]) for r in records] == \
+        [(4.0, 4.0, 1.0), (1.0, 1.0, 4.0), (2.0, 2.0, 2.0)]
+    alone = [{"method": "TopK 1%", "step_ms": 10.0}]
+    e2e.add_ratios(alone)
+    assert alone[0]["vs_dense"] is None and alone[0]["vs_floor"] is None
+
+
+def test_a_failed_rank_ends_the_others():
+    """One rank exits with an error: the launcher kills the rank still running (it would wait
+    for its peer forever) instead of hanging."""
+    from sparsecomm.bench import network
+    read, write = os.pipe()
+    procs = [subprocess.Popen(["sleep", "60"], stdout=write), subprocess.Popen(["false"], stdout=write)]
+    os.close(write)
+    started = time.time()
+    with open(read) as stream:
+        network._follow(procs, stream, "[e2e]", print)
+    assert time.time() - started < 10 and procs[0].wait() != 0 and procs[1].wait() == 1

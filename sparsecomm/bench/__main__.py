@@ -1,8 +1,10 @@
 """python -m sparsecomm.bench {kernels,e2e,convergence,all} ...
 
   kernels      every kernel against memcpy and torch.topk in the same run
-  e2e          step time under horovodrun on an emulated 1 / 10 Gbit/s network and unshaped
-               loopback, dense vs each method, for a communication- and a compute-heavy model
+  e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
+               and a compute-heavy model: no exchange (the floor), dense, each method, PyTorch DDP
+               (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
+               per rank; the default where namespaces work) or shared (one shaped loopback)
   convergence  dense vs each method on real data (digits CNN, character-level LM)
   all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
 """
@@ -10,12 +12,13 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 
 import torch
 
-from . import kernels
+from . import kernels, network
 
 
 def _kernels(args):
@@ -47,8 +50,9 @@ def _e2e(args):
     for ranks, net, model in runs:
         label = f"{model} model, {ranks} ranks, {net or 'unshaped'}"
         advance_label = label
-        print(f"\n== {label}", flush=True)
-        records += e2e.run_one(ranks, net, model, args.methods, args.warmup, args.steps)
+        print(f"\n== {label}, {args.network_model} network model", flush=True)
+        records += e2e.run_one(ranks, net, model, args.methods, args.warmup, args.steps,
+                               network_model=args.network_model)
         advance(advance_label)
     print("\n" + e2e.table(records))
     return records
@@ -66,7 +70,20 @@ def _convergence(args):
     return records
 
 
-def main():
+def _network_model(parser, asked):
+    """The network model to run: `asked`, else per-host where it can be built here, else shared."""
+    if asked == "shared":
+        return asked
+    why = network.per_host_unavailable()
+    if why is None:
+        return "per-host"
+    if asked == "per-host":
+        parser.error(f"--network-model per-host: cannot build it here ({why})")
+    print(f"[network] per-host network model unavailable ({why}): using the shared model")
+    return "shared"
+
+
+def _parser():
     parser = argparse.ArgumentParser(prog="python -m sparsecomm.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,11 +98,14 @@ def main():
         p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
         p.add_argument("--repeats", type=int, default=7)
     for p in (e, a):
-        from .e2e_worker import METHODS
+        from .e2e_worker import ROWS
         p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
         p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
         p.add_argument("--models", nargs="+", default=["comm", "compute"])
-        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(METHODS))
+        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(ROWS), choices=list(ROWS))
+        p.add_argument("--network-model", choices=list(network.MODELS),
+                       help="per-host: one namespace and one shaped NIC per rank (default where it can be "
+                            "built); shared: all ranks behind one shaped loopback")
         p.add_argument("--warmup", type=int, default=3)
         p.add_argument("--steps", type=int, default=8)
     for p in (c, a):
@@ -97,9 +117,21 @@ def main():
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
     a.add_argument("--results-md", default="docs/results.md")
+    return parser
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def main():
+    # a SIGTERM unwinds like Ctrl-C, so the network namespaces and ranks are removed on the way out
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    parser = _parser()
     args = parser.parse_args()
     if hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]
+        args.network_model = _network_model(parser, args.network_model)
     if args.command == "convergence":
         args.methods = args.conv_methods
 

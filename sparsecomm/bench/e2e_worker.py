@@ -1,6 +1,13 @@
-"""Worker of the end-to-end benchmark (run by sparsecomm.bench.e2e under horovodrun): step
-time of one model with hvd.DistributedOptimizer, for dense allreduce and each sparsecomm
-method, on the same ranks and network. Medians over the timed steps, after warm-up steps.
+"""Worker of the end-to-end benchmark (run by sparsecomm.bench.e2e under horovodrun, or one
+process per rank in its own network namespace): step time of one model, on the same ranks and
+network, for these rows. Medians over the timed steps, after warm-up steps.
+
+  floor            the same step with NO gradient exchange (plain SGD, momentum 0.9, on each
+                   rank's own gradient): the time no exchange method can beat
+  dense, ...       hvd.DistributedOptimizer with Horovod's compression or a sparsecomm method
+  DDP dense/fp16/PowerSGD
+                   PyTorch DistributedDataParallel on the gloo backend, plain or with the
+                   fp16 / PowerSGD (rank 4) communication hook: the peers outside Horovod
 
 Models (data content does not change the step time, so inputs are fixed random tensors):
   comm     MLP 1024-4096-4096-1024 (25.2M parameters, 101 MB of float32 gradient), batch 8:
@@ -9,6 +16,7 @@ Models (data content does not change the step time, so inputs are fixed random t
 """
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -17,6 +25,7 @@ import torch
 
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
+FLOOR = "floor"
 # name -> (compression(model), optimizer momentum). DGC carries its own momentum.
 METHODS = {
     "dense": (lambda m: hvd.Compression.none, 0.9),
@@ -30,6 +39,10 @@ METHODS = {
     "TopK 1%": (lambda m: TopK(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0),
     "RandomBlock 1%": (lambda m: RandomBlock(ratio=0.01, seed=1, named_parameters=m.named_parameters()), 0),
 }
+DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")
+ROWS = (FLOOR, *METHODS, *DDP_ROWS)  # every row, in the order a run measures them
+POWERSGD_RANK = 4
+POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)
 
 
 def model_and_batch(kind):
@@ -45,55 +58,127 @@ def model_and_batch(kind):
     return model, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
 
-def bench(kind, method, warmup, steps):
-    model, x, y = model_and_batch(kind)
-    make, momentum = METHODS[method]
-    compression = make(model)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
-                                   named_parameters=model.named_parameters(), compression=compression)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+def timed_steps(model, opt, x, y, warmup, steps):
+    """Step times (s) of the steps after `warmup`. Every rank starts each step together: the
+    barrier is outside the timed region, for every row alike."""
     times = []
     for step in range(warmup + steps):
-        hvd.allreduce(torch.zeros(1), name="bench.barrier")  # every rank starts the step together
+        hvd.allreduce(torch.zeros(1), name="bench.barrier")
         started = time.perf_counter()
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
         if step >= warmup:
             times.append(time.perf_counter() - started)
+    return times
+
+
+def ring_bytes(nbytes):
+    """Bytes each rank sends (and receives) in a ring allreduce of `nbytes`: 2 (N-1)/N of them."""
+    return 2 * (hvd.size() - 1) / hvd.size() * nbytes
+
+
+def record(kind, method, family, model, times, sent, received, exchanges=()):
+    """One row; the slowest rank's median is the step time."""
+    median = hvd.allreduce(torch.tensor([statistics.median(times)]), op=hvd.Max, name=f"bench.{method}").item()
     numel = sum(p.numel() for p in model.parameters())
-    dense_bytes = numel * 4
+    return {"model": kind, "method": method, "family": family, "ranks": hvd.size(), "step_ms": 1000 * median,
+            "sent_bytes": sent, "received_bytes": received, "dense_bytes": numel * 4, "parameters": numel,
+            "exchanges": list(exchanges)}
+
+
+def bench_floor(kind, warmup, steps):
+    """No exchange at all: each rank steps on its own gradient, like dense minus the allreduce."""
+    model, x, y = model_and_batch(kind)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return record(kind, FLOOR, "floor", model, timed_steps(model, opt, x, y, warmup, steps), 0, 0)
+
+
+def bench_horovod(kind, method, warmup, steps):
+    model, x, y = model_and_batch(kind)
+    make, momentum = METHODS[method]
+    compression = make(model)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
+                                   named_parameters=model.named_parameters(), compression=compression)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    times = timed_steps(model, opt, x, y, warmup, steps)
     if hasattr(compression, "stats"):
         stats = compression.stats()
         calls = max(1, stats["calls"] // len(list(model.parameters())))
         sent, received = stats["sent_bytes"] / calls, stats["received_bytes"] / calls
         exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
-    else:  # Horovod's ring allreduce: each rank sends and receives 2 (N-1)/N of the (maybe fp16) gradient
-        size = dense_bytes // (2 if method == "dense fp16" else 1)
-        sent = received = 2 * (hvd.size() - 1) / hvd.size() * size
-        exchanges = []
-    # the slowest rank's median is the step time
-    median = hvd.allreduce(torch.tensor([statistics.median(times)]), op=hvd.Max, name=f"bench.{method}").item()
-    return {"model": kind, "method": method, "ranks": hvd.size(), "step_ms": 1000 * median,
-            "sent_bytes": sent, "received_bytes": received, "dense_bytes": dense_bytes, "parameters": numel,
-            "exchanges": exchanges}
+        return record(kind, method, "sparsecomm", model, times, sent, received, exchanges)
+    # Horovod's ring allreduce of the (maybe fp16) gradient
+    size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
+    return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
+
+
+def init_torch_distributed():
+    """torch.distributed (gloo) over the interface Horovod's Gloo uses: rank 0 opens a TCPStore
+    on a free port (port 0: no race for it) of that interface's address and broadcasts it."""
+    import psutil
+    import socket
+    iface = os.environ.get("HOROVOD_GLOO_IFACE", "lo")
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)  # the hostname may not resolve inside a namespace
+    store = None
+    if hvd.rank() == 0:
+        address = next(a.address for a in psutil.net_if_addrs()[iface] if a.family == socket.AF_INET)
+        store = torch.distributed.TCPStore(address, 0, hvd.size(), is_master=True, wait_for_workers=False)
+    address, port = hvd.broadcast_object((address, store.port) if store else None, 0, name="bench.store")
+    if store is None:
+        store = torch.distributed.TCPStore(address, port, hvd.size(), is_master=False)
+    torch.distributed.init_process_group("gloo", store=store, rank=hvd.rank(), world_size=hvd.size())
+
+
+def bench_ddp(kind, method, warmup, steps):
+    """DistributedDataParallel with the hook of `method`; PowerSGD in ONE bucket (Gloo aborts on
+    several) and warmed up past its vanilla-allreduce iterations, so every timed step compresses."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    model, x, y = model_and_batch(kind)
+    numel = sum(p.numel() for p in model.parameters())
+    one_bucket_mb = numel * 4 / 2 ** 20 + 1
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model, bucket_cap_mb=one_bucket_mb if method == "DDP PowerSGD" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    payload = numel * 4
+    if method == "DDP fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        payload = numel * 2
+    elif method == "DDP PowerSGD":
+        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=POWERSGD_RANK,
+                                            start_powerSGD_iter=POWERSGD_START)
+        ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        warmup = max(warmup, POWERSGD_START)
+    times = timed_steps(ddp, opt, x, y, warmup, steps)
+    if method == "DDP PowerSGD":  # elements sent per step, counted by PowerSGD over its compressed steps
+        payload = state.compression_stats()[2] / (warmup + steps - POWERSGD_START) * 4
+    return record(kind, method, "ddp", model, times, ring_bytes(payload), ring_bytes(payload))
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=["comm", "compute"], required=True)
-    parser.add_argument("--methods", nargs="+", default=list(METHODS))
+    parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
+    if any(m in DDP_ROWS for m in args.methods):
+        init_torch_distributed()
     records = []
     for method in args.methods:
-        records.append(bench(args.model, method, args.warmup, args.steps))
+        if method == FLOOR:
+            records.append(bench_floor(args.model, args.warmup, args.steps))
+        elif method in DDP_ROWS:
+            records.append(bench_ddp(args.model, method, args.warmup, args.steps))
+        else:
+            records.append(bench_horovod(args.model, method, args.warmup, args.steps))
         if hvd.rank() == 0:
             print(f"[e2e] {args.model} np{hvd.size()} {method:<20} {records[-1]['step_ms']:9.1f} ms/step", flush=True)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

@@ -11,24 +11,25 @@ def _plt():
 
 
 def speed_figure(records, path):
-    """Speedup vs dense per method, one panel per (model, ranks), one bar group per network."""
+    """Speedup vs dense per method, one panel per (model, ranks, network model), one bar group
+    per network."""
     plt = _plt()
-    panels = sorted({(r["model"], r["ranks"]) for r in records})
+    panels = sorted({(r["model"], r["ranks"], r["network_model"]) for r in records})
     networks = [n for n in ("1gbit", "10gbit", "unshaped") if any(r["network"] == n for r in records)]
     methods = list(dict.fromkeys(r["method"] for r in records))
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
     width = 0.8 / max(1, len(networks))
-    for ax, (model, ranks) in zip(axes[0], panels):
+    for ax, (model, ranks, netmodel) in zip(axes[0], panels):
         for j, net in enumerate(networks):
-            values = [next((r["speedup_vs_dense"] for r in records if (r["model"], r["ranks"], r["network"],
-                                                                        r["method"]) == (model, ranks, net, m)), 0)
-                      for m in methods]
+            values = [next((r["speedup_vs_dense"] or 0 for r in records
+                            if (r["model"], r["ranks"], r["network_model"], r["network"], r["method"]) ==
+                            (model, ranks, netmodel, net, m)), 0) for m in methods]
             ax.bar([i + j * width for i in range(len(methods))], values, width, label=net)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([i + width * (len(networks) - 1) / 2 for i in range(len(methods))])
         ax.set_xticklabels(methods, rotation=60, ha="right", fontsize=8)
         ax.set_yscale("log")
-        ax.set_title(f"{model} model, {ranks} ranks")
+        ax.set_title(f"{model} model, {ranks} ranks, {netmodel} network")
         ax.set_ylabel("speedup vs dense (same run)")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -68,63 +69,106 @@ def _md_table(header, rows):
     return "\n".join(lines)
 
 
-def write_markdown(results, out, path):
-    """docs/results.md: the machine, the command, the tables and the figures of this run."""
-    e2e, conv = results["e2e"], results["convergence"]
-    rel = os.path.relpath(out, os.path.dirname(os.path.abspath(path)) or ".")
-    e2e_rows = [(r["model"], r["ranks"], r["network"], r["method"], f"{r['step_ms']:.1f}",
-                 f"{r['speedup_vs_dense']:.2f}x", f"{r['received_bytes'] / 1e6:.3f}", ", ".join(r["exchanges"]))
-                for r in e2e]
-    dense = {r["task"]: r["final"] for r in conv if r["method"] == "dense"}
-    conv_rows = []
-    for r in conv:
-        base = dense.get(r["task"])
-        if r["metric"] == "accuracy":
-            final, delta = f"{100 * r['final']:.1f}%", f"{100 * (r['final'] - base):+.1f} pt"
-        else:
-            final, delta = f"{r['final']:.3f}", f"{100 * (r['final'] / base - 1):+.1f}%"
-        conv_rows.append((r["task"], r["method"], final, delta,
-                          f"{r['dense_bytes_per_step'] / max(r['sent_bytes_per_step'], 1):.0f}x"))
-    kernel_rows = [(k["op"], f"{k['numel']:,}", k["density"], f"{k['median_ms']:.3f}",
-                    f"{k['median_ms'] / k['memcpy_ms']:.2f}", f"{k['topk_ms'] / k['median_ms']:.2f}")
-                   for k in results["kernels"]]
-    shaped = sorted({r["network"] for r in e2e})
+NETWORK_MODELS = {
+    "per-host": """**Per-host NICs.** Each rank runs in a network namespace of its own, joined to a bridge by a
+veth pair whose two ends are shaped with `tc ... tbf` (the rank's end: what it sends; the
+bridge's end: what it receives): every rank has its own full-duplex link of that rate, like
+hosts with one NIC each on a non-blocking switch. The ranks are started one per namespace with
+the Gloo environment `horovodrun` gives them. Unshaped: the same veths and bridge without tbf.""",
+    "shared": """**One shared link.** The ranks of one `horovodrun --gloo` run inside one network namespace
+whose loopback is shaped with `tc ... tbf`: they share ONE link of that rate (the aggregate of a
+small cluster behind one switch port, not one NIC per host). Unshaped: plain loopback.""",
+}
+FLOOR_AND_PEERS = """**Floor and peers.** `floor` is the same training step with no gradient exchange at all:
+each rank steps (SGD, momentum 0.9) on its own gradient. No exchange can beat it; `vs floor` is
+this row's step time / the floor's (1.00x: the exchange costs nothing). The peers are PyTorch
+DistributedDataParallel on the gloo backend, run in the same worker and network as the Horovod
+rows (torch.distributed beside Horovod, over the same interface), SGD with momentum 0.9:
+`DDP dense` (default buckets), `DDP fp16` (`fp16_compress_hook`) and `DDP PowerSGD`
+(`powerSGD_hook`, rank 4, error feedback and warm start; one bucket, as Gloo aborts with several;
+its first 2 iterations are plain allreduce, so its warm-up is at least 2 steps and every timed
+step compresses). Their received bytes are the ring's 2 (N-1)/N of what they send (PowerSGD: its
+P and Q factors and the tensors it leaves uncompressed, as PowerSGD counts them)."""
 
-    def speedups(model, ranks, net, prefix):
-        return [r["speedup_vs_dense"] for r in e2e if (r["model"], r["ranks"], r["network"]) == (model, ranks, net)
-                and r["method"].startswith(prefix)]
 
-    summary = []
-    for ranks in sorted({r["ranks"] for r in e2e}):
-        for net in ("1gbit", "10gbit", "unshaped"):
-            dgc, drop = speedups("comm", ranks, net, "DGC"), speedups("comm", ranks, net, "Threshold 1%")
-            if dgc and drop:
-                summary.append(f"- comm model, {ranks} ranks, {net}: DGC {min(dgc):.1f}x to {max(dgc):.1f}x, "
-                               f"gradient dropping (Threshold 1%, with and without 2-bit) {min(drop):.1f}x to "
-                               f"{max(drop):.1f}x faster than dense.")
-    summary = "\n".join(summary)
-    text = f"""# Results
+def _ratio(value):
+    return "-" if value is None else f"{value:.2f}x"
 
-Generated by `make bench` (`{results['command']}`) in {results['minutes']:.0f} minutes on: {results['machine']}.
-Raw records: [{rel}/results.json]({rel}/results.json). Every ratio is against the baseline
-measured in the same run.
 
-## End-to-end step time on an emulated network
+def _cells(e2e):
+    """(network model, ranks, network) of the comm-model runs, in a stable order."""
+    order = {"1gbit": 0, "10gbit": 1, "unshaped": 2}
+    return sorted({(r["network_model"], r["ranks"], r["network"]) for r in e2e if r["model"] == "comm"},
+                  key=lambda c: (c[0], c[1], order.get(c[2], 3)))
 
-Ranks of one `horovodrun --gloo` inside a network namespace whose loopback is shaped with
-`tc ... tbf` to 1 or 10 Gbit/s, or on unshaped loopback (networks in this run: {", ".join(shaped)}).
-All ranks share that ONE link (the aggregate of a small cluster behind one switch port, not
-one NIC per host), and all ranks share this machine's CPU cores. Step time: the slowest
-rank's median over the timed steps after warm-up. Speedup: dense allreduce step time / this
-method's, same model, ranks and network. Received: bytes per rank per step, counted by
-sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
+
+def _speedup_summary(e2e):
+    lines = []
+    for netmodel, ranks, net in _cells(e2e):
+        cell = [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
+                ("comm", netmodel, ranks, net)]
+        dgc = [r["speedup_vs_dense"] for r in cell if r["method"].startswith("DGC")]
+        drop = [r["speedup_vs_dense"] for r in cell if r["method"].startswith("Threshold 1%")]
+        if dgc and drop and None not in dgc + drop:
+            lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}): DGC {min(dgc):.1f}x to {max(dgc):.1f}x, "
+                         f"gradient dropping (Threshold 1%, with and without 2-bit) {min(drop):.1f}x to "
+                         f"{max(drop):.1f}x faster than dense.")
+    return "\n".join(lines)
+
+
+def _floor_summary(e2e):
+    """Per comm-model cell: the floor, and how far dense, the peers and the best method are from it."""
+    lines = []
+    for netmodel, ranks, net in _cells(e2e):
+        cell = [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
+                ("comm", netmodel, ranks, net)]
+        floor = next((r for r in cell if r["method"] == "floor"), None)
+        if floor is None:
+            continue
+        parts = [f"{r['method']} {r['vs_floor']:.1f}x" for r in cell if r["family"] in ("horovod", "ddp")]
+        ours = [r for r in cell if r["family"] == "sparsecomm"]
+        if ours:
+            best = min(ours, key=lambda r: r["step_ms"])
+            parts.append(f"the fastest sparsecomm row ({best['method']}) {best['vs_floor']:.1f}x")
+        lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}): floor {floor['step_ms']:.0f} ms/step; "
+                     f"{', '.join(parts)} the floor's step time.")
+    return "\n".join(lines)
+
+
+def _e2e_tables(e2e):
+    """One table per network model, each under the description of its model."""
+    header = ("model", "ranks", "network", "method", "ms/step", "vs dense", "vs floor", "received MB", "exchange")
+    blocks = []
+    for netmodel in sorted({r["network_model"] for r in e2e}):
+        rows = [(r["model"], r["ranks"], r["network"], r["method"], f"{r['step_ms']:.1f}", _ratio(r["vs_dense"]),
+                 _ratio(r["vs_floor"]), f"{r['received_bytes'] / 1e6:.3f}", ", ".join(r["exchanges"]))
+                for r in e2e if r["network_model"] == netmodel]
+        blocks.append(f"### Network model: {netmodel}\n\n{NETWORK_MODELS[netmodel]}\n\n{_md_table(header, rows)}")
+    return "\n\n".join(blocks)
+
+
+def _e2e_section(e2e, rel):
+    networks = ", ".join(sorted({r["network"] for r in e2e}))
+    models = ", ".join(sorted({r["network_model"] for r in e2e}))
+    return f"""## End-to-end step time on an emulated network
+
+Ranks on an emulated network shaped with `tc ... tbf` to 1 or 10 Gbit/s, or unshaped (networks
+in this run: {networks}; network model: {models}, described above each table). All ranks share
+this machine's CPU cores. Step time: the slowest rank's median over the timed steps after
+warm-up. vs dense: dense allreduce step time / this row's (the speedup), same model, ranks and
+network. vs floor: this row's step time / the floor's. Received: bytes per rank per step,
+counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
 
 - comm model: MLP 1024-4096-4096-1024, 25.2M parameters (101 MB of gradient), batch 8.
 - compute model: a CNN on 32x32x3, 0.29M parameters, batch 32.
 
 ![speedup]({rel}/e2e_speedup.png)
 
-{summary}
+{_speedup_summary(e2e)}
+
+{FLOOR_AND_PEERS}
+
+{_floor_summary(e2e)}
 
 Reading these numbers:
 
@@ -135,10 +179,42 @@ Reading these numbers:
   order the methods ran in), not a property of "auto".
 - **fp16 on CPU.** The dense fp16 row is often slower than float32 off the 1 Gbit/s link:
   Horovod casts and sums in software half precision on CPU.
+- **Under the floor.** A row faster than the floor (vs floor under 1.00x) is that noise too:
+  its step does the floor's work and more. The compute model's rows sit close to its floor.
 
-{_md_table(("model", "ranks", "network", "method", "ms/step", "speedup", "received MB", "exchange"), e2e_rows)}
+{_e2e_tables(e2e)}
 
-## Convergence on real data
+"""
+
+
+def _convergence_rows(conv):
+    dense = {r["task"]: r["final"] for r in conv if r["method"] == "dense"}
+    rows = []
+    for r in conv:
+        base = dense.get(r["task"])
+        if r["metric"] == "accuracy":
+            final, delta = f"{100 * r['final']:.1f}%", f"{100 * (r['final'] - base):+.1f} pt"
+        else:
+            final, delta = f"{r['final']:.3f}", f"{100 * (r['final'] / base - 1):+.1f}%"
+        rows.append((r["task"], r["method"], final, delta,
+                     f"{r['dense_bytes_per_step'] / max(r['sent_bytes_per_step'], 1):.0f}x"))
+    return rows
+
+
+def write_markdown(results, out, path):
+    """docs/results.md: the machine, the command, the tables and the figures of this run."""
+    rel = os.path.relpath(out, os.path.dirname(os.path.abspath(path)) or ".")
+    conv_rows = _convergence_rows(results["convergence"])
+    kernel_rows = [(k["op"], f"{k['numel']:,}", k["density"], f"{k['median_ms']:.3f}",
+                    f"{k['median_ms'] / k['memcpy_ms']:.2f}", f"{k['topk_ms'] / k['median_ms']:.2f}")
+                   for k in results["kernels"]]
+    text = f"""# Results
+
+Generated by `make bench` (`{results['command']}`) in {results['minutes']:.0f} minutes on: {results['machine']}.
+Raw records: [{rel}/results.json]({rel}/results.json). Every ratio is against the baseline
+measured in the same run.
+
+{_e2e_section(results["e2e"], rel)}## Convergence on real data
 
 2 ranks, same seeds, data order and epochs for every method. Dense and most methods use SGD
 with momentum 0.9; DGC carries its own momentum (0.9) and uses plain SGD; RandomBlock uses
