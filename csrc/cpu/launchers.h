@@ -32,6 +32,17 @@ float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const S
 
 // One pass: writes the state of every element as if nothing were sent (feedback.h) and
 // appends the candidates, selected(acc, threshold), to (acc, index) in index order.
+// Candidate lists are reused from call to call: growing a fresh std::vector every step costs
+// reallocations and fresh pages (mmap and page faults, slow under a sandboxing kernel) that
+// dominated the pass at 1% density. A list grown past kKeptCandidates (a fallback that took
+// every element) gives its memory back after use.
+constexpr size_t kKeptCandidates = size_t(1) << 22;
+
+template <typename V>
+void kept_capacity(V& list) {
+  if (list.capacity() > kKeptCandidates) V().swap(list);
+}
+
 template <typename T>
 void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold,
                            std::vector<float>& acc, std::vector<int32_t>& index);

@@ -51,14 +51,20 @@ class CpuDevice {
     return absl::OkStatus();
   }
 
-  // One pass that appends the candidates to growing vectors (the GPU counts first instead).
+  // One pass that appends the candidates to this thread's reused lists (the GPU counts first
+  // instead; cpu::kept_capacity says why they are reused).
   template <typename T>
   absl::Status accumulate_candidates(const Tensor& grad, const Feedback& fb, const Tensor& threshold) const {
-    std::vector<float> acc;
-    std::vector<int32_t> index;
+    static thread_local std::vector<float> acc;
+    static thread_local std::vector<int32_t> index;
+    acc.clear();
+    index.clear();
     cpu::accumulate_candidates(raw<T>(grad), fb, grad.NumElements(), threshold.flat<float>()(0), acc, index);
-    TF_RETURN_IF_ERROR(output_vector(0, acc.data(), int64_t(acc.size())));
-    return output_vector(1, index.data(), int64_t(index.size()));
+    absl::Status status = output_vector(0, acc.data(), int64_t(acc.size()));
+    if (status.ok()) status = output_vector(1, index.data(), int64_t(index.size()));
+    cpu::kept_capacity(acc);
+    cpu::kept_capacity(index);
+    return status;
   }
 
   // cpu::select_top works in place: on copies, the inputs being read-only (the GPU sorts).

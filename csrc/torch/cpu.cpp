@@ -32,16 +32,20 @@ struct CpuDevice {
     return at::scalar_tensor(t, a.grad.options().dtype(at::kFloat));
   }
 
-  // One pass that appends the candidates to growing vectors (CUDA counts first instead).
+  // One pass that appends the candidates to this thread's reused lists (CUDA counts first instead).
   template <typename T>
   static std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const FeedbackArgs& a, const at::Tensor& threshold) {
-    std::vector<float> acc;
-    std::vector<int32_t> index;
+    static thread_local std::vector<float> acc;
+    static thread_local std::vector<int32_t> index;
+    acc.clear();
+    index.clear();
     cpu::accumulate_candidates<T>(data_as<T>(a.grad), a.fb, a.grad.numel(), threshold.item<float>(), acc, index);
     at::Tensor acc_t = at::empty({int64_t(acc.size())}, at::kFloat);
     at::Tensor index_t = at::empty({int64_t(index.size())}, at::kInt);
     std::copy(acc.begin(), acc.end(), acc_t.data_ptr<float>());
     std::copy(index.begin(), index.end(), index_t.data_ptr<int32_t>());
+    cpu::kept_capacity(acc);
+    cpu::kept_capacity(index);
     return {acc_t, index_t};
   }
 

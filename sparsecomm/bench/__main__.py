@@ -23,7 +23,7 @@ from . import kernels, network
 
 def _kernels(args):
     records = kernels.run(args.device, getattr(torch, args.dtype), args.sizes, args.densities, args.repeats,
-                          _progress("kernels", len(args.sizes) * len(args.densities) * 8,
+                          _progress("kernels", sum(kernels.count(d) for d in args.densities) * len(args.sizes),
                                     lambda r: f"{r['op']} {r['numel']:,}"))
     print("\n" + kernels.table(records))
     return records
@@ -117,6 +117,9 @@ def _parser():
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
     a.add_argument("--results-md", default="docs/results.md")
+    a.add_argument("--convergence-from", metavar="RESULTS_JSON",
+                   help="take the convergence records of an earlier run's results.json instead of training again "
+                        "(results.md says so)")
     return parser
 
 
@@ -149,7 +152,13 @@ def main():
         results = {"machine": report.machine(), "command": command, "kernels": _kernels(args)}
         results["e2e"] = _e2e(args)
         args.methods = args.conv_methods
-        results["convergence"] = _convergence(args)
+        if args.convergence_from:
+            with open(args.convergence_from) as f:
+                earlier = json.load(f)
+            results["convergence"] = earlier["convergence"]
+            results["convergence_from"] = earlier.get("command", args.convergence_from)
+        else:
+            results["convergence"] = _convergence(args)
         results["minutes"] = (time.time() - started) / 60
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)

@@ -83,6 +83,11 @@ def _path_cases(x, density):
     return cases
 
 
+def count(density):
+    """Records per size at this density: the 8 kernels, then the whole paths."""
+    return 8 + (3 if density <= 0.001 else 2)
+
+
 def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print):
     device = torch.device(device)
     records = []

@@ -2,6 +2,8 @@
 import os
 import platform
 
+from . import scaling
+
 
 def _plt():
     import matplotlib
@@ -201,6 +203,13 @@ def _convergence_rows(conv):
     return rows
 
 
+def _reused(results):
+    if "convergence_from" not in results:
+        return ""
+    return (f"\nThese convergence records come from an earlier run (`{results['convergence_from']}`), "
+            f"not from this one: training was not repeated.\n")
+
+
 def write_markdown(results, out, path):
     """docs/results.md: the machine, the command, the tables and the figures of this run."""
     rel = os.path.relpath(out, os.path.dirname(os.path.abspath(path)) or ".")
@@ -215,7 +224,7 @@ Raw records: [{rel}/results.json]({rel}/results.json). Every ratio is against th
 measured in the same run.
 
 {_e2e_section(results["e2e"], rel)}## Convergence on real data
-
+{_reused(results)}
 2 ranks, same seeds, data order and epochs for every method. Dense and most methods use SGD
 with momentum 0.9; DGC carries its own momentum (0.9) and uses plain SGD; RandomBlock uses
 plain SGD (with optimizer momentum it diverges, random_block.md).
@@ -233,6 +242,12 @@ plain SGD (with optimizer momentum it diverges, random_block.md).
 Ratios against a float32 memcpy of the same numel, and torch.topk(x.abs(), k), in the same run.
 
 {_md_table(("kernel", "numel", "density", "median ms", "time / memcpy", "torch.topk time / this"), kernel_rows)}
+
+A "whole path (1 rank)" row is a compressor as hvd.DistributedOptimizer runs it: compress ->
+Horovod's allreduce of what it hands over -> decompress, on one rank (its exchange's
+collectives on one rank included).
+
+{scaling.section(results, out, rel)}
 """
     with open(path, "w") as f:
         f.write(text)
