@@ -66,10 +66,13 @@ def _row(method, step_ms, ranks=2, network="1gbit", network_model=None, model="c
 
 
 def test_check_computes_the_error_against_hand_made_records():
-    # comm model on 2 ranks, every tensor dense: 6 tensors x 2 (N-1) steps, and the ring's
-    # 2 (N-1)/N = 1 of the 100,700,160-byte gradient. Shared link: each rank gets half of 1 Gbit/s.
-    shared_ms = 100 + 1000 * (6 * 2 * 5e-5 + 100_700_160 / (1.25e8 / 2))
-    per_host_ms = 50 + 1000 * (6 * 2 * 5e-5 + 100_700_160 / 1.25e8)
+    # comm model on 2 ranks, every tensor dense: 6 tensors x 2 (N-1) steps, each latency scaled by
+    # the tensor's share of a fusion buffer, and the ring's 2 (N-1)/N = 1 of the 100,700,160-byte
+    # gradient. Shared link: each rank gets half of 1 Gbit/s.
+    tensor_bytes = [4 * n for n in (1024 * 4096, 4096, 4096 * 4096, 4096, 4096 * 1024, 1024)]
+    latency = sum(2 * 5e-5 * min(1.0, b / cost.FUSION_BYTES) for b in tensor_bytes)
+    shared_ms = 100 + 1000 * (latency + 100_700_160 / (1.25e8 / 2))
+    per_host_ms = 50 + 1000 * (latency + 100_700_160 / 1.25e8)
     records = [_row("floor", 100), _row("dense", shared_ms / 0.8),
                _row("floor", 50, network_model="per-host"), _row("dense", per_host_ms / 2, network_model="per-host"),
                _row("dense", 1.0, network="unshaped"), _row("dense", 1.0, ranks=8), _row("TopK 1%", 1.0)]

@@ -3,9 +3,12 @@
 A latency-bandwidth (alpha-beta) model of the three exchanges for one tensor of `numel`
 elements on N ranks, each rank sending k elements:
 
-  dense      ring allreduce:  2 (N-1) alpha + 2 (N-1)/N * numel * size * beta
+  dense      ring allreduce:  2 (N-1) alpha * fused + 2 (N-1)/N * numel * size * beta
+             (fused = min(1, numel * size / FUSION_BYTES): Horovod fuses the dense allreduces
+             of a step into buffers of FUSION_BYTES, so a small tensor pays its share of one
+             allreduce's latency, not a whole one; a sparse exchange is its own collective)
   allgather  values + indices:   (N-1) alpha + (N-1) * k * (value_size + 4) * beta
-             (two gathers side by side; each rank receives every other rank's k pairs)
+             (one gather of (index, value) rows; each rank receives every other rank's k pairs)
   spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) pairs of 8 bytes to each
              rank) + sparse all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
              2 (N-1) alpha + 2 (N-1) * ceil(k/N) * 8 * beta   (the gather waits for the alltoall)
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 
 EXCHANGES = ("dense", "allgather", "spardl")
 PACK_COPIES = 4.0  # fused pack (about 3 copies at density 0.01, docs/kernels.md) + unpack (1)
+FUSION_BYTES = 64 * 1024 * 1024  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD)
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,7 @@ def costs(numel, k, size, value_size, ranks, network, local=None):
     else:  # allgather unpacks the k pairs of each other rank; SparDL sums and unpacks 2 (N-1) blocks of per_rank
         gathered, reduced = local.seconds(numel, (n - 1) * k), local.seconds(numel, 2 * (n - 1) * per_rank)
     return {
-        "dense": 2 * (n - 1) * alpha + 2 * (n - 1) / n * numel * size * beta,
+        "dense": 2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES) + 2 * (n - 1) / n * numel * size * beta,
         "allgather": gathered + (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
         "spardl": reduced + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * 8 * beta,
     }
