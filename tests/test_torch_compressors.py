@@ -83,6 +83,21 @@ def test_half_precision_gradients_keep_rounding_error_in_the_residual():
     assert torch.equal(total, grad.float())
 
 
+@pytest.mark.parametrize("make", [lambda named: TopK(ratio=0.01, named_parameters=named),
+                                  lambda named: DGC(ratio=0.001, named_parameters=named),
+                                  lambda named: Threshold(ratio=0.01, quantize="2bit", named_parameters=named)])
+def test_timing_the_sparse_path_for_auto_never_touches_the_global_rng(make):
+    """exchange="auto" times the compressor's own pack + unpack on random gradients (its
+    LocalCost): those come from a generator of its own, not from the user's RNG stream."""
+    comp = make([("w", torch.nn.Parameter(torch.zeros(10)))])
+    comp._device = torch.device("cpu")
+    torch.manual_seed(3)
+    before = torch.get_rng_state()
+    small, large, unpack, memset, pairs = comp._time_sparse_path()
+    assert torch.equal(torch.get_rng_state(), before)
+    assert 0 < small and 0 < large and 0 <= memset and pairs > 0
+
+
 def test_selection_never_touches_the_global_rng():
     model = _model()
     comp = RandomBlock(ratio=0.5, seed=1, named_parameters=model.named_parameters(), **EVERY)

@@ -120,9 +120,10 @@ class Compressor(Settings):
         alone; and the pairs that unpack scattered: LocalCost.fitted's inputs."""
         device = self._device
         sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        timings = []
+        timings, generator = [], torch.Generator().manual_seed(0)  # its own generator: the global RNG is the user's
         for numel in CALIBRATION_SIZES:
-            grad, out = torch.randn(numel, device=device), torch.empty(numel, device=device)
+            grad = torch.randn(numel, generator=generator).to(device)
+            out = torch.empty(numel, device=device)
             state = ParameterState.fresh("sparsecomm.calibration")
             unpacked = []
 
