@@ -72,6 +72,17 @@ def test_ratio_one_sends_everything_and_keeps_nothing():
         assert not comp._states[name].residual.any()
 
 
+def test_a_strided_gradient_gets_its_result_in_a_new_contiguous_buffer():
+    p = torch.nn.Parameter(torch.zeros(30, 20))
+    comp = RandomBlock(ratio=1.0, seed=2, named_parameters=[("w", p)], **EVERY)
+    p.grad = torch.randn(20, 30).t()  # the transpose of a contiguous tensor: strided
+    grad = p.grad.clone()
+    values, ctx = comp.compress(p.grad)
+    result = comp.decompress(values, ctx)
+    assert torch.equal(result, grad) and result.is_contiguous()
+    assert torch.equal(p.grad, grad)  # the strided gradient is left as it was
+
+
 def test_half_precision_gradients_keep_rounding_error_in_the_residual():
     p = torch.nn.Parameter(torch.zeros(1000, dtype=torch.float16))
     comp = RandomBlock(ratio=0.3, seed=1, named_parameters=[("w", p)], **EVERY)

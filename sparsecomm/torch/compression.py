@@ -59,7 +59,8 @@ class Compressor(Settings):
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        out = tensor if tensor.is_contiguous() else None  # consumed by the pack: the result goes there
+        # The pack consumes the gradient: the result is written there (a copy only if it is strided).
+        out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
         wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), self._ranks(), k, state.residual, out)
         handed, ctx = EXCHANGES[route].start(payload, wire)
         if getattr(ctx.exchange, "advances", False):

@@ -53,7 +53,8 @@ class Packed:
 class Wire:
     """One tensor's exchange: its parameter, shape and dtype, the process set and its number of
     ranks, the selected count k, the residual (SparDL adds what it drops there) and `out`, the
-    buffer the dense result is written into (the gradient compress received: no allocation)."""
+    contiguous buffer the dense result is written into (the gradient compress received: no
+    allocation; a new one only for a gradient that is not contiguous)."""
     name: str
     shape: torch.Size
     dtype: torch.dtype
@@ -64,11 +65,8 @@ class Wire:
     out: Optional[torch.Tensor] = None
 
     def output(self):
-        """The flat buffer for the result: `out`, or a new one where there is none."""
-        if self.out is not None:
-            return self.out.view(-1)
-        return torch.empty(self.shape.numel(), dtype=self.dtype, device=self.residual.device
-                           if self.residual is not None else None)
+        """The flat buffer for the result."""
+        return self.out.view(-1)
 
 
 @dataclass
@@ -235,9 +233,9 @@ class _SparDLState:
 def _owned_scratch(wire, size):
     """A float32 buffer for the owned block's sums: the front of the gradient buffer (consumed
     by the pack, overwritten by finish) when it is float32; a new one otherwise."""
-    if wire.out is not None and wire.dtype == torch.float32:
-        return wire.out.view(-1)[:size]
-    return torch.empty(size, dtype=torch.float32, device=wire.residual.device if wire.residual is not None else None)
+    if wire.dtype == torch.float32:
+        return wire.output()[:size]
+    return torch.empty(size, dtype=torch.float32, device=wire.out.device)
 
 
 class SparDL:
