@@ -125,11 +125,10 @@ class Allgather:
     allgather; each rank adds all contributions, in rank order, into the result."""
 
     def start(self, packed, wire):
-        buffer, sent_elements = (_segment(packed) if packed.bits is not None else _rows(packed.values, packed.index),
-                                 packed.index.numel())
+        buffer = _segment(packed) if packed.bits is not None else _rows(packed.values, packed.index)
         handle = _hvd().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
         pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)
-        return _placeholder(buffer.device), Context(self, wire, sent_elements, buffer.numel(), pending=pending)
+        return _placeholder(buffer.device), Context(self, wire, packed.index.numel(), buffer.numel(), pending=pending)
 
     def finish(self, output, ctx):
         handle, value_dtype, bits = ctx.pending

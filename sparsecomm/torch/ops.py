@@ -15,6 +15,14 @@ from ..core.selection import sample_count, seed_as_int64
 _ops = torch.ops.sparsecomm
 
 
+def _checked_out(op, out, numel):
+    """An unpack's `out` buffer, which must hold the dense tensor's numel elements (the ops
+    take its size as the tensor's)."""
+    if out.numel() != numel:
+        raise ValueError(f"{op}: out should have numel {numel}, got {out.numel()}")
+    return out
+
+
 def random_block_start(seed: int, tensor_id: int, step: int, numel: int) -> int:
     """Start of the cyclic random block of a tensor of ``numel`` elements at ``step``.
 
@@ -36,9 +44,7 @@ def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.
     With `out` (contiguous, values' dtype), writes there in one pass and returns it."""
     if out is None:
         return _ops.block_unpack(values, numel, start, scale)
-    if out.numel() != numel:
-        raise ValueError(f"block_unpack: out should have numel {numel}, got {out.numel()}")
-    _ops.block_unpack_into(values, start, scale, out)
+    _ops.block_unpack_into(values, start, scale, _checked_out("block_unpack", out, numel))
     return out
 
 
@@ -93,9 +99,7 @@ def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     dtype), writes there instead of allocating, and returns it."""
     if out is None:
         return _ops.sparse_unpack(values, index, numel, scale)
-    if out.numel() != numel:
-        raise ValueError(f"sparse_unpack: out should have numel {numel}, got {out.numel()}")
-    _ops.sparse_unpack_into(values, index, scale, out)
+    _ops.sparse_unpack_into(values, index, scale, _checked_out("sparse_unpack", out, numel))
     return out
 
 
