@@ -53,6 +53,15 @@ def test_unpack_matches_reference(device, dtype, numel, start, length, scale):
     assert torch.equal(dense.cpu(), random_block_unpack(values.cpu(), numel, start, scale))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel,start,length", CASES)
+def test_unpack_into_out_writes_every_element(device, dtype, numel, start, length):
+    values = torch.randn(length).to(dtype).to(device)
+    out = torch.full((numel,), 7.0, dtype=dtype, device=device)  # stale contents: zeros must be written too
+    assert ops.block_unpack(values, numel, start, 0.5, out=out) is out
+    assert torch.equal(out.cpu(), random_block_unpack(values.cpu(), numel, start, 0.5))
+
+
 def test_pack_accepts_non_contiguous_grad(device):
     base = torch.randn(64, 48, device=device)
     grad = base.t()  # non-contiguous view; the op reads it in its logical (row-major) order
@@ -102,6 +111,10 @@ def test_ops_pass_opcheck():
     (lambda: ops.block_pack(torch.randn(10), torch.zeros(9), 0, 1), r"residual should have numel 10 like grad, got 9"),
     (lambda: ops.block_unpack(torch.randn(2, 2), 10, 0), r"values should be 1-D, got 2-D"),
     (lambda: ops.block_unpack(torch.randn(11), 10, 0), r"length should be in \[0, numel=10\], got 11"),
+    (lambda: ops.block_unpack(torch.randn(4), 10, 0, out=torch.empty(10, dtype=torch.float64)),
+     r"out should be Float like values, got Double"),
+    (lambda: ops.block_unpack(torch.randn(4), 10, 0, out=torch.empty(20)[::2]),
+     r"out should be contiguous"),
     (lambda: ops.random_block_start(0, 2**32, 0, 10), r"tensor_id should be a uint32, got 4294967296"),
     (lambda: ops.random_block_start(0, 0, -1, 10), r"step should be >= 0, got -1"),
 ])

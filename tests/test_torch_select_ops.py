@@ -177,6 +177,39 @@ def test_sparse_unpack_equals_index_add_with_duplicates(device, dtype, scale):
                        torch.zeros(4, dtype=dtype))
 
 
+def _gathered_selections(numel, per_rank, ranks, dtype, seed):
+    """What an allgather brings to unpack: one index-ordered selection per rank, overlapping."""
+    gen = torch.Generator().manual_seed(seed)
+    index = torch.cat([torch.randperm(numel, generator=gen)[:per_rank].sort().values for _ in range(ranks)]).int()
+    return torch.randn(ranks * per_rank, generator=gen).to(dtype), index
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", [1.0, 1 / 3])
+def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
+    # 70,000 elements: several of the CPU merge's zeroing blocks; stale contents of out must go.
+    values, index = _gathered_selections(70_000, 2000, 3, dtype, seed=5)
+    want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * scale).to(dtype)
+    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
+    got = ops.sparse_unpack(values.to(device), index.to(device), 70_000, scale, out=out)
+    assert got is out and torch.equal(out.cpu(), want)
+
+
+def test_sparse_unpack_merges_in_parallel_chunks_on_the_cpu():
+    numel = (1 << 21) + 5  # past the size at which the CPU pass splits over the cores
+    values, index = _gathered_selections(numel, 20_000, 4, torch.float32, seed=6)
+    want = torch.zeros(numel).index_add_(0, index.long(), values) * 0.25
+    assert torch.equal(ops.sparse_unpack(values, index, numel, 0.25, out=torch.full((numel,), 7.0)), want)
+
+
+def test_unpack_into_a_wrong_sized_buffer_is_refused():
+    values, index = torch.ones(2), torch.tensor([0, 1], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"sparse_unpack: out should have numel 5, got 4"):
+        ops.sparse_unpack(values, index, 5, out=torch.empty(4))
+    with pytest.raises(ValueError, match=r"block_unpack: out should have numel 5, got 6"):
+        ops.block_unpack(values, 5, 0, out=torch.empty(6))
+
+
 @pytest.mark.usefixtures("host_binding")
 def test_select_top_keeps_index_order():
     acc = torch.tensor([1.0, -5.0, 2.0, 5.0, -0.5])
