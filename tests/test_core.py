@@ -53,6 +53,45 @@ def test_auto_needs_the_network_and_never_measures_it_itself():
     assert not shared.needs_network(4) and shared.route("w", 10**6, 2, 4, 0.01, 4) == "shared"
 
 
+def test_a_new_world_measures_the_network_again_but_keeps_a_given_one():
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    planner.measured(SLOW, None)
+    assert planner.route("w", 25_000_000, 2, 4, 0.001, 4) == "spardl"
+    planner.forget_measurement()  # elastic Horovod: the ranks changed
+    assert planner.network is None and planner.needs_network(3)
+    planner.measured(FAST, None)
+    assert planner.route("w", 25_000_000, 2, 4, 0.001, 3) == "dense"  # chosen again, not the cached route
+    given = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", SLOW)
+    given.forget_measurement()
+    assert given.network is SLOW and not given.needs_network(3)
+
+
+def test_the_settings_are_checked_again_whenever_the_world_changes():
+    from sparsecomm.core.compressor import Settings
+
+    class World(Settings):
+        def __init__(self):
+            self._configure(methods.TopK("TopK", 0.001))
+            self.ranks, self.checks = 2, []
+
+        def _ranks(self):
+            return self.ranks
+
+        def _allgather_ints(self, ints, name):
+            self.checks.append((self.ranks, name.rsplit(".", 1)[-1]))
+            return list(ints) * self.ranks  # every rank with the same settings
+
+    world = World()
+    world.planner.measured(SLOW, None)
+    for ranks in (2, 2, 3, 3, 2):  # a join, then a shrink seen only as a new count
+        world.ranks = ranks
+        world._check_world()
+    assert [ranks for ranks, _ in world.checks][::2] == [2, 3, 2] and world.planner.network is None
+    world._forget_world()  # a reset into a world of the same size (elastic sync)
+    world._check_world()
+    assert [ranks for ranks, _ in world.checks][::2] == [2, 3, 2, 2]
+
+
 def test_the_auto_choice_is_recorded_for_stats_and_recomputed_when_k_changes():
     planner = Planner("DGC", methods.DGC("DGC", 0.001), Policy(), "auto", SLOW, dense_fallback=False)
     assert planner.route("w", 10**6, 2, 4, 0.6, 4) == "dense"  # a warm-up density: the pairs cost more

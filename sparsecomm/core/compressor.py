@@ -22,23 +22,34 @@ class Settings:
         self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
         self.planner = Planner(method.owner, method, self.policy, **exchange)
         self._instance = report.next_instance()  # names the settings check (same on every rank)
-        self._settings_checked = False
+        self._world = None  # the number of ranks the settings were checked for (None: not yet)
 
     def settings(self) -> str:
         """The settings every rank must share, as text (compared across ranks on the first step)."""
         fields = dict(self.method.settings(), **self.planner.settings(), **vars(self.policy))
         return report.settings_text(self.method.owner, fields)
 
-    def _check_settings_once(self):
-        """On the first compress: every rank's settings text, gathered; different settings raise
-        the same error on every rank, instead of hanging or training wrong."""
-        if self._settings_checked:
+    def _check_world(self):
+        """On the first compress, and again whenever the ranks changed (elastic Horovod: a reset
+        calls `_forget_world`, and a shrink is seen here as a new count): every rank's settings
+        text, gathered; different settings raise the same error on every rank, instead of
+        hanging or training wrong. A network measured for other ranks is measured again."""
+        ranks = self._ranks()
+        if ranks == self._world:
             return
-        self._settings_checked = True
-        if self._ranks() > 1:
+        if self._world is not None:
+            self.planner.forget_measurement()
+        self._world = ranks
+        if ranks > 1:
             name = f"sparsecomm.settings.{self._instance}"
             report.check_same_settings(self.method.owner, self.settings(),
                                        lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
+
+    def _forget_world(self):
+        """After an elastic reset: the next compress checks the settings and measures again,
+        collectively, with every rank of the new world."""
+        self._world = None
+        self.planner.forget_measurement()
 
     def _routing_ranks(self, measure):
         """The number of ranks to route for. exchange="auto" on several ranks needs the network
@@ -49,7 +60,7 @@ class Settings:
         if self.planner.needs_network(ranks):
             if not measure:
                 return 1
-            self.planner.network, self.planner.local = self._measure_network()
+            self.planner.measured(*self._measure_network())
         return ranks
 
     def density(self, step: int) -> float:

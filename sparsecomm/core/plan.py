@@ -53,6 +53,7 @@ class Planner:
             self.dense_fallback = validate.check_flag(owner, "dense_fallback", dense_fallback)
             self.exchange, self.network = validate.check_exchange(owner, exchange, network)
         self.local = None  # cost.LocalCost of this compressor's sparse path, measured with the network
+        self._network_measured = False  # network= was measured here (not the user's): measured again on a new world
         self.choices = {}  # name -> {"exchange", "predicted_seconds"?}: what stats() shows
         self._cached = {}  # name -> ((k, ranks), route) of exchange="auto"
 
@@ -64,6 +65,17 @@ class Planner:
     def needs_network(self, ranks):
         """Whether a route needs the network measured first (exchange="auto" on several ranks)."""
         return not self.shared and self.exchange == "auto" and self.network is None and ranks > 1
+
+    def measured(self, network, local):
+        """The network and local cost measured by the framework adapter (see needs_network)."""
+        self.network, self.local, self._network_measured = network, local, True
+
+    def forget_measurement(self):
+        """Drops a measured network (not one the user gave) and every route chosen with it:
+        the ranks changed (elastic Horovod), so they are measured and chosen again."""
+        if self._network_measured:
+            self.network, self.local, self._network_measured = None, None, False
+        self._cached.clear()
 
     def route(self, name, numel, ndim, element_size, density, ranks, record=True):
         """How this tensor travels at `density` (see the module docstring)."""

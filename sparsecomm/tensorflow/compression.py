@@ -63,7 +63,7 @@ class Compressor(Settings, tf.Module):
     def compress(self, tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         state = self._state_for(tensor)
-        self._check_settings_once()
+        self._check_world()
         tensor = tf.convert_to_tensor(tensor)
         route = self._route(state, tensor, self.method.ratio)
         if route not in ("dense", "shared"):

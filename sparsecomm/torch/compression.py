@@ -10,6 +10,7 @@ them to parameters, keeps per-parameter state and runs the kernels (ops) and the
 (exchange.EXCHANGES). A compressor class declares its core method (`Method`) and its
 `pack` hook; DGC also overrides `dense_payload`.
 """
+import copy
 import time
 from typing import Iterable, Optional, Tuple
 
@@ -18,7 +19,7 @@ import torch
 from ..core import cost, methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
-from . import exchange, ops
+from . import elastic, exchange, ops
 from .exchange import EXCHANGES, Packed, Wire
 from .state import Counters, ParameterBinding, ParameterState, load_states, state_dict
 
@@ -44,6 +45,7 @@ class Compressor(Settings):
         self._states = {}
         self._counters = Counters()
         self._pending = []  # contexts of exchanges started in compress that still have a phase to advance
+        elastic.register_handler(Compressor)
 
     # -- Horovod's hooks ---------------------------------------------------------------------
 
@@ -52,7 +54,7 @@ class Compressor(Settings):
         started = time.perf_counter()
         state = self._state_for(tensor)
         self._device = tensor.device  # where a measurement of the sparse path runs
-        self._check_settings_once()
+        self._check_world()
         density = self.method.density(state.step)
         route = self._route(state.name, tensor, density, measure=True)
         k = selected_count(density, tensor.numel())
@@ -175,6 +177,27 @@ class Compressor(Settings):
     def load_state_dict(self, state: dict) -> None:
         """Restores a state_dict() so training continues exactly as if it had not stopped."""
         self._states = load_states(self._name, self._binding, state, self._counters)
+
+    # -- elastic Horovod (sparsecomm.torch.elastic) ----------------------------------------------
+
+    def elastic_snapshot(self) -> dict:
+        """A copy of state_dict() (hvd.elastic.TorchState's commit)."""
+        return copy.deepcopy(self.state_dict())
+
+    def elastic_restore(self, snapshot: dict) -> None:
+        """Back to a snapshot (TorchState's restore after a failure): exchanges in flight are dropped."""
+        self._pending = []
+        self.load_state_dict(copy.deepcopy(snapshot))
+
+    def elastic_sync(self) -> None:
+        """After a reset (TorchState's sync, collective): every rank adopts rank 0's steps; the
+        settings are checked and the network measured again on the next compress."""
+        self._pending = []
+        steps = exchange._hvd().broadcast_object({name: s.step for name, s in self._states.items()}, root_rank=0,
+                                                 name=f"sparsecomm.elastic.{self._instance}")
+        for name, step in steps.items():
+            self._states.setdefault(name, ParameterState.fresh(name)).step = step
+        self._forget_world()
 
     def stats(self) -> dict:
         """Since construction (cheap: counters updated in compress): calls, dense_bytes (what a

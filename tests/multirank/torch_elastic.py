@@ -1,0 +1,130 @@
+"""Elastic Horovod with every torch compressor (run by tests/test_elastic.py under elastic
+horovodrun with a host discovery script that reads a file): 2 ranks train, a third joins
+(rank 0 rewrites the hosts file), then one is removed again (hosts file back to 2 slots), or
+with --fail one rank dies mid-step and the others go on from the last commit.
+
+Each method trains its own copy of the digits MLP in the same job. Every rank prints one line
+per reset and, at the end, a digest of each model's parameters and each compressor's steps:
+the test checks that every rank printed the same."""
+import argparse
+import hashlib
+import os
+import sys
+import time
+
+import torch
+import horovod.torch as hvd
+
+import common
+import sparsecomm.torch as sct
+
+METHODS = {
+    "DGC": lambda named: sct.DGC(ratio=0.05, warmup_steps=4, named_parameters=named, **common.EVERY),
+    "Threshold": lambda named: sct.Threshold(ratio=0.05, exchange="spardl", named_parameters=named, **common.EVERY),
+    "TopK": lambda named: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=named, **common.EVERY),
+    "RTopK": lambda named: sct.RTopK(ratio=0.05, seed=3, exchange="allgather", named_parameters=named, **common.EVERY),
+    "RandomK": lambda named: sct.RandomK(ratio=0.05, seed=5, exchange="spardl", named_parameters=named,
+                                         **common.EVERY),
+    "RandomBlock": lambda named: sct.RandomBlock(ratio=0.05, seed=7, named_parameters=named, **common.EVERY),
+}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", required=True, help="the file the host discovery script prints")
+    parser.add_argument("--fail", action="store_true", help="shrink by a rank dying mid-step, not by discovery")
+    args = parser.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    x, y = common.digits()
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    models, optimizers, compressors = {}, {}, {}
+    for method, make in METHODS.items():
+        models[method] = model = common.torch_model()
+        named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
+        compressors[method] = make(named)
+        optimizers[method] = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named,
+                                                      compression=compressors[method])
+    state = hvd.elastic.TorchState(step=0, phase="grow", mark=0,
+                                   **{f"model_{m}": v for m, v in models.items()},
+                                   **{f"optimizer_{m}": v for m, v in optimizers.items()},
+                                   **{f"compression_{m}": v for m, v in compressors.items()})
+    born = time.monotonic()
+    state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
+                                                  flush=True)])
+
+    def write_hosts(slots):
+        # The third slot is on a second "host" (127.0.0.1, also this machine): Horovod blacklists
+        # the host of a failed worker, which must not be the host of the others.
+        with open(args.hosts, "w") as f:
+            f.write("localhost:2\n" + ("127.0.0.1:1\n" if slots == 3 else ""))
+
+    joined = hvd.size() == 3  # this process started in the grown world
+
+    def residual_norm():
+        return sum(float(s["residual"].abs().sum()) for c in compressors.values()
+                   for s in c.state_dict()["parameters"].values() if s["residual"] is not None)
+
+    def agreed():
+        """Every rank's step, compressor steps and parameters, gathered: they must be the same;
+        and every compressor counted exactly the committed steps (every tensor is compressed
+        each step; a failed step's partial work was rolled back)."""
+        steps = [sorted((n, s["step"]) for n, s in c.state_dict()["parameters"].items()) for c in compressors.values()]
+        if any(step != state.step for per in steps for _, step in per):
+            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} at step {state.step}")
+        mine = (state.step, steps,
+                hashlib.sha256(b"".join(p.detach().numpy().tobytes() for m in models.values()
+                                        for p in m.parameters())).hexdigest())
+        everyone = hvd.allgather_object(mine)
+        if any(other != mine for other in everyone):
+            raise AssertionError(f"ranks disagree at step {state.step}: {everyone}")
+
+    @hvd.elastic.run
+    def train(state):
+        seen = None
+        while True:
+            size = hvd.size()
+            agreed()
+            if size != seen:
+                seen = size
+                print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
+                      f"residual {residual_norm():.6g}", flush=True)
+            if state.phase == "grow" and size == 3:
+                state.phase, state.mark = "shrink", state.step
+            if state.phase == "shrink" and size == 2:
+                state.phase, state.mark = "finish", state.step
+            if state.phase == "grow" and state.step == 3 and hvd.rank() == 0:
+                write_hosts(3)
+            if state.phase == "shrink" and state.step == state.mark + 3:
+                if args.fail and hvd.rank() == 2:
+                    print(f"rank 2 dies at step {state.step}", flush=True)
+                    os._exit(1)
+                if not args.fail and hvd.rank() == 0:
+                    write_hosts(2)
+            if state.phase == "finish" and state.step >= state.mark + 3:
+                return
+            rows = torch.from_numpy(common.rows(state.step, hvd.rank(), hvd.size(), len(x)))
+            for method, model in models.items():
+                optimizers[method].zero_grad()
+                torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
+                if args.fail and state.phase == "shrink" and state.step == state.mark + 3 and hvd.rank() == 2:
+                    os._exit(1)
+                optimizers[method].step()
+            state.step += 1
+            state.commit()
+            time.sleep(0.05 if state.phase != "finish" else 0)
+            if time.monotonic() - born > 240:
+                raise RuntimeError(f"phase {state.phase} never ended (size {hvd.size()})")
+
+    train(state)
+    for method, model in models.items():
+        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+        steps = sorted((n, s["step"]) for n, s in compressors[method].state_dict()["parameters"].items())
+        loss = torch.nn.functional.cross_entropy(model(x[:256]), y[:256]).item()
+        print(f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} steps {steps} "
+              f"loss {loss:.4f}", flush=True)
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

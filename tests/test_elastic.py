@@ -1,0 +1,41 @@
+"""Elastic Horovod with every compressor: a worker joins (2 -> 3 ranks), then leaves (the
+host discovery script drops it) or fails (it dies mid-step). Real elastic horovodrun with a
+host discovery script; every run has a time-out. The workers check at every step that all
+ranks hold the same parameters and compressor steps, and that each compressor counted exactly
+the committed steps; here: the resets happened, a joiner started with zero residuals while
+the survivors kept theirs, and training went on to the end on every remaining rank."""
+import os
+import re
+
+import pytest
+
+from launch import horovodrun
+
+METHODS = ("DGC", "Threshold", "TopK", "RTopK", "RandomK", "RandomBlock")
+
+
+def elastic(script, tmp_path, *args):
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    return horovodrun(2, script, "--hosts", hosts, *args, timeout=240,
+                      elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover])
+
+
+@pytest.mark.parametrize("shrink", ["leave", "fail"])
+def test_torch_compressors_follow_a_worker_joining_and_leaving(shrink, tmp_path):
+    output = elastic("torch_elastic.py", tmp_path, *(["--fail"] if shrink == "fail" else []))
+    worlds = re.findall(r"world: rank (\d) of (\d) at step (\d+) joined (\w+) residual (\S+)", output)
+    grown = [w for w in worlds if w[1] == "3"]
+    assert sorted(w[0] for w in grown) == ["0", "1", "2"], output[-4000:]
+    for rank, _, _, joined, residual in grown:
+        assert (joined == "True") == (rank == "2") and (float(residual) == 0) == (rank == "2"), grown
+    assert sorted(w[0] for w in worlds if w[1] == "2" and w[2] != "0") == ["0", "1"], output[-4000:]  # shrunk
+    if shrink == "fail":
+        assert "rank 2 dies at step" in output
+    finals = re.findall(r"final (\w+): rank (\d) of 2 step (\d+) params (\w+)", output)
+    for method in METHODS:
+        ours = [f for f in finals if f[0] == method]
+        assert sorted(f[1] for f in ours) == ["0", "1"] and len({f[2:] for f in ours}) == 1, (method, finals)
