@@ -26,7 +26,11 @@ def elastic(script, tmp_path, *args):
 
 @pytest.mark.parametrize("shrink", ["leave", "fail"])
 def test_torch_compressors_follow_a_worker_joining_and_leaving(shrink, tmp_path):
-    output = elastic("torch_elastic.py", tmp_path, *(["--fail"] if shrink == "fail" else []))
+    check(elastic("torch_elastic.py", tmp_path, *(["--fail"] if shrink == "fail" else [])), shrink)
+
+
+def check(output, shrink):
+    """What every rank printed: the worlds it saw, the residuals it brought to each, its final state."""
     worlds = re.findall(r"world: rank (\d) of (\d) at step (\d+) joined (\w+) residual (\S+)", output)
     grown = [w for w in worlds if w[1] == "3"]
     assert sorted(w[0] for w in grown) == ["0", "1", "2"], output[-4000:]
@@ -39,3 +43,30 @@ def test_torch_compressors_follow_a_worker_joining_and_leaving(shrink, tmp_path)
     for method in METHODS:
         ours = [f for f in finals if f[0] == method]
         assert sorted(f[1] for f in ours) == ["0", "1"] and len({f[2:] for f in ours}) == 1, (method, finals)
+
+
+def test_tf_compressors_follow_a_worker_joining_and_failing(tmp_path):
+    # One TF case (about 60-100 s here: TF traces the six steps again at each reset): the failure, which
+    # also exercises the rollback and sparsecomm.tensorflow.elastic.run. The torch cases cover the
+    # shrink by discovery, whose world check is the same core code (Settings._check_world).
+    check(elastic("tf_elastic.py", tmp_path, "--fail"), "fail")
+
+
+def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    from sparsecomm.tensorflow import TopK
+
+    hvd.init()
+    monkeypatch.setenv("HOROVOD_ELASTIC", "1")
+    w = tf.Variable(tf.ones([64, 64]))
+    compression = TopK(ratio=0.1, exchange="allgather", variables=[("w", w)])
+    compression._forget_world()
+    monkeypatch.setattr(type(compression), "_ranks", lambda self: 2)  # traced as if the job had 2 ranks
+
+    @tf.function
+    def step():
+        return compression.compress(tf.ones([64, 64]))[0]
+    compression._allgather_ints = lambda ints, name: list(ints) * 2
+    with pytest.raises(tf.errors.InvalidArgumentError, match="this step was traced for 2 ranks"):
+        step()

@@ -10,6 +10,7 @@ Compressors are tf.Modules: ``tf.train.Checkpoint(compression=compressor)`` save
 residuals, momenta and steps. The methods' rules are sparsecomm.core's; a compressor class
 declares its core method and its `pack` hook (DGC also `dense_payload`).
 """
+import os
 from typing import Optional
 
 import tensorflow as tf
@@ -67,13 +68,28 @@ class Compressor(Settings, tf.Module):
         tensor = tf.convert_to_tensor(tensor)
         route = self._route(state, tensor, self.method.ratio)
         if route not in ("dense", "shared"):
-            return self._per_rank(tensor, state)
+            return self._traced_for_these_ranks(*self._per_rank(tensor, state))
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, self.method.ratio)
         counts = route == "shared" or self.method.counts_dense_steps
         handed = EXCHANGES[route].start(payload, self._wire(state, tensor))
         with tf.control_dependencies(state.updates(payload.residual, payload.momentum, counts)):
             wire = tf.identity(handed.tensor)
-        return state.counted(wire, handed.count, handed.sent, handed.received), handed.finish
+        return self._traced_for_these_ranks(state.counted(wire, handed.count, handed.sent, handed.received),
+                                            handed.finish)
+
+    def _traced_for_these_ranks(self, tensor, finish):
+        """Under elastic Horovod, a step traced for another number of ranks raises instead of
+        exchanging wrongly (routes, layouts and scales are fixed when compress is traced)."""
+        if not int(os.environ.get("HOROVOD_ELASTIC", 0)):
+            return tensor, finish
+        hvd, ranks = exchange._hvd(), self._ranks()
+        now = hvd.size_op(process_set_id=self._collective_set().process_set_id)
+        check = tf.debugging.assert_equal(
+            now, ranks, message=f"{self._name}: this step was traced for {ranks} ranks and the job now has a "
+                                f"different number (elastic Horovod): create the tf.function inside the function "
+                                f"decorated by hvd.elastic.run, so that each reset traces it again")
+        with tf.control_dependencies([check]):
+            return tf.identity(tensor), finish
 
     def decompress(self, tensor, ctx):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
@@ -163,6 +179,25 @@ class Compressor(Settings, tf.Module):
         with tf.init_scope():  # eagerly, even inside a trace
             return hvd.allgather(tf.constant(ints, tf.int64), name=name, process_set=self._collective_set()
                                  ).numpy().tolist()
+
+    # -- elastic Horovod (sparsecomm.tensorflow.elastic) -----------------------------------------
+
+    def elastic_snapshot(self):
+        """A copy of every state variable's value (the elastic state's commit)."""
+        return [v.numpy() for v in self.variables]
+
+    def elastic_restore(self, snapshot):
+        """Back to a snapshot (the elastic state's restore after a failure)."""
+        for variable, value in zip(self.variables, snapshot):
+            variable.assign(value)
+
+    def elastic_sync(self):
+        """After a reset (collective): every rank adopts rank 0's steps; the settings are checked
+        and the network measured again on the next trace of compress."""
+        steps = [state.step for state in getattr(self, "state", ())]
+        if steps:
+            exchange._hvd().broadcast_variables(steps, root_rank=0, process_set=self._collective_set())
+        self._forget_world()
 
     def stats(self) -> dict:
         """Since construction (read from the counters): calls, dense_bytes, sent_bytes,

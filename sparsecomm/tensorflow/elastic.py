@@ -1,0 +1,87 @@
+"""Elastic Horovod: a compressor's state alongside ``hvd.elastic.TensorFlowKerasState`` or
+``hvd.elastic.TensorFlowState``.
+
+    state = hvd.elastic.TensorFlowKerasState(model, optimizer, batch=0)
+    sparsecomm.tensorflow.elastic.track(state, compression)
+
+    @sparsecomm.tensorflow.elastic.run   # in place of @hvd.elastic.run, see `run`
+    def train(state): ...
+
+Horovod's TF states have no handler registry, and their keyword arguments are broadcast from
+rank 0 as plain objects (residuals differ per rank), so `track` chains each compressor to the
+state's own commit, restore and sync:
+
+- commit (save): a copy of this rank's steps, residuals, momenta and counters;
+- restore (after a failure): that copy is assigned back, so residuals roll back with the model;
+- sync (after every reset but a shrink): every rank adopts rank 0's steps, so warm-up
+  schedules and shared-seed coordinates agree again. Survivors keep their residuals; a joining
+  rank starts from zero; a removed rank's residual is lost;
+- on any reset the next trace of compress checks the settings again and measures the network
+  again, collectively. A step traced before the reset refuses to run (its ranks are stale):
+  create the tf.function inside the function decorated by ``hvd.elastic.run``, so each reset
+  traces it anew.
+"""
+
+
+def run(func):
+    """``hvd.elastic.run`` for TensorFlow, recognising a failed collective wherever it is.
+
+    Horovod 0.28.1's TF wrapper turns a graph error into a reset only when the message names
+    one of its own op types (HorovodAllreduce, HorovodAllgather, HorovodBroadcast); any other
+    tf.errors.UnknownError it swallows, and the wrapped function returns None as if training
+    had ended. A failure inside a sparsecomm exchange (an alltoall, or collectives named after
+    the parameter) is such an error. Here every UnknownError that mentions Horovod or a
+    sparsecomm collective becomes a reset, and every other error is raised."""
+    import functools
+
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+    from horovod.common.elastic import run_fn
+    from horovod.common.exceptions import HorovodInternalError
+
+    @functools.wraps(func)
+    def wrapper(state, *args, **kwargs):
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.UnknownError as error:
+            if "Horovod" in error.message or "sparsecomm." in error.message:
+                raise HorovodInternalError(error) from error
+            raise
+
+    def reset():
+        hvd.shutdown()
+        hvd.init()
+    return run_fn(wrapper, reset)
+
+
+def track(state, *compressors):
+    """Chains `compressors` (sparsecomm.tensorflow compressors) to a Horovod elastic state's
+    save, restore and sync; returns the state."""
+    from .compression import Compressor
+    for compressor in compressors:
+        if not isinstance(compressor, Compressor):
+            raise TypeError(f"track: compressors should be sparsecomm.tensorflow compressors, got "
+                            f"{type(compressor).__name__}")
+    if not all(hasattr(state, method) for method in ("save", "restore", "sync")):
+        raise TypeError(f"track: state should be a Horovod elastic state (hvd.elastic.TensorFlowKerasState or "
+                        f"TensorFlowState), got {type(state).__name__}")
+    snapshots = {}
+    save, restore, sync = state.save, state.restore, state.sync
+
+    def save_all():
+        save()
+        snapshots.update({id(c): c.elastic_snapshot() for c in compressors})
+
+    def restore_all():
+        restore()
+        for c in compressors:
+            c.elastic_restore(snapshots[id(c)])
+
+    def sync_all():
+        sync()
+        for c in compressors:
+            c.elastic_sync()
+
+    state.save, state.restore, state.sync = save_all, restore_all, sync_all
+    snapshots.update({id(c): c.elastic_snapshot() for c in compressors})
+    return state

@@ -1,0 +1,149 @@
+"""Elastic Horovod with every TF compressor: tests/multirank/torch_elastic.py's scenario (2 ranks
+train, a third joins, then leaves by discovery or dies mid-step) with hvd.DistributedGradientTape
+in a tf.function, the state in hvd.elastic.TensorFlowKerasState (tf-keras) and
+sparsecomm.tensorflow.elastic.track. Every rank checks at every step that all ranks agree; the
+test reads the printed lines. The step function is made inside train(), so each reset traces it
+for the new number of ranks.
+
+(hvd.elastic.TensorFlowState cannot take a joiner under TF2 in Horovod 0.28.1: its constructor
+broadcasts the variables, a collective only the joiner starts, and its sync broadcasts nothing
+eagerly. TensorFlowKerasState broadcasts the model in sync, so the variables are held by a
+tf-keras Model here.)"""
+import argparse
+import hashlib
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow as hvd
+import tf_keras
+
+import common
+import sparsecomm.tensorflow as sctf
+from sparsecomm.tensorflow import elastic
+
+METHODS = {
+    "DGC": lambda m: sctf.DGC(ratio=0.05, warmup_steps=4, variables=m, **common.EVERY),
+    "Threshold": lambda m: sctf.Threshold(ratio=0.05, exchange="spardl", variables=m, **common.EVERY),
+    "TopK": lambda m: sctf.TopK(ratio=0.05, exchange="allgather", variables=m, **common.EVERY),
+    "RTopK": lambda m: sctf.RTopK(ratio=0.05, seed=3, exchange="allgather", variables=m, **common.EVERY),
+    "RandomK": lambda m: sctf.RandomK(ratio=0.05, seed=5, exchange="spardl", variables=m, **common.EVERY),
+    "RandomBlock": lambda m: sctf.RandomBlock(ratio=0.05, seed=7, variables=m, **common.EVERY),
+}
+SHAPES = {"0.weight": (32, 64), "0.bias": (32,), "2.weight": (10, 32), "2.bias": (10,)}
+
+
+def model_for(method):
+    rng = np.random.default_rng(0)
+    return [(f"{method}.{name}", tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32)))
+            for name, shape in SHAPES.items()]
+
+
+def loss_of(model, x, y):
+    w0, b0, w2, b2 = (v for _, v in model)
+    hidden = tf.nn.relu(tf.matmul(x, w0, transpose_b=True) + b0)
+    logits = tf.matmul(hidden, w2, transpose_b=True) + b2
+    return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+
+
+class Held(tf_keras.Model):
+    """The models' variables, held by one built tf-keras Model for TensorFlowKerasState."""
+
+    def __init__(self, variables):
+        super().__init__()
+        self.held = list(variables)
+        self.built = True
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", required=True)
+    parser.add_argument("--fail", action="store_true")
+    args = parser.parse_args()
+    hvd.init()
+    x, y = common.digits()
+    models = {m: model_for(m) for m in METHODS}
+    compressors = {m: make(models[m]) for m, make in METHODS.items()}
+    state = hvd.elastic.TensorFlowKerasState(Held(v for model in models.values() for _, v in model),
+                                             tf_keras.optimizers.SGD(0.1), step=0, phase="grow", mark=0)
+    elastic.track(state, *compressors.values())
+    born, joined = time.monotonic(), hvd.size() == 3
+    state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
+                                                  flush=True)])
+
+    def write_hosts(slots):
+        with open(args.hosts, "w") as f:  # see torch_elastic.py: the third slot on a second "host"
+            f.write("localhost:2\n" + ("127.0.0.1:1\n" if slots == 3 else ""))
+
+    def steps_of(compressor):
+        return [(s.variable_name, int(s.step.numpy())) for s in compressor.state]
+
+    def agreed():
+        steps = [steps_of(c) for c in compressors.values()]
+        if any(step != state.step for per in steps for _, step in per):
+            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} at step {state.step}")
+        digest = hashlib.sha256(b"".join(v.numpy().tobytes() for m in models.values() for _, v in m)).hexdigest()
+        everyone = hvd.allgather_object((state.step, steps, digest))
+        if any(other != everyone[hvd.rank()] for other in everyone):
+            raise AssertionError(f"ranks disagree at step {state.step}: {everyone}")
+
+    def residual_norm():
+        return sum(float(tf.reduce_sum(tf.abs(s.residual))) for c in compressors.values() for s in c.state
+                   if s.residual is not None)
+
+    @elastic.run  # hvd.elastic.run would end train() silently on a failed alltoall (see elastic.run)
+    def train(state):
+        # Made here, so every reset traces the steps again for the new number of ranks.
+        def make_step(model, compression):
+            variables = [v for _, v in model]
+
+            @tf.function
+            def step(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = loss_of(model, xb, yb)
+                tape = hvd.DistributedGradientTape(tape, compression=compression)
+                for v, g in zip(variables, tape.gradient(loss, variables)):
+                    v.assign_sub(0.1 * g)
+            return step
+        steps = {m: make_step(models[m], compressors[m]) for m in METHODS}
+        seen = None
+        while True:
+            size = hvd.size()
+            agreed()
+            if size != seen:
+                seen = size
+                print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
+                      f"residual {residual_norm():.6g}", flush=True)
+            if state.phase == "grow" and size == 3:
+                state.phase, state.mark = "shrink", state.step
+            if state.phase == "shrink" and size == 2:
+                state.phase, state.mark = "finish", state.step
+            if state.phase == "grow" and state.step == 3 and hvd.rank() == 0:
+                write_hosts(3)
+            if state.phase == "shrink" and state.step == state.mark + 3 and not args.fail and hvd.rank() == 0:
+                write_hosts(2)
+            if state.phase == "finish" and state.step >= state.mark + 3:
+                return
+            rows = common.rows(state.step, hvd.rank(), hvd.size(), len(x))
+            for i, method in enumerate(METHODS):
+                if args.fail and state.phase == "shrink" and state.step == state.mark + 3 and hvd.rank() == 2 and i == 1:
+                    print(f"rank 2 dies at step {state.step}", flush=True)
+                    os._exit(1)
+                steps[method](tf.constant(x[rows]), tf.constant(y[rows]))
+            state.step += 1
+            state.commit()
+            time.sleep(0.05 if state.phase != "finish" else 0)
+            if time.monotonic() - born > 240:
+                raise RuntimeError(f"phase {state.phase} never ended (size {hvd.size()})")
+
+    train(state)
+    for method, model in models.items():
+        digest = hashlib.sha256(b"".join(v.numpy().tobytes() for _, v in model)).hexdigest()[:16]
+        loss = float(loss_of(model, tf.constant(x[:256]), tf.constant(y[:256])))
+        print(f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} "
+              f"steps {steps_of(compressors[method])} loss {loss:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
