@@ -11,9 +11,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 LAUNCHES = []  # (command summary, exit code, seconds): printed in the test summary (conftest.py)
 
 
-def horovodrun(np, script, *args, timeout=300, elastic=None):
-    """Runs `script` (a path, or a name in tests/multirank/) on np ranks; fails the test with the ranks' output on
-    a non-zero exit, and kills the whole process group (no orphaned ranks) on a time-out. `elastic`: horovodrun's
+def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
+    """Runs `script` (a path, or a name in tests/multirank/) on np ranks: (exit code, the ranks' output, seconds).
+    On a time-out, kills the whole process group (no orphaned ranks) and fails the test. `elastic`: horovodrun's
     elastic arguments (--min-np, --host-discovery-script, ...) instead of -H; Horovod's elastic driver needs the
     loopback interface named here. (Gloo's time-out stays at its 30 s: it also bounds how long the ranks wait for a
     joining rank to start, and TF takes 10-20 s to import on this machine.)"""
@@ -23,6 +23,7 @@ def horovodrun(np, script, *args, timeout=300, elastic=None):
            sys.executable, os.path.join(HERE, "multirank", script), *map(str, args)]  # join keeps absolute paths
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    summary = f"horovodrun -np {np} --gloo {os.path.basename(script)}"
     started = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
@@ -31,9 +32,16 @@ def horovodrun(np, script, *args, timeout=300, elastic=None):
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         output, _ = proc.communicate()
-        LAUNCHES.append((f"horovodrun -np {np} --gloo {os.path.basename(script)}", "timed out", time.monotonic() - started))
+        LAUNCHES.append((summary, "timed out", time.monotonic() - started))
         pytest.fail(f"horovodrun -np {np} {script} timed out after {timeout}s:\n{output[-6000:]}")
-    LAUNCHES.append((f"horovodrun -np {np} --gloo {os.path.basename(script)}", proc.returncode, time.monotonic() - started))
-    if proc.returncode != 0:
-        pytest.fail(f"horovodrun -np {np} {script} exited {proc.returncode}:\n{output[-6000:]}")
+    seconds = time.monotonic() - started
+    LAUNCHES.append((summary, proc.returncode, seconds))
+    return proc.returncode, output, seconds
+
+
+def horovodrun(np, script, *args, timeout=300, elastic=None):
+    """horovodrun_outcome's output; fails the test with the ranks' output on a non-zero exit."""
+    code, output, _ = horovodrun_outcome(np, script, *args, timeout=timeout, elastic=elastic)
+    if code != 0:
+        pytest.fail(f"horovodrun -np {np} {script} exited {code}:\n{output[-6000:]}")
     return output

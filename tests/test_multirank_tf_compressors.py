@@ -5,7 +5,11 @@ single-process plain-torch replay of the N ranks.
 The workers record each rank's local gradient at each step; the replay feeds those to the
 reference of each method (tests/simulation.py: error feedback, selection, quantization,
 DGC), sums over ranks, scales like Horovod and applies SGD in float32. Selections are
-therefore compared exactly; parameters to float32 rounding of the averaging."""
+therefore compared exactly; parameters to float32 rounding of the averaging.
+
+The "plain_" configs bind every method to a plain list of unnamed variables (all named
+"Variable" by TF): they train, the ranks agree, and the replay with the unique display names
+as stream keys matches (no two variables share a random stream)."""
 import numpy as np
 import pytest
 import torch
@@ -18,6 +22,9 @@ from simulation import METHODS, dgc_density
 pytest.importorskip("tensorflow")
 STEPS, LR = 5, 0.5
 NAMES = ("0.weight", "0.bias", "2.weight", "2.bias")
+# The "plain_" configs bind the unnamed variables (TF names each "Variable"): the compressor's
+# display names, which key their random streams (tensor_id), in binding order.
+PLAIN = ("Variable", "Variable_1", "Variable_2", "Variable_3")
 # config -> the replay's settings (method of tests/simulation.py, ratio, seed, op, ...)
 REPLAYS = {
     "dense": {},
@@ -46,13 +53,21 @@ REPLAYS = {
     "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
     "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
     "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
+    "plain_random_block_0.1": dict(method="random_block", ratio=0.1, streams=PLAIN),
+    "plain_randomk_0.1": dict(method="randomk", ratio=0.1, streams=PLAIN),
+    "plain_topk_0.1": dict(method="topk", ratio=0.1, streams=PLAIN),
+    "plain_rtopk_0.1": dict(method="rtopk_0.3", ratio=0.1, streams=PLAIN),
+    "plain_threshold_0.1": dict(method="threshold", ratio=0.1, streams=PLAIN),
+    "plain_dgc_0.1": dict(dgc=dict(ratio=0.1), streams=PLAIN),
 }
 
 
 def replay(ranks, config, method=None, ratio=None, seed=7, op="average", error_feedback=True, dense_names=(),
-           dgc=None):
-    """Parameters after each step on N ranks, from the recorded local gradients."""
+           dgc=None, streams=NAMES):
+    """Parameters after each step on N ranks, from the recorded local gradients. `streams`: the
+    name that keys each variable's random stream, in the order of NAMES."""
     size = len(ranks)
+    stream = dict(zip(NAMES, streams))
     params = {n: torch.from_numpy(ranks[0][f"initial/{n}"]).reshape(-1) for n in NAMES}
     residuals = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
     dgc_state = [{n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in params.items()}
@@ -74,7 +89,7 @@ def replay(ranks, config, method=None, ratio=None, seed=7, op="average", error_f
                     larger = reference.count(density, numel) * 8 >= numel * 4
                     dense = name in settings.get("dense_names", ()) or (settings.get("dense_fallback", True) and larger)
                     sent, dgc_state[rank][name] = simulation.dgc(
-                        grads[rank], dgc_state[rank][name], density, name, step, masking=settings.get("masking", True),
+                        grads[rank], dgc_state[rank][name], density, stream[name], step, masking=settings.get("masking", True),
                         clip_limit=None if clip is None else clip / size ** 0.5, dense=dense)
                     total = total + sent
             elif method is None or name in dense_names:
@@ -83,7 +98,7 @@ def replay(ranks, config, method=None, ratio=None, seed=7, op="average", error_f
                 total = 0
                 for rank in range(size):
                     sent, new_residual = METHODS[method](grads[rank], residuals[rank][name] if error_feedback else None,
-                                                         ratio, name, step, seed)
+                                                         ratio, stream[name], step, seed)
                     if error_feedback:
                         residuals[rank][name] = new_residual
                     total = total + sent
@@ -122,7 +137,8 @@ def test_training_moved_every_parameter_and_differs_from_dense(run):
     """Guards against a vacuous pass (e.g. compress never running)."""
     last = STEPS - 1
     dense = params_of(run[0], "dense", last)
-    for config in ("random_block_0.1", "randomk_0.1", "topk_0.1", "rtopk_0.1", "threshold_0.1", "dgc_0.1"):
+    methods = ("random_block_0.1", "randomk_0.1", "topk_0.1", "rtopk_0.1", "threshold_0.1", "dgc_0.1")
+    for config in methods + tuple(f"plain_{m}" for m in methods):
         got = params_of(run[0], config, last)
         for name in NAMES:
             assert not torch.equal(got[name], torch.from_numpy(run[0][f"initial/{name}"]).reshape(-1)), (config, name)
@@ -136,6 +152,13 @@ def test_ratio_one_equals_dense(run, config):
         got, dense = params_of(run[0], config, step), params_of(run[0], "dense", step)
         for name in NAMES:
             torch.testing.assert_close(got[name], dense[name], **tol)
+
+
+def test_plain_unnamed_variables_get_unique_names_in_stats(run):
+    for rank in run:
+        for config in (c for c in REPLAYS if c.startswith("plain_")):
+            assert rank[f"{config}/stats/names"].tolist() == list(PLAIN), config
+        assert rank["topk_0.1/stats/names"].tolist() == list(NAMES)  # names given in pairs are kept
 
 
 def test_sparse_configs_send_less_than_dense(run):

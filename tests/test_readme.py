@@ -20,7 +20,8 @@ print("torch snippet ok", hvd.rank())
 for step in range(3):
     train_step(tf.random.normal([8, 1024], seed=hvd.rank()), tf.zeros([8], tf.int64))
 stats = compression.stats()
-assert stats["calls"] == 3 and 0 < stats["sent_bytes"] <= stats["dense_bytes"], stats  # "auto" may pick dense
+assert stats["calls"] == 3 * 2 and 0 < stats["sent_bytes"] <= stats["dense_bytes"], stats  # "auto" may pick dense
+assert list(stats["tensors"]) == ["Variable", "Variable_1"], stats  # w and b: both unnamed
 same = hvd.allgather(tf.reshape(w, [1, -1]))
 assert bool(tf.reduce_all(same[0] == same[1]))
 print("tf snippet ok", hvd.rank())

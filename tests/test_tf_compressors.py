@@ -1,6 +1,7 @@
 """sparsecomm.tensorflow compressors in one process (no Horovod collectives): argument and
-input errors, attribution of gradients to variables, the per-layer policy, the warm-up
-schedule, checkpoint layout, and RandomBlock's compress/decompress against the reference.
+input errors, attribution of gradients to variables, unnamed variables and Keras variables
+with repeated names, the per-layer policy, the warm-up schedule, checkpoint layout, and
+RandomBlock's compress/decompress against the reference.
 The exchange itself is tested under horovodrun (test_multirank_tf_*.py)."""
 import os
 
@@ -35,8 +36,10 @@ def _named(*shapes, dtype=tf.float32):
     (lambda: TopK(ratio=0.1, dense="*.bias"), r"TopK: dense should be a list of name patterns"),
     (lambda: TopK(ratio=0.1, variables=[]), r"TopK: variables is empty \(build the model"),
     (lambda: TopK(ratio=0.1, variables=tf.keras.Sequential()), r"TopK: variables should be a list of variables"),
-    (lambda: TopK(ratio=0.1, variables=[tf.Variable(1.0, name="w"), tf.Variable(2.0, name="w")]),
-     r"TopK: two variables are named 'w'; pass \(name, variable\) pairs"),
+    (lambda: TopK(ratio=0.1, variables=[("w", tf.Variable(1.0)), ("w", tf.Variable(2.0))]),
+     r"TopK: two \(name, variable\) pairs are named 'w'; names given in pairs should be unique"),
+    (lambda: (lambda w: TopK(ratio=0.1, variables=[w, tf.Variable(2.0), w]))(tf.Variable(1.0, name="w")),
+     r"TopK: the variable 'w' is listed twice"),
     (lambda: TopK(ratio=0.1, variables=[("a", 3)]), r"TopK: variables should hold TF/Keras variables"),
 ])
 def test_bad_settings_are_named(make, message):
@@ -74,6 +77,57 @@ def test_gradients_are_attributed_in_order_skipping_missing_ones():
         assert binding.attribute(tf.zeros([4, 3])) == 2
         with pytest.raises(ValueError, match=r"the gradient of 'v2' should have shape \(4, 3\)"):
             binding.attribute(tf.zeros([3]))
+
+
+def _train_eagerly(comp, variables, loss_fn, steps):
+    """SGD steps, each gradient through compress and decompress in the order of `variables`
+    (one process: only the shared-coordinate methods need no collective)."""
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = loss_fn()
+        for v, g in zip(variables, tape.gradient(loss, variables)):
+            v.assign_sub(0.1 * comp.decompress(*comp.compress(g)))
+
+
+def test_plain_unnamed_variables_are_bound_with_unique_display_names():
+    """TF names every unnamed variable "Variable". Repeats are shown, and key their random
+    streams, as name_1, name_2, ... in binding order; names given in pairs stay as they are."""
+    ws = [tf.Variable(tf.ones([8, 8])) for _ in range(3)] + [tf.Variable(tf.ones([8]), name="Variable_1")]
+    comp = RandomK(ratio=0.25, seed=3, variables=ws, **EVERY)
+    names = ["Variable", "Variable_1", "Variable_2", "Variable_1_1"]
+    assert [state.variable_name for state in comp.state] == names
+    assert [state.tensor_id for state in comp.state] == [reference.tensor_id(n) for n in names]
+    _train_eagerly(comp, ws, lambda: tf.reduce_sum(ws[0] * ws[1] * ws[2]) + tf.reduce_sum(ws[3] ** 2), steps=2)
+    stats = comp.stats()["tensors"]
+    assert list(stats) == names and [t["calls"] for t in stats.values()] == [2, 2, 2, 2]
+    # the same gradient for two variables of the same shape: their own streams pick different coordinates
+    sent = [comp.decompress(*comp.compress(tf.ones([8, 8]))).numpy() != 0 for _ in range(3)]
+    assert not (sent[0] == sent[1]).all() and not (sent[1] == sent[2]).all()
+    assert VariableBinding("T", [tf.Variable(1.0), ("Variable", tf.Variable(2.0))]).names == ["Variable_1", "Variable"]
+
+
+def test_keras_variables_with_repeated_names_train_and_show_unique_names():
+    keras = pytest.importorskip("keras")
+
+    class TwoKernels(keras.layers.Layer):  # two weights both named "kernel"
+        def build(self, shape):
+            self.a, self.b = (self.add_weight(name="kernel", shape=(16, 16)) for _ in range(2))
+
+        def call(self, x):
+            return x @ self.a @ self.b
+
+    twins = [keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, name="same")], name="twin")
+             for _ in range(2)]
+    layer = TwoKernels(name="two")
+    layer(tf.zeros([1, 16]))
+    variables = twins[0].trainable_variables + twins[1].trainable_variables + layer.trainable_variables
+    comp = RandomBlock(ratio=0.5, variables=variables, **EVERY)
+    x = tf.constant(np.random.default_rng(0).standard_normal((4, 16)), tf.float32)
+    _train_eagerly(comp, variables, lambda: tf.reduce_sum(layer(twins[1](twins[0](x))) ** 2), steps=3)
+    stats = comp.stats()["tensors"]
+    assert list(stats) == ["twin/same/kernel", "twin/same/bias", "twin/same/kernel_1", "twin/same/bias_1",
+                           "two/kernel", "two/kernel_1"]
+    assert all(t["calls"] == 3 and t["sent_elements"] > 0 for t in stats.values()), stats
 
 
 def test_the_default_policy_and_the_dense_fallback():
@@ -124,6 +178,23 @@ def test_state_is_checkpointed_by_position_and_restored():
     fresh = DGC(ratio=0.1, variables=named, **EVERY)
     tf.train.Checkpoint(compression=fresh).restore(path).assert_consumed()
     assert float(fresh.state[0].residual.numpy()[5]) == 2.5 and int(fresh.state[1].step.numpy()) == 7
+
+
+def test_state_of_variables_with_one_name_is_checkpointed_by_position(tmp_path):
+    def bound():
+        return DGC(ratio=0.1, variables=[tf.Variable(tf.zeros([40, 40])) for _ in range(3)], **EVERY)
+
+    comp = bound()
+    for i, state in enumerate(comp.state):
+        state.residual.assign(tf.fill([1600], float(i + 1)))
+        state.step.assign(10 + i)
+    path = tf.train.Checkpoint(compression=comp).save(str(tmp_path / "c"))
+    keys = {name for name, _ in tf.train.list_variables(path)}
+    assert {f"compression/state/{i}/residual/.ATTRIBUTES/VARIABLE_VALUE" for i in range(3)} <= keys
+    fresh = bound()
+    tf.train.Checkpoint(compression=fresh).restore(path).assert_consumed()
+    assert [float(s.residual.numpy()[7]) for s in fresh.state] == [1.0, 2.0, 3.0]
+    assert [int(s.step.numpy()) for s in fresh.state] == [10, 11, 12]
 
 
 def test_settings_text_lists_the_public_settings():

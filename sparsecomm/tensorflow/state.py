@@ -8,13 +8,19 @@ compressor can neither see the variable nor keep Python counters per step. Hence
   variables (before any trace: a tf.Variable cannot be created on a later trace). A
   `VariableState` per bound variable holds its step, residual, momentum and counters; it is
   a tf.Module, so ``tf.train.Checkpoint(compression=compressor)`` saves and restores it.
+- State is found by position in the bound list (or, with `expect`, by the variable's
+  identity), never by name. Names are for stats(), error messages, the policy's dense=
+  patterns and the random streams (`tensor_id(name)`), so each bound variable gets a name of
+  its own: the one given in a (name, variable) pair (pairs must not repeat one), else the
+  variable's Keras path or TF name, where a repeat (TF names every unnamed variable
+  "Variable") becomes name_1, name_2, ... in binding order: the same on every rank.
 - A gradient is attributed by order: Horovod reduces gradients in the order of the
   tape's sources (and of the optimizer's variables), so within one trace the n-th compress
   call takes the first not yet attributed bound variable with the gradient's shape and
   dtype. Variables whose gradient is None or IndexedSlices (never compressed) are skipped
   by the shape match. The one ambiguity, a skipped variable followed by one of the same
   shape, is avoided by binding only the variables that get dense gradients, or by
-  sparsecomm's Keras wrapper, which names each variable explicitly (`expect`).
+  sparsecomm's Keras wrapper, which tells the binding each gradient's variable (`expect`).
 """
 import contextlib
 import weakref
@@ -93,6 +99,16 @@ def _name_of(variable):
     return name[:-2] if name.endswith(":0") else name
 
 
+def _unique(name, taken):
+    """`name`, or the first of name_1, name_2, ... not in `taken`; adds it to `taken`."""
+    unique, suffix = name, 0
+    while unique in taken:
+        suffix += 1
+        unique = f"{name}_{suffix}"
+    taken.add(unique)
+    return unique
+
+
 def _trace_of(tensor):
     """The outermost tf.function graph `tensor` was traced in (None when eager): compress
     calls of one trace form one round of attribution, whatever cond branches they sit in."""
@@ -113,23 +129,24 @@ class VariableBinding:
             raise TypeError(f"{owner}: variables should be a list of variables or (name, variable) pairs such as "
                             f"model.trainable_variables, got {type(variables).__name__}")
         self.names, self.variables, self.shapes, self.dtypes = [], [], [], []
-        for item in variables:
-            name, variable = item if isinstance(item, tuple) else (None, item)
+        items = [item if isinstance(item, tuple) else (None, item) for item in variables]
+        taken = {name for name, _ in items if isinstance(name, str)}  # names given in pairs stay as given
+        for name, variable in items:
             if not (hasattr(variable, "shape") and hasattr(variable, "dtype") and hasattr(variable, "assign")):
                 raise TypeError(f"{owner}: variables should hold TF/Keras variables or (name, variable) pairs, "
-                                f"got {item!r:.80}")
+                                f"got {variable!r:.80}")
+            if any(v is variable for v in self.variables):
+                raise ValueError(f"{owner}: the variable {name or _name_of(variable)!r} is listed twice")
             if name is None:
-                name = _name_of(variable)
-            if not isinstance(name, str):
+                name = _unique(_name_of(variable), taken)
+            elif not isinstance(name, str):
                 raise TypeError(f"{owner}: a variable's name should be a str, got {name!r}")
+            elif name in self.names:
+                raise ValueError(f"{owner}: two (name, variable) pairs are named {name!r}; names given in pairs "
+                                 f"should be unique")
             shape, dtype = tf.TensorShape(variable.shape), tf.as_dtype(variable.dtype)
             if not shape.is_fully_defined():
                 raise ValueError(f"{owner}: variable {name!r} should have a static shape, got {shape}")
-            if name in self.names:
-                raise ValueError(f"{owner}: two variables are named {name!r}; pass (name, variable) pairs with "
-                                 f"unique names")
-            if any(v is variable for v in self.variables):
-                raise ValueError(f"{owner}: the variable {name!r} is listed twice")
             self.names.append(name)
             self.variables.append(variable)
             self.shapes.append(shape)

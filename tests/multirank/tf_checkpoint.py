@@ -1,7 +1,8 @@
 """Worker: tf.train.Checkpoint -> restore -> continue equals not stopping, with
 DistributedGradientTape in tf.function. Each config trains 5 steps straight; then 3 steps,
 saves the model and the compressor (each rank its own checkpoint: residuals differ per rank),
-builds everything anew, restores, and trains 2 more. Saves both final parameter sets."""
+builds everything anew, restores, and trains 2 more. Saves both final parameter sets. The
+compressors are bound to the plain list of unnamed variables (TF names each "Variable")."""
 import argparse
 import os
 
@@ -29,8 +30,7 @@ def build(make_compression):
     rng = np.random.default_rng(0)
     variables = [tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32))
                  for shape in ((64, 32), (32,), (32, 10), (10,))]
-    named = [(f"layer{i}", v) for i, v in enumerate(variables)]
-    compression = make_compression(named)
+    compression = make_compression(variables)  # all four unnamed ("Variable"): state goes by position
 
     @tf.function
     def step(x, y):

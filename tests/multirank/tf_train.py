@@ -1,6 +1,7 @@
 """Worker: a few SGD steps of a small MLP on digits with hvd.DistributedGradientTape inside
 tf.function (and, for some configs, eager and hvd.allreduce), for each sparsecomm.tensorflow
-compressor. Saves every rank's local gradients (before the exchange) and parameters after
+compressor, bound to (name, variable) pairs and (the "plain_" configs) to the plain list of
+the model's unnamed variables. Saves every rank's local gradients (before the exchange) and parameters after
 every step, so the test can replay the exchange with a plain reference, bit for bit.
 
 The batch size alternates between two values, so every config runs two traces of its step
@@ -27,11 +28,16 @@ BATCHES = (16, 12)  # alternating: two traces of every step function
 
 
 def tf_model():
-    """The MLP 64-32-10 as variables in torch's layout and names (weight [out, in])."""
+    """The MLP 64-32-10 as (torch's name, variable) pairs in torch's layout (weight [out, in]).
+    The variables themselves are unnamed: TF names each of them "Variable"."""
     rng = np.random.default_rng(0)
     shapes = {"0.weight": (32, 64), "0.bias": (32,), "2.weight": (10, 32), "2.bias": (10,)}
-    return [(name, tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32), name=name.replace(".", "_")))
-            for name, shape in shapes.items()]
+    return [(name, tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32))) for name, shape in shapes.items()]
+
+
+def plain(model):
+    """The variables alone, as a user's plain list (the compressor names them Variable, Variable_1, ...)."""
+    return [v for _, v in model]
 
 
 def loss_of(model, x, y):
@@ -72,6 +78,13 @@ CONFIGS = {
     "dgc_1.0_no_masking": (lambda m: DGC(exchange="allgather", ratio=1.0, momentum=0.9, momentum_masking=False, dense_fallback=False,
                                          variables=m, **EVERY), {}),
     "dgc_0.1_default_policy": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, variables=m), {}),
+    # every method bound to a plain list of unnamed variables: TF names them all "Variable"
+    "plain_random_block_0.1": (lambda m: RandomBlock(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),
+    "plain_randomk_0.1": (lambda m: RandomK(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),
+    "plain_topk_0.1": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=plain(m), **EVERY), {}),
+    "plain_rtopk_0.1": (lambda m: RTopK(exchange="allgather", ratio=0.1, r=0.3, seed=7, variables=plain(m), **EVERY), {}),
+    "plain_threshold_0.1": (lambda m: Threshold(exchange="allgather", ratio=0.1, variables=plain(m), **EVERY), {}),
+    "plain_dgc_0.1": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, variables=plain(m), **EVERY), {}),
 }
 
 
@@ -109,6 +122,7 @@ for config, (make_compression, options, *mode) in CONFIGS.items():
         stats = compression.stats()
         out[f"{config}/stats/sent_bytes"] = np.array(stats["sent_bytes"])
         out[f"{config}/stats/dense_bytes"] = np.array(stats["dense_bytes"])
+        out[f"{config}/stats/names"] = np.array(list(stats["tensors"]))
 for name, v in tf_model():
     out[f"initial/{name}"] = v.numpy()
 np.savez(os.path.join(args.out, f"rank{hvd.rank()}.npz"), **out)
