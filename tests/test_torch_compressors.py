@@ -158,9 +158,9 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
         RandomBlock(ratio=0.1, named_parameters=model)
     with pytest.raises(ValueError, match="named_parameters is empty"):
         RandomBlock(ratio=0.1, named_parameters=[])
-    w = torch.nn.Parameter(torch.zeros(3))
-    with pytest.raises(ValueError, match="same parameter is named both 'a' and 'b'"):
-        RandomBlock(ratio=0.1, named_parameters=[("a", w), ("b", w)])
+    w, v = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="named_parameters has the name 'a' twice"):
+        RandomBlock(ratio=0.1, named_parameters=[("a", w), ("a", v)])
 
     with pytest.raises(RuntimeError, match=r"needs named_parameters="):
         RandomBlock(ratio=0.1).compress(torch.zeros(3))
@@ -171,6 +171,20 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
     w_int = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(TypeError, match=r"gradients should be float32, float16 or bfloat16, got torch.int64"):
         comp.compress(w_int)
+
+
+def test_a_tied_parameter_listed_under_two_names_keeps_the_first():
+    """named_parameters(remove_duplicate=False) lists a tied weight once per module (Horovod
+    accepts that): its state is keyed by the first name."""
+    embedding = torch.nn.Embedding(5, 3)
+    out = torch.nn.Linear(3, 5, bias=False)
+    out.weight = embedding.weight
+    model = torch.nn.ModuleDict({"embedding": embedding, "out": out})
+    assert [n for n, _ in model.named_parameters(remove_duplicate=False)] == ["embedding.weight", "out.weight"]
+    comp = RandomBlock(ratio=1.0, named_parameters=model.named_parameters(remove_duplicate=False), **EVERY)
+    out(embedding(torch.tensor([1, 2]))).sum().backward()
+    comp.decompress(*comp.compress(embedding.weight.grad))
+    assert list(comp.state_dict()["parameters"]) == ["embedding.weight"]
 
 
 def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
