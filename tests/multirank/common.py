@@ -95,3 +95,19 @@ def torch_everyday_model():
             return self.out(h)
 
     return Everyday()
+
+
+# A burst of non-finite values: rank 1's gradient at BURST_STEP gets these (flat coordinate ->
+# value); every other gradient is finite.
+BURST_SHAPE, BURST_STEPS, BURST_STEP = (64, 64), 16, 2
+BURST = {5: float("nan"), 700: float("inf"), 2100: float("-inf"), 4000: float("nan")}
+BURST_RANDOM_RATIO = 0.2  # RandomK and RandomBlock: each coordinate drawn at 1 step in 5
+
+
+def burst_gradient(step, rank, shape=BURST_SHAPE):
+    """A float32 normal gradient of `shape`, seeded by (step, rank), with BURST on rank 1 at
+    BURST_STEP."""
+    grad = np.random.default_rng([step, rank]).standard_normal(shape).astype(np.float32)
+    if step == BURST_STEP and rank == 1:
+        grad.reshape(-1)[list(BURST)] = list(BURST.values())
+    return grad
