@@ -25,6 +25,25 @@ def test_policy_is_a_pure_function_of_name_size_and_rank():
         Policy.checked("TopK", dense="w")
 
 
+@pytest.mark.parametrize("method,policy,refused", [
+    (methods.TopK("TopK", 0.01), {}, True),
+    (methods.RandomK("RandomK", 0.01), {}, True),
+    (methods.RandomBlock("RandomBlock", 0.01), {}, False),           # no indices: an int64 block start
+    (methods.TopK("TopK", 0.01), dict(dense=("big",)), False),         # the policy sends it dense
+    (methods.TopK("TopK", 0.5), {}, False),                            # the dense fallback, at every density
+    (methods.DGC("DGC", 0.3, warmup_steps=4, warmup_stages=1), {}, True),  # dense at stage 0, sparse after
+])
+def test_more_elements_than_int32_indices_address_are_refused_where_sent_with_indices(method, policy, refused):
+    planner = Planner(method.owner, method, Policy.checked(method.owner, **policy))
+    planner.check_indexable("big", 2**31 - 1, 2, 4)  # the limit itself is fine
+    if not refused:
+        planner.check_indexable("big", 2**31, 2, 4)
+        return
+    with pytest.raises(ValueError, match=rf"{method.owner}: 'big' has 2147483648 elements, more than 2147483647"):
+        planner.check_indexable("big", 2**31, 2, 4)
+    assert planner.choices == {}  # nothing recorded for stats()
+
+
 def test_dense_fallback_is_k_values_and_int32_indices_against_the_tensor():
     assert not sparse_is_larger(49, 100, 4) and sparse_is_larger(50, 100, 4)    # 8 bytes a pair vs 4
     assert not sparse_is_larger(33, 100, 2) and sparse_is_larger(34, 100, 2)    # 6 bytes a pair vs 2

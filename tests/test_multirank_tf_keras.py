@@ -40,11 +40,11 @@ def test_checkpoint_restore_continue_equals_not_stopping(tmp_path):
 
 @pytest.mark.parametrize("size", [2, 3, 4], ids=lambda n: f"np{n}")
 def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
-    """Same settings and per-rank gradients (f32, f16, bf16) through each framework's
-    hvd.allreduce(..., compression=): every step's result and the final residual and momentum
-    are bitwise equal, for every method (including quantized, warm-up and policy-dense DGC)
-    and exchange (allgather and SparDL; the torch SparDL equals the plain replay on 2-4 ranks,
-    tests/test_multirank_spardl.py)."""
+    """Same settings and per-rank gradients (f32, f16, bf16; one with a NaN and +-inf on rank 1
+    at step 1) through each framework's hvd.allreduce(..., compression=): every step's result
+    and the final residual and momentum are bitwise equal (NaN payloads included), for every
+    method (including quantized, warm-up and policy-dense DGC) and exchange (allgather and
+    SparDL; the torch SparDL equals the plain replay on 2-4 ranks, tests/test_multirank_spardl.py)."""
     for framework in ("torch", "tf"):
         horovodrun(size, "cross_framework.py", "--out", tmp_path, "--framework", framework)
     for rank in range(size):
@@ -58,6 +58,8 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
                 assert str(value) == str(tf_out[key]), (rank, key, value, tf_out[key])
                 continue
             np.testing.assert_array_equal(value.view(np.int32), tf_out[key].view(np.int32), err_msg=f"rank {rank} {key}")
+        burst = torch_out["topk/1/a.weight"].reshape(-1)[[5, 700, 1500]]  # sent at once (top-k: NaN as +inf)
+        assert np.isnan(burst[0]) and burst[1] == np.inf and burst[2] == -np.inf
         assert str(torch_out["topk_auto_fast/exchange/a.weight"]) == "dense"
         assert str(torch_out["topk_auto_slow/exchange/a.weight"]) == ("allgather" if size == 2 else "spardl")
 

@@ -60,6 +60,50 @@ def test_bad_gradients_are_named():
         TopK(ratio=0.1).compress(tf.zeros([4]))
 
 
+class _HugeVariable:
+    """What a compressor binds of a variable of 2**31 elements (one more than int32 indices
+    address), without its 8 GB."""
+    shape, dtype = tf.TensorShape([2**16, 2**15]), tf.float32
+
+    def assign(self, value):
+        raise AssertionError("not assigned")
+
+
+@pytest.mark.parametrize("cls,kwargs", [
+    (TopK, dict(ratio=0.01)),
+    (RandomK, dict(ratio=0.01)),
+    (Threshold, dict(ratio=0.01, quantize="1bit")),
+    (DGC, dict(ratio=0.3, warmup_steps=10, warmup_stages=1)),  # dense at warm-up stage 0, sparse after
+], ids=["TopK", "RandomK", "Threshold", "DGC-dense-first-stage"])
+def test_a_variable_beyond_int32_indices_is_refused_when_bound(cls, kwargs):
+    """Before its residual is allocated and before any trace or collective."""
+    with pytest.raises(ValueError, match=(
+            rf"^{cls.__name__}: 'embedding' has 2147483648 elements, more than 2147483647 \(2\*\*31 - 1\), the most that "
+            rf"int32 indices can address, so it cannot be sent sparse. List it in dense=\['embedding'\] to send it "
+            rf"dense through Horovod's allreduce, or split the parameter into tensors of at most 2147483647 "
+            rf"elements.$")):
+        cls(variables=[("embedding", _HugeVariable())], **kwargs)
+
+
+@pytest.mark.parametrize("make", [
+    lambda variables: TopK(ratio=0.01, variables=variables, dense=["embed*"]),
+    lambda variables: RandomK(ratio=0.01, variables=variables, min_numel=2**32),
+    lambda variables: TopK(ratio=0.5, variables=variables),  # the dense fallback: sparse would be larger
+], ids=["dense=", "min_numel", "dense-fallback"])
+def test_a_variable_beyond_int32_indices_routed_dense_traces_to_horovod_untouched(make):
+    comp = make([("embedding", _HugeVariable())])
+    assert comp.state[0].residual is None  # no 8 GB residual for a tensor that always goes dense
+
+    @tf.function
+    def reduce(grad):
+        handed, ctx = comp.compress(grad)
+        return handed, comp.decompress(handed, ctx)
+    graph = reduce.get_concrete_function(tf.TensorSpec([2**16, 2**15], tf.float32)).graph  # traced, never run
+    handed, decompressed = graph.structured_outputs
+    assert handed.shape == decompressed.shape == [2**16, 2**15]
+    assert not any(op.type.startswith("Sparsecomm") for op in graph.get_operations())
+
+
 def test_gradients_are_attributed_in_order_skipping_missing_ones():
     binding = VariableBinding("T", _named((4, 3), (3,), (4, 3), (2,)))
     grads = [tf.zeros([4, 3]), tf.zeros([2]), tf.zeros([4, 3])]  # v1's gradient is None: skipped by shape

@@ -158,9 +158,9 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
         RandomBlock(ratio=0.1, named_parameters=model)
     with pytest.raises(ValueError, match="named_parameters is empty"):
         RandomBlock(ratio=0.1, named_parameters=[])
-    w = torch.nn.Parameter(torch.zeros(3))
-    with pytest.raises(ValueError, match="same parameter is named both 'a' and 'b'"):
-        RandomBlock(ratio=0.1, named_parameters=[("a", w), ("b", w)])
+    w, v = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="named_parameters has the name 'a' twice"):
+        RandomBlock(ratio=0.1, named_parameters=[("a", w), ("a", v)])
 
     with pytest.raises(RuntimeError, match=r"needs named_parameters="):
         RandomBlock(ratio=0.1).compress(torch.zeros(3))
@@ -171,6 +171,20 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
     w_int = torch.zeros(3, dtype=torch.int64)
     with pytest.raises(TypeError, match=r"gradients should be float32, float16 or bfloat16, got torch.int64"):
         comp.compress(w_int)
+
+
+def test_a_tied_parameter_listed_under_two_names_keeps_the_first():
+    """named_parameters(remove_duplicate=False) lists a tied weight once per module (Horovod
+    accepts that): its state is keyed by the first name."""
+    embedding = torch.nn.Embedding(5, 3)
+    out = torch.nn.Linear(3, 5, bias=False)
+    out.weight = embedding.weight
+    model = torch.nn.ModuleDict({"embedding": embedding, "out": out})
+    assert [n for n, _ in model.named_parameters(remove_duplicate=False)] == ["embedding.weight", "out.weight"]
+    comp = RandomBlock(ratio=1.0, named_parameters=model.named_parameters(remove_duplicate=False), **EVERY)
+    out(embedding(torch.tensor([1, 2]))).sum().backward()
+    comp.decompress(*comp.compress(embedding.weight.grad))
+    assert list(comp.state_dict()["parameters"]) == ["embedding.weight"]
 
 
 def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
@@ -277,6 +291,58 @@ def test_gathering_methods_go_dense_when_sparse_would_be_larger():
     assert not RandomK(ratio=1.0, named_parameters=bound).goes_dense("w32", w32)
     with pytest.raises(TypeError, match="Threshold: dense_fallback should be True or False, got 'no'"):
         Threshold(dense_fallback="no")
+
+
+HUGE = (2**16, 2**15)  # 2**31 elements: one more than int32 indices address
+
+
+def _huge_parameter():
+    """A parameter of 2**31 elements and its gradient that take no memory (expanded views)."""
+    p = torch.nn.Parameter(torch.zeros(1, 1).expand(*HUGE))
+    p.grad = torch.zeros(1, 1).expand(*HUGE)
+    return p
+
+
+@pytest.mark.parametrize("make", [
+    lambda named: TopK(ratio=0.01, named_parameters=named),
+    lambda named: RTopK(ratio=0.01, named_parameters=named),
+    lambda named: Threshold(ratio=0.01, quantize="2bit", named_parameters=named),
+    lambda named: DGC(ratio=0.01, named_parameters=named, exchange="spardl"),
+    lambda named: DGC(ratio=0.3, warmup_steps=10, warmup_stages=1, named_parameters=named),  # stage 0 dense
+    lambda named: RandomK(ratio=0.01, named_parameters=named),
+], ids=["TopK", "RTopK", "Threshold", "DGC", "DGC-dense-first-stage", "RandomK"])
+def test_a_gradient_beyond_int32_indices_is_refused_before_any_collective(make):
+    """Refused on the first compress, before the settings check and the network measurement
+    start their collectives (here on 2 pretended ranks), naming the compressor, the
+    parameter, the count, the limit and what to do. Binding such a parameter (frozen, say) is fine."""
+    p = _huge_parameter()
+    comp = make([("embedding.weight", p)])
+
+    def collective(*args):
+        raise AssertionError("a collective started")
+    comp._ranks, comp._allgather_ints, comp._measure_network = (lambda: 2), collective, collective
+    owner = type(comp).__name__
+    with pytest.raises(ValueError, match=(
+            rf"^{owner}: 'embedding.weight' has 2147483648 elements, more than 2147483647 \(2\*\*31 - 1\), the most "
+            rf"that int32 indices can address, so it cannot be sent sparse. List it in dense=\['embedding.weight'\] "
+            rf"to send it dense through Horovod's allreduce, or split the parameter into tensors of at most "
+            rf"2147483647 elements.$")):
+        comp.compress(p.grad)
+    assert comp.stats()["calls"] == 0 and comp._states["embedding.weight"].residual is None
+
+
+@pytest.mark.parametrize("make", [
+    lambda named: TopK(ratio=0.01, named_parameters=named, dense=["embedding.*"]),
+    lambda named: Threshold(ratio=0.01, named_parameters=named, min_numel=2**32),
+    lambda named: RandomK(ratio=0.01, named_parameters=named, dense_1d=True, dense=["embedding.weight"]),
+    lambda named: TopK(ratio=0.5, named_parameters=named),  # the dense fallback: sparse would be larger
+], ids=["dense=", "min_numel", "RandomK-dense=", "dense-fallback"])
+def test_a_gradient_beyond_int32_indices_routed_dense_goes_to_horovod_untouched(make):
+    p = _huge_parameter()
+    comp = make([("embedding.weight", p)])
+    handed, ctx = comp.compress(p.grad)
+    assert handed is p.grad and ctx is None  # nothing copied: Horovod's allreduce has no int32 limit
+    assert comp.decompress(handed, ctx) is handed
 
 
 def test_a_densified_sparse_gradient_is_attributed_when_unambiguous():

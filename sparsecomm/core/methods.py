@@ -22,6 +22,7 @@ class Method:
     keeps_momentum = False      # a float32 momentum per tensor (DGC's momentum correction)
     counts_dense_steps = False  # a step sent dense advances the step (DGC: the warm-up counts it)
     bits = None                 # 1 or 2: values travel as quantized codes (Threshold's quantize=)
+    indexed = True              # coordinates are int32 indices: at most core.wire.MAX_INDEXED_NUMEL elements
     value_dtype = None          # a dtype name values travel as; None: the gradient's own
 
     def __init__(self, owner, ratio, error_feedback=True):
@@ -62,6 +63,7 @@ class Method:
 class RandomBlock(Method):
     """Random-block (Eghlidi & Jaggi 2020): one cyclic block per step from (seed, step, name)."""
     shared_coordinates = True
+    indexed = False  # the block is an int64 start: no indices, no size limit of its own
 
     def __init__(self, owner, ratio, seed=0, error_feedback=True):
         super().__init__(owner, ratio, error_feedback)
@@ -70,6 +72,7 @@ class RandomBlock(Method):
 
 class RandomK(RandomBlock):
     """Random-k with a shared seed: k distinct coordinates per step from (seed, step, name)."""
+    indexed = True
 
 
 class TopK(Method):

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from . import cost, validate
 from .selection import selected_count
-from .wire import INDEX_BYTES
+from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class Planner:
     (shown by stats()). The same inputs give the same route on every rank."""
 
     def __init__(self, owner, method, policy, exchange="auto", network=None, dense_fallback=True):
-        self.method, self.policy = method, policy
+        self.owner, self.method, self.policy = owner, method, policy
         self.shared = method.shared_coordinates
         if not self.shared:
             self.dense_fallback = validate.check_flag(owner, "dense_fallback", dense_fallback)
@@ -76,6 +76,25 @@ class Planner:
         if self._network_measured:
             self.network, self.local, self._network_measured = None, None, False
         self._cached.clear()
+
+    def always_dense(self, name, numel, ndim, element_size):
+        """Whether the per-layer policy or the dense fallback send this tensor dense at every
+        density of the method's schedule (whatever exchange="auto" would choose on a network)."""
+        return all(self.route(name, numel, ndim, element_size, density, ranks=1, record=False) == "dense"
+                   for density in self.method.densities())
+
+    def check_indexable(self, name, numel, ndim, element_size):
+        """Refuses a tensor of more than MAX_INDEXED_NUMEL elements that would travel with int32
+        indices at some density of the method's schedule. Only the per-layer policy and the
+        dense fallback exempt it (Horovod's dense allreduce has no such limit), not
+        exchange="auto" choosing dense, which depends on the network. Starts nothing."""
+        if numel > MAX_INDEXED_NUMEL and self.method.indexed and not self.always_dense(name, numel, ndim,
+                                                                                        element_size):
+            raise ValueError(
+                f"{self.owner}: {name!r} has {numel} elements, more than {MAX_INDEXED_NUMEL} (2**31 - 1), the most "
+                f"that int32 indices can address, so it cannot be sent sparse. List it in dense=[{name!r}] to send "
+                f"it dense through Horovod's allreduce, or split the parameter into tensors of at most "
+                f"{MAX_INDEXED_NUMEL} elements.")
 
     def route(self, name, numel, ndim, element_size, density, ranks, record=True):
         """How this tensor travels at `density` (see the module docstring)."""
@@ -125,7 +144,7 @@ class SparDLLayout:
 
     def bounds(self):
         """The first index of each block and the end: ranks + 1 int32-safe offsets."""
-        return [min(b * self.block, 2**31 - 1) for b in range(self.ranks + 1)]
+        return [min(b * self.block, MAX_INDEXED_NUMEL) for b in range(self.ranks + 1)]
 
     def owned(self, rank):
         """(first index, size) of the block `rank` owns."""

@@ -19,7 +19,9 @@ The segments' lengths differ per rank (count), so the reader walks them in rank 
 """
 from dataclasses import dataclass
 
-INDEX_BYTES = 4  # indices travel as int32
+INDEX_BYTES = 4  # indices travel as int32,
+# so a tensor sent with indices has at most this many elements (core.plan.Planner.check_indexable)
+MAX_INDEXED_NUMEL = 2**31 - 1
 COUNT_BYTES = 8
 SCALE_BYTES = 4
 

@@ -45,12 +45,14 @@ class Compressor(Settings, tf.Module):
             self._bind(variables)
 
     def _bind(self, variables):
-        """Creates the state variables, before any trace and outside it."""
+        """Creates the state variables, before any trace and outside it (a variable too large
+        to be sent sparse is refused here, before its residual is allocated)."""
         self._binding = VariableBinding(self._name, variables)
         states = []
         with tf.init_scope():
             for name, shape, dtype in zip(self._binding.names, self._binding.shapes, self._binding.dtypes):
-                sparse = not self.policy.sends_dense(name, shape.num_elements(), shape.rank)
+                self.planner.check_indexable(name, shape.num_elements(), shape.rank, dtype.size)
+                sparse = not self.planner.always_dense(name, shape.num_elements(), shape.rank, dtype.size)
                 states.append(VariableState(name, shape, dtype, residual=sparse and self.method.keeps_residual,
                                             momentum=self.method.keeps_momentum))
         self.state = states  # tracked by tf.train.Checkpoint, in the order of the variables
@@ -215,10 +217,11 @@ class RandomBlock(Compressor):
     feedback: sparsecomm.torch.RandomBlock for TensorFlow (same arguments; ``variables``
     instead of ``named_parameters``: the model's trainable variables, or (name, variable)
     pairs)."""
+    method_type = methods.RandomBlock
 
     def __init__(self, ratio: float, seed: int = 0, variables=None, error_feedback: bool = True, process_set=None,
                  **policy):
-        super().__init__(methods.RandomBlock(type(self).__name__, ratio, seed, error_feedback), variables,
+        super().__init__(self.method_type(type(self).__name__, ratio, seed, error_feedback), variables,
                          process_set, **policy)
 
     def pack(self, tensor, state, density):
@@ -229,6 +232,7 @@ class RandomBlock(Compressor):
 
 class RandomK(RandomBlock):
     """Random-k with a shared seed, with error feedback: sparsecomm.torch.RandomK for TensorFlow."""
+    method_type = methods.RandomK
 
     def pack(self, tensor, state, density):
         values, index, residual, _ = ops.pack_randomk(tensor, state.read_residual(),

@@ -53,6 +53,7 @@ class Compressor(Settings):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
         state = self._state_for(tensor)
+        self.planner.check_indexable(state.name, tensor.numel(), tensor.dim(), tensor.element_size())
         self._device = tensor.device  # where a measurement of the sparse path runs
         self._check_world()
         density = self.method.density(state.step)
@@ -61,8 +62,10 @@ class Compressor(Settings):
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        # The pack consumes the gradient: the result is written there (a copy only if it is strided).
-        out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        # The pack consumes the gradient: the result is written there (a copy only if it is strided;
+        # none for the dense route, which Horovod reduces in place).
+        out = None if route == "dense" else tensor if tensor.is_contiguous() else \
+            torch.empty_like(tensor, memory_format=torch.contiguous_format)
         wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), self._ranks(), k, state.residual, out)
         handed, ctx = EXCHANGES[route].start(payload, wire)
         if getattr(ctx.exchange, "advances", False):
@@ -242,10 +245,11 @@ class RandomBlock(Compressor):
         process_set: the Horovod process set of the optimizer (default: all ranks; every compressor).
         min_numel, dense_1d, dense: the per-layer policy (every compressor; see Compressor).
     """
+    method_type = methods.RandomBlock
 
     def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
                  process_set=None, **policy):
-        super().__init__(methods.RandomBlock(type(self).__name__, ratio, seed, error_feedback), named_parameters,
+        super().__init__(self.method_type(type(self).__name__, ratio, seed, error_feedback), named_parameters,
                          process_set, **policy)
 
     def pack(self, tensor, state, density):
@@ -263,6 +267,7 @@ class RandomK(RandomBlock):
 
     Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``).
     """
+    method_type = methods.RandomK
 
     def pack(self, tensor, state, density):
         values, index = ops.pack_randomk(tensor, self._residual_of(state, tensor),

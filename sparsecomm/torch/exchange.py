@@ -54,7 +54,7 @@ class Wire:
     """One tensor's exchange: its parameter, shape and dtype, the process set and its number of
     ranks, the selected count k, the residual (SparDL adds what it drops there) and `out`, the
     contiguous buffer the dense result is written into (the gradient compress received: no
-    allocation; a new one only for a gradient that is not contiguous)."""
+    allocation; a new one only for a gradient that is not contiguous; None for the dense route)."""
     name: str
     shape: torch.Size
     dtype: torch.dtype

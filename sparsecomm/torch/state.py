@@ -114,18 +114,20 @@ class ParameterBinding:
             raise TypeError(f"{owner}: named_parameters should be an iterable of (name, parameter) pairs such as "
                             f"model.named_parameters(), got the module itself; pass model.named_parameters()")
         self.params: Dict[str, torch.Tensor] = {}
-        seen = {}
+        names, seen = set(), set()
         for item in named_parameters:
             if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
                     and isinstance(item[1], torch.Tensor)):
                 raise TypeError(f"{owner}: named_parameters should yield (str, torch.Tensor) pairs, got {item!r:.80}")
             name, p = item
-            if name in self.params:
+            if name in names:
                 raise ValueError(f"{owner}: named_parameters has the name {name!r} twice")
-            if id(p) in seen:
-                raise ValueError(f"{owner}: the same parameter is named both {seen[id(p)]!r} and {name!r}")
-            seen[id(p)] = name
-            self.params[name] = p
+            names.add(name)
+            # A tied parameter listed again (named_parameters(remove_duplicate=False)) keeps its
+            # first name: the key of its state and the name of its collectives.
+            if id(p) not in seen:
+                seen.add(id(p))
+                self.params[name] = p
         if not self.params:
             raise ValueError(f"{owner}: named_parameters is empty")
         self._by_grad = {}  # id(p.grad) -> name, rebuilt when a gradient is not found

@@ -60,3 +60,54 @@ def torch_bag_model():
             return self.out(self.embedding(tokens).sum(1))
 
     return Bag()
+
+
+def uses_branch(step, rank):
+    """Whether rank `rank` runs the everyday model's optional branch at `step`: every rank on
+    steps 0, 3, ...; only rank 0 on steps 1, 4, ...; no rank on steps 2, 5, ..."""
+    return step % 3 == 0 or (step % 3 == 1 and rank == 0)
+
+
+def torch_everyday_model():
+    """A model with what everyday models have: an embedding tied to the output layer (one
+    Parameter in two modules; named_parameters() lists it once, as embedding.weight), a
+    frozen layer (requires_grad=False) and a branch that runs only on some steps
+    (uses_branch), so its .grad stays None there. Reads digits as 64 tokens (pixel values
+    0..16) and predicts the label among 17 logits."""
+    import torch
+
+    class Everyday(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embedding = torch.nn.Embedding(17, 24)
+            self.frozen = torch.nn.Linear(24, 24).requires_grad_(False)
+            self.hidden = torch.nn.Linear(24, 24)
+            self.branch = torch.nn.Linear(24, 24)
+            self.out = torch.nn.Linear(24, 17)
+            self.out.weight = self.embedding.weight  # tied
+
+        def forward(self, x, branch=True):
+            h = self.embedding((x * 16).round().long()).mean(1)
+            h = torch.relu(self.hidden(torch.tanh(self.frozen(h))))
+            if branch:
+                h = h + torch.tanh(self.branch(h))
+            return self.out(h)
+
+    return Everyday()
+
+
+# A burst of non-finite values: rank 1's gradient at BURST_STEP gets these (flat coordinate ->
+# value); every other gradient is finite.
+BURST_SHAPE, BURST_STEPS, BURST_STEP = (64, 64), 16, 2
+BURST = {5: float("nan"), 700: float("inf"), 2100: float("-inf"), 4000: float("nan")}
+BURST_RANDOM_RATIO = 0.2  # RandomK and RandomBlock: each coordinate drawn at 1 step in 5
+
+
+def burst_gradient(step, rank, shape=BURST_SHAPE):
+    """A float32 normal gradient of `shape`, seeded by (step, rank), with BURST on rank 1 at
+    BURST_STEP."""
+    grad = np.random.default_rng([step, rank]).standard_normal(shape).astype(np.float32)
+    if step == BURST_STEP and rank == 1:
+        grad.reshape(-1)[list(BURST)] = list(BURST.values())
+    return grad
