@@ -146,6 +146,7 @@ class DGC(Method):
     def density(self, step):
         return self.densities()[self.stage(step)]
 
-    def clip_limit(self, ranks):
-        """Local gradient clipping: the threshold scaled by 1/sqrt(N) (the paper's rule), or None."""
-        return None if self.clip_norm is None else self.clip_norm / math.sqrt(ranks)
+    def clip_limit(self, ranks, loss_scale=1.0):
+        """Local gradient clipping: the threshold scaled by 1/sqrt(N) (the paper's rule), or None.
+        Under a loss scaler the gradients are multiplied by its scale, and so is the threshold."""
+        return None if self.clip_norm is None else self.clip_norm / math.sqrt(ranks) * loss_scale

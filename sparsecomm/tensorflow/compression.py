@@ -10,12 +10,13 @@ Compressors are tf.Modules: ``tf.train.Checkpoint(compression=compressor)`` save
 residuals, momenta and steps. The methods' rules are sparsecomm.core's; a compressor class
 declares its core method and its `pack` hook (DGC also `dense_payload`).
 """
+import dataclasses
 import os
 from typing import Optional
 
 import tensorflow as tf
 
-from ..core import methods, report
+from ..core import loss_scale, methods, report
 from ..core.compressor import Settings
 from ..core.selection import selected_count
 from . import exchange, ops
@@ -32,14 +33,16 @@ class Compressor(Settings, tf.Module):
     ``dense_payload(tensor, state) -> Packed`` (default: the gradient itself).
 
     Every compressor takes the per-layer policy ``min_numel``, ``dense_1d``, ``dense``,
-    ``variables`` (the model's trainable variables, or (name, variable) pairs) and
-    ``process_set``."""
+    ``variables`` (the model's trainable variables, or (name, variable) pairs),
+    ``process_set`` and ``loss_scaler`` (mixed precision: the Keras 3
+    ``LossScaleOptimizer`` whose scale multiplies the loss; sparsecomm.core.loss_scale)."""
 
-    def __init__(self, method, variables=None, process_set=None, **settings):
+    def __init__(self, method, variables=None, process_set=None, loss_scaler=None, **settings):
         tf.Module.__init__(self)
         self._configure(method, **settings)
         self._name = method.owner
         self._process_set = process_set
+        self._scaler = _checked_scaler(self._name, loss_scaler)
         self._binding = None
         if variables is not None:
             self._bind(variables)
@@ -54,7 +57,7 @@ class Compressor(Settings, tf.Module):
                 self.planner.check_indexable(name, shape.num_elements(), shape.rank, dtype.size)
                 sparse = not self.planner.always_dense(name, shape.num_elements(), shape.rank, dtype.size)
                 states.append(VariableState(name, shape, dtype, residual=sparse and self.method.keeps_residual,
-                                            momentum=self.method.keeps_momentum))
+                                            momentum=self.method.keeps_momentum, scaled=self._scaler is not None))
         self.state = states  # tracked by tf.train.Checkpoint, in the order of the variables
 
     @property
@@ -68,10 +71,17 @@ class Compressor(Settings, tf.Module):
         state = self._state_for(tensor)
         self._check_world()
         tensor = tf.convert_to_tensor(tensor)
+        overflow = None
+        if self._scaler is not None:  # in program order: TF orders the reads and writes of each variable
+            state.follow_loss_scale(self._loss_scale())
+            state.back_up()
+            overflow = tf.logical_not(tf.reduce_all(tf.math.is_finite(tensor)))  # before DGC's clipping
         route = self._route(state, tensor, self.method.ratio)
         if route not in ("dense", "shared"):
-            return self._traced_for_these_ranks(*self._per_rank(tensor, state))
+            return self._traced_for_these_ranks(*self._per_rank(tensor, state, overflow))
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, self.method.ratio)
+        if route == "shared" and overflow is not None:
+            payload = _nan_first(payload, overflow)
         counts = route == "shared" or self.method.counts_dense_steps
         handed = EXCHANGES[route].start(payload, self._wire(state, tensor))
         with tf.control_dependencies(state.updates(payload.residual, payload.momentum, counts)):
@@ -97,11 +107,11 @@ class Compressor(Settings, tf.Module):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         return ctx(tensor)
 
-    def _per_rank(self, tensor, state):
+    def _per_rank(self, tensor, state, overflow=None):
         """The per-rank-coordinate exchanges run here, in the graph, one branch per stage of the
         method's schedule; Horovod gets a placeholder (sparsecomm/tensorflow/exchange.py)."""
         densities = self.method.densities()
-        stages = [self._stage(tensor, state, density) for density in densities]
+        stages = [self._stage(tensor, state, density, overflow) for density in densities]
         if len(stages) == 1:
             outcome = stages[0]()
         else:
@@ -114,17 +124,28 @@ class Compressor(Settings, tf.Module):
         wire = self._wire(state, tensor)
         return placeholder, lambda output: exchange.finish(output, summed, wire)
 
-    def _stage(self, tensor, state, density):
+    def _stage(self, tensor, state, density, overflow=None):
         """One stage of the schedule as a branch: its route at that density (a warm-up stage may
         go dense), pack and exchange, returning tensors only, the same structure in every branch."""
         def run():
             route = self._route(state, tensor, density, record=False)
             packed = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
+            if route != "dense" and overflow is not None:
+                packed = _nan_first(packed, overflow)
             wire = self._wire(state, tensor, selected_count(density, state.numel))
             outcome = EXCHANGES[route].run(packed, wire)
             residual = outcome.residual if outcome.residual is not None else state.read_residual()
             return outcome.summed, residual, packed.momentum, outcome.count, outcome.sent, outcome.received
         return run
+
+    # -- loss scaling (mixed precision; sparsecomm.core.loss_scale) --------------------------
+
+    def _loss_scale(self):
+        """The scaler's current scale, read in the graph (its variable)."""
+        if not self._scaler.built:
+            raise RuntimeError(f"{self._name}: the loss_scaler (LossScaleOptimizer) is not built: call "
+                               f"optimizer.build(model.trainable_variables) before the first step")
+        return tf.convert_to_tensor(self._scaler.dynamic_scale.value)
 
     # -- the hooks a method declares -----------------------------------------------------------
 
@@ -212,6 +233,31 @@ class Compressor(Settings, tf.Module):
         return dict(report.totals(tensors), tensors=tensors)
 
 
+def _checked_scaler(owner, scaler):
+    """loss_scaler=: None or a Keras 3 LossScaleOptimizer (its factors are fixed: 2 and 1/2)."""
+    if scaler is None:
+        return None
+    import keras
+    if not isinstance(scaler, keras.optimizers.LossScaleOptimizer):
+        raise TypeError(f"{owner}: loss_scaler should be None or the keras.optimizers.LossScaleOptimizer that scales "
+                        f"the loss, got {type(scaler).__name__}")
+    loss_scale.check_factors(owner, 0.5, 2.0)  # LossScaleOptimizer's own, fixed
+    return scaler
+
+
+def _nan_first(packed, overflow):
+    """Under a loss scaler: a payload whose gradient held an inf or NaN (`overflow`, a bool
+    tensor) starts with a NaN (quantized: every scale is NaN), so every rank's scaler sees it
+    whatever coordinates were picked."""
+    nan = float("nan")
+    if packed.bits is not None:
+        return dataclasses.replace(packed, scales=tf.where(overflow, tf.fill(tf.shape(packed.scales), nan),
+                                                           packed.scales))
+    values = tf.reshape(packed.values, [-1])
+    first = tf.where(overflow, tf.constant(nan, values.dtype), values[:1])
+    return dataclasses.replace(packed, values=tf.concat([first, values[1:]], 0))
+
+
 class RandomBlock(Compressor):
     """Random-block sparsification with a shared seed (Eghlidi & Jaggi 2020), with error
     feedback: sparsecomm.torch.RandomBlock for TensorFlow (same arguments; ``variables``
@@ -220,9 +266,9 @@ class RandomBlock(Compressor):
     method_type = methods.RandomBlock
 
     def __init__(self, ratio: float, seed: int = 0, variables=None, error_feedback: bool = True, process_set=None,
-                 **policy):
+                 loss_scaler=None, **policy):
         super().__init__(self.method_type(type(self).__name__, ratio, seed, error_feedback), variables,
-                         process_set, **policy)
+                         process_set, loss_scaler, **policy)
 
     def pack(self, tensor, state, density):
         start = ops.random_block_start(self.method.seed, state.tensor_id, state.step, state.numel)
@@ -247,9 +293,9 @@ class TopK(Compressor):
     indices by the exchange: allgather, SparDL, or exchange="auto")."""
 
     def __init__(self, ratio: float, variables=None, error_feedback: bool = True, process_set=None,
-                 dense_fallback: bool = True, exchange: str = "auto", network=None, **policy):
+                 dense_fallback: bool = True, exchange: str = "auto", network=None, loss_scaler=None, **policy):
         super().__init__(methods.TopK(type(self).__name__, ratio, error_feedback), variables, process_set,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+                         loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def pack(self, tensor, state, density):
         values, index, residual, _ = ops.pack_topk(tensor, state.read_residual(), selected_count(density, state.numel),
@@ -261,9 +307,10 @@ class RTopK(Compressor):
     """rTop-k (Barnes et al. 2020) with error feedback: sparsecomm.torch.RTopK for TensorFlow."""
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, variables=None, error_feedback: bool = True,
-                 process_set=None, dense_fallback: bool = True, exchange: str = "auto", network=None, **policy):
+                 process_set=None, dense_fallback: bool = True, exchange: str = "auto", network=None, loss_scaler=None,
+                 **policy):
         super().__init__(methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback), variables, process_set,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+                         loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def pack(self, tensor, state, density):
         numel, method = state.numel, self.method
@@ -293,9 +340,9 @@ class Threshold(Compressor):
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, variables=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
-                 network=None, **policy):
+                 network=None, loss_scaler=None, **policy):
         super().__init__(methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback,
-                                           exchange), variables, process_set,
+                                           exchange), variables, process_set, loss_scaler,
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def pack(self, tensor, state, density):
@@ -311,15 +358,17 @@ class DGC(Compressor):
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
                  sample_ratio: float = 0.01, variables=None, process_set=None, dense_fallback: bool = True,
-                 exchange: str = "auto", network=None, **policy):
+                 exchange: str = "auto", network=None, loss_scaler=None, **policy):
         super().__init__(methods.DGC(type(self).__name__, ratio, momentum, momentum_masking, clip_norm, warmup_steps,
-                                     warmup_stages, sample_ratio), variables, process_set,
+                                     warmup_stages, sample_ratio), variables, process_set, loss_scaler,
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
-    def _clipped(self, tensor):
+    def _clipped(self, tensor, state):
         limit = self.method.clip_limit(self._ranks())
         if limit is None:
             return tensor
+        if self._scaler is not None:  # the gradient is times the loss scale, and so is the threshold
+            limit = limit * tf.cast(state.loss_scale.read_value(), tf.float64)
         norm = tf.cast(tf.norm(tf.cast(tensor, tf.float32)), tf.float64)
         scale = tf.cast(limit / tf.maximum(norm, 1e-300), tf.float32)
         return tf.cond(norm > limit, lambda: tf.cast(tf.cast(tensor, tf.float32) * scale, tensor.dtype),
@@ -327,11 +376,11 @@ class DGC(Compressor):
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced."""
-        _, _, _, momentum = ops.accumulate_candidates(self._clipped(tensor), None, float("inf"),
+        _, _, _, momentum = ops.accumulate_candidates(self._clipped(tensor, state), None, float("inf"),
                                                       momentum=state.momentum.read_value(),
                                                       momentum_factor=self.method.momentum)
         return Packed(tf.reshape(tf.cast(momentum, tensor.dtype), tensor.shape), momentum=momentum)
 
     def pack(self, tensor, state, density):
-        return _sampled(self, self._clipped(tensor), state, density, momentum=state.momentum.read_value(),
+        return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum.read_value(),
                         momentum_factor=self.method.momentum, masking=self.method.momentum_masking)

@@ -55,7 +55,9 @@ def DistributedOptimizer(optimizer, compression=None, op=None, process_set=None)
     Horovod ranks, through `compression` (a sparsecomm.tensorflow compressor bound to the
     model's trainable variables; None: dense), before applying them.
 
-    Returns a new optimizer of a subclass of ``type(optimizer)`` built from its config."""
+    Returns a new optimizer of a subclass of ``type(optimizer)`` built from its config. Mixed
+    precision: pass a ``keras.optimizers.LossScaleOptimizer``; a compressor whose
+    ``loss_scaler`` is that optimizer follows the returned one's scale instead."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer: optimizer should be a Keras 3 optimizer (keras.optimizers.*), got "
                         f"{type(optimizer).__module__}.{type(optimizer).__name__}; with tf-keras use "
@@ -66,12 +68,19 @@ def DistributedOptimizer(optimizer, compression=None, op=None, process_set=None)
     base = type(optimizer)
 
     def apply(self, grads, trainable_variables=None):
+        if not self.built:  # a LossScaleOptimizer's scale variable is read while reducing
+            with keras.name_scope(self.name, caller=self):
+                self.build(trainable_variables)
+            self.built = True
         variables = list(trainable_variables) if trainable_variables is not None else self._trainable_variables
         grads = _reduce(list(grads), variables, compression, op, process_set)
         return base.apply(self, grads, trainable_variables)
 
     distributed = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
-    return distributed.from_config(optimizer.get_config())
+    instance = distributed.from_config(optimizer.get_config())
+    if compression is not None and getattr(compression, "_scaler", None) is optimizer:
+        compression._scaler = instance  # the scale this optimizer multiplies the loss by
+    return instance
 
 
 def broadcast_variables(variables, root_rank=0, process_set=None):

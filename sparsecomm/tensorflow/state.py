@@ -27,15 +27,18 @@ import weakref
 
 import tensorflow as tf
 
-from ..core import report
+from ..core import loss_scale, report
 from ..core.selection import tensor_id
 
 
 class VariableState(tf.Module):
     """One bound variable's state: step (compress calls so far), float32 residual and
-    momentum (flat, created only where the method uses them), and stats counters."""
+    momentum (flat, created only where the method uses them), and stats counters. Under a
+    loss scaler (`scaled`) also the loss scale residual and momentum are in, and their backup
+    before the last update, with its step (checkpointed too: a restored state can still roll
+    back its last update)."""
 
-    def __init__(self, name, shape, dtype, residual, momentum):
+    def __init__(self, name, shape, dtype, residual, momentum, scaled=False):
         super().__init__()
         self._variable_name, self._shape, self._dtype = name, shape, dtype
         self._tensor_id = tensor_id(name)
@@ -45,6 +48,12 @@ class VariableState(tf.Module):
         self.calls, self.sent_elements, self.sent_bytes, self.received_bytes = counter(), counter(), counter(), counter()
         self.residual = tf.Variable(tf.zeros([numel]), trainable=False) if residual else None
         self.momentum = tf.Variable(tf.zeros([numel]), trainable=False) if momentum else None
+        if scaled:
+            self.loss_scale = tf.Variable(loss_scale.UNSET, dtype=tf.float32, trainable=False)
+            self.backup_step = counter()
+            self.backup_valid = tf.Variable(False, trainable=False)
+            self.backup_residual = tf.Variable(tf.zeros([numel]), trainable=False) if residual else None
+            self.backup_momentum = tf.Variable(tf.zeros([numel]), trainable=False) if momentum else None
 
     @property
     def variable_name(self):
@@ -77,6 +86,38 @@ class VariableState(tf.Module):
         if momentum is not None:
             updates.append(self.momentum.assign(momentum))
         return updates
+
+    def _kept(self):
+        """(state variable, its backup) pairs."""
+        return [(live, copy) for live, copy in ((self.residual, self.backup_residual),
+                                                (self.momentum, self.backup_momentum)) if live is not None]
+
+    def follow_loss_scale(self, scale):
+        """sparsecomm.core.loss_scale's rule, in the graph: a scale lower than the remembered one
+        restores the backup (state and step: the last update's step overflowed); a different
+        one multiplies residual and momentum by new / remembered; then the state is in `scale`."""
+        decision = loss_scale.decide(self.loss_scale.read_value(), scale, self.backup_valid.read_value(),
+                                     select=tf.where)
+
+        def roll_back():
+            self.step.assign(self.backup_step.read_value())
+            self.backup_valid.assign(False)
+            for live, copy in self._kept():
+                live.assign(copy.read_value())
+
+        def rescale():
+            for live, _ in self._kept():
+                live.assign(live.read_value() * decision.factor)
+        tf.cond(decision.rollback, roll_back, lambda: None)
+        tf.cond(tf.not_equal(decision.factor, 1.0), rescale, lambda: None)
+        self.loss_scale.assign(scale)
+
+    def back_up(self):
+        """The state before an update: copied into the backup variables."""
+        self.backup_step.assign(self.step.read_value())
+        self.backup_valid.assign(True)
+        for live, copy in self._kept():
+            copy.assign(live.read_value())
 
     def counted(self, tensor, sent_elements, sent_bytes, received_bytes):
         """`tensor`, once the stats counters of one compress are updated."""

@@ -16,7 +16,7 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
-from ..core import cost, methods
+from ..core import cost, loss_scale, methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
 from . import elastic, exchange, ops
@@ -33,14 +33,16 @@ class Compressor(Settings):
     ``dense_payload(tensor, state)`` (what a tensor routed dense sends; default: itself).
 
     Every compressor takes the per-layer policy ``min_numel``, ``dense_1d``, ``dense``
-    (sparsecomm.core.plan.Policy), ``named_parameters`` (the model's, to key the state) and
-    ``process_set`` (the optimizer's; default all ranks)."""
+    (sparsecomm.core.plan.Policy), ``named_parameters`` (the model's, to key the state),
+    ``process_set`` (the optimizer's; default all ranks) and ``loss_scaler`` (mixed precision:
+    the ``torch.amp.GradScaler`` that scales the loss; see sparsecomm.core.loss_scale)."""
 
     def __init__(self, method, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                 process_set=None, **settings):
+                 process_set=None, loss_scaler=None, **settings):
         self._configure(method, **settings)
         self._name = method.owner
         self.process_set = process_set  # the optimizer's (None: all ranks); the settings check runs over it
+        self._scaler = _checked_scaler(self._name, loss_scaler)  # None: gradients are not loss-scaled
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states = {}
         self._counters = Counters()
@@ -56,10 +58,15 @@ class Compressor(Settings):
         self.planner.check_indexable(state.name, tensor.numel(), tensor.dim(), tensor.element_size())
         self._device = tensor.device  # where a measurement of the sparse path runs
         self._check_world()
+        if self._scaler is not None:  # before the density: a rollback restores the step
+            self._follow_loss_scale(state, self._loss_scale())
         density = self.method.density(state.step)
         route = self._route(state.name, tensor, density, measure=True)
         k = selected_count(density, tensor.numel())
-        payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
+        if self._scaler is None:
+            payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
+        else:
+            payload = self._scaled_payload(tensor, state, route, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
         # The pack consumes the gradient: the result is written there (a copy only if it is strided;
@@ -91,6 +98,43 @@ class Compressor(Settings):
         result = ctx.exchange.finish(tensor, ctx)
         self._counters.account_later(ctx.wire.name, 0, ctx.received_bytes - received_before)
         return result
+
+    # -- loss scaling (mixed precision; sparsecomm.core.loss_scale) --------------------------
+
+    def _loss_scale(self) -> float:
+        """The scaler's current scale (a host read: one sync on CUDA), its factors checked again
+        (set_backoff_factor/set_growth_factor may have changed them)."""
+        loss_scale.check_factors(self._name, self._scaler.get_backoff_factor(), self._scaler.get_growth_factor())
+        return self._scaler.get_scale()
+
+    @staticmethod
+    def _follow_loss_scale(state: ParameterState, scale: float):
+        """The core rule: a lowered scale rolls back the last update (its step overflowed); a
+        changed one rescales residual and momentum; the state is then in `scale`."""
+        decision = loss_scale.decide(state.loss_scale, scale, state.backed_up)
+        if decision.rollback:
+            state.roll_back()
+        if decision.factor != 1.0:
+            state.rescale(decision.factor)
+        state.loss_scale = scale
+
+    def _scaled_payload(self, tensor, state, route, density):
+        """The payload under a loss scaler: the state is backed up first (an overflowed step is
+        rolled back at the next compress), and a sparse payload whose gradient held an inf or
+        NaN starts with a NaN (quantized: NaN scales), so that every rank's scaler sees the
+        overflow whatever coordinates were picked. A dense payload is the gradient itself (DGC:
+        its momentum, which the inf reaches): it carries the overflow already."""
+        state.back_up(tensors=route != "dense" or self.method.keeps_momentum)
+        if route == "dense":
+            return self.dense_payload(tensor, state)
+        overflow = _non_finite(tensor)  # before the pack (DGC clips the gradient in place)
+        payload = self.pack(tensor, state, density)
+        if overflow is not None:
+            if payload.bits is not None:
+                payload.scales.masked_fill_(overflow, float("nan"))  # every decoded value is NaN
+            else:
+                payload.values.view(-1)[:1].masked_fill_(overflow, float("nan"))
+        return payload
 
     # -- the hooks a method declares -----------------------------------------------------------
 
@@ -174,7 +218,14 @@ class Compressor(Settings):
 
     def state_dict(self) -> dict:
         """This rank's compressor state, for checkpoints (each rank saves its own: residuals
-        differ per rank): per parameter, the step, residual and momentum."""
+        differ per rank): per parameter, the step, residual, momentum and the loss scale they
+        are in. With a loss_scaler, call it after ``scaler.update()`` (save the scaler's
+        state_dict too): a pending rollback (the last step overflowed) and rescale are settled
+        first, so the saved state needs no backup."""
+        if self._scaler is not None:
+            scale = self._loss_scale()
+            for state in self._states.values():
+                self._follow_loss_scale(state, scale)
         return state_dict(self._name, self._states, self._counters)
 
     def load_state_dict(self, state: dict) -> None:
@@ -217,6 +268,29 @@ class Compressor(Settings):
 CALIBRATION_SIZES = (1 << 12, 1 << 20)  # elements: a small and a large gradient, to split per call from per element
 
 
+def _checked_scaler(owner, scaler):
+    """loss_scaler=: None or an enabled torch.amp.GradScaler with backoff_factor < 1 < growth_factor
+    (a disabled scaler scales nothing: as None)."""
+    if scaler is None:
+        return None
+    if not isinstance(scaler, torch.amp.GradScaler):
+        raise TypeError(f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, "
+                        f"got {type(scaler).__name__}")
+    if not scaler.is_enabled():
+        return None
+    loss_scale.check_factors(owner, scaler.get_backoff_factor(), scaler.get_growth_factor())
+    return scaler
+
+
+def _non_finite(tensor):
+    """A 0-d bool tensor on the tensor's device: whether it holds an inf or NaN (one read
+    pass, no host read); None for an empty tensor."""
+    if tensor.numel() == 0:
+        return None
+    low, high = torch.aminmax(tensor)
+    return ~(torch.isfinite(low) & torch.isfinite(high))
+
+
 def _unpacked_locally(packed):
     """The (values, index) a packed gradient unpacks from (quantized: decoded)."""
     if packed.bits is None:
@@ -243,14 +317,17 @@ class RandomBlock(Compressor):
         named_parameters: the model's ``named_parameters()``; keys the per-parameter state.
         error_feedback: keep what was not sent and add it to the next gradient (default True).
         process_set: the Horovod process set of the optimizer (default: all ranks; every compressor).
+        loss_scaler: mixed precision (every compressor): the ``torch.amp.GradScaler`` that scales
+            the loss. Residuals follow its scale, and a step it skips leaves no trace here
+            (docs/compressors.md, "Mixed precision").
         min_numel, dense_1d, dense: the per-layer policy (every compressor; see Compressor).
     """
     method_type = methods.RandomBlock
 
     def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
-                 process_set=None, **policy):
+                 process_set=None, loss_scaler=None, **policy):
         super().__init__(self.method_type(type(self).__name__, ratio, seed, error_feedback), named_parameters,
-                         process_set, **policy)
+                         process_set, loss_scaler, **policy)
 
     def pack(self, tensor, state, density):
         numel = tensor.numel()
@@ -265,7 +342,8 @@ class RandomK(RandomBlock):
     from ``(seed, step, parameter name)`` (a keyed permutation; no global RNG). Shared
     coordinates let the values ride Horovod's allreduce with no indices on the wire.
 
-    Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``).
+    Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``,
+    ``process_set``, ``loss_scaler``).
     """
     method_type = methods.RandomK
 
@@ -297,13 +375,14 @@ class TopK(_PerRank):
             names the collectives.
         error_feedback: keep what was not sent and add it to the next gradient (default True).
         process_set: the Horovod process set of the optimizer (default: all ranks).
+        loss_scaler: the ``torch.amp.GradScaler`` of mixed precision (see RandomBlock).
         dense_fallback, exchange, network: see _PerRank.
     """
 
     def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
-                 dense_fallback: bool = True, exchange: str = "auto", network=None, **policy):
+                 dense_fallback: bool = True, exchange: str = "auto", network=None, loss_scaler=None, **policy):
         super().__init__(methods.TopK(type(self).__name__, ratio, error_feedback), named_parameters, process_set,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+                         loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def pack(self, tensor, state, density):
         return Packed(*ops.pack_topk(tensor, self._residual_of(state, tensor),
@@ -320,14 +399,15 @@ class RTopK(_PerRank):
         ratio: fraction of each tensor sent per step, in (0, 1].
         r: fraction of each tensor to draw from, in [ratio, 1] (default: 4 * ratio, at most 1).
         seed: seeds the draw (with step and parameter name); no global RNG is used.
-        named_parameters, error_feedback, process_set, dense_fallback, exchange, network: as TopK.
+        named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.
     """
 
     def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
-                 network=None, **policy):
+                 network=None, loss_scaler=None, **policy):
         super().__init__(methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback), named_parameters,
-                         process_set, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+                         process_set, loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network,
+                         **policy)
 
     def pack(self, tensor, state, density):
         numel, method = tensor.numel(), self.method
@@ -360,14 +440,14 @@ class Threshold(_PerRank):
             scales; Aji & Heafield). The quantization error stays in the residual.
         sample_ratio: fraction of the tensor sampled to estimate the threshold (at least enough
             for about 256 sampled values above it).
-        named_parameters, error_feedback, process_set, dense_fallback, exchange, network: as TopK.
+        named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.
     """
 
     def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
                  error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
-                 network=None, **policy):
+                 network=None, loss_scaler=None, **policy):
         super().__init__(methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback,
-                                           exchange), named_parameters, process_set,
+                                           exchange), named_parameters, process_set, loss_scaler,
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
     def pack(self, tensor, state, density):
@@ -398,22 +478,26 @@ class DGC(_PerRank):
         momentum_masking: zero the momentum of sent entries (default True).
         clip_norm: local gradient clipping threshold before scaling by 1/sqrt(N) (None: off).
         warmup_steps, warmup_stages: the warm-up schedule (0 steps: none).
-        sample_ratio, named_parameters, process_set, dense_fallback, exchange, network: as Threshold.
+        sample_ratio, named_parameters, process_set, dense_fallback, exchange, network, loss_scaler: as
+            Threshold. Under a loss_scaler the momentum follows the scale as the residual does,
+            and clip_norm applies to the unscaled gradient.
     """
 
     def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
                  clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
                  sample_ratio: float = 0.01, named_parameters=None, process_set=None, dense_fallback: bool = True,
-                 exchange: str = "auto", network=None, **policy):
+                 exchange: str = "auto", network=None, loss_scaler=None, **policy):
         super().__init__(methods.DGC(type(self).__name__, ratio, momentum, momentum_masking, clip_norm, warmup_steps,
-                                     warmup_stages, sample_ratio), named_parameters, process_set,
+                                     warmup_stages, sample_ratio), named_parameters, process_set, loss_scaler,
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
-    def _clipped(self, tensor):
+    def _clipped(self, tensor, state):
         """Local gradient clipping to clip_norm / sqrt(N), in place (the gradient is consumed by
         the pack), the factor computed on the device (no host read): the gradient times
-        limit / norm in float32, rounded once to its dtype; times 1 (unchanged) below the limit."""
-        limit = self.method.clip_limit(self._ranks())
+        limit / norm in float32, rounded once to its dtype; times 1 (unchanged) below the limit.
+        Under a loss scaler the limit is times the state's scale, as the gradient is."""
+        scale = (state.loss_scale or 1.0) if self._scaler is not None else 1.0
+        limit = self.method.clip_limit(self._ranks(), scale)
         if limit is None:
             return tensor
         norm = tensor.float().norm().double()
@@ -423,12 +507,12 @@ class DGC(_PerRank):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
         and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
         momentum = state.momentum_for(tensor)
-        ops.accumulate_candidates(self._clipped(tensor), None, float("inf"), momentum=momentum,
+        ops.accumulate_candidates(self._clipped(tensor, state), None, float("inf"), momentum=momentum,
                                   momentum_factor=self.method.momentum)
         if not tensor.is_contiguous():
             return momentum.to(tensor.dtype, copy=True).view(tensor.shape)
         return tensor.view(-1).copy_(momentum).view(tensor.shape)  # Horovod reduces in place: into the gradient
 
     def pack(self, tensor, state, density):
-        return _sampled(self, self._clipped(tensor), state, density, momentum=state.momentum_for(tensor),
+        return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum_for(tensor),
                         momentum_factor=self.method.momentum, masking=self.method.momentum_masking)

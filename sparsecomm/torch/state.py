@@ -12,7 +12,22 @@ from typing import Dict, Iterable, Optional, Tuple
 import torch
 
 from ..core import report
+from ..core.loss_scale import UNSET
 from ..core.selection import tensor_id
+
+
+@dataclass
+class Backup:
+    """A parameter state just before its last update (loss_scaler= only), so that an update
+    whose step overflowed can be undone. The buffers are allocated on the first backup and
+    copied into from then on: no allocation per step."""
+    step: int = 0
+    valid: bool = False        # taken since the last rollback, settlement or restore
+    tensors: bool = False      # residual and momentum were copied (False: the update leaves them)
+    had_residual: bool = False
+    had_momentum: bool = False
+    residual: Optional[torch.Tensor] = None
+    momentum: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -22,6 +37,8 @@ class ParameterState:
     step: int = 0                            # compress calls so far (one per Horovod allreduce)
     residual: Optional[torch.Tensor] = None  # float32, numel of the parameter (error feedback)
     momentum: Optional[torch.Tensor] = None  # float32, numel of the parameter (DGC momentum correction)
+    loss_scale: float = UNSET                # the loss scale residual and momentum are in (loss_scaler= only)
+    backup: Optional[Backup] = None          # the state before the last update (loss_scaler= only)
 
     @classmethod
     def fresh(cls, name, step=0):
@@ -37,6 +54,50 @@ class ParameterState:
         if self.momentum is None:
             self.momentum = torch.zeros(tensor.numel(), dtype=torch.float32, device=tensor.device)
         return self.momentum
+
+    # -- loss scaling (sparsecomm.core.loss_scale) ----------------------------------------------
+
+    def back_up(self, tensors=True):
+        """Remembers the state before an update: the step, and (when `tensors`: the update may
+        change them) residual and momentum, copied into buffers allocated once."""
+        backup = self.backup = self.backup or Backup()
+        backup.step, backup.valid, backup.tensors = self.step, True, tensors
+        if tensors:
+            backup.had_residual, backup.had_momentum = self.residual is not None, self.momentum is not None
+            backup.residual = _copied(self.residual, backup.residual)
+            backup.momentum = _copied(self.momentum, backup.momentum)
+
+    @property
+    def backed_up(self):
+        return self.backup is not None and self.backup.valid
+
+    def roll_back(self):
+        """Undoes the update since the backup (its step overflowed): the state and step as they
+        were. State created by that update (a first residual) is zeroed, as if never made."""
+        backup = self.backup
+        self.step, backup.valid = backup.step, False
+        if backup.tensors:
+            for live, had, saved in ((self.residual, backup.had_residual, backup.residual),
+                                     (self.momentum, backup.had_momentum, backup.momentum)):
+                if live is not None and had:
+                    live.copy_(saved)
+                elif live is not None:
+                    live.zero_()
+
+    def rescale(self, factor):
+        """Residual and momentum into a new loss scale: times new / old (exact for powers of two)."""
+        for tensor in (self.residual, self.momentum):
+            if tensor is not None:
+                tensor.mul_(factor)
+
+
+def _copied(source, buffer):
+    """`source` copied into `buffer` (allocated on first use); None without a source."""
+    if source is None:
+        return buffer
+    if buffer is None:
+        return source.clone()
+    return buffer.copy_(source)
 
 
 class Counters:
@@ -73,9 +134,11 @@ class Counters:
 
 def state_dict(owner, states, counters):
     """A compressor's state for checkpoints (each rank saves its own: residuals differ per
-    rank): per parameter, the step, residual and momentum; and the stats totals."""
+    rank): per parameter, the step, residual, momentum and the loss scale they are in (UNSET
+    without loss_scaler); and the stats totals."""
     return {"compressor": owner,
-            "parameters": {name: {"step": s.step, "residual": s.residual, "momentum": s.momentum}
+            "parameters": {name: {"step": s.step, "residual": s.residual, "momentum": s.momentum,
+                                  "loss_scale": s.loss_scale}
                            for name, s in states.items()},
             "stats": dict(counters.totals)}
 
@@ -94,6 +157,7 @@ def load_states(owner, binding, saved, counters):
         if param is None:
             raise KeyError(f"{owner}: the state has parameter {name!r}, which is not among named_parameters")
         restored = ParameterState.fresh(name, int(entry["step"]))
+        restored.loss_scale = float(entry.get("loss_scale", UNSET))  # the scale residual and momentum are in
         for key in ("residual", "momentum"):
             tensor = entry.get(key)
             if tensor is not None and tensor.numel() != param.numel():
