@@ -1,12 +1,31 @@
 """What the multi-rank workers and the single-process references share: the data
 (scikit-learn's digits, real 8x8 images), which rows each rank reads at each step, and the
-model. Neither is code under test."""
+model, the loss-scale tests' compressors and the elastic tests' scenario. Neither is code under test."""
+import os
+
 import numpy as np
 
 BATCH = 16
 # Compressor policy for tests that compress every tensor, however small (the default policy
 # sends small and 1-D tensors dense; it has tests of its own).
 EVERY = dict(min_numel=0, dense_1d=False)
+
+
+def loss_scale_configs(framework):
+    """The six compressors of the loss-scale tests (tests/multirank/*_loss_scale.py), from the
+    framework's module (sparsecomm.torch or sparsecomm.tensorflow): config -> make(binding kwargs).
+    DGC keeps the default policy: its 1-D tensors and the 32x10 output weight (320 elements)
+    go dense with its momentum."""
+    sc = framework
+    return {
+        "dgc": lambda kw: sc.DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2,
+                                 clip_norm=0.5, **kw),
+        "threshold_2bit": lambda kw: sc.Threshold(exchange="allgather", ratio=0.1, quantize="2bit", **EVERY, **kw),
+        "topk_spardl": lambda kw: sc.TopK(exchange="spardl", ratio=0.1, **EVERY, **kw),
+        "rtopk": lambda kw: sc.RTopK(exchange="allgather", ratio=0.05, r=0.2, seed=7, **EVERY, **kw),
+        "randomk": lambda kw: sc.RandomK(ratio=0.1, seed=7, **EVERY, **kw),
+        "random_block": lambda kw: sc.RandomBlock(ratio=0.1, seed=7, **EVERY, **kw),
+    }
 
 
 def digits():
@@ -111,3 +130,40 @@ def burst_gradient(step, rank, shape=BURST_SHAPE):
     if step == BURST_STEP and rank == 1:
         grad.reshape(-1)[list(BURST)] = list(BURST.values())
     return grad
+
+
+class ElasticScenario:
+    """The scenario of the elastic workers (torch_elastic.py, tf_elastic.py), played from the
+    elastic state's `step`, `phase` and `mark`: 2 ranks train; at step 3 rank 0 adds a third slot
+    to the hosts file; 3 steps after the third rank joined, it leaves: rank 0 removes the slot,
+    or (`fail`) the third rank dies in the middle of that step; 3 steps after the shrink, done."""
+
+    def __init__(self, hosts, fail):
+        self.hosts, self.fail = hosts, fail
+
+    def write_hosts(self, slots):
+        # The third slot is on a second "host" (127.0.0.1, also this machine): Horovod blacklists
+        # the host of a failed worker, which must not be the host of the others.
+        with open(self.hosts, "w") as f:
+            f.write("localhost:2\n" + ("127.0.0.1:1\n" if slots == 3 else ""))
+
+    def finished(self, state, rank, size):
+        """Moves the phase on at the start of a step; True when training is over."""
+        if state.phase == "grow" and size == 3:
+            state.phase, state.mark = "shrink", state.step
+        if state.phase == "shrink" and size == 2:
+            state.phase, state.mark = "finish", state.step
+        if state.phase == "grow" and state.step == 3 and rank == 0:
+            self.write_hosts(3)
+        if self.leaving(state) and not self.fail and rank == 0:
+            self.write_hosts(2)
+        return state.phase == "finish" and state.step >= state.mark + 3
+
+    def leaving(self, state):
+        return state.phase == "shrink" and state.step == state.mark + 3
+
+    def die_if_due(self, state, rank):
+        """With `fail`: the third rank dies here (called in the middle of the step)."""
+        if self.fail and self.leaving(state) and rank == 2:
+            print(f"rank 2 dies at step {state.step}", flush=True)
+            os._exit(1)

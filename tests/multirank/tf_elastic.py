@@ -11,7 +11,6 @@ eagerly. TensorFlowKerasState broadcasts the model in sync, so the variables are
 tf-keras Model here.)"""
 import argparse
 import hashlib
-import os
 import time
 
 import numpy as np
@@ -69,12 +68,9 @@ def main():
                                              tf_keras.optimizers.SGD(0.1), step=0, phase="grow", mark=0)
     elastic.track(state, *compressors.values())
     born, joined = time.monotonic(), hvd.size() == 3
+    scenario = common.ElasticScenario(args.hosts, args.fail)
     state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
                                                   flush=True)])
-
-    def write_hosts(slots):
-        with open(args.hosts, "w") as f:  # see torch_elastic.py: the third slot on a second "host"
-            f.write("localhost:2\n" + ("127.0.0.1:1\n" if slots == 3 else ""))
 
     def steps_of(compressor):
         return [(s.variable_name, int(s.step.numpy())) for s in compressor.state]
@@ -115,21 +111,12 @@ def main():
                 seen = size
                 print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
                       f"residual {residual_norm():.6g}", flush=True)
-            if state.phase == "grow" and size == 3:
-                state.phase, state.mark = "shrink", state.step
-            if state.phase == "shrink" and size == 2:
-                state.phase, state.mark = "finish", state.step
-            if state.phase == "grow" and state.step == 3 and hvd.rank() == 0:
-                write_hosts(3)
-            if state.phase == "shrink" and state.step == state.mark + 3 and not args.fail and hvd.rank() == 0:
-                write_hosts(2)
-            if state.phase == "finish" and state.step >= state.mark + 3:
+            if scenario.finished(state, hvd.rank(), size):
                 return
             rows = common.rows(state.step, hvd.rank(), hvd.size(), len(x))
             for i, method in enumerate(METHODS):
-                if args.fail and state.phase == "shrink" and state.step == state.mark + 3 and hvd.rank() == 2 and i == 1:
-                    print(f"rank 2 dies at step {state.step}", flush=True)
-                    os._exit(1)
+                if i == 1:
+                    scenario.die_if_due(state, hvd.rank())  # after the first method's step
                 steps[method](tf.constant(x[rows]), tf.constant(y[rows]))
             state.step += 1
             state.commit()

@@ -22,8 +22,7 @@ import horovod.tensorflow as hvd
 import keras
 
 import common
-from common import EVERY
-from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+import sparsecomm.tensorflow
 from sparsecomm.tensorflow import keras as sckeras
 
 parser = argparse.ArgumentParser()
@@ -32,16 +31,7 @@ args = parser.parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 STEPS, OVERFLOW, LR = 10, 4, 0.5
-CONFIGS = {
-    # the default policy: the biases and the 32x10 kernel (320 elements) dense with DGC's momentum
-    "dgc": lambda kw: DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.5,
-                          **kw),
-    "threshold_2bit": lambda kw: Threshold(exchange="allgather", ratio=0.1, quantize="2bit", **EVERY, **kw),
-    "topk_spardl": lambda kw: TopK(exchange="spardl", ratio=0.1, **EVERY, **kw),
-    "rtopk": lambda kw: RTopK(exchange="allgather", ratio=0.05, r=0.2, seed=7, **EVERY, **kw),
-    "randomk": lambda kw: RandomK(ratio=0.1, seed=7, **EVERY, **kw),
-    "random_block": lambda kw: RandomBlock(ratio=0.1, seed=7, **EVERY, **kw),
-}
+CONFIGS = common.loss_scale_configs(sparsecomm.tensorflow)
 RESUMED = ("dgc", "randomk")
 
 
@@ -136,8 +126,8 @@ for i, w in enumerate(mlp().get_weights()):
 # model.fit under mixed_bfloat16, DGC, through sparsecomm's Keras 3 DistributedOptimizer
 model = mlp("mixed_bfloat16")
 optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-compression = DGC(ratio=0.1, momentum=0.9, exchange="allgather", variables=model.trainable_variables,
-                  loss_scaler=optimizer)
+compression = sparsecomm.tensorflow.DGC(ratio=0.1, momentum=0.9, exchange="allgather",
+                                        variables=model.trainable_variables, loss_scaler=optimizer)
 model.compile(optimizer=sckeras.DistributedOptimizer(optimizer, compression), jit_compile=False,
               loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 shard = np.arange(len(y_all))[hvd.rank()::hvd.size()]

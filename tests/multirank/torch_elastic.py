@@ -8,7 +8,6 @@ per reset and, at the end, a digest of each model's parameters and each compress
 the test checks that every rank printed the same."""
 import argparse
 import hashlib
-import os
 import sys
 import time
 
@@ -49,15 +48,9 @@ def main():
                                    **{f"model_{m}": v for m, v in models.items()},
                                    **{f"optimizer_{m}": v for m, v in optimizers.items()},
                                    **{f"compression_{m}": v for m, v in compressors.items()})
-    born = time.monotonic()
+    born, scenario = time.monotonic(), common.ElasticScenario(args.hosts, args.fail)
     state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
                                                   flush=True)])
-
-    def write_hosts(slots):
-        # The third slot is on a second "host" (127.0.0.1, also this machine): Horovod blacklists
-        # the host of a failed worker, which must not be the host of the others.
-        with open(args.hosts, "w") as f:
-            f.write("localhost:2\n" + ("127.0.0.1:1\n" if slots == 3 else ""))
 
     joined = hvd.size() == 3  # this process started in the grown world
 
@@ -89,26 +82,13 @@ def main():
                 seen = size
                 print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
                       f"residual {residual_norm():.6g}", flush=True)
-            if state.phase == "grow" and size == 3:
-                state.phase, state.mark = "shrink", state.step
-            if state.phase == "shrink" and size == 2:
-                state.phase, state.mark = "finish", state.step
-            if state.phase == "grow" and state.step == 3 and hvd.rank() == 0:
-                write_hosts(3)
-            if state.phase == "shrink" and state.step == state.mark + 3:
-                if args.fail and hvd.rank() == 2:
-                    print(f"rank 2 dies at step {state.step}", flush=True)
-                    os._exit(1)
-                if not args.fail and hvd.rank() == 0:
-                    write_hosts(2)
-            if state.phase == "finish" and state.step >= state.mark + 3:
+            if scenario.finished(state, hvd.rank(), size):
                 return
             rows = torch.from_numpy(common.rows(state.step, hvd.rank(), hvd.size(), len(x)))
             for method, model in models.items():
                 optimizers[method].zero_grad()
                 torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
-                if args.fail and state.phase == "shrink" and state.step == state.mark + 3 and hvd.rank() == 2:
-                    os._exit(1)
+                scenario.die_if_due(state, hvd.rank())  # after this method's exchanges started
                 optimizers[method].step()
             state.step += 1
             state.commit()

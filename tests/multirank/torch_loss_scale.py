@@ -20,8 +20,7 @@ import horovod.torch as hvd
 import torch
 
 import common
-from common import EVERY
-from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+import sparsecomm.torch
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -31,16 +30,7 @@ torch.set_num_threads(1)
 x_all, y_all = common.digits()
 STEPS, OVERFLOW, LR = 10, 4, 0.5
 POISONED = ("0.weight", (5, 7))  # rank 1's gradient element set to inf at step OVERFLOW
-CONFIGS = {
-    # the default policy: 0.bias, 2.weight and 2.bias dense with DGC's momentum; warm-up and clipping
-    "dgc": lambda kw: DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.5,
-                          **kw),
-    "threshold_2bit": lambda kw: Threshold(exchange="allgather", ratio=0.1, quantize="2bit", **EVERY, **kw),
-    "topk_spardl": lambda kw: TopK(exchange="spardl", ratio=0.1, **EVERY, **kw),
-    "rtopk": lambda kw: RTopK(exchange="allgather", ratio=0.05, r=0.2, seed=7, **EVERY, **kw),
-    "randomk": lambda kw: RandomK(ratio=0.1, seed=7, **EVERY, **kw),
-    "random_block": lambda kw: RandomBlock(ratio=0.1, seed=7, **EVERY, **kw),
-}
+CONFIGS = common.loss_scale_configs(sparsecomm.torch)
 
 
 class Run:
