@@ -239,9 +239,10 @@ class Compressor(Settings):
         return copy.deepcopy(self.state_dict())
 
     def elastic_restore(self, snapshot: dict) -> None:
-        """Back to a snapshot (TorchState's restore after a failure): exchanges in flight are dropped."""
+        """Back to a snapshot (TorchState's restore after a failure): exchanges in flight are dropped.
+        load_state_dict copies the tensors, so the snapshot stays intact for a later restore."""
         self._pending = []
-        self.load_state_dict(copy.deepcopy(snapshot))
+        self.load_state_dict(snapshot)
 
     def elastic_sync(self) -> None:
         """After a reset (TorchState's sync, collective): every rank adopts rank 0's steps; the
