@@ -55,7 +55,7 @@ def random_block_pack(grad, residual, start, length):
     idx = torch.as_tensor(block_indices(start, length, grad.numel()), dtype=torch.long)
     values = acc[idx].to(grad.dtype)
     left = acc.clone()
-    left[idx] = acc[idx] - values.float()
+    left[idx] = finite_or_zero(acc[idx] - values.float())
     return values, left
 
 
@@ -75,13 +75,19 @@ def accumulate(grad, residual=None, momentum=None, momentum_factor=0.0):
     return (u if residual is None else residual + u), u
 
 
+def finite_or_zero(left):
+    """The NaN/Inf policy of a sent element's residual: a non-finite error is dropped."""
+    import torch
+    return torch.where(left.isfinite(), left, torch.zeros_like(left))
+
+
 def send(acc, u, selected, dtype, residual=None, momentum=None, masking=True):
     """What a pack sends from acc at the boolean mask `selected`, and the new state."""
     values = acc[selected].to(dtype)
     new_residual = new_momentum = None
     if residual is not None:
         new_residual = acc.clone()
-        new_residual[selected] = acc[selected] - values.float()
+        new_residual[selected] = finite_or_zero(acc[selected] - values.float())
     if momentum is not None:
         new_momentum = u.clone()
         if masking:

@@ -155,10 +155,6 @@ def test_nan_is_sent_not_kept():
     assert index.tolist() == [1]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "kernel bug: feedback.h send() and send_quantized keep acc - sent in the residual unless it is NaN, so a "
-    "finite acc sent as +-inf (a float16 overflow, or a 1-/2-bit class whose scale is inf) leaves -+inf there and "
-    "the next step sends it; the fix (csrc, needs a rebuild) is `left - left == 0.0f ? left : 0.0f`"))
 @pytest.mark.parametrize("send", ["send_selected_float16", "block_pack_float16", "send_quantized_1bit"])
 def test_a_non_finite_sent_value_of_a_finite_acc_leaves_zero(send):
     """The NaN/Inf policy: a sent non-finite value is never kept in the residual."""

