@@ -213,6 +213,25 @@ def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
     assert got is out and torch.equal(out.cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [1, 3, 8])
+def test_unpacks_into_an_unaligned_out_write_exactly_its_elements(device, dtype, offset):
+    """The CPU unpacks stream their output (non-temporal stores need 16-byte alignment): an
+    `out` that starts and ends off that alignment is written whole, and not one element past
+    it on either side."""
+    numel = 70_001
+    values, index = _gathered_selections(numel, 2000, 2, dtype, seed=7)
+    buffer = torch.full((numel + 16,), 7.0, dtype=dtype, device=device)
+    out = buffer[offset:offset + numel]
+    want = torch.zeros(numel).index_add_(0, index.long(), values.float()).to(dtype)
+    ops.sparse_unpack(values.to(device), index.to(device), numel, out=out)
+    assert torch.equal(out.cpu(), want)
+    ops.block_unpack(values[:500].to(device), numel, numel - 100, out=out)
+    assert torch.equal(out.cpu(), reference.random_block_unpack(values[:500], numel, numel - 100))
+    untouched = torch.cat([buffer[:offset], buffer[offset + numel:]]).cpu()
+    assert torch.equal(untouched, torch.full((16,), 7.0, dtype=dtype))
+
+
 def test_sparse_unpack_merges_in_parallel_chunks_on_the_cpu():
     numel = (1 << 21) + 5  # past the size at which the CPU pass splits over the cores
     values, index = _gathered_selections(numel, 20_000, 4, torch.float32, seed=6)

@@ -4,6 +4,7 @@
 
 #include "launchers.h"
 #include "parallel.h"
+#include "stream.h"
 #include "../kernels/block.h"
 
 namespace sparsecomm {
@@ -60,8 +61,9 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
       [&](int64_t i0, int64_t i1, int64_t j0) {
         for (int64_t i = i0; i < i1; ++i) dense[i] = block_unpack_element(j0 + (i - i0), true, values, scale);
       },
-      [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) dense[i] = from_float<T>(0.0f);
+      [&](int64_t i0, int64_t i1) {  // +0 is all zero bits in every dtype
+        zero_streaming(dense + i0, (i1 - i0) * int64_t(sizeof(T)));
+        fence_streaming();
       });
 }
 

@@ -7,6 +7,7 @@
 
 #include "launchers.h"
 #include "parallel.h"
+#include "stream.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -202,13 +203,15 @@ struct Runs {
   std::vector<int64_t> first, end;
 };
 
-// Adds into dense[lo, hi) every pair of the runs whose index is in [lo, hi): zeroes a block of
-// the output, then merges the runs' pairs that land in it while it is in cache, each output
-// element written once, its duplicates summed in input order in float32, scaled and rounded once.
+// Adds into dense[lo, hi) every pair of the runs whose index is in [lo, hi): a block of the
+// output is zeroed in a staging buffer in cache, the runs' pairs that land in it are merged
+// there, and the block is streamed out (stream.h): each output element written once, with no
+// read of the old contents; duplicates summed in input order in float32, scaled and rounded once.
 template <typename T>
 void merge_range(const T* values, const int32_t* index, const Runs& runs, float scale, int64_t lo, int64_t hi,
                  T* dense) {
-  constexpr int64_t kZeroBlock = 1 << 14;  // 64 KB of float32: stays in L2 between its zeroing and its pairs
+  constexpr int64_t kBlock = 1 << 12;  // 16 KB of float32: the staging buffer stays in L1
+  T staged[kBlock];
   const size_t count = runs.first.size();
   std::vector<int64_t> next(count), stop(count);
   for (size_t r = 0; r < count; ++r) {  // each run's pairs in [lo, hi)
@@ -217,9 +220,9 @@ void merge_range(const T* values, const int32_t* index, const Runs& runs, float 
     next[r] = std::lower_bound(first, end, lo) - index;
     stop[r] = std::lower_bound(index + next[r], end, hi) - index;
   }
-  for (int64_t block = lo; block < hi; block += kZeroBlock) {
-    const int64_t block_end = std::min(hi, block + kZeroBlock);
-    std::fill(dense + block, dense + block_end, from_float<T>(0.0f));
+  for (int64_t block = lo; block < hi; block += kBlock) {
+    const int64_t block_end = std::min(hi, block + kBlock);
+    std::fill(staged, staged + (block_end - block), from_float<T>(0.0f));
     while (true) {
       int64_t lowest = block_end;
       for (size_t r = 0; r < count; ++r)
@@ -228,9 +231,11 @@ void merge_range(const T* values, const int32_t* index, const Runs& runs, float 
       float sum = 0.0f;  // +0 + x: a lone -0 lands as +0, as in every unpack
       for (size_t r = 0; r < count; ++r)
         if (next[r] < stop[r] && index[next[r]] == lowest) sum += to_float(values[next[r]++]);
-      dense[lowest] = from_float<T>(scale * sum);
+      staged[lowest - block] = from_float<T>(scale * sum);
     }
+    copy_streaming(dense + block, staged, (block_end - block) * int64_t(sizeof(T)));
   }
+  fence_streaming();
 }
 
 // Above this many ascending runs, scanning the run heads costs more than summing in a scratch
@@ -246,7 +251,8 @@ void scatter_through_scratch(const T* values, const int32_t* index, int64_t coun
   if (int64_t(scratch.size()) < numel) scratch.assign(numel, 0.0f);
   float* sum = scratch.data();
   for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
-    std::fill(dense + lo, dense + hi, from_float<T>(0.0f));
+    zero_streaming(dense + lo, (hi - lo) * int64_t(sizeof(T)));  // +0 is all zero bits in every dtype
+    fence_streaming();
   });
   for (int64_t j = 0; j < count; ++j) sum[index[j]] += to_float(values[j]);
   for (int64_t j = 0; j < count; ++j) dense[index[j]] = from_float<T>(scale * sum[index[j]]);  // again for a duplicate

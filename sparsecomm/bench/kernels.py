@@ -2,7 +2,8 @@
 in the same run (memcpy of the same float32 buffer and torch.topk(x.abs(), k)), so the
 ratios carry to other machines; and the whole path of TopK, Threshold and DGC (at densities
 up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against the same memcpy.
-Medians of repeated runs after a warm-up."""
+Medians of repeated runs after a warm-up. Each op's memcpy is timed in turn with the op
+itself, call for call, so a machine whose speed drifts (a shared host) moves both alike."""
 import statistics
 import time
 
@@ -19,18 +20,27 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def _timed_ms(fn, device, setup=None):
+    args = setup() if setup else ()
+    _sync(device)
+    started = time.perf_counter()
+    fn(*args)
+    _sync(device)
+    return 1000 * (time.perf_counter() - started)
+
+
 def median_ms(fn, device, repeats, setup=None):
     """Median wall time of fn() in ms; setup() runs untimed before each call."""
-    times = []
-    for i in range(repeats + 1):
-        args = setup() if setup else ()
-        _sync(device)
-        started = time.perf_counter()
-        fn(*args)
-        _sync(device)
-        if i:  # the first call warms up
-            times.append(1000 * (time.perf_counter() - started))
-    return statistics.median(times)
+    _timed_ms(fn, device, setup)  # warm-up
+    return statistics.median(_timed_ms(fn, device, setup) for _ in range(repeats))
+
+
+def paired_median_ms(fn, baseline, device, repeats, setup=None):
+    """Medians of fn() and of baseline(), timed alternately: (fn's, baseline's) in ms."""
+    _timed_ms(fn, device, setup)
+    _timed_ms(baseline, device)
+    times = [(_timed_ms(fn, device, setup), _timed_ms(baseline, device)) for _ in range(repeats)]
+    return statistics.median(t for t, _ in times), statistics.median(b for _, b in times)
 
 
 def cases(x, density):
@@ -53,7 +63,8 @@ def cases(x, density):
         ("topk (exact, no EF)", lambda: ops.pack_topk(x, None, k), None),
         ("block_pack (random block, EF)", lambda r: ops.block_pack(x, r, 12345 % numel, k), fresh_residual),
         ("sparse_unpack (k values, into a buffer)", lambda: ops.sparse_unpack(values, index, numel, out=dense), None),
-        ("block_unpack (k values)", lambda: ops.block_unpack(values, numel, 12345 % numel), None),
+        ("block_unpack (k values, into a buffer)", lambda: ops.block_unpack(values, numel, 12345 % numel, out=dense),
+         None),
     ]
 
 
@@ -103,12 +114,12 @@ def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, rep
         x = torch.randn(numel, generator=gen).to(dtype).to(device)
         src = torch.randn(numel, generator=gen).to(device)  # memcpy baseline: float32, same numel
         dst = torch.empty_like(src)
-        memcpy_ms = median_ms(lambda: dst.copy_(src), device, repeats)
+        memcpy = lambda: dst.copy_(src)  # noqa: E731
         for density in densities:
             k = max(1, int(density * numel + 0.5))
             topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
             for name, fn, setup in cases(x, density) + _path_cases(x, density):
-                ms = median_ms(fn, device, repeats, setup)
+                ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
                 record = {"op": name, "numel": numel, "density": density, "dtype": str(dtype).replace("torch.", ""),
                           "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms}
                 records.append(record)
@@ -124,11 +135,14 @@ def table(records):
         lines.append(f"{r['op']:<40}{r['numel']:>12,}{r['density']:>9}{r['dtype']:>10}{r['device']:>7}"
                      f"{r['median_ms']:>11.3f}{r['median_ms'] / r['memcpy_ms']:>10.2f}"
                      f"{r['topk_ms'] / r['median_ms']:>10.1f}x")
-    baselines = sorted({(r["numel"], r["density"], r["memcpy_ms"], r["topk_ms"]) for r in records})
     lines.append("")
-    lines.append("baselines in the same run: memcpy = float32 copy of the same numel; topk = torch.topk(x.abs(), k)")
+    lines.append("baselines in the same run: memcpy = float32 copy of the same numel, timed in turn with each op "
+                 "(its ratio is to that memcpy); topk = torch.topk(x.abs(), k)")
     lines.append("whole path: compress -> Horovod allreduce of what it hands over -> decompress, one rank, as "
                  "hvd.DistributedOptimizer runs it")
-    for numel, density, memcpy_ms, topk_ms in baselines:
-        lines.append(f"  numel {numel:>12,}  density {density:<6}  memcpy {memcpy_ms:8.3f} ms  topk {topk_ms:9.3f} ms")
+    for numel, density in sorted({(r["numel"], r["density"]) for r in records}):
+        mine = [r for r in records if (r["numel"], r["density"]) == (numel, density)]
+        copies = [r["memcpy_ms"] for r in mine]
+        lines.append(f"  numel {numel:>12,}  density {density:<6}  memcpy {min(copies):8.3f} to {max(copies):8.3f} ms"
+                     f"  topk {mine[0]['topk_ms']:9.3f} ms")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ contributions by output / M, the optimizer's semantics, without being told the o
 Adding an exchange: a class here with start/finish (and `advances`/advance if it has a second
 phase), an entry in EXCHANGES, and its cost in sparsecomm/core/cost.py.
 """
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -143,19 +144,30 @@ class Allgather:
                                  out=ctx.wire.output()).view(ctx.wire.shape)
 
 
-def _bytes(tensor, columns):
-    return tensor.contiguous().view(torch.uint8).view(-1, columns)
+_UNITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
+
+
+def _unit(value_bytes):
+    """The widest integer type that tiles both columns of a row (index and value): the row
+    buffer is built and split in elements of it, not byte by byte (4x fewer copies)."""
+    return _UNITS[math.gcd(wire_format.INDEX_BYTES, value_bytes)]
 
 
 def _rows(values, index):
     """(index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
-    return torch.cat([_bytes(index, wire_format.INDEX_BYTES), _bytes(values, values.element_size())], 1)
+    unit = _unit(values.element_size())
+    columns = [t.contiguous().view(unit).view(index.numel(), t.element_size() // unit.itemsize)
+               for t in (index, values)]
+    return torch.cat(columns, 1).view(torch.uint8)
 
 
 def _from_rows(rows, value_dtype):
-    columns = wire_format.INDEX_BYTES
-    index = rows[:, :columns].reshape(-1).view(torch.int32)  # (a copy: the columns are strided)
-    return rows[:, columns:].reshape(-1).view(value_dtype), index
+    """The values and the indices of gathered rows (each column a copy: they are strided)."""
+    unit = _unit(torch.empty(0, dtype=value_dtype).element_size())
+    units = rows.view(unit)
+    split = wire_format.INDEX_BYTES // units.element_size()
+    column = lambda part: part.reshape(-1).contiguous()  # noqa: E731
+    return column(units[:, split:]).view(value_dtype), column(units[:, :split]).view(torch.int32)
 
 
 def _segment(packed):

@@ -1,0 +1,54 @@
+// Writes of a whole output range that bypass the caches (non-temporal stores). An unpack
+// writes every element of the dense result and reads none: a plain store first reads each
+// cache line from memory (read for ownership), doubling the traffic of a write-only pass.
+// Needs SSE2 (every x86-64); elsewhere plain stores.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace sparsecomm {
+namespace cpu {
+
+// dst[0, bytes) = src[0, bytes), streamed where dst is 16-byte aligned.
+inline void copy_streaming(void* dst_in, const void* src_in, int64_t bytes) {
+  char* dst = static_cast<char*>(dst_in);
+  const char* src = static_cast<const char*>(src_in);
+#if defined(__SSE2__)
+  const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memcpy(dst, src, head);
+  int64_t j = head;
+  for (; j + 16 <= bytes; j += 16)
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
+  std::memcpy(dst + j, src + j, bytes - j);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
+// dst[0, bytes) = 0, streamed where dst is 16-byte aligned.
+inline void zero_streaming(void* dst_in, int64_t bytes) {
+  char* dst = static_cast<char*>(dst_in);
+#if defined(__SSE2__)
+  const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  std::memset(dst, 0, head);
+  int64_t j = head;
+  for (; j + 16 <= bytes; j += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j), _mm_setzero_si128());
+  std::memset(dst + j, 0, bytes - j);
+#else
+  std::memset(dst, 0, bytes);
+#endif
+}
+
+// Streamed stores are weakly ordered: a thread fences them before its results are read.
+inline void fence_streaming() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
+
+}  // namespace cpu
+}  // namespace sparsecomm
