@@ -143,7 +143,14 @@ def test_dgc_schedule_is_the_papers_and_its_stage_works_on_any_minimum():
 
 def test_selection_constants():
     assert selected_count(0.001, 0) == 0 and selected_count(0.001, 10) == 1 and selected_count(1.0, 7) == 7
-    assert candidate_ratio(1000, 10**6) == (1.5 * 1000 + 32) / 10**6 and candidate_ratio(10, 20) == 1.0
+    # h = 256 sampled hits at the exact k-th (sample_count's minimum): 1 + 6/16 of k, plus 32
+    assert candidate_ratio(1000, 10**6) == (1.375 * 1000 + 32) / 10**6 and candidate_ratio(10, 20) == 1.0
+    # 1% of 25.6M: a 1% sample holds h = 2,556 hits, so the margin shrinks to 6/sqrt(h)
+    n = 25_557_032
+    k = selected_count(0.01, n)
+    assert candidate_ratio(k, n) == ((1 + 6 / math.sqrt(k / n * 255_571)) * k + 32) / n
+    assert candidate_ratio(3, 10**6, sample_ratio=0.0) == (1.5 * 3 + 32) / 10**6  # never above 1.5 k
+    assert candidate_ratio(0, 100) == 32 / 100 and candidate_ratio(0, 0) == 1.0
     assert BAND == (0.8, 1.3)
 
 

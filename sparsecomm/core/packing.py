@@ -43,14 +43,13 @@ def _every_element(K, grad, residual, momentum, k):
 
 def top_candidates(K, grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
     """Accumulates the state (one pass) and returns the k candidates of largest |acc| (ties:
-    lower index), in index order, with the state. A sampled threshold set for about
-    CANDIDATES_PER_K * k + CANDIDATES_EXTRA candidates keeps the exact selection to a small
-    set; if the sample overshoots (fewer than k candidates), a second, read-only pass takes
-    every element as a candidate."""
+    lower index), in index order, with the state. A sampled threshold set for a few standard
+    deviations more than k candidates keeps the exact selection to a small set; if the sample overshoots (fewer than k candidates), a second, read-only pass takes
+    every element as a candidate (selection.candidate_ratio)."""
     numel = K.numel(grad)
     k = min(k, numel)
     threshold = float("inf") if k == 0 else K.sample_threshold(
-        grad, residual, candidate_ratio(k, numel), momentum=momentum, momentum_factor=momentum_factor,
+        grad, residual, candidate_ratio(k, numel, sample_ratio), momentum=momentum, momentum_factor=momentum_factor,
         sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
                                                              momentum_factor=momentum_factor)
