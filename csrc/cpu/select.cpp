@@ -12,7 +12,7 @@
 namespace sparsecomm {
 namespace cpu {
 
-// The rank-th largest (1-based) of `values` (reordered). A pivot from a 1/16 sub-sample,
+// The rank-th largest (1-based) of `values` (which it may reorder). A pivot from a 1/16 sub-sample,
 // set for about 2 * rank + 64 survivors, filters the values in one pass; the exact selection
 // then runs on the survivors only (or on everything if too few survive).
 float kth_largest(std::vector<float>& values, int64_t rank) {
@@ -28,7 +28,10 @@ float kth_largest(std::vector<float>& values, int64_t rank) {
     survivors.reserve(4 * rank + 128);
     for (float v : values)
       if (v >= pivot) survivors.push_back(v);
-    if (int64_t(survivors.size()) >= rank) values.swap(survivors);
+    if (int64_t(survivors.size()) >= rank) {
+      std::nth_element(survivors.begin(), survivors.begin() + (rank - 1), survivors.end(), std::greater<float>());
+      return survivors[rank - 1];
+    }
   }
   std::nth_element(values.begin(), values.begin() + (rank - 1), values.end(), std::greater<float>());
   return values[rank - 1];
@@ -37,14 +40,22 @@ float kth_largest(std::vector<float>& values, int64_t rank) {
 template <typename T>
 float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan) {
   if (numel == 0 || plan.count == 0) return INFINITY;
-  std::vector<float> sample(plan.count);
-  float u;
-  float* out = sample.data();
-  for (int64_t r = 0; r < plan.runs; ++r) {  // nested loops: no division per sample
-    const int64_t first = plan.offset + r * plan.stride;
-    for (int64_t q = 0; q < plan.run; ++q) *out++ = magnitude(accumulated(grad, fb, first + q, &u));
-  }
-  return kth_largest(sample, plan.rank);
+  static thread_local std::vector<float> this_thread_sample;
+  auto& sample = this_thread_sample;  // (inside the parallel loop the thread_local name would be the worker's)
+  sample.resize(plan.count);
+  // The runs are scattered over the tensor (a cache miss each): the threads' misses overlap.
+  const int threads = plan.count >= kParallelMinScattered ? pass_threads(kParallelMinElements) : 1;
+  for_chunks(plan.runs, threads, 1, [&](int, int64_t begin, int64_t end) {
+    float u;
+    float* out = sample.data() + begin * plan.run;
+    for (int64_t r = begin; r < end; ++r) {  // nested loops: no division per sample
+      const int64_t first = plan.offset + r * plan.stride;
+      for (int64_t q = 0; q < plan.run; ++q) *out++ = magnitude(accumulated(grad, fb, first + q, &u));
+    }
+  });
+  const float threshold = kth_largest(sample, plan.rank);
+  kept_capacity(sample);
+  return threshold;
 }
 
 namespace {
