@@ -62,7 +62,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
         for (int64_t i = i0; i < i1; ++i) dense[i] = block_unpack_element(j0 + (i - i0), true, values, scale);
       },
       [&](int64_t i0, int64_t i1) {  // +0 is all zero bits in every dtype
-        zero_streaming(dense + i0, (i1 - i0) * int64_t(sizeof(T)));
+        zero_streaming(dense + i0, (i1 - i0) * int64_t(sizeof(T)), worth_streaming(numel * int64_t(sizeof(T))));
         fence_streaming();
       });
 }

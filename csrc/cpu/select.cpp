@@ -146,8 +146,8 @@ namespace {
 // The rank-th largest (1-based) magnitude of acc[0, count), and how many are strictly larger.
 // Magnitudes are non-negative floats (NaN as +inf), which order as their bits: a histogram of
 // the top 16 bits finds the bucket that holds the rank-th, and only that bucket (a small part
-// of the candidates, unless they cluster) is selected exactly. 5x faster than an nth_element
-// over all of them.
+// of the candidates, unless they cluster) is selected exactly (an nth_element over all of
+// them took 3 ms for 385k candidates here).
 struct Kth {
   float value;
   int64_t above;
@@ -216,11 +216,12 @@ struct Runs {
 
 // Adds into dense[lo, hi) every pair of the runs whose index is in [lo, hi): a block of the
 // output is zeroed in a staging buffer in cache, the runs' pairs that land in it are merged
-// there, and the block is streamed out (stream.h): each output element written once, with no
-// read of the old contents; duplicates summed in input order in float32, scaled and rounded once.
+// there, and the block is written out (streamed if `stream`: stream.h): each output element
+// written once, and no read of the old contents when streamed; duplicates summed in input
+// order in float32, scaled and rounded once.
 template <typename T>
 void merge_range(const T* values, const int32_t* index, const Runs& runs, float scale, int64_t lo, int64_t hi,
-                 T* dense) {
+                 T* dense, bool stream) {
   constexpr int64_t kBlock = 1 << 12;  // 16 KB of float32: the staging buffer stays in L1
   T staged[kBlock];
   const size_t count = runs.first.size();
@@ -244,7 +245,7 @@ void merge_range(const T* values, const int32_t* index, const Runs& runs, float 
         if (next[r] < stop[r] && index[next[r]] == lowest) sum += to_float(values[next[r]++]);
       staged[lowest - block] = from_float<T>(scale * sum);
     }
-    copy_streaming(dense + block, staged, (block_end - block) * int64_t(sizeof(T)));
+    copy_streaming(dense + block, staged, (block_end - block) * int64_t(sizeof(T)), stream);
   }
   fence_streaming();
 }
@@ -262,7 +263,8 @@ void scatter_through_scratch(const T* values, const int32_t* index, int64_t coun
   if (int64_t(scratch.size()) < numel) scratch.assign(numel, 0.0f);
   float* sum = scratch.data();
   for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
-    zero_streaming(dense + lo, (hi - lo) * int64_t(sizeof(T)));  // +0 is all zero bits in every dtype
+    // +0 is all zero bits in every dtype
+    zero_streaming(dense + lo, (hi - lo) * int64_t(sizeof(T)), worth_streaming(numel * int64_t(sizeof(T))));
     fence_streaming();
   });
   for (int64_t j = 0; j < count; ++j) sum[index[j]] += to_float(values[j]);
@@ -287,7 +289,7 @@ void sparse_unpack(const T* values, const int32_t* index, int64_t count, float s
   }
   runs.end.push_back(count);
   for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
-    merge_range(values, index, runs, scale, lo, hi, dense);
+    merge_range(values, index, runs, scale, lo, hi, dense, worth_streaming(numel * int64_t(sizeof(T))));
   });
 }
 

@@ -1,7 +1,8 @@
 // Writes of a whole output range that bypass the caches (non-temporal stores). An unpack
 // writes every element of the dense result and reads none: a plain store first reads each
 // cache line from memory (read for ownership), doubling the traffic of a write-only pass.
-// Needs SSE2 (every x86-64); elsewhere plain stores.
+// Only for outputs too large to stay in cache anyway: a small gradient is better left in cache
+// for the optimizer that reads it next. Needs SSE2 (every x86-64); elsewhere plain stores.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -13,10 +14,16 @@
 namespace sparsecomm {
 namespace cpu {
 
-// dst[0, bytes) = src[0, bytes), streamed where dst is 16-byte aligned.
-inline void copy_streaming(void* dst_in, const void* src_in, int64_t bytes) {
+// Outputs from this size on are streamed (larger than this machine kind's caches).
+constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
+
+inline bool worth_streaming(int64_t output_bytes) { return output_bytes >= kStreamMinBytes; }
+
+// dst[0, bytes) = src[0, bytes), streamed (where dst is 16-byte aligned) if `stream`.
+inline void copy_streaming(void* dst_in, const void* src_in, int64_t bytes, bool stream) {
   char* dst = static_cast<char*>(dst_in);
   const char* src = static_cast<const char*>(src_in);
+  if (!stream) return void(std::memcpy(dst, src, bytes));
 #if defined(__SSE2__)
   const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
   std::memcpy(dst, src, head);
@@ -29,9 +36,10 @@ inline void copy_streaming(void* dst_in, const void* src_in, int64_t bytes) {
 #endif
 }
 
-// dst[0, bytes) = 0, streamed where dst is 16-byte aligned.
-inline void zero_streaming(void* dst_in, int64_t bytes) {
+// dst[0, bytes) = 0, streamed (where dst is 16-byte aligned) if `stream`.
+inline void zero_streaming(void* dst_in, int64_t bytes, bool stream) {
   char* dst = static_cast<char*>(dst_in);
+  if (!stream) return void(std::memset(dst, 0, bytes));
 #if defined(__SSE2__)
   const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
   std::memset(dst, 0, head);
