@@ -44,8 +44,9 @@ def _every_element(K, grad, residual, momentum, k):
 def top_candidates(K, grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
     """Accumulates the state (one pass) and returns the k candidates of largest |acc| (ties:
     lower index), in index order, with the state. A sampled threshold set for a few standard
-    deviations more than k candidates keeps the exact selection to a small set; if the sample overshoots (fewer than k candidates), a second, read-only pass takes
-    every element as a candidate (selection.candidate_ratio)."""
+    deviations more than k candidates keeps the exact selection to a small set; if the sample
+    overshoots (fewer than k candidates), a second, read-only pass takes every element as a
+    candidate (selection.candidate_ratio)."""
     numel = K.numel(grad)
     k = min(k, numel)
     threshold = float("inf") if k == 0 else K.sample_threshold(
