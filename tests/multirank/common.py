@@ -2,6 +2,7 @@
 (scikit-learn's digits, real 8x8 images), which rows each rank reads at each step, and the
 model, the loss-scale tests' compressors and the elastic tests' scenario. Neither is code under test."""
 import os
+import time
 
 import numpy as np
 
@@ -140,6 +141,29 @@ class ElasticScenario:
 
     def __init__(self, hosts, fail):
         self.hosts, self.fail = hosts, fail
+        self.born = time.monotonic()
+
+    def steps(self, state, hvd, examples, agreed, joined, residual_norm):
+        """The steps of one `train` call (Horovod calls it again after every reset), as the rows
+        this rank reads: before each, `agreed()` checks the ranks agree, the world is logged the
+        first time this call sees its size, and the phase moves on; after each, the step is
+        committed. Ends when training is over; raises if a phase never ends (240 s)."""
+        seen = None
+        while True:
+            size = hvd.size()
+            agreed()
+            if size != seen:
+                seen = size
+                print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
+                      f"residual {residual_norm():.6g}", flush=True)
+            if self.finished(state, hvd.rank(), size):
+                return
+            yield rows(state.step, hvd.rank(), hvd.size(), examples)
+            state.step += 1
+            state.commit()
+            time.sleep(0.05 if state.phase != "finish" else 0)
+            if time.monotonic() - self.born > 240:
+                raise RuntimeError(f"phase {state.phase} never ended (size {hvd.size()})")
 
     def write_hosts(self, slots):
         # The third slot is on a second "host" (127.0.0.1, also this machine): Horovod blacklists

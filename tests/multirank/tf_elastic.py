@@ -11,7 +11,6 @@ eagerly. TensorFlowKerasState broadcasts the model in sync, so the variables are
 tf-keras Model here.)"""
 import argparse
 import hashlib
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -67,7 +66,7 @@ def main():
     state = hvd.elastic.TensorFlowKerasState(Held(v for model in models.values() for _, v in model),
                                              tf_keras.optimizers.SGD(0.1), step=0, phase="grow", mark=0)
     elastic.track(state, *compressors.values())
-    born, joined = time.monotonic(), hvd.size() == 3
+    joined = hvd.size() == 3
     scenario = common.ElasticScenario(args.hosts, args.fail)
     state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
                                                   flush=True)])
@@ -103,26 +102,11 @@ def main():
                     v.assign_sub(0.1 * g)
             return step
         steps = {m: make_step(models[m], compressors[m]) for m in METHODS}
-        seen = None
-        while True:
-            size = hvd.size()
-            agreed()
-            if size != seen:
-                seen = size
-                print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
-                      f"residual {residual_norm():.6g}", flush=True)
-            if scenario.finished(state, hvd.rank(), size):
-                return
-            rows = common.rows(state.step, hvd.rank(), hvd.size(), len(x))
+        for rows in scenario.steps(state, hvd, len(x), agreed, joined, residual_norm):
             for i, method in enumerate(METHODS):
                 if i == 1:
                     scenario.die_if_due(state, hvd.rank())  # after the first method's step
                 steps[method](tf.constant(x[rows]), tf.constant(y[rows]))
-            state.step += 1
-            state.commit()
-            time.sleep(0.05 if state.phase != "finish" else 0)
-            if time.monotonic() - born > 240:
-                raise RuntimeError(f"phase {state.phase} never ended (size {hvd.size()})")
 
     train(state)
     for method, model in models.items():

@@ -5,7 +5,6 @@ import argparse
 import os
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 
 import common
