@@ -104,15 +104,18 @@ def _keep_largest(values, index, k, residual):
     return values[mask], index[mask]
 
 
-def spardl(selections, residuals, k, numel):
+def spardl(selections, residuals, k, numel, value_dtype=torch.float32):
     """SparDL on N ranks, plain torch: each rank's selection (float32 values, sorted int64
     indices) is split into N contiguous blocks; for every other block a rank keeps its
     ceil(k/N) largest and sends them to the block's owner; the owner adds the N contributions
-    in rank order (float32, one at a time), keeps its ceil(k/N) largest sums, and the owned
-    blocks are gathered. Dropped values go to the dropping rank's residual (modified in place;
-    None: dropped for good). Returns (the float32 dense sum, bytes each rank received)."""
+    in rank order (float32, one at a time), keeps its ceil(k/N) largest sums, rounds them to
+    `value_dtype` (what it drops and what rounding takes off go to its residual, a non-finite
+    error as 0), and the owned blocks are gathered. Dropped values go to the dropping rank's
+    residual (modified in place; None: dropped for good). Each pair is an int32 index and a
+    value_dtype value on the wire. Returns (the float32 dense sum, bytes each rank received)."""
     ranks = len(selections)
     block, per_rank = -(-numel // ranks), max(1, -(-k // ranks))
+    pair_bytes = 4 + torch.empty(0, dtype=value_dtype).element_size()
     inbox = [[None] * ranks for _ in range(ranks)]  # inbox[owner][sender]
     received = [0] * ranks
     for rank, (values, index) in enumerate(selections):
@@ -121,7 +124,7 @@ def spardl(selections, residuals, k, numel):
             v, i = values[part], index[part]
             if owner != rank:
                 v, i = _keep_largest(v, i, per_rank, residuals[rank])
-                received[owner] += 8 * len(i)
+                received[owner] += pair_bytes * len(i)
             inbox[owner][rank] = (v, i)
     owned = []
     for owner in range(ranks):
@@ -131,13 +134,16 @@ def spardl(selections, residuals, k, numel):
                 sums[position] = (torch.tensor(sums.get(position, 0.0), dtype=torch.float32)
                                   + torch.tensor(value, dtype=torch.float32)).item()
         positions = sorted(sums)
-        owned.append(_keep_largest(torch.tensor([sums[p] for p in positions], dtype=torch.float32),
-                                   torch.tensor(positions, dtype=torch.long), per_rank,
-                                   residuals[owner]))
+        kept, index = _keep_largest(torch.tensor([sums[p] for p in positions], dtype=torch.float32),
+                                    torch.tensor(positions, dtype=torch.long), per_rank, residuals[owner])
+        rounded = kept.to(value_dtype).float()
+        if residuals[owner] is not None:
+            residuals[owner][index] += reference.finite_or_zero(kept - rounded)
+        owned.append((rounded, index))
     total = torch.zeros(numel)
     for rank, (v, i) in enumerate(owned):
         total[i] = v
         for other in range(ranks):
             if other != rank:
-                received[other] += 8 * len(i)
+                received[other] += pair_bytes * len(i)
     return total, received

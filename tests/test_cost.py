@@ -32,6 +32,18 @@ def test_choices(ranks, numel, k, network, want):
     assert cost.choose(numel, k, 4, 4, ranks, network)[0] == want
 
 
+def test_pairs_cost_their_value_bytes_plus_a_4_byte_index_in_both_sparse_exchanges():
+    """16-bit values: 6-byte pairs in allgather and in SparDL alike (SparDL no longer widens to float32)."""
+    numel, k, ranks = 1_000_000, 1000, 4
+    for value_size in (4, 2):
+        got = cost.costs(numel, k, value_size, value_size, ranks, GBIT)
+        local = 4 * numel * value_size / 1e10
+        assert got["allgather"] == pytest.approx(local + 3 * 5e-5 + 3 * k * (value_size + 4) / 1.25e8)
+        pairs = 2 * 3 * math.ceil(k / 4)
+        assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + pairs * (value_size + 4) / 1.25e8)
+        assert cost.received_bytes("spardl", numel, k, value_size, value_size, ranks) == pairs * (value_size + 4)
+
+
 def test_allowed_restricts_the_choice():
     assert cost.choose(25_000_000, 25_000, 4, 0.25, 8, GBIT, allowed=("dense", "allgather"))[0] == "allgather"
 

@@ -96,6 +96,47 @@ def test_every_rank_equals_the_replay(run, config):
                 torch.testing.assert_close(residual, residuals[rank][name], rtol=1e-5, atol=1e-6)
 
 
+# config -> (simulated method, gradient dtype, dtype values travel in)
+SIXTEEN_BIT = {"topk_0.1_spardl_bfloat16": ("topk", torch.bfloat16, torch.bfloat16),
+               "topk_0.1_spardl_float16": ("topk", torch.float16, torch.float16),
+               "threshold_fp16_0.1_spardl": ("threshold_fp16", torch.float32, torch.float16)}
+
+
+@pytest.mark.parametrize("config", list(SIXTEEN_BIT))
+def test_values_travel_in_16_bits_and_rounding_goes_to_the_owner_residual(run, config):
+    """Both phases send (int32 index, 16-bit value) rows: 6 bytes a pair. The owner rounds its
+    float32 sums once; what rounding takes off is in its residual. Each step's exchanged
+    gradient equals the replay's bit for bit on every rank, and so do the final residuals and
+    the bytes received."""
+    method, grad_dtype, value_dtype = SIXTEEN_BIT[config]
+    size, scale = len(run), torch.tensor(1.0) / len(run)
+    names = list(run[0][config]["grads"][0])
+    residuals = [{n: torch.zeros(run[0][config]["grads"][0][n].numel()) for n in names} for _ in range(size)]
+    received = [{n: 0 for n in names} for _ in range(size)]
+    for step in range(STEPS):
+        for name in names:
+            numel = residuals[0][name].numel()
+            selections = []
+            for rank in range(size):
+                grad = run[rank][config]["grads"][step][name].reshape(-1)
+                assert grad.dtype == grad_dtype
+                dense, residuals[rank][name] = simulation.METHODS[method](grad, residuals[rank][name], 0.1, name,
+                                                                          step, 7)
+                selections.append((dense[dense != 0], dense.nonzero().reshape(-1)))
+            total, got = simulation.spardl(selections, [r[name] for r in residuals], reference.count(0.1, numel),
+                                           numel, value_dtype)
+            want = (total * scale).to(grad_dtype)
+            for rank in range(size):
+                received[rank][name] += got[rank]
+                exchanged = run[rank][config]["exchanged"][step][name].reshape(-1)
+                assert torch.equal(exchanged, want), (config, rank, step, name)
+    for rank, recorded in enumerate(run):
+        for name in names:
+            torch.testing.assert_close(recorded[config]["residuals"][name], residuals[rank][name], rtol=0, atol=0,
+                                       msg=lambda m: f"{config} rank {rank} {name} residual: {m}")
+            assert recorded[config]["stats"]["tensors"][name]["received_bytes"] == received[rank][name], (rank, name)
+
+
 @pytest.mark.parametrize("config", ["topk_0.1_spardl", "threshold_0.1_spardl"])
 def test_conservation_total_gradient_is_update_times_n_plus_residuals(run, config):
     """sum of every rank's gradients == N * (sum of the averaged updates) + sum of all residuals."""

@@ -9,9 +9,10 @@ elements on N ranks, each rank sending k elements:
              allreduce's latency, not a whole one; a sparse exchange is its own collective)
   allgather  values + indices:   (N-1) alpha + (N-1) * k * (value_size + 4) * beta
              (one gather of (index, value) rows; each rank receives every other rank's k pairs)
-  spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) pairs of 8 bytes to each
+  spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) (index, value) pairs to each
              rank) + sparse all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
-             2 (N-1) alpha + 2 (N-1) * ceil(k/N) * 8 * beta   (the gather waits for the alltoall)
+             2 (N-1) alpha + 2 (N-1) * ceil(k/N) * (value_size + 4) * beta
+             (the gather waits for the alltoall)
 
 plus, for the sparse ones, the local work of packing and unpacking. Measured (LocalCost,
 what exchange="auto" uses when it measures the cluster itself): this compressor's own pack +
@@ -87,7 +88,7 @@ def costs(numel, k, size, value_size, ranks, network, local=None):
     return {
         "dense": 2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES) + 2 * (n - 1) / n * numel * size * beta,
         "allgather": gathered + (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
-        "spardl": reduced + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * 8 * beta,
+        "spardl": reduced + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * (value_size + 4) * beta,
     }
 
 
@@ -104,7 +105,7 @@ def received_bytes(exchange, numel, k, size, value_size, ranks):
         return 2 * (n - 1) / n * numel * size
     if exchange == "allgather":
         return (n - 1) * k * (value_size + 4)
-    return 2 * (n - 1) * math.ceil(k / n) * 8
+    return 2 * (n - 1) * math.ceil(k / n) * (value_size + 4)
 
 
 def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds, per_op_seconds=None):

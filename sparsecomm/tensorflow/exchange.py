@@ -219,15 +219,6 @@ def _from_segments(gathered, bits, ranks):
 
 # --- SparDL: the torch exchange's twin (sparsecomm/torch/exchange.py explains it) ---------
 
-def _pairs(values, index):
-    return tf.stack([tf.bitcast(tf.cast(values, tf.float32), tf.int32), index], 1)
-
-
-def _unpair(rows):
-    rows = tf.reshape(rows, [-1, 2])
-    return tf.bitcast(rows[:, 0], tf.float32), rows[:, 1]
-
-
 def _keep_largest(values, index, k, residual):
     """(kept values, kept index, residual): the k of largest |value| (ties: lower index), in
     index order; the others are added to the residual (when given)."""
@@ -241,34 +232,49 @@ def _keep_largest(values, index, k, residual):
     return kept_values, kept_index, residual
 
 
+def _rounded(sums, index, value_dtype, residual):
+    """(the owner's float32 sums in the value dtype, residual plus what rounding took off; a
+    finite sum rounded to +-inf leaves nothing there)."""
+    rounded = tf.cast(sums, value_dtype)
+    if residual is not None and value_dtype != tf.float32:
+        error = sums - tf.cast(rounded, tf.float32)
+        error = tf.where(tf.math.is_finite(error), error, tf.zeros_like(error))
+        residual = tf.tensor_scatter_nd_add(residual, tf.expand_dims(index, 1), error)
+    return rounded, residual
+
+
 class SparDL:
     """Sparse reduce-scatter (one alltoall to the block owners) + sparse all-gather, in the graph."""
 
     def run(self, packed, wire):
         hvd, ps = _hvd(), wire.process_set
         layout, rank = SparDLLayout.of(wire.numel, wire.k, wire.ranks), ps.rank()
+        value_dtype = packed.values.dtype
         payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
         received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits),
                                                  name=collective_name(wire.name, "scatter"), process_set=ps)
-        parts = tf.split(tf.reshape(received, [-1, 2]), received_splits, num=layout.ranks)
-        parts[rank] = _pairs(*own)
-        values, index = _unpair(tf.concat(parts, 0))
+        parts = tf.split(received, received_splits, num=layout.ranks)
+        parts[rank] = _rows(tf.cast(own[0], value_dtype), own[1])
+        values, index = _from_rows(tf.concat(parts, 0), value_dtype)
         low, size = layout.owned(rank)
-        sums = ops.sparse_unpack(values, index - low, size)  # float32, added in rank order
+        sums = ops.sparse_unpack(tf.cast(values, tf.float32), index - low, size)  # float32, added in rank order
         owned = tf.sort(tf.unique(index)[0])
         reduced, owned, residual = _keep_largest(tf.gather(sums, owned - low), owned, layout.per_rank, residual)
-        final = _pairs(reduced, owned)
+        reduced, residual = _rounded(reduced, owned, value_dtype, residual)
+        final = _rows(reduced, owned)
         gathered = hvd.allgather(final, name=collective_name(wire.name, "gather"), process_set=ps)
-        values, index = _unpair(gathered)
+        values, index = _from_rows(gathered, value_dtype)
+        values = tf.cast(tf.cast(values, wire.dtype), tf.float32)  # as the allgather exchange
         sent_pairs = _i64(tf.shape(payload)[0] + tf.shape(final)[0])
-        received_pairs = _i64(tf.shape(received)[0] + tf.shape(gathered)[0] - tf.shape(final)[0])
-        return Outcome(ops.sparse_unpack(values, index, wire.numel), residual, sent_pairs, 8 * sent_pairs,
-                       8 * received_pairs)
+        sent = tf.size(payload, out_type=tf.int64) + tf.size(final, out_type=tf.int64)
+        received_bytes = tf.size(received, out_type=tf.int64) + tf.size(gathered, out_type=tf.int64) - \
+            tf.size(final, out_type=tf.int64)
+        return Outcome(ops.sparse_unpack(values, index, wire.numel), residual, sent_pairs, sent, received_bytes)
 
     @staticmethod
     def _scatter_rows(packed, layout, rank):
-        """Each other block's at most per_rank largest pairs (the rest to the residual), and
-        this rank's own block."""
+        """Each other block's at most per_rank largest pairs as rows (the rest to the residual),
+        and this rank's own block (float32 values, index)."""
         values, index, residual = tf.cast(packed.values, tf.float32), packed.index, packed.residual
         bounds = tf.searchsorted(index, tf.constant(layout.bounds(), tf.int32))
         rows, splits, own = [], [], None
@@ -279,9 +285,10 @@ class SparDL:
                 splits.append(tf.constant(0, tf.int32))
                 continue
             v, i, residual = _keep_largest(v, i, layout.per_rank, residual)
-            rows.append(_pairs(v, i))
+            rows.append(_rows(tf.cast(v, packed.values.dtype), i))
             splits.append(tf.size(i))
-        return (tf.concat(rows, 0) if rows else tf.zeros([0, 2], tf.int32)), splits, own, residual
+        empty = _rows(packed.values[:0], index[:0])
+        return (tf.concat(rows, 0) if rows else empty), splits, own, residual
 
 
 EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}

@@ -90,9 +90,10 @@ class Compressor(Settings):
             # Every pending exchange is advanced before any is finished: every rank has started all
             # of them, whatever order Horovod decompresses in.
             for pending in self._pending:
-                sent_before = pending.sent_bytes
+                sent_before, received_before = pending.sent_bytes, pending.received_bytes
                 pending.exchange.advance(pending)
-                self._counters.account_later(pending.wire.name, pending.sent_bytes - sent_before, 0)
+                self._counters.account_later(pending.wire.name, pending.sent_bytes - sent_before,
+                                             pending.received_bytes - received_before)
             self._pending = []
         received_before = ctx.received_bytes  # what compress already counted (a dense allreduce's)
         result = ctx.exchange.finish(tensor, ctx)

@@ -136,12 +136,15 @@ class Allgather:
         gathered = _hvd().synchronize(handle)
         ctx.received_bytes = gathered.numel() - ctx.sent_bytes
         if bits is not None:
-            values, index = _from_segments(gathered, bits, ctx.wire.ranks)
-        else:
-            values, index = _from_rows(gathered, value_dtype)
-        values = values.to(ctx.wire.dtype)  # values may travel in 16 bits (or quantized)
-        return ops.sparse_unpack(values, index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
-                                 out=ctx.wire.output()).view(ctx.wire.shape)
+            return _unpacked(output, ctx, *_from_segments(gathered, bits, ctx.wire.ranks))
+        return _unpacked(output, ctx, *_from_rows(gathered, value_dtype))
+
+
+def _unpacked(output, ctx, values, index):
+    """The gathered (value, index) pairs added, in order, into the result and scaled by the op
+    (values may travel in 16 bits, or quantized: first cast to the gradient's dtype)."""
+    return ops.sparse_unpack(values.to(ctx.wire.dtype), index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
+                             out=ctx.wire.output()).view(ctx.wire.shape)
 
 
 _UNITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -205,19 +208,12 @@ def _from_segments(gathered, bits, ranks):
 # per_rank = ceil(k / N) of its largest entries per other block and sends each block to its
 # owner in ONE alltoall (the direct form of the sparse reduce-scatter: the same O(k) bytes per
 # rank as the ring form, in one message step instead of N - 1). The owner adds the N
-# contributions in rank order, keeps the per_rank largest sums, and the reduced blocks are
-# all-gathered. Global residual collection: whatever a rank drops, from its own selection
-# before sending or from the sums it owns, goes into ITS residual, so nothing is lost. Pairs
-# travel as int32 rows (float32 value bits, index): 8 bytes each.
-
-def _pairs(values, index):
-    return torch.stack([values.float().view(torch.int32), index], 1)
-
-
-def _unpair(rows):
-    rows = rows.reshape(-1, 2)
-    return rows[:, 0].contiguous().view(torch.float32), rows[:, 1].contiguous()
-
+# contributions in rank order (in float32), keeps the per_rank largest sums, and the reduced
+# blocks are all-gathered. Global residual collection: whatever a rank drops, from its own
+# selection before sending or from the sums it owns, goes into ITS residual, so nothing is
+# lost. Both phases send the (index, value) rows of sparsecomm.core.wire, values in the
+# method's value dtype (the gradient's): an owner's sum is rounded to it once, and that
+# rounding error is dropped into the owner's residual too.
 
 def _keep_largest(values, index, k, residual):
     """The k entries of largest |value| (ties: lower index), in index order; the rest are
@@ -231,13 +227,24 @@ def _keep_largest(values, index, k, residual):
     return kept_values, kept_index
 
 
+def _rounded(sums, index, value_dtype, residual):
+    """The owner's float32 sums in the value dtype; what rounding took off goes to the residual
+    (a finite sum rounded to +-inf leaves nothing there: the NaN/Inf policy of every send)."""
+    rounded = sums.to(value_dtype)
+    if residual is not None and value_dtype != torch.float32:
+        error = sums - rounded.float()
+        residual.index_add_(0, index.long(), torch.where(error.isfinite(), error, torch.zeros_like(error)))
+    return rounded
+
+
 @dataclass
 class _SparDLState:
     layout: SparDLLayout
     rank: int
     handle: object
-    own: tuple = None         # this rank's (values, index) of the block it owns
-    own_share: int = 0        # pairs this rank put into the gather
+    value_dtype: torch.dtype
+    own: tuple = None         # this rank's (float32 values, index) of the block it owns
+    own_bytes: int = 0        # bytes this rank put into the gather
     gather_handle: object = None
 
 
@@ -257,7 +264,8 @@ class SparDL:
     def start(self, packed, wire):
         hvd, ps = _hvd(), wire.process_set
         layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, wire.ranks), ps.rank()
-        values, index = packed.values.float(), packed.index
+        value_dtype, index = packed.values.dtype, packed.index
+        values = packed.values.float()  # selection and residual in float32; exact back in value_dtype
         bounds = torch.searchsorted(index, torch.tensor(layout.bounds(), dtype=torch.int32)).tolist()
         rows, splits, own = [], [], None
         for b in range(layout.ranks):
@@ -267,44 +275,39 @@ class SparDL:
                 splits.append(0)
                 continue
             v, i = _keep_largest(v, i, layout.per_rank, wire.residual)
-            rows.append(_pairs(v, i))
+            rows.append(_rows(v.to(value_dtype), i))
             splits.append(i.numel())
-        payload = torch.cat(rows) if rows else torch.empty(0, 2, dtype=torch.int32)
+        payload = torch.cat(rows) if rows else _rows(packed.values[:0], index[:0])
         handle = hvd.alltoall_async(payload, splits=torch.tensor(splits, dtype=torch.int32),
                                     name=f"sparsecomm.{wire.name}.scatter", process_set=ps)
-        return _placeholder(values.device), Context(self, wire, payload.shape[0], payload.numel() * 4,
-                                                    pending=_SparDLState(layout, rank, handle, own))
+        return _placeholder(values.device), Context(self, wire, payload.shape[0], payload.numel(),
+                                                    pending=_SparDLState(layout, rank, handle, value_dtype, own))
 
     def advance(self, ctx):
         """Waits for the scatter, reduces the owned block in rank order, keeps its per_rank
         largest sums (the rest to this rank's residual) and starts the all-gather."""
         hvd, st = _hvd(), ctx.pending
         received, splits = hvd.synchronize(st.handle)
-        ctx.received_bytes += received.numel() * 4
-        parts = list(received.reshape(-1, 2).split(splits.tolist()))
-        parts[st.rank] = _pairs(*st.own)
-        values, index = _unpair(torch.cat(parts))
+        ctx.received_bytes += received.numel()
+        parts = list(received.split(splits.tolist()))
+        parts[st.rank] = _rows(st.own[0].to(st.value_dtype), st.own[1])
+        values, index = _from_rows(torch.cat(parts), st.value_dtype)
         low, size = st.layout.owned(st.rank)
-        sums = ops.sparse_unpack(values, index - low, size, out=_owned_scratch(ctx.wire, size))  # in rank order
+        sums = ops.sparse_unpack(values.float(), index - low, size, out=_owned_scratch(ctx.wire, size))  # in rank order
         owned = torch.unique(index)
         reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
         reduced, owned = _keep_largest(reduced, owned, st.layout.per_rank, ctx.wire.residual)
-        payload = _pairs(reduced, owned)
+        payload = _rows(_rounded(reduced, owned, st.value_dtype, ctx.wire.residual), owned)
         ctx.sent_elements += payload.shape[0]
-        ctx.sent_bytes += payload.numel() * 4
-        st.own, st.own_share = None, payload.shape[0]
+        ctx.sent_bytes += payload.numel()
+        st.own, st.own_bytes = None, payload.numel()
         st.gather_handle = hvd.allgather_async(payload, name=f"sparsecomm.{ctx.wire.name}.gather",
                                                process_set=ctx.wire.process_set)
 
     def finish(self, output, ctx):
         gathered = _hvd().synchronize(ctx.pending.gather_handle)
-        ctx.received_bytes += (gathered.shape[0] - ctx.pending.own_share) * 8
-        values, index = _unpair(gathered)
-        scale, numel = _scale(output, ctx.wire.ranks), ctx.wire.shape.numel()
-        if ctx.wire.dtype == torch.float32:  # summed and scaled straight into the result
-            return ops.sparse_unpack(values, index, numel, scale, out=ctx.wire.output()).view(ctx.wire.shape)
-        dense = ops.sparse_unpack(values, index, numel, scale)  # float32 sums, rounded once to the dtype
-        return ctx.wire.output().copy_(dense).view(ctx.wire.shape)
+        ctx.received_bytes += gathered.numel() - ctx.pending.own_bytes
+        return _unpacked(output, ctx, *_from_rows(gathered, ctx.pending.value_dtype))
 
 
 EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}

@@ -1,7 +1,9 @@
 """Worker: SGD steps of the digits MLP under hvd.DistributedOptimizer with exchange="spardl"
-(and "allgather", and "auto" on a given network) for each per-rank-coordinate method. Saves
-every rank's local gradients (recorded after backward, before the exchange), parameters
-after every step, final residuals and stats, for a replay of the N ranks."""
+(and "allgather", and "auto" on a given network) for each per-rank-coordinate method, and
+SparDL with values in 16 bits (models in bfloat16 and float16, Threshold(quantize="fp16")).
+Saves every rank's local gradients (recorded after backward, before the exchange), the
+exchanged gradients and the parameters after every step, final residuals and stats, for a
+replay of the N ranks."""
 import argparse
 import os
 
@@ -40,22 +42,34 @@ CONFIGS = {
                                                   named_parameters=m.named_parameters(), **EVERY),
     "topk_0.1_auto_slow": lambda m: TopK(ratio=0.1, network=SLOW, named_parameters=m.named_parameters(), **EVERY),
     "topk_0.1_auto_fast": lambda m: TopK(ratio=0.1, network=FAST, named_parameters=m.named_parameters(), **EVERY),
+    # values on the wire in 16 bits: a model in that dtype, and float32 gradients sent as float16
+    "topk_0.1_spardl_bfloat16": lambda m: TopK(ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(),
+                                               **EVERY),
+    "topk_0.1_spardl_float16": lambda m: TopK(ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(),
+                                              **EVERY),
+    "threshold_fp16_0.1_spardl": lambda m: Threshold(ratio=0.1, quantize="fp16", exchange="spardl",
+                                                     named_parameters=m.named_parameters(), **EVERY),
 }
+DTYPES = {"topk_0.1_spardl_bfloat16": torch.bfloat16, "topk_0.1_spardl_float16": torch.float16}
 results = {}
 for config, make_compression in CONFIGS.items():
-    model = common.torch_model()
+    model = common.torch_model().to(DTYPES.get(config, torch.float32))
     compression = make_compression(model)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
                                    named_parameters=model.named_parameters(), compression=compression)
-    grads, params = [], []
+    grads, params, exchanged = [], [], []
     for step in range(args.steps):
         idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])).backward()
+        x = torch.from_numpy(x_all[idx]).to(DTYPES.get(config, torch.float32))
+        torch.nn.functional.cross_entropy(model(x).float(), torch.from_numpy(y_all[idx])).backward()
         grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
-        opt.step()
+        opt.synchronize()
+        exchanged.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+        with opt.skip_synchronize():
+            opt.step()
         params.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    results[config] = {"grads": grads, "params": params}
+    results[config] = {"grads": grads, "params": params, "exchanged": exchanged}
     if hasattr(compression, "stats"):
         results[config]["stats"] = compression.stats()
         results[config]["residuals"] = {n: s.residual for n, s in compression._states.items()}
