@@ -44,6 +44,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert e2e["dense"]["speedup_vs_dense"] == e2e["dense"]["vs_dense"] == 1.0
     assert e2e["floor"]["vs_floor"] == 1.0 and e2e["floor"]["received_bytes"] == 0
     assert e2e["DGC 0.1% spardl"]["exchanges"] == ["spardl"]
+    assert {r["rounds"] for r in results["e2e"]} == {4}  # the compute model's rows fit: timed in turns
     for r in results["e2e"]:
         assert r["network_model"] in ("per-host", "shared") and r["network"] == "unshaped"
         assert r["vs_floor"] == r["step_ms"] / e2e["floor"]["step_ms"] > 0
@@ -58,6 +59,17 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert "## End-to-end step time" in text and "| compute | 2 | unshaped | DGC 0.1% spardl |" in text
     assert "| vs dense | vs floor |" in text and "| compute | 2 | unshaped | floor | " in text
     assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
+    assert "The compute model's rows were timed in 4 interleaved turns" in text
+
+
+def test_rows_are_interleaved_only_where_they_all_fit_in_memory():
+    """Every row of every rank alive at once must fit in half the memory; else one at a time."""
+    from sparsecomm.bench import e2e
+    gib = 2 ** 30
+    assert e2e.interleaved_rounds("compute", 4, 13, 4, available=2 * gib) == 4      # 0.29M parameters a row
+    assert e2e.interleaved_rounds("comm", 2, 13, 4, available=64 * gib) == 4        # 25.2M: 16 GB of rows
+    assert e2e.interleaved_rounds("comm", 2, 13, 4, available=22 * gib) == 1
+    assert e2e.interleaved_rounds("comm", 4, 13, 4, available=48 * gib) == 1
 
 
 def _per_host_or_skip():

@@ -13,13 +13,31 @@ from . import network
 NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped
 
 
-def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model="shared"):
-    """Records of one launch (all rows for one model, ranks and network) on `network_model`."""
+# Bytes a row holds per parameter: the parameters, their gradient, the optimizer's momentum, a
+# compressor's residual and DGC's momentum (float32 each), with Horovod's and DDP's buffers.
+ROW_BYTES_PER_PARAMETER = 24
+
+
+def interleaved_rounds(model, ranks, rows, rounds, available=None):
+    """`rounds` where every row of every rank fits in half of `available` bytes (default: the
+    memory available now), else 1: one row at a time (the comm model's 13 rows take about 8 GB
+    per rank)."""
+    import psutil
+    from .e2e_worker import model_and_batch
+    parameters = sum(p.numel() for p in model_and_batch(model)[0].parameters())
+    available = psutil.virtual_memory().available if available is None else available
+    return rounds if ranks * rows * parameters * ROW_BYTES_PER_PARAMETER <= available / 2 else 1
+
+
+def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model="shared", rounds=1):
+    """Records of one launch (all rows for one model, ranks and network) on `network_model`,
+    timed in `rounds` interleaved turns where the rows fit in memory together (see the worker)."""
+    rounds = interleaved_rounds(model, ranks, len(methods), rounds) if rounds > 1 else 1
     with tempfile.TemporaryDirectory() as tmp, network.emulated(network_model, net, ranks) as placed:
         out = os.path.join(tmp, "records.json")
         placed.launch(ranks, "sparsecomm.bench.e2e_worker",
                       ["--model", model, "--out", out, "--warmup", str(warmup), "--steps", str(steps),
-                       "--methods", *methods], "[e2e]", log)
+                       "--rounds", str(rounds), "--methods", *methods], "[e2e]", log)
         with open(out) as f:
             records = json.load(f)
     for record in records:

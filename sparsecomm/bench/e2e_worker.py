@@ -1,6 +1,8 @@
 """Worker of the end-to-end benchmark (run by sparsecomm.bench.e2e under horovodrun, or one
 process per rank in its own network namespace): step time of one model, on the same ranks and
-network, for these rows. Medians over the timed steps, after warm-up steps.
+network, for these rows. Medians over the timed steps, after warm-up steps. With --rounds R
+every row is built first and the rows are timed in R interleaved turns (floor, dense, ..., floor,
+dense, ...): drift of the machine during the run then falls on every row alike.
 
   floor            the same step with NO gradient exchange (plain SGD, momentum 0.9, on each
                    rank's own gradient): the time no exchange method can beat
@@ -19,6 +21,8 @@ import json
 import os
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import horovod.torch as hvd
 import torch
@@ -58,19 +62,50 @@ def model_and_batch(kind):
     return model, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
 
-def timed_steps(model, opt, x, y, warmup, steps):
-    """Step times (s) of the steps after `warmup`. Every rank starts each step together: the
-    barrier is outside the timed region, for every row alike."""
+@dataclass
+class Row:
+    """One row, ready to step: what is stepped (the model, or its DDP wrapper), its optimizer and
+    batch, its warm-up steps, and `finish(times)`, which makes its record."""
+    method: str
+    model: torch.nn.Module
+    opt: torch.optim.Optimizer
+    x: torch.Tensor
+    y: torch.Tensor
+    warmup: int
+    finish: Callable
+
+
+def timed_steps(row, steps):
+    """Times (s) of `steps` steps of a row. Every rank starts each step together: the barrier is
+    outside the timed region, for every row alike."""
     times = []
-    for step in range(warmup + steps):
+    for _ in range(steps):
         hvd.allreduce(torch.zeros(1), name="bench.barrier")
         started = time.perf_counter()
-        opt.zero_grad()
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
-        if step >= warmup:
-            times.append(time.perf_counter() - started)
+        row.opt.zero_grad()
+        torch.nn.functional.cross_entropy(row.model(row.x), row.y).backward()
+        row.opt.step()
+        times.append(time.perf_counter() - started)
     return times
+
+
+def time_rows(makers, warmup, steps, rounds):
+    """{method: step times} of the rows `makers` build (method -> make(warmup) -> Row). rounds 1:
+    one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1: every row
+    alive at once, each warmed up, then timed in R turns of about steps / R steps each, in
+    order, so that the machine's drift over the run falls on every row alike."""
+    times = {method: [] for method in makers}
+    groups = [[method] for method in makers] if rounds == 1 else [list(makers)]
+    for group in groups:
+        rows = [makers[method](warmup) for method in group]
+        for row in rows:
+            timed_steps(row, row.warmup)
+        for turn in range(rounds):
+            for row in rows:
+                times[row.method] += timed_steps(row, steps * (turn + 1) // rounds - steps * turn // rounds)
+        for row in rows:
+            yield row, times[row.method]
+        del rows, row  # a group's models go before the next group's are built
 
 
 def ring_bytes(nbytes):
@@ -87,30 +122,32 @@ def record(kind, method, family, model, times, sent, received, exchanges=()):
             "exchanges": list(exchanges)}
 
 
-def bench_floor(kind, warmup, steps):
+def floor_row(kind, warmup):
     """No exchange at all: each rank steps on its own gradient, like dense minus the allreduce."""
     model, x, y = model_and_batch(kind)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return record(kind, FLOOR, "floor", model, timed_steps(model, opt, x, y, warmup, steps), 0, 0)
+    return Row(FLOOR, model, opt, x, y, warmup, lambda times: record(kind, FLOOR, "floor", model, times, 0, 0))
 
 
-def bench_horovod(kind, method, warmup, steps):
+def horovod_row(kind, method, warmup):
     model, x, y = model_and_batch(kind)
     make, momentum = METHODS[method]
     compression = make(model)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
                                    named_parameters=model.named_parameters(), compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    times = timed_steps(model, opt, x, y, warmup, steps)
-    if hasattr(compression, "stats"):
-        stats = compression.stats()
-        calls = max(1, stats["calls"] // len(list(model.parameters())))
-        sent, received = stats["sent_bytes"] / calls, stats["received_bytes"] / calls
-        exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
-        return record(kind, method, "sparsecomm", model, times, sent, received, exchanges)
-    # Horovod's ring allreduce of the (maybe fp16) gradient
-    size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
-    return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
+
+    def finish(times):
+        if hasattr(compression, "stats"):
+            stats = compression.stats()
+            calls = max(1, stats["calls"] // len(list(model.parameters())))
+            sent, received = stats["sent_bytes"] / calls, stats["received_bytes"] / calls
+            exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
+            return record(kind, method, "sparsecomm", model, times, sent, received, exchanges)
+        # Horovod's ring allreduce of the (maybe fp16) gradient
+        size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
+        return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
+    return Row(method, model, opt, x, y, warmup, finish)
 
 
 def init_torch_distributed():
@@ -130,7 +167,7 @@ def init_torch_distributed():
     torch.distributed.init_process_group("gloo", store=store, rank=hvd.rank(), world_size=hvd.size())
 
 
-def bench_ddp(kind, method, warmup, steps):
+def ddp_row(kind, method, warmup):
     """DistributedDataParallel with the hook of `method`; PowerSGD in ONE bucket (Gloo aborts on
     several) and warmed up past its vanilla-allreduce iterations, so every timed step compresses."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
@@ -149,10 +186,22 @@ def bench_ddp(kind, method, warmup, steps):
                                             start_powerSGD_iter=POWERSGD_START)
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         warmup = max(warmup, POWERSGD_START)
-    times = timed_steps(ddp, opt, x, y, warmup, steps)
-    if method == "DDP PowerSGD":  # elements sent per step, counted by PowerSGD over its compressed steps
-        payload = state.compression_stats()[2] / (warmup + steps - POWERSGD_START) * 4
-    return record(kind, method, "ddp", model, times, ring_bytes(payload), ring_bytes(payload))
+
+    def finish(times):
+        sent = payload
+        if method == "DDP PowerSGD":  # elements sent per step, counted by PowerSGD over its compressed steps
+            sent = state.compression_stats()[2] / (warmup + len(times) - POWERSGD_START) * 4
+        return record(kind, method, "ddp", model, times, ring_bytes(sent), ring_bytes(sent))
+    return Row(method, ddp, opt, x, y, warmup, finish)
+
+
+def make_row(kind, method):
+    """method -> make(warmup) -> Row."""
+    if method == FLOOR:
+        return lambda warmup: floor_row(kind, warmup)
+    if method in DDP_ROWS:
+        return lambda warmup: ddp_row(kind, method, warmup)
+    return lambda warmup: horovod_row(kind, method, warmup)
 
 
 def main():
@@ -161,6 +210,8 @@ def main():
     parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="1: one row at a time; R > 1: every row alive, timed in R interleaved turns")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     hvd.init()
@@ -168,15 +219,12 @@ def main():
     if any(m in DDP_ROWS for m in args.methods):
         init_torch_distributed()
     records = []
-    for method in args.methods:
-        if method == FLOOR:
-            records.append(bench_floor(args.model, args.warmup, args.steps))
-        elif method in DDP_ROWS:
-            records.append(bench_ddp(args.model, method, args.warmup, args.steps))
-        else:
-            records.append(bench_horovod(args.model, method, args.warmup, args.steps))
+    makers = {method: make_row(args.model, method) for method in args.methods}
+    for row, times in time_rows(makers, args.warmup, args.steps, args.rounds):
+        records.append(dict(row.finish(times), rounds=args.rounds))
         if hvd.rank() == 0:
-            print(f"[e2e] {args.model} np{hvd.size()} {method:<20} {records[-1]['step_ms']:9.1f} ms/step", flush=True)
+            print(f"[e2e] {args.model} np{hvd.size()} {row.method:<20} {records[-1]['step_ms']:9.1f} ms/step",
+                  flush=True)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     if hvd.rank() == 0:

@@ -149,6 +149,18 @@ def _e2e_tables(e2e):
     return "\n\n".join(blocks)
 
 
+def _timing(e2e):
+    """How each model's rows were timed: in interleaved turns, or one row at a time."""
+    parts = []
+    for model in sorted({r["model"] for r in e2e}):
+        rounds = sorted({r.get("rounds", 1) for r in e2e if r["model"] == model})
+        how = [f"in {n} interleaved turns (every row built first, then each timed in turn for about 1/{n} of "
+               f"its steps, so the machine's drift falls on all rows alike)" if n > 1 else
+               "one row at a time (its rows do not fit in memory together)" for n in rounds]
+        parts.append(f"The {model} model's rows were timed {' or '.join(how)}.")
+    return " ".join(parts)
+
+
 def _e2e_section(e2e, rel):
     networks = ", ".join(sorted({r["network"] for r in e2e}))
     models = ", ".join(sorted({r["network_model"] for r in e2e}))
@@ -157,7 +169,7 @@ def _e2e_section(e2e, rel):
 Ranks on an emulated network shaped with `tc ... tbf` to 1 or 10 Gbit/s, or unshaped (networks
 in this run: {networks}; network model: {models}, described above each table). All ranks share
 this machine's CPU cores. Step time: the slowest rank's median over the timed steps after
-warm-up. vs dense: dense allreduce step time / this row's (the speedup), same model, ranks and
+warm-up. {_timing(e2e)} vs dense: dense allreduce step time / this row's (the speedup), same model, ranks and
 network. vs floor: this row's step time / the floor's. Received: bytes per rank per step,
 counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
 
