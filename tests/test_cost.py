@@ -44,6 +44,19 @@ def test_pairs_cost_their_value_bytes_plus_a_4_byte_index_in_both_sparse_exchang
         assert cost.received_bytes("spardl", numel, k, value_size, value_size, ranks) == pairs * (value_size + 4)
 
 
+@pytest.mark.parametrize("sparse_share,want", [(0.79, "allgather"), (0.81, "dense"), (1.2, "dense")])
+def test_a_sparse_exchange_must_be_predicted_20_percent_faster_than_dense(sparse_share, want):
+    """The model's error is larger than a few percent; dense (exact) takes the near-ties. The local
+    per-call cost sets allgather's prediction to sparse_share of dense's."""
+    numel, k = 1_000_000, 1000
+    dense = cost.costs(numel, k, 4, 4, 2, GBIT)["dense"]
+    gather_wire = cost.costs(numel, k, 4, 4, 2, GBIT, cost.LocalCost(0.0, 0.0, 0.0))["allgather"]
+    local = cost.LocalCost(sparse_share * dense - gather_wire, 0.0, 0.0)
+    choice, predicted = cost.choose(numel, k, 4, 4, 2, GBIT, local=local)
+    assert predicted["allgather"] == pytest.approx(sparse_share * dense)
+    assert choice == want
+
+
 def test_allowed_restricts_the_choice():
     assert cost.choose(25_000_000, 25_000, 4, 0.25, 8, GBIT, allowed=("dense", "allgather"))[0] == "allgather"
 

@@ -19,9 +19,12 @@ what exchange="auto" uses when it measures the cluster itself): this compressor'
 unpack timed on this machine, as a fixed cost per call, a cost per element of the tensor and
 one per (index, value) pair unpacked (N k of them). Without a measurement (a Network given by
 the user): `PACK_COPIES` copies of the dense tensor at the Network's copy bandwidth.
-beta is seconds per byte received by one rank. Costs are seconds per step; the cheapest wins,
-dense included. Every rank must make the same choice, so the inputs are the same on every
-rank: given by the user, or measured once and averaged over the ranks.
+beta is seconds per byte received by one rank. Costs are seconds per step. The cheaper sparse
+exchange is chosen only where it is predicted to take at most SPARSE_AT_MOST of dense's time:
+the model's figures are estimates (docs/results.md compares them with measured steps), and
+dense sends the exact gradient, so a gain smaller than the model's own error goes to dense.
+Every rank must make the same choice, so the inputs are the same on every rank: given by the
+user, or measured once and averaged over the ranks.
 """
 import math
 import time
@@ -30,6 +33,7 @@ from dataclasses import dataclass
 EXCHANGES = ("dense", "allgather", "spardl")
 PACK_COPIES = 4.0  # fused pack (about 3 copies at density 0.01, docs/kernels.md) + unpack (1)
 FUSION_BYTES = 64 * 1024 * 1024  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD)
+SPARSE_AT_MOST = 0.8  # a sparse exchange must be predicted at least 20% faster than dense to be chosen
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,13 @@ def costs(numel, k, size, value_size, ranks, network, local=None):
 
 
 def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=None):
-    """(the cheapest allowed exchange, every prediction). Ties go to the earlier of EXCHANGES."""
+    """(the allowed exchange to use, every prediction): the cheaper sparse exchange (ties: the
+    earlier of EXCHANGES) where it is predicted within SPARSE_AT_MOST of dense's time, else dense."""
     predicted = costs(numel, k, size, value_size, ranks, network, local)
-    return min((e for e in EXCHANGES if e in allowed), key=lambda e: predicted[e]), predicted
+    sparse = min((e for e in EXCHANGES[1:] if e in allowed), key=lambda e: predicted[e], default=None)
+    if "dense" in allowed and (sparse is None or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]):
+        return "dense", predicted
+    return sparse, predicted
 
 
 def received_bytes(exchange, numel, k, size, value_size, ranks):

@@ -302,7 +302,10 @@ def measure_network(process_set):
 
     small, big = tf.zeros([1]), tf.zeros([1 << 20])
     counter = iter(range(1 << 30))
-    reduce = lambda t: hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set).numpy()  # noqa: E731
+
+    def reduce(t):
+        return hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set).numpy()
+
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
     t_copy = cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)

@@ -325,7 +325,10 @@ def measure_network(process_set=None, local=()):
 
     small, big = torch.zeros(1), torch.zeros(1 << 20)
     counter = iter(range(1 << 30))
-    reduce = lambda t: hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set)  # noqa: E731
+
+    def reduce(t):
+        return hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set)
+
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
     t_copy = cost.median_seconds(lambda: big.clone(), 3)
