@@ -30,17 +30,19 @@ import torch
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
 FLOOR = "floor"
-# name -> (compression(model), optimizer momentum). DGC carries its own momentum.
+# name -> (compression(model), optimizer momentum). Every row steps SGD with momentum 0.9, as the
+# floor does, except DGC (its momentum correction is in the compressor) and RandomBlock (with
+# optimizer momentum it diverges, docs/random_block.md): plain SGD, as users run them.
 METHODS = {
     "dense": (lambda m: hvd.Compression.none, 0.9),
     "dense fp16": (lambda m: hvd.Compression.fp16, 0.9),
     "DGC 0.1% allgather": (lambda m: DGC(ratio=0.001, exchange="allgather", named_parameters=m.named_parameters()), 0),
     "DGC 0.1% spardl": (lambda m: DGC(ratio=0.001, exchange="spardl", named_parameters=m.named_parameters()), 0),
     "DGC 0.1% auto": (lambda m: DGC(ratio=0.001, named_parameters=m.named_parameters()), 0),
-    "Threshold 1%": (lambda m: Threshold(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0),
+    "Threshold 1%": (lambda m: Threshold(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0.9),
     "Threshold 1% 2bit": (lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather",
-                                              named_parameters=m.named_parameters()), 0),
-    "TopK 1%": (lambda m: TopK(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0),
+                                              named_parameters=m.named_parameters()), 0.9),
+    "TopK 1%": (lambda m: TopK(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0.9),
     "RandomBlock 1%": (lambda m: RandomBlock(ratio=0.01, seed=1, named_parameters=m.named_parameters()), 0),
 }
 DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")

@@ -83,7 +83,10 @@ small cluster behind one switch port, not one NIC per host). Unshaped: plain loo
 }
 FLOOR_AND_PEERS = """**Floor and peers.** `floor` is the same training step with no gradient exchange at all:
 each rank steps (SGD, momentum 0.9) on its own gradient. No exchange can beat it; `vs floor` is
-this row's step time / the floor's (1.00x: the exchange costs nothing). The peers are PyTorch
+this row's step time / the floor's (1.00x: the exchange costs nothing). Every Horovod row steps
+SGD with momentum 0.9 too, except DGC (its momentum correction is in the compressor) and
+RandomBlock (plain SGD: with momentum it diverges, random_block.md); those two skip the
+optimizer's momentum pass over the parameters, which the floor makes. The peers are PyTorch
 DistributedDataParallel on the gloo backend, run in the same worker and network as the Horovod
 rows (torch.distributed beside Horovod, over the same interface), SGD with momentum 0.9:
 `DDP dense` (default buckets), `DDP fp16` (`fp16_compress_hook`) and `DDP PowerSGD`
