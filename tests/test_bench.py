@@ -26,7 +26,7 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
 
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
-    elements, the compute model for 1 step on 2 unshaped ranks (the floor, dense, DGC, DDP
+    elements, the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the floor, dense, DGC, DDP
     dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must write the JSON, both
     figures and the results page."""
     md = tmp_path / "results.md"
@@ -34,7 +34,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "all", "--out", str(tmp_path / "out"),
                            "--results-md", str(md), "--sizes", "20000", "--densities", "0.01", "--repeats", "1",
                            "--ranks", "2", "--networks", "unshaped", "--models", "compute",
-                           "--e2e-methods", *rows, "--warmup", "1", "--steps", "1",
+                           "--e2e-methods", *rows, "--warmup", "1", "--steps", "2",
                            "--tasks", "digits", "--convergence-methods", "dense", "DGC 0.1%", "--epochs", "1"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
@@ -44,7 +44,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert e2e["dense"]["speedup_vs_dense"] == e2e["dense"]["vs_dense"] == 1.0
     assert e2e["floor"]["vs_floor"] == 1.0 and e2e["floor"]["received_bytes"] == 0
     assert e2e["DGC 0.1% spardl"]["exchanges"] == ["spardl"]
-    assert {r["rounds"] for r in results["e2e"]} == {4}  # the compute model's rows fit: timed in turns
+    assert {r["rounds"] for r in results["e2e"]} == {2}  # the compute model's rows fit: one step a turn
     for r in results["e2e"]:
         assert r["network_model"] in ("per-host", "shared") and r["network"] == "unshaped"
         assert r["vs_floor"] == r["step_ms"] / e2e["floor"]["step_ms"] > 0
@@ -59,7 +59,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert "## End-to-end step time" in text and "| compute | 2 | unshaped | DGC 0.1% spardl |" in text
     assert "| vs dense | vs floor |" in text and "| compute | 2 | unshaped | floor | " in text
     assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
-    assert "The compute model's rows were timed in 4 interleaved turns" in text
+    assert "The compute model's rows were timed in 2 interleaved turns" in text
 
 
 def test_rows_are_interleaved_only_where_they_all_fit_in_memory():

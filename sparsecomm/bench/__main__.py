@@ -52,7 +52,7 @@ def _e2e(args):
         advance_label = label
         print(f"\n== {label}, {args.network_model} network model", flush=True)
         records += e2e.run_one(ranks, net, model, args.methods, args.warmup, args.steps,
-                               network_model=args.network_model, rounds=args.rounds)
+                               network_model=args.network_model, rounds=args.rounds or args.steps)
         advance(advance_label)
     print("\n" + e2e.table(records))
     return records
@@ -108,9 +108,9 @@ def _parser():
                             "built); shared: all ranks behind one shaped loopback")
         p.add_argument("--warmup", type=int, default=3)
         p.add_argument("--steps", type=int, default=8)
-        p.add_argument("--rounds", type=int, default=4,
+        p.add_argument("--rounds", type=int,
                        help="time the rows in this many interleaved turns where they fit in memory together "
-                            "(1: one row at a time)")
+                            "(default: --steps, one step of each row a turn; 1: one row at a time)")
     for p in (c, a):
         p.add_argument("--tasks", nargs="+", default=["digits", "charlm"])
         p.add_argument("-np", type=int, default=2)

@@ -157,8 +157,9 @@ def _timing(e2e):
     parts = []
     for model in sorted({r["model"] for r in e2e}):
         rounds = sorted({r.get("rounds", 1) for r in e2e if r["model"] == model})
-        how = [f"in {n} interleaved turns (every row built first, then each timed in turn for about 1/{n} of "
-               f"its steps, so the machine's drift falls on all rows alike)" if n > 1 else
+        how = [f"in {n} interleaved turns (every row built first, then each timed in turn for 1/{n} of its "
+               f"steps, so the machine's drift, which here moves a step's time by tens of percent within "
+               f"seconds, falls on all rows alike)" if n > 1 else
                "one row at a time (its rows do not fit in memory together)" for n in rounds]
         parts.append(f"The {model} model's rows were timed {' or '.join(how)}.")
     return " ".join(parts)
