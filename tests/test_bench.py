@@ -26,9 +26,9 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
 
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
-    elements, the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the floor, dense, DGC, DDP
-    dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must write the JSON, both
-    figures and the results page."""
+    elements, the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the
+    floor, dense, DGC, DDP dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must
+    write the JSON, both figures and the results page."""
     md = tmp_path / "results.md"
     rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD"]
     proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "all", "--out", str(tmp_path / "out"),
