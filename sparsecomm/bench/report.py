@@ -193,12 +193,15 @@ Reading these numbers:
 - **Noise.** This machine has 2 cores. 2 ranks get one core each. 4 ranks oversubscribe them,
   so the 4-rank rows, and every compute-model row, carry scheduling noise of tens of percent.
 - **Same exchange, different times.** The three DGC rows differ only in their exchange. Where
-  auto chose the same exchange as another row, the gap between the two is that noise (and the
-  order the methods ran in), not a property of "auto".
+  auto chose the same exchange as another row, the gap between the two is that noise (and, for
+  rows timed one at a time, the order the methods ran in), not a property of "auto". Auto's
+  choice itself rests on a network measured at its first step, so a run on a busy machine may
+  choose differently from the next one (every rank of a run still chooses alike).
 - **fp16 on CPU.** The dense fp16 row is often slower than float32 off the 1 Gbit/s link:
   Horovod casts and sums in software half precision on CPU.
-- **Under the floor.** A row faster than the floor (vs floor under 1.00x) is that noise too:
-  its step does the floor's work and more. The compute model's rows sit close to its floor.
+- **Under the floor.** A row faster than the floor (vs floor under 1.00x) is that noise too,
+  or, for DGC and RandomBlock, the optimizer's momentum pass they skip (above). The compute
+  model's rows sit close to its floor.
 
 {_e2e_tables(e2e)}
 
