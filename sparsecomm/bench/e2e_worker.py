@@ -92,10 +92,10 @@ def timed_steps(row, steps):
 
 
 def time_rows(makers, warmup, steps, rounds):
-    """{method: step times} of the rows `makers` build (method -> make(warmup) -> Row). rounds 1:
-    one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1: every row
-    alive at once, each warmed up, then timed in R turns of about steps / R steps each, in
-    order, so that the machine's drift over the run falls on every row alike."""
+    """Yields (row, its step times) for the rows `makers` build (method -> make(warmup) -> Row).
+    rounds 1: one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1:
+    every row alive at once, each warmed up, then timed in R turns of about steps / R steps
+    each, in order, so that the machine's drift over the run falls on every row alike."""
     times = {method: [] for method in makers}
     groups = [[method] for method in makers] if rounds == 1 else [list(makers)]
     for group in groups:
