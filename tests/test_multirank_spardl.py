@@ -12,19 +12,22 @@ from launch import horovodrun
 from sparsecomm.core import cost
 
 STEPS, LR = 4, 0.5
-METHOD = {"topk": "topk", "threshold": "threshold", "rtopk": "rtopk_0.3"}
+METHOD = {"topk": "topk", "threshold": "threshold", "rtopk": "rtopk_0.3", "threshold_fp16": "threshold_fp16"}
 SLOW = cost.Network(bandwidth=1e7, latency=1e-6)
 
 
-def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=False):
-    """Parameters after each step, and final residuals, from the recorded local gradients."""
+def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=False, value_dtype=torch.float32):
+    """From the recorded local gradients: parameters after each step, final residuals, each
+    step's exchanged (averaged, float32) gradients and each rank's received bytes (SparDL's,
+    its values on the wire as value_dtype)."""
     size = len(ranks)
     params = {n: p.detach().clone().reshape(-1) for n, p in common.torch_model().named_parameters()}
     residuals = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
     momenta = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
     scale = torch.tensor(1.0) / size
-    history = []
+    history, exchanged, received = [], [], [{n: 0 for n in params} for _ in range(size)]
     for step in range(STEPS):
+        exchanged.append({})
         for name in params:
             numel, k = params[name].numel(), reference.count(ratio, params[name].numel())
             sent = []
@@ -41,15 +44,18 @@ def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=Fals
                 sent.append(dense)
             if exchange == "spardl":
                 selections = [(d[d != 0], d.nonzero().reshape(-1)) for d in sent]
-                total, _ = simulation.spardl(selections, [r[name] if error_feedback else None for r in residuals],
-                                             k, numel)
+                total, got = simulation.spardl(selections, [r[name] if error_feedback else None for r in residuals],
+                                               k, numel, value_dtype)
+                for rank in range(size):
+                    received[rank][name] += got[rank]
             elif exchange == "allgather":
                 total = sum(sent)
             else:  # dense
                 total = sum(ranks[rank][config]["grads"][step][name].reshape(-1) for rank in range(size))
-            params[name] = params[name] - LR * (total * scale)
+            exchanged[step][name] = total * scale
+            params[name] = params[name] - LR * exchanged[step][name]
         history.append({n: p.clone() for n, p in params.items()})
-    return history, residuals
+    return history, residuals, exchanged, received
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"np{n}")
@@ -88,7 +94,7 @@ def _check(ranks, config, history):
 @pytest.mark.parametrize("config", list(CASES))
 def test_every_rank_equals_the_replay(run, config):
     method, ratio, exchange, options = CASES[config]
-    history, residuals = replay(run, config, method, ratio, exchange, **options)
+    history, residuals, _, _ = replay(run, config, method, ratio, exchange, **options)
     _check(run, config, history)
     if options.get("error_feedback", True) and not options.get("dgc"):
         for rank, recorded in enumerate(run):  # global residual collection: each rank's dropped values
@@ -109,27 +115,14 @@ def test_values_travel_in_16_bits_and_rounding_goes_to_the_owner_residual(run, c
     gradient equals the replay's bit for bit on every rank, and so do the final residuals and
     the bytes received."""
     method, grad_dtype, value_dtype = SIXTEEN_BIT[config]
-    size, scale = len(run), torch.tensor(1.0) / len(run)
-    names = list(run[0][config]["grads"][0])
-    residuals = [{n: torch.zeros(run[0][config]["grads"][0][n].numel()) for n in names} for _ in range(size)]
-    received = [{n: 0 for n in names} for _ in range(size)]
+    _, residuals, exchanged, received = replay(run, config, method, 0.1, "spardl", value_dtype=value_dtype)
+    names = list(residuals[0])
     for step in range(STEPS):
         for name in names:
-            numel = residuals[0][name].numel()
-            selections = []
-            for rank in range(size):
-                grad = run[rank][config]["grads"][step][name].reshape(-1)
-                assert grad.dtype == grad_dtype
-                dense, residuals[rank][name] = simulation.METHODS[method](grad, residuals[rank][name], 0.1, name,
-                                                                          step, 7)
-                selections.append((dense[dense != 0], dense.nonzero().reshape(-1)))
-            total, got = simulation.spardl(selections, [r[name] for r in residuals], reference.count(0.1, numel),
-                                           numel, value_dtype)
-            want = (total * scale).to(grad_dtype)
-            for rank in range(size):
-                received[rank][name] += got[rank]
-                exchanged = run[rank][config]["exchanged"][step][name].reshape(-1)
-                assert torch.equal(exchanged, want), (config, rank, step, name)
+            want = exchanged[step][name].to(grad_dtype)
+            for rank in range(len(run)):
+                assert run[rank][config]["grads"][step][name].dtype == grad_dtype
+                assert torch.equal(run[rank][config]["exchanged"][step][name].reshape(-1), want), (rank, step, name)
     for rank, recorded in enumerate(run):
         for name in names:
             torch.testing.assert_close(recorded[config]["residuals"][name], residuals[rank][name], rtol=0, atol=0,

@@ -254,7 +254,7 @@ class SparDL:
         received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits),
                                                  name=collective_name(wire.name, "scatter"), process_set=ps)
         parts = tf.split(received, received_splits, num=layout.ranks)
-        parts[rank] = _rows(tf.cast(own[0], value_dtype), own[1])
+        parts[rank] = own
         values, index = _from_rows(tf.concat(parts, 0), value_dtype)
         low, size = layout.owned(rank)
         sums = ops.sparse_unpack(tf.cast(values, tf.float32), index - low, size)  # float32, added in rank order
@@ -274,14 +274,14 @@ class SparDL:
     @staticmethod
     def _scatter_rows(packed, layout, rank):
         """Each other block's at most per_rank largest pairs as rows (the rest to the residual),
-        and this rank's own block (float32 values, index)."""
+        and the rows of this rank's own block."""
         values, index, residual = tf.cast(packed.values, tf.float32), packed.index, packed.residual
         bounds = tf.searchsorted(index, tf.constant(layout.bounds(), tf.int32))
         rows, splits, own = [], [], None
         for b in range(layout.ranks):
             v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
             if b == rank:
-                own = (v, i)
+                own = _rows(packed.values[bounds[b]:bounds[b + 1]], i)
                 splits.append(tf.constant(0, tf.int32))
                 continue
             v, i, residual = _keep_largest(v, i, layout.per_rank, residual)

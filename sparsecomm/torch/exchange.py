@@ -243,7 +243,7 @@ class _SparDLState:
     rank: int
     handle: object
     value_dtype: torch.dtype
-    own: tuple = None         # this rank's (float32 values, index) of the block it owns
+    own: torch.Tensor = None  # this rank's rows of the block it owns
     own_bytes: int = 0        # bytes this rank put into the gather
     gather_handle: object = None
 
@@ -271,7 +271,7 @@ class SparDL:
         for b in range(layout.ranks):
             v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
             if b == rank:
-                own = (v, i)
+                own = _rows(packed.values[bounds[b]:bounds[b + 1]], i)
                 splits.append(0)
                 continue
             v, i = _keep_largest(v, i, layout.per_rank, wire.residual)
@@ -290,7 +290,7 @@ class SparDL:
         received, splits = hvd.synchronize(st.handle)
         ctx.received_bytes += received.numel()
         parts = list(received.split(splits.tolist()))
-        parts[st.rank] = _rows(st.own[0].to(st.value_dtype), st.own[1])
+        parts[st.rank] = st.own
         values, index = _from_rows(torch.cat(parts), st.value_dtype)
         low, size = st.layout.owned(st.rank)
         sums = ops.sparse_unpack(values.float(), index - low, size, out=_owned_scratch(ctx.wire, size))  # in rank order
