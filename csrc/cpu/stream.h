@@ -19,35 +19,44 @@ constexpr int64_t kStreamMinBytes = int64_t(32) << 20;
 
 inline bool worth_streaming(int64_t output_bytes) { return output_bytes >= kStreamMinBytes; }
 
+#if defined(__SSE2__)
+// Runs store16(j) on each 16-byte-aligned 16 bytes of dst[0, bytes) and plain(j, n) on the
+// unaligned head and the tail (offsets j from dst).
+template <typename Store16, typename Plain>
+inline void split_aligned(char* dst, int64_t bytes, Store16 store16, Plain plain) {
+  const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
+  plain(0, head);
+  int64_t j = head;
+  for (; j + 16 <= bytes; j += 16) store16(j);
+  plain(j, bytes - j);
+}
+#endif
+
 // dst[0, bytes) = src[0, bytes), streamed (where dst is 16-byte aligned) if `stream`.
 inline void copy_streaming(void* dst_in, const void* src_in, int64_t bytes, bool stream) {
   char* dst = static_cast<char*>(dst_in);
   const char* src = static_cast<const char*>(src_in);
-  if (!stream) return void(std::memcpy(dst, src, bytes));
+  auto plain = [&](int64_t j, int64_t n) { std::memcpy(dst + j, src + j, n); };
+  if (!stream) return plain(0, bytes);
 #if defined(__SSE2__)
-  const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
-  std::memcpy(dst, src, head);
-  int64_t j = head;
-  for (; j + 16 <= bytes; j += 16)
+  split_aligned(dst, bytes, [&](int64_t j) {
     _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
-  std::memcpy(dst + j, src + j, bytes - j);
+  }, plain);
 #else
-  std::memcpy(dst, src, bytes);
+  plain(0, bytes);
 #endif
 }
 
 // dst[0, bytes) = 0, streamed (where dst is 16-byte aligned) if `stream`.
 inline void zero_streaming(void* dst_in, int64_t bytes, bool stream) {
   char* dst = static_cast<char*>(dst_in);
-  if (!stream) return void(std::memset(dst, 0, bytes));
+  auto plain = [&](int64_t j, int64_t n) { std::memset(dst + j, 0, n); };
+  if (!stream) return plain(0, bytes);
 #if defined(__SSE2__)
-  const int64_t head = std::min<int64_t>(bytes, (16 - int64_t(reinterpret_cast<uintptr_t>(dst) & 15)) & 15);
-  std::memset(dst, 0, head);
-  int64_t j = head;
-  for (; j + 16 <= bytes; j += 16) _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j), _mm_setzero_si128());
-  std::memset(dst + j, 0, bytes - j);
+  const __m128i zero = _mm_setzero_si128();
+  split_aligned(dst, bytes, [&](int64_t j) { _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j), zero); }, plain);
 #else
-  std::memset(dst, 0, bytes);
+  plain(0, bytes);
 #endif
 }
 
