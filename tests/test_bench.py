@@ -3,6 +3,7 @@
 runs and cleans up after itself."""
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -45,9 +46,12 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert e2e["floor"]["vs_floor"] == 1.0 and e2e["floor"]["received_bytes"] == 0
     assert e2e["DGC 0.1% spardl"]["exchanges"] == ["spardl"]
     assert {r["rounds"] for r in results["e2e"]} == {2}  # the compute model's rows fit: one step a turn
+    floor_times = e2e["floor"]["step_times_ms"]
     for r in results["e2e"]:
         assert r["network_model"] in ("per-host", "shared") and r["network"] == "unshaped"
-        assert r["vs_floor"] == r["step_ms"] / e2e["floor"]["step_ms"] > 0
+        assert len(r["step_times_ms"]) == 2 and r["step_ms"] == statistics.median(r["step_times_ms"]) > 0
+        # interleaved rows: paired step by step
+        assert r["vs_floor"] == statistics.median(a / b for a, b in zip(r["step_times_ms"], floor_times)) > 0
     assert e2e["DDP dense"]["received_bytes"] == e2e["dense"]["received_bytes"]  # the same ring, same gradient
     # the timed PowerSGD step compressed: rank-4 factors are far smaller than the gradient
     assert 0 < e2e["DDP PowerSGD"]["received_bytes"] < e2e["DDP dense"]["received_bytes"] / 5
@@ -125,6 +129,34 @@ def test_ratios_against_dense_and_floor_of_the_same_run():
     alone = [{"method": "TopK 1%", "step_ms": 10.0}]
     e2e.add_ratios(alone)
     assert alone[0]["vs_dense"] is None and alone[0]["vs_floor"] is None
+
+
+def test_rows_timed_in_turns_are_compared_step_by_step():
+    """Interleaved rows: the median, over the turns, of the two rows' step ratio in the same turn.
+    Here X is 10% slower than dense in 2 of 3 turns while the machine drifts 3x between turns:
+    the paired ratio says 1.1x; the ratio of medians (what rows timed one at a time get) would
+    say 0.75x, the drift's doing."""
+    from sparsecomm.bench import e2e
+
+    def row(method, times, rounds=3):
+        return {"method": method, "rounds": rounds, "step_times_ms": times, "step_ms": statistics.median(times)}
+    floor, dense, x = row("floor", [90, 270, 180]), row("dense", [100, 300, 200]), row("X", [110, 330, 150])
+    e2e.add_ratios([floor, dense, x])
+    assert x["vs_dense"] == x["speedup_vs_dense"] == 100 / 110 and x["vs_floor"] == 110 / 90
+    assert dense["vs_dense"] == 1.0 and floor["vs_floor"] == 1.0
+    one_at_a_time = [row("dense", [100, 300, 200], rounds=1), row("X", [110, 330, 150], rounds=1)]
+    e2e.add_ratios(one_at_a_time)
+    assert one_at_a_time[1]["vs_dense"] == 200 / 150
+    uneven = [row("dense", [100, 300, 200]), row("X", [110, 330])]  # no pairs: the medians
+    e2e.add_ratios(uneven)
+    assert uneven[1]["vs_dense"] == 200 / 220
+
+
+def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():
+    from sparsecomm.bench.e2e_worker import turns
+    order = list(turns("abc", steps=7, rounds=3))
+    assert order == [("a", 2), ("b", 2), ("c", 2), ("b", 2), ("c", 2), ("a", 2), ("c", 3), ("a", 3), ("b", 3)]
+    assert list(turns("ab", steps=4, rounds=1)) == [("a", 4), ("b", 4)]
 
 
 def test_a_failed_rank_ends_the_others():

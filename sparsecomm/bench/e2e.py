@@ -3,9 +3,11 @@ exchange at all (the floor), dense allreduce, each sparsecomm method and PyTorch
 fp16, PowerSGD), on an emulated 1 Gbit/s and 10 Gbit/s network (sparsecomm.bench.network,
 per-host NICs or one shared link) and unshaped. Every ratio is against rows measured in the same
 run (same model, ranks and network): vs_dense = dense step time / this row's (speedup_vs_dense
-is the same figure, kept for older readers), vs_floor = this row's step time / the floor's."""
+is the same figure, kept for older readers), vs_floor = this row's step time / the floor's, paired
+step by step where the rows were timed in interleaved turns (step_ratio)."""
 import json
 import os
+import statistics
 import tempfile
 
 from . import network
@@ -50,11 +52,22 @@ def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model=
 def add_ratios(records):
     """vs_dense (and speedup_vs_dense) and vs_floor of records from one run; None without the
     dense or floor row."""
-    step = {r["method"]: r["step_ms"] for r in records}
+    by_method = {r["method"]: r for r in records}
+    dense, floor = by_method.get("dense"), by_method.get("floor")
     for record in records:
-        vs_dense = step["dense"] / record["step_ms"] if "dense" in step else None
-        record["speedup_vs_dense"] = record["vs_dense"] = vs_dense
-        record["vs_floor"] = record["step_ms"] / step["floor"] if "floor" in step else None
+        record["speedup_vs_dense"] = record["vs_dense"] = step_ratio(dense, record) if dense else None
+        record["vs_floor"] = step_ratio(record, floor) if floor else None
+
+
+def step_ratio(a, b):
+    """a's step time / b's. Rows timed in interleaved turns are paired step by step: the median,
+    over the timed steps, of a's step / b's step of the same turn (seconds apart, so the
+    machine's drift, which moves a step by tens of percent, falls on both alike). Rows timed one
+    at a time: the ratio of their medians."""
+    a_times, b_times = a.get("step_times_ms"), b.get("step_times_ms")
+    if min(a.get("rounds", 1), b.get("rounds", 1)) > 1 and a_times and b_times and len(a_times) == len(b_times):
+        return statistics.median(x / y for x, y in zip(a_times, b_times))
+    return a["step_ms"] / b["step_ms"]
 
 
 def _ratio(value):

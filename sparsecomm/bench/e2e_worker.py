@@ -95,19 +95,30 @@ def time_rows(makers, warmup, steps, rounds):
     """Yields (row, its step times) for the rows `makers` build (method -> make(warmup) -> Row).
     rounds 1: one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1:
     every row alive at once, each warmed up, then timed in R turns of about steps / R steps
-    each, in order, so that the machine's drift over the run falls on every row alike."""
+    each, so that the machine's drift over the run falls on every row alike."""
     times = {method: [] for method in makers}
     groups = [[method] for method in makers] if rounds == 1 else [list(makers)]
     for group in groups:
         rows = [makers[method](warmup) for method in group]
         for row in rows:
             timed_steps(row, row.warmup)
-        for turn in range(rounds):
-            for row in rows:
-                times[row.method] += timed_steps(row, steps * (turn + 1) // rounds - steps * turn // rounds)
+        for row, count in turns(rows, steps, rounds):
+            times[row.method] += timed_steps(row, count)
         for row in rows:
             yield row, times[row.method]
         del rows, row  # a group's models go before the next group's are built
+
+
+def turns(rows, steps, rounds):
+    """(row, steps to time now) in the order of `rounds` turns over `rows`, `steps` per row in all.
+    Every row times the same number of steps in a turn, so step i of every row falls in the same
+    turn (steps pair up by index), and each turn starts one row further on, so that no row always
+    runs right after the same one."""
+    for turn in range(rounds):
+        count = steps * (turn + 1) // rounds - steps * turn // rounds
+        shift = turn % len(rows)
+        for row in rows[shift:] + rows[:shift]:
+            yield row, count
 
 
 def ring_bytes(nbytes):
@@ -116,10 +127,13 @@ def ring_bytes(nbytes):
 
 
 def record(kind, method, family, model, times, sent, received, exchanges=()):
-    """One row; the slowest rank's median is the step time."""
-    median = hvd.allreduce(torch.tensor([statistics.median(times)]), op=hvd.Max, name=f"bench.{method}").item()
+    """One row. A step takes as long as its slowest rank: step_times_ms holds that time for each
+    timed step, step_ms their median."""
+    slowest = hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"bench.{method}")
+    step_times = (1000 * slowest).tolist()
     numel = sum(p.numel() for p in model.parameters())
-    return {"model": kind, "method": method, "family": family, "ranks": hvd.size(), "step_ms": 1000 * median,
+    return {"model": kind, "method": method, "family": family, "ranks": hvd.size(),
+            "step_ms": statistics.median(step_times), "step_times_ms": step_times,
             "sent_bytes": sent, "received_bytes": received, "dense_bytes": numel * 4, "parameters": numel,
             "exchanges": list(exchanges)}
 

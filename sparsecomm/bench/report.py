@@ -158,8 +158,9 @@ def _timing(e2e):
     for model in sorted({r["model"] for r in e2e}):
         rounds = sorted({r.get("rounds", 1) for r in e2e if r["model"] == model})
         how = [f"in {n} interleaved turns (every row built first, then each timed in turn for 1/{n} of its "
-               f"steps, so the machine's drift, which here moves a step's time by tens of percent within "
-               f"seconds, falls on all rows alike)" if n > 1 else
+               f"steps, each turn starting one row further on, so the machine's drift, which here moves a "
+               f"step's time by tens of percent within seconds, falls on all rows alike; their vs dense and "
+               f"vs floor pair the steps of the same turn)" if n > 1 else
                "one row at a time (its rows do not fit in memory together)" for n in rounds]
         parts.append(f"The {model} model's rows were timed {' or '.join(how)}.")
     return " ".join(parts)
@@ -172,10 +173,14 @@ def _e2e_section(e2e, rel):
 
 Ranks on an emulated network shaped with `tc ... tbf` to 1 or 10 Gbit/s, or unshaped (networks
 in this run: {networks}; network model: {models}, described above each table). All ranks share
-this machine's CPU cores. Step time: the slowest rank's median over the timed steps after
-warm-up. {_timing(e2e)} vs dense: dense allreduce step time / this row's (the speedup), same model, ranks and
-network. vs floor: this row's step time / the floor's. Received: bytes per rank per step,
-counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
+this machine's CPU cores. Step time: a step lasts as long as its slowest rank; ms/step is the
+median of that over the timed steps after warm-up. {_timing(e2e)} vs dense: dense allreduce step
+time / this row's (the speedup), same model, ranks and network. vs floor: this row's step time /
+the floor's. Rows timed in turns are compared step by step: the ratio is the median, over the
+turns, of the ratio of the two rows' steps in the same turn (seconds apart), so it may differ
+from the ratio of the ms/step column; rows timed one at a time: the ratio of their medians.
+Received: bytes per rank per step, counted by sparsecomm (dense: the ring's 2 (N-1)/N of the
+gradient).
 
 - comm model: MLP 1024-4096-4096-1024, 25.2M parameters (101 MB of gradient), batch 8.
 - compute model: a CNN on 32x32x3, 0.29M parameters, batch 32.
