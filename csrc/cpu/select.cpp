@@ -12,30 +12,42 @@
 namespace sparsecomm {
 namespace cpu {
 
-// The rank-th largest (1-based) of `values` (which it may reorder). A pivot from a 1/16 sub-sample,
-// set for about 2 * rank + 64 survivors, filters the values in one pass; the exact selection
-// then runs on the survivors only (or on everything if too few survive).
-float kth_largest(std::vector<float>& values, int64_t rank) {
-  const int64_t n = int64_t(values.size());
-  if (rank * 8 <= n) {
-    std::vector<float> sub;
-    sub.reserve(n / 16 + 1);
-    for (int64_t j = 0; j < n; j += 16) sub.push_back(values[j]);
-    const int64_t sub_rank = std::min<int64_t>(int64_t(sub.size()), (2 * rank + 64) / 16 + 1);
-    std::nth_element(sub.begin(), sub.begin() + (sub_rank - 1), sub.end(), std::greater<float>());
-    const float pivot = sub[sub_rank - 1];
-    std::vector<float> survivors;
-    survivors.reserve(4 * rank + 128);
-    for (float v : values)
-      if (v >= pivot) survivors.push_back(v);
-    if (int64_t(survivors.size()) >= rank) {
-      std::nth_element(survivors.begin(), survivors.begin() + (rank - 1), survivors.end(), std::greater<float>());
-      return survivors[rank - 1];
-    }
+namespace {
+
+// The rank-th largest (1-based) magnitude of acc[0, count), and how many are strictly larger:
+// the threshold of a sample, the k-th of top-k's candidates. Magnitudes are non-negative floats
+// (NaN as +inf), which order as their bits: a histogram of the top 16 bits finds the bucket that
+// holds the rank-th, and only that bucket (a small part of the values, unless they cluster) is
+// selected exactly (an nth_element over all of them took 3 ms for 385k candidates here).
+struct Kth {
+  float value;
+  int64_t above;
+};
+
+Kth kth_largest_magnitude(const float* acc, int64_t count, int64_t rank) {
+  constexpr int kShift = 16;
+  constexpr uint32_t kBuckets = (0x7f800000u >> kShift) + 1;  // up to +inf's bucket
+  static thread_local std::vector<uint32_t> histogram;
+  static thread_local std::vector<float> bucket;
+  histogram.assign(kBuckets, 0);
+  for (int64_t j = 0; j < count; ++j) ++histogram[float_bits(magnitude(acc[j])) >> kShift];
+  uint32_t b = kBuckets;
+  int64_t above = 0;
+  while (above + histogram[--b] < rank) above += histogram[b];
+  bucket.clear();
+  for (int64_t j = 0; j < count; ++j) {
+    const float m = magnitude(acc[j]);
+    if (float_bits(m) >> kShift == b) bucket.push_back(m);
   }
-  std::nth_element(values.begin(), values.begin() + (rank - 1), values.end(), std::greater<float>());
-  return values[rank - 1];
+  const int64_t rank_in_bucket = rank - above;
+  std::nth_element(bucket.begin(), bucket.begin() + (rank_in_bucket - 1), bucket.end(), std::greater<float>());
+  const float kth = bucket[rank_in_bucket - 1];
+  for (int64_t j = 0; j < rank_in_bucket - 1; ++j) above += bucket[j] > kth;  // the rest are <= kth
+  kept_capacity(bucket);
+  return {kth, above};
 }
+
+}  // namespace
 
 template <typename T>
 float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan) {
@@ -53,7 +65,7 @@ float sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const S
       for (int64_t q = 0; q < plan.run; ++q) *out++ = magnitude(accumulated(grad, fb, first + q, &u));
     }
   });
-  const float threshold = kth_largest(sample, plan.rank);
+  const float threshold = kth_largest_magnitude(sample.data(), plan.count, plan.rank).value;
   kept_capacity(sample);
   return threshold;
 }
@@ -140,43 +152,6 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
     kept_capacity(lists[c].index);
   }
 }
-
-namespace {
-
-// The rank-th largest (1-based) magnitude of acc[0, count), and how many are strictly larger.
-// Magnitudes are non-negative floats (NaN as +inf), which order as their bits: a histogram of
-// the top 16 bits finds the bucket that holds the rank-th, and only that bucket (a small part
-// of the candidates, unless they cluster) is selected exactly (an nth_element over all of
-// them took 3 ms for 385k candidates here).
-struct Kth {
-  float value;
-  int64_t above;
-};
-
-Kth kth_largest_magnitude(const float* acc, int64_t count, int64_t rank) {
-  constexpr int kShift = 16;
-  constexpr uint32_t kBuckets = (0x7f800000u >> kShift) + 1;  // up to +inf's bucket
-  static thread_local std::vector<uint32_t> histogram;
-  static thread_local std::vector<float> bucket;
-  histogram.assign(kBuckets, 0);
-  for (int64_t j = 0; j < count; ++j) ++histogram[float_bits(magnitude(acc[j])) >> kShift];
-  uint32_t b = kBuckets;
-  int64_t above = 0;
-  while (above + histogram[--b] < rank) above += histogram[b];
-  bucket.clear();
-  for (int64_t j = 0; j < count; ++j) {
-    const float m = magnitude(acc[j]);
-    if (float_bits(m) >> kShift == b) bucket.push_back(m);
-  }
-  const int64_t rank_in_bucket = rank - above;
-  std::nth_element(bucket.begin(), bucket.begin() + (rank_in_bucket - 1), bucket.end(), std::greater<float>());
-  const float kth = bucket[rank_in_bucket - 1];
-  for (int64_t j = 0; j < rank_in_bucket - 1; ++j) above += bucket[j] > kth;  // the rest are <= kth
-  kept_capacity(bucket);
-  return {kth, above};
-}
-
-}  // namespace
 
 int64_t select_top(float* acc, int32_t* index, int64_t count, int64_t k) {
   if (k >= count) return count;
