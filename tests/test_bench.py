@@ -147,9 +147,42 @@ def test_rows_timed_in_turns_are_compared_step_by_step():
     one_at_a_time = [row("dense", [100, 300, 200], rounds=1), row("X", [110, 330, 150], rounds=1)]
     e2e.add_ratios(one_at_a_time)
     assert one_at_a_time[1]["vs_dense"] == 200 / 150
+    assert x["vs_dense_interval"] is None  # 3 pairs: too few for a 95% interval
     uneven = [row("dense", [100, 300, 200]), row("X", [110, 330])]  # no pairs: the medians
     e2e.add_ratios(uneven)
-    assert uneven[1]["vs_dense"] == 200 / 220
+    assert uneven[1]["vs_dense"] == 200 / 220 and uneven[1]["vs_dense_interval"] is None
+    six = [row("dense", [100] * 6, rounds=6), row("X", [50, 80, 100, 100, 200, 400], rounds=6)]
+    e2e.add_ratios(six)
+    assert six[1]["vs_dense"] == 1.0 and six[1]["vs_dense_interval"] == [0.25, 2.0]  # 6 pairs: the extremes
+
+
+def test_median_interval_covers_the_median_95_percent_of_the_time():
+    """The order-statistics interval, against samples of a skewed distribution whose median is
+    known (lognormal: 1): 16 pairs take the 4th and the 13th (both tails P(Binomial(16, 1/2) <= 3)
+    = 1.06%: 97.9% coverage)."""
+    import numpy as np
+    from sparsecomm.bench.e2e import median_interval
+    assert median_interval(list(range(16, 0, -1))) == [4, 13]
+    assert median_interval(list(range(1, 101))) == [40, 61]
+    assert median_interval([1, 2, 3, 4, 5]) is None
+    rng = np.random.default_rng(0)
+    covered = [lo <= 1 <= hi for lo, hi in (median_interval(list(rng.lognormal(0, 0.5, 16))) for _ in range(4000))]
+    assert 0.97 <= np.mean(covered) <= 0.99
+
+
+def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
+    from sparsecomm.bench import report
+    cell = dict(model="compute", ranks=2, network="1gbit", network_model="per-host", method="DGC 0.1% auto",
+                exchanges=["allgather", "dense"])
+    lines = report._auto_summary([dict(cell, vs_dense=0.98, vs_dense_interval=[0.9, 1.05]),
+                                  dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.99]),
+                                  dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.95]),
+                                  dict(cell, vs_dense=0.9, vs_dense_interval=None)]).splitlines()
+    assert lines[0].endswith("0.98x (0.90-1.05) of dense's speed, sent by allgather, dense: within 3% of dense or "
+                             "faster.")
+    assert lines[1].endswith("not told apart from it.")
+    assert lines[2].endswith("**slower than dense by more than 3%**.") and lines[3] == lines[2].replace(
+        " (0.85-0.95)", "")
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():

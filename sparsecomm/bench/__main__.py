@@ -51,8 +51,9 @@ def _e2e(args):
         label = f"{model} model, {ranks} ranks, {net or 'unshaped'}"
         advance_label = label
         print(f"\n== {label}, {args.network_model} network model", flush=True)
-        records += e2e.run_one(ranks, net, model, args.methods, args.warmup, args.steps,
-                               network_model=args.network_model, rounds=args.rounds or args.steps)
+        steps = args.steps or e2e.STEPS[model]
+        records += e2e.run_one(ranks, net, model, args.methods, args.warmup, steps,
+                               network_model=args.network_model, rounds=args.rounds or steps)
         advance(advance_label)
     print("\n" + e2e.table(records))
     return records
@@ -107,7 +108,9 @@ def _parser():
                        help="per-host: one namespace and one shaped NIC per rank (default where it can be "
                             "built); shared: all ranks behind one shaped loopback")
         p.add_argument("--warmup", type=int, default=3)
-        p.add_argument("--steps", type=int, default=8)
+        p.add_argument("--steps", type=int,
+                       help="timed steps of each row (default: 8 for the comm model, 16 for the compute model, "
+                            "whose steps are short and noisy)")
         p.add_argument("--rounds", type=int,
                        help="time the rows in this many interleaved turns where they fit in memory together "
                             "(default: --steps, one step of each row a turn; 1: one row at a time)")

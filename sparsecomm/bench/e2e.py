@@ -6,6 +6,7 @@ run (same model, ranks and network): vs_dense = dense step time / this row's (sp
 is the same figure, kept for older readers), vs_floor = this row's step time / the floor's, paired
 step by step where the rows were timed in interleaved turns (step_ratio)."""
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -13,6 +14,10 @@ import tempfile
 from . import network
 
 NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped
+# Timed steps of each row. The compute model's steps are short and its rows are paired turn by
+# turn: 16 pairs give the median ratio a 95% interval from the 4th to the 13th (8 pairs: from
+# the smallest to the largest).
+STEPS = {"comm": 8, "compute": 16}
 
 
 # Bytes a row holds per parameter: the parameters, their gradient, the optimizer's momentum, a
@@ -50,37 +55,60 @@ def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model=
 
 
 def add_ratios(records):
-    """vs_dense (and speedup_vs_dense) and vs_floor of records from one run; None without the
-    dense or floor row."""
+    """vs_dense (and speedup_vs_dense) and vs_floor of records from one run, with their 95%
+    intervals where the rows were paired (else None); None without the dense or floor row."""
     by_method = {r["method"]: r for r in records}
     dense, floor = by_method.get("dense"), by_method.get("floor")
     for record in records:
-        record["speedup_vs_dense"] = record["vs_dense"] = step_ratio(dense, record) if dense else None
-        record["vs_floor"] = step_ratio(record, floor) if floor else None
+        vs_dense, record["vs_dense_interval"] = step_ratio(dense, record) if dense else (None, None)
+        record["speedup_vs_dense"] = record["vs_dense"] = vs_dense
+        record["vs_floor"], record["vs_floor_interval"] = step_ratio(record, floor) if floor else (None, None)
 
 
 def step_ratio(a, b):
-    """a's step time / b's. Rows timed in interleaved turns are paired step by step: the median,
-    over the timed steps, of a's step / b's step of the same turn (seconds apart, so the
-    machine's drift, which moves a step by tens of percent, falls on both alike). Rows timed one
-    at a time: the ratio of their medians."""
+    """(a's step time / b's, a 95% interval of it or None). Rows timed in interleaved turns are
+    paired step by step: the median, over the timed steps, of a's step / b's step of the same
+    turn (seconds apart, so the machine's drift, which moves a step by tens of percent, falls on
+    both alike), and the interval of that median. Rows timed one at a time: the ratio of their
+    medians, no interval."""
     a_times, b_times = a.get("step_times_ms"), b.get("step_times_ms")
     if min(a.get("rounds", 1), b.get("rounds", 1)) > 1 and a_times and b_times and len(a_times) == len(b_times):
-        return statistics.median(x / y for x, y in zip(a_times, b_times))
-    return a["step_ms"] / b["step_ms"]
+        ratios = [x / y for x, y in zip(a_times, b_times)]
+        return statistics.median(ratios), median_interval(ratios)
+    return a["step_ms"] / b["step_ms"], None
 
 
-def _ratio(value):
-    return "-" if value is None else f"{value:.2f}x"
+def median_interval(values, confidence=0.95):
+    """A distribution-free `confidence` interval of the median of `values`, from their order
+    statistics: the median lies below the j-th smallest of n with probability P(Binomial(n, 1/2)
+    < j), so [j-th smallest, j-th largest] for the largest j whose two tails stay within
+    1 - confidence. None where n is too small for any (n < 6 at 95%)."""
+    n, tail = len(values), (1 - confidence) / 2
+    j, below = 0, 0.0
+    while j < n and below + math.comb(n, j) / 2 ** n <= tail:
+        below += math.comb(n, j) / 2 ** n
+        j += 1
+    if j == 0:
+        return None
+    ordered = sorted(values)
+    return [ordered[j - 1], ordered[n - j]]
+
+
+def ratio_text(value, interval=None):
+    """1.23x, with its 95% interval where there is one: 1.23x (1.10-1.31)."""
+    if value is None:
+        return "-"
+    return f"{value:.2f}x" + ("" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})")
 
 
 def table(records):
     """A text table: one row per (model, ranks, network, method)."""
     header = (f"{'model':<8}{'ranks':>6}  {'network':<9}{'net model':<10}{'method':<21}{'ms/step':>10}"
-              f"{'vs dense':>10}{'vs floor':>10}{'recv MB/rank/step':>19}  exchange")
+              f"{'vs dense':>20}{'vs floor':>20}{'recv MB/rank/step':>19}  exchange")
     lines = [header, "-" * len(header)]
     for r in records:
         lines.append(f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['network_model']:<10}{r['method']:<21}"
-                     f"{r['step_ms']:>10.1f}{_ratio(r['vs_dense']):>10}{_ratio(r['vs_floor']):>10}"
+                     f"{r['step_ms']:>10.1f}{ratio_text(r['vs_dense'], r.get('vs_dense_interval')):>20}"
+                     f"{ratio_text(r['vs_floor'], r.get('vs_floor_interval')):>20}"
                      f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}")
     return "\n".join(lines)

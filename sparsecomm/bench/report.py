@@ -3,6 +3,7 @@ import os
 import platform
 
 from . import scaling
+from .e2e import ratio_text
 
 
 def _plt():
@@ -96,8 +97,28 @@ step compresses). Their received bytes are the ring's 2 (N-1)/N of what they sen
 P and Q factors and the tensors it leaves uncompressed, as PowerSGD counts them)."""
 
 
-def _ratio(value):
-    return "-" if value is None else f"{value:.2f}x"
+AUTO = "DGC 0.1% auto"
+WITHIN = 0.97  # exchange="auto" is to be within 3% of dense's step time, or faster
+
+
+def _auto_summary(e2e):
+    """Per cell: how exchange="auto" (DGC 0.1%) compares with dense, and whether that meets
+    "within 3% of dense or faster" given the interval of the paired ratio."""
+    lines = []
+    for r in e2e:
+        if r["method"] != AUTO or r["vs_dense"] is None:
+            continue
+        interval = r.get("vs_dense_interval")
+        if r["vs_dense"] >= WITHIN:
+            verdict = "within 3% of dense or faster"
+        elif interval is not None and interval[1] >= WITHIN:
+            verdict = "slower at the median, but its interval reaches the 3% margin: not told apart from it"
+        else:
+            verdict = "**slower than dense by more than 3%**"
+        lines.append(f"- {r['model']} model, {r['ranks']} ranks, {r['network']} ({r['network_model']}): "
+                     f"{ratio_text(r['vs_dense'], interval)} of dense's speed, sent by "
+                     f"{', '.join(r['exchanges']) or '-'}: {verdict}.")
+    return "\n".join(lines)
 
 
 def _cells(e2e):
@@ -140,13 +161,25 @@ def _floor_summary(e2e):
     return "\n".join(lines)
 
 
+def _auto_block(e2e):
+    lines = _auto_summary(e2e)
+    if not lines:
+        return ""
+    return f"""**exchange="auto" against dense** (DGC 0.1%; vs dense above 1.00x is faster than dense):
+
+{lines}
+
+"""
+
+
 def _e2e_tables(e2e):
     """One table per network model, each under the description of its model."""
     header = ("model", "ranks", "network", "method", "ms/step", "vs dense", "vs floor", "received MB", "exchange")
     blocks = []
     for netmodel in sorted({r["network_model"] for r in e2e}):
-        rows = [(r["model"], r["ranks"], r["network"], r["method"], f"{r['step_ms']:.1f}", _ratio(r["vs_dense"]),
-                 _ratio(r["vs_floor"]), f"{r['received_bytes'] / 1e6:.3f}", ", ".join(r["exchanges"]))
+        rows = [(r["model"], r["ranks"], r["network"], r["method"], f"{r['step_ms']:.1f}",
+                 ratio_text(r["vs_dense"], r.get("vs_dense_interval")), ratio_text(r["vs_floor"], r.get("vs_floor_interval")),
+                 f"{r['received_bytes'] / 1e6:.3f}", ", ".join(r["exchanges"]))
                 for r in e2e if r["network_model"] == netmodel]
         blocks.append(f"### Network model: {netmodel}\n\n{NETWORK_MODELS[netmodel]}\n\n{_md_table(header, rows)}")
     return "\n\n".join(blocks)
@@ -178,9 +211,10 @@ median of that over the timed steps after warm-up. {_timing(e2e)} vs dense: dens
 time / this row's (the speedup), same model, ranks and network. vs floor: this row's step time /
 the floor's. Rows timed in turns are compared step by step: the ratio is the median, over the
 turns, of the ratio of the two rows' steps in the same turn (seconds apart), so it may differ
-from the ratio of the ms/step column; rows timed one at a time: the ratio of their medians.
-Received: bytes per rank per step, counted by sparsecomm (dense: the ring's 2 (N-1)/N of the
-gradient).
+from the ratio of the ms/step column. In brackets: the 95% interval of that median (from the
+order statistics of the paired ratios: no assumption on how the noise is distributed). Rows
+timed one at a time: the ratio of their medians, no interval. Received: bytes per rank per
+step, counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
 
 - comm model: MLP 1024-4096-4096-1024, 25.2M parameters (101 MB of gradient), batch 8.
 - compute model: a CNN on 32x32x3, 0.29M parameters, batch 32.
@@ -193,7 +227,7 @@ gradient).
 
 {_floor_summary(e2e)}
 
-Reading these numbers:
+{_auto_block(e2e)}Reading these numbers:
 
 - **Noise.** This machine has 2 cores. 2 ranks get one core each. 4 ranks oversubscribe them,
   so the 4-rank rows, and every compute-model row, carry scheduling noise of tens of percent.
