@@ -66,14 +66,55 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert "The compute model's rows were timed in 2 interleaved turns" in text
 
 
-def test_rows_are_interleaved_only_where_they_all_fit_in_memory():
-    """Every row of every rank alive at once must fit in half the memory; else one at a time."""
+def test_rows_are_interleaved_in_groups_that_fit_in_memory():
+    """Every row of every rank alive at once must fit in half the memory; else groups that each
+    hold the floor and dense and as many other rows as fit; else one row at a time."""
     from sparsecomm.bench import e2e
-    gib = 2 ** 30
-    assert e2e.interleaved_rounds("compute", 4, 13, 4, available=2 * gib) == 4      # 0.29M parameters a row
-    assert e2e.interleaved_rounds("comm", 2, 13, 4, available=64 * gib) == 4        # 25.2M: 16 GB of rows
-    assert e2e.interleaved_rounds("comm", 2, 13, 4, available=22 * gib) == 1
-    assert e2e.interleaved_rounds("comm", 4, 13, 4, available=48 * gib) == 1
+    gib, rows = 2 ** 30, ["floor", "dense", *(f"row {i}" for i in range(11))]
+    assert e2e.interleaving("compute", 4, rows, 4, available=2 * gib) == (4, 0)    # 0.29M parameters a row
+    assert e2e.interleaving("comm", 2, rows, 4, available=64 * gib) == (4, 0)      # 25.2M: 16 GB of rows
+    assert e2e.rows_at_once("comm", 2, available=22 * gib) == 9                    # 0.6 GB a row per rank
+    assert e2e.interleaving("comm", 2, rows, 4, available=22 * gib) == (4, 9)
+    assert e2e.interleaving("comm", 4, rows, 4, available=14 * gib) == (4, 3)      # the baselines and one more
+    assert e2e.interleaving("comm", 4, rows, 4, available=12 * gib) == (1, 0)
+    assert e2e.interleaving("comm", 2, rows, 1, available=64 * gib) == (1, 0)      # asked for one at a time
+
+
+def test_groups_hold_the_baselines_beside_every_other_row():
+    from sparsecomm.bench.e2e_worker import groups
+    rows = ["floor", "dense", "a", "b", "c", "d", "e"]
+    assert groups(rows, 7) == [rows]
+    assert groups(rows, 4) == [["floor", "dense", "a", "b"], ["floor", "dense", "c", "d"], ["floor", "dense", "e"]]
+    assert groups(["a", "dense", "b"], 2) == [["dense", "a"], ["dense", "b"]]
+    with pytest.raises(ValueError, match="group_size: expected room for the baselines"):
+        groups(rows, 2)
+
+
+def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_path):
+    """The worker on 2 ranks, 4 rows in groups of 3: the floor and dense are timed in both groups
+    (their records hold both groups' steps), every other row once, with the floor's and dense's
+    steps of its own turns; the ratios pair those."""
+    import statistics
+    from launch import horovodrun_outcome
+    from sparsecomm.bench import e2e, e2e_worker
+    out = tmp_path / "records.json"
+    rc, output, _ = horovodrun_outcome(2, e2e_worker.__file__, "--model", "compute", "--out", out, "--warmup", "1",
+                                       "--steps", "3", "--rounds", "3", "--group-size", "3", "--methods", "floor",
+                                       "dense", "DGC 0.1% spardl", "TopK 1%")
+    assert rc == 0, output[-3000:]
+    records = json.loads(out.read_text())
+    by = {r["method"]: r for r in records}
+    assert [r["method"] for r in records] == ["floor", "dense", "DGC 0.1% spardl", "TopK 1%"]
+    assert len(by["floor"]["step_times_ms"]) == len(by["dense"]["step_times_ms"]) == 6
+    for method, group in (("DGC 0.1% spardl", 0), ("TopK 1%", 1)):
+        row = by[method]
+        assert len(row["step_times_ms"]) == 3 and set(row["baselines"]) == {"floor", "dense"}
+        for baseline in ("floor", "dense"):  # its group's 3 steps of that baseline
+            assert row["baselines"][baseline] == by[baseline]["step_times_ms"][3 * group:3 * group + 3]
+    assert "baselines" not in by["floor"] and "baselines" not in by["dense"]
+    e2e.add_ratios(records)
+    topk, floor = by["TopK 1%"], by["floor"]["step_times_ms"][3:]
+    assert topk["vs_floor"] == statistics.median(m / t for m, t in zip(topk["step_times_ms"], floor))
 
 
 def _per_host_or_skip():

@@ -25,31 +25,47 @@ STEPS = {"comm": 8, "compute": 16}
 ROW_BYTES_PER_PARAMETER = 24
 
 
-def interleaved_rounds(model, ranks, rows, rounds, available=None):
-    """`rounds` where every row of every rank fits in half of `available` bytes (default: the
-    memory available now), else 1: one row at a time (the comm model's 13 rows take about 8 GB
-    per rank)."""
+def rows_at_once(model, ranks, available=None):
+    """How many rows of `model` fit, on every rank at once, in half of `available` bytes (default:
+    the memory available now): the compute model's all, the comm model's (25.2M parameters, about
+    0.6 GB a row per rank) a few."""
     import psutil
     from .e2e_worker import model_and_batch
     parameters = sum(p.numel() for p in model_and_batch(model)[0].parameters())
     available = psutil.virtual_memory().available if available is None else available
-    return rounds if ranks * rows * parameters * ROW_BYTES_PER_PARAMETER <= available / 2 else 1
+    return int(available / 2 // (ranks * parameters * ROW_BYTES_PER_PARAMETER))
+
+
+def interleaving(model, ranks, methods, rounds, available=None):
+    """(rounds, group size) for the worker: the rows timed in `rounds` interleaved turns, all at
+    once where they fit in memory, else in groups that each hold the baselines (floor and dense)
+    and as many other rows as fit; (1, 0), one row at a time, where not even the baselines and
+    one more row fit."""
+    from .e2e_worker import BASELINES
+    size = rows_at_once(model, ranks, available)
+    if rounds > 1 and size >= len(methods):
+        return rounds, 0
+    if rounds > 1 and size >= sum(m in BASELINES for m in methods) + 1:
+        return rounds, size
+    return 1, 0
 
 
 def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model="shared", rounds=1):
     """Records of one launch (all rows for one model, ranks and network) on `network_model`,
-    timed in `rounds` interleaved turns where the rows fit in memory together (see the worker)."""
-    rounds = interleaved_rounds(model, ranks, len(methods), rounds) if rounds > 1 else 1
+    timed in `rounds` interleaved turns, in groups that fit in memory (see the worker)."""
+    rounds, group_size = interleaving(model, ranks, methods, rounds)
     with tempfile.TemporaryDirectory() as tmp, network.emulated(network_model, net, ranks) as placed:
         out = os.path.join(tmp, "records.json")
         placed.launch(ranks, "sparsecomm.bench.e2e_worker",
                       ["--model", model, "--out", out, "--warmup", str(warmup), "--steps", str(steps),
-                       "--rounds", str(rounds), "--methods", *methods], "[e2e]", log)
+                       "--rounds", str(rounds), "--group-size", str(group_size), "--methods", *methods],
+                      "[e2e]", log)
         with open(out) as f:
             records = json.load(f)
     for record in records:
         record["network"] = placed.rate or "unshaped"
         record["network_model"] = placed.model
+        record["group_size"] = group_size
     add_ratios(records)
     return records
 
@@ -60,22 +76,24 @@ def add_ratios(records):
     by_method = {r["method"]: r for r in records}
     dense, floor = by_method.get("dense"), by_method.get("floor")
     for record in records:
-        vs_dense, record["vs_dense_interval"] = step_ratio(dense, record) if dense else (None, None)
+        vs_dense, record["vs_dense_interval"] = step_ratio(record, dense, speedup=True) if dense else (None, None)
         record["speedup_vs_dense"] = record["vs_dense"] = vs_dense
         record["vs_floor"], record["vs_floor_interval"] = step_ratio(record, floor) if floor else (None, None)
 
 
-def step_ratio(a, b):
-    """(a's step time / b's, a 95% interval of it or None). Rows timed in interleaved turns are
-    paired step by step: the median, over the timed steps, of a's step / b's step of the same
-    turn (seconds apart, so the machine's drift, which moves a step by tens of percent, falls on
-    both alike), and the interval of that median. Rows timed one at a time: the ratio of their
-    medians, no interval."""
-    a_times, b_times = a.get("step_times_ms"), b.get("step_times_ms")
-    if min(a.get("rounds", 1), b.get("rounds", 1)) > 1 and a_times and b_times and len(a_times) == len(b_times):
-        ratios = [x / y for x, y in zip(a_times, b_times)]
+def step_ratio(record, baseline, speedup=False):
+    """(record's step time / the baseline's, or the baseline's / record's with `speedup`; a 95%
+    interval of it or None). Rows timed in interleaved turns are paired step by step with the
+    baseline's steps in the same turns (seconds apart, so the machine's drift, which moves a step
+    by tens of percent, falls on both alike; a row timed in a group of rows has its group's
+    baseline steps in record["baselines"]): the median of the per-turn ratios, and the interval
+    of that median. Rows timed one at a time: the ratio of their medians, no interval."""
+    mine = record.get("step_times_ms")
+    theirs = record.get("baselines", {}).get(baseline["method"], baseline.get("step_times_ms"))
+    if min(record.get("rounds", 1), baseline.get("rounds", 1)) > 1 and mine and theirs and len(mine) == len(theirs):
+        ratios = [t / m if speedup else m / t for m, t in zip(mine, theirs)]
         return statistics.median(ratios), median_interval(ratios)
-    return a["step_ms"] / b["step_ms"], None
+    return (baseline["step_ms"] / record["step_ms"]) if speedup else (record["step_ms"] / baseline["step_ms"]), None
 
 
 def median_interval(values, confidence=0.95):

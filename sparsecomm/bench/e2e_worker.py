@@ -47,6 +47,7 @@ METHODS = {
 }
 DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")
 ROWS = (FLOOR, *METHODS, *DDP_ROWS)  # every row, in the order a run measures them
+BASELINES = (FLOOR, "dense")  # every ratio's reference: timed in every group of rows
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)
 
@@ -91,22 +92,44 @@ def timed_steps(row, steps):
     return times
 
 
-def time_rows(makers, warmup, steps, rounds):
-    """Yields (row, its step times) for the rows `makers` build (method -> make(warmup) -> Row).
-    rounds 1: one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1:
-    every row alive at once, each warmed up, then timed in R turns of about steps / R steps
-    each, so that the machine's drift over the run falls on every row alike."""
+def time_rows(makers, warmup, steps, rounds, group_size=0):
+    """Yields (row, its step times, the step times of the baselines timed in the same turns or
+    None) for the rows `makers` build (method -> make(warmup) -> Row). rounds 1: one row at a
+    time, built, warmed up, timed for `steps`, dropped. rounds R > 1: the rows of a group (all of
+    them, or `group_size` at once: groups()) alive together, each warmed up, then timed in R
+    turns of about steps / R steps each, so that the machine's drift over the run falls on every
+    row of the group alike. A baseline timed in several groups is yielded once, after its last
+    group, with the steps of all of them."""
+    plan = [[method] for method in makers] if rounds == 1 else groups(list(makers), group_size or len(makers))
+    last_group = {method: i for i, group in enumerate(plan) for method in group}
     times = {method: [] for method in makers}
-    groups = [[method] for method in makers] if rounds == 1 else [list(makers)]
-    for group in groups:
+    for i, group in enumerate(plan):
         rows = [makers[method](warmup) for method in group]
         for row in rows:
             timed_steps(row, row.warmup)
+        in_group = {row.method: [] for row in rows}
         for row, count in turns(rows, steps, rounds):
-            times[row.method] += timed_steps(row, count)
+            in_group[row.method] += timed_steps(row, count)
+        baselines = {m: t for m, t in in_group.items() if m in BASELINES} if rounds > 1 else {}
         for row in rows:
-            yield row, times[row.method]
+            times[row.method] += in_group[row.method]
+            if last_group[row.method] == i:
+                yield row, times[row.method], None if row.method in BASELINES else baselines or None
         del rows, row  # a group's models go before the next group's are built
+
+
+def groups(methods, size):
+    """The rows alive at once: all `methods` where `size` holds them, else groups of `size` rows,
+    each holding the baselines (floor and dense, where asked for), which every other row is then
+    compared with turn by turn, and as many other rows as fit beside them."""
+    if size >= len(methods):
+        return [list(methods)]
+    base = [m for m in methods if m in BASELINES]
+    others = [m for m in methods if m not in BASELINES]
+    room = size - len(base)
+    if room < 1:
+        raise ValueError(f"group_size: expected room for the baselines {base} and one more row, got {size}")
+    return [base + others[i:i + room] for i in range(0, len(others), room)]
 
 
 def turns(rows, steps, rounds):
@@ -126,11 +149,15 @@ def ring_bytes(nbytes):
     return 2 * (hvd.size() - 1) / hvd.size() * nbytes
 
 
+def slowest_ms(times, name):
+    """Each step's time on its slowest rank (ms): a step takes as long as that."""
+    return (1000 * hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=name)).tolist()
+
+
 def record(kind, method, family, model, times, sent, received, exchanges=()):
-    """One row. A step takes as long as its slowest rank: step_times_ms holds that time for each
-    timed step, step_ms their median."""
-    slowest = hvd.allreduce(torch.tensor(times, dtype=torch.float64), op=hvd.Max, name=f"bench.{method}")
-    step_times = (1000 * slowest).tolist()
+    """One row: step_times_ms holds each timed step's time on its slowest rank, step_ms their
+    median."""
+    step_times = slowest_ms(times, f"bench.{method}")
     numel = sum(p.numel() for p in model.parameters())
     return {"model": kind, "method": method, "family": family, "ranks": hvd.size(),
             "step_ms": statistics.median(step_times), "step_times_ms": step_times,
@@ -227,7 +254,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=1,
-                        help="1: one row at a time; R > 1: every row alive, timed in R interleaved turns")
+                        help="1: one row at a time; R > 1: the rows of a group alive, timed in R interleaved turns")
+    parser.add_argument("--group-size", type=int, default=0,
+                        help="with --rounds R > 1: rows alive at once, the baselines among them (0: every row)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     hvd.init()
@@ -236,11 +265,14 @@ def main():
         init_torch_distributed()
     records = []
     makers = {method: make_row(args.model, method) for method in args.methods}
-    for row, times in time_rows(makers, args.warmup, args.steps, args.rounds):
+    for row, times, baselines in time_rows(makers, args.warmup, args.steps, args.rounds, args.group_size):
         records.append(dict(row.finish(times), rounds=args.rounds))
+        if baselines:  # what this row is compared with: the baselines' steps in its own turns
+            records[-1]["baselines"] = {m: slowest_ms(t, f"bench.{row.method}.{m}") for m, t in baselines.items()}
         if hvd.rank() == 0:
             print(f"[e2e] {args.model} np{hvd.size()} {row.method:<20} {records[-1]['step_ms']:9.1f} ms/step",
                   flush=True)
+    records.sort(key=lambda r: args.methods.index(r["method"]))  # baselines finish after their last group
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     if hvd.rank() == 0:

@@ -186,15 +186,23 @@ def _e2e_tables(e2e):
 
 
 def _timing(e2e):
-    """How each model's rows were timed: in interleaved turns, or one row at a time."""
+    """How each model's rows were timed: in interleaved turns (all at once, or in groups), or one
+    row at a time."""
     parts = []
     for model in sorted({r["model"] for r in e2e}):
-        rounds = sorted({r.get("rounds", 1) for r in e2e if r["model"] == model})
-        how = [f"in {n} interleaved turns (every row built first, then each timed in turn for 1/{n} of its "
-               f"steps, each turn starting one row further on, so the machine's drift, which here moves a "
-               f"step's time by tens of percent within seconds, falls on all rows alike; their vs dense and "
-               f"vs floor pair the steps of the same turn)" if n > 1 else
-               "one row at a time (its rows do not fit in memory together)" for n in rounds]
+        ways = sorted({(r.get("rounds", 1), r.get("group_size", 0)) for r in e2e if r["model"] == model})
+        how = []
+        for n, size in ways:
+            if n == 1:
+                how.append("one row at a time (its rows do not fit in memory together)")
+                continue
+            rows = "every row built first" if not size else (
+                f"in groups of {size} rows that fit in memory together, each group holding the floor and dense "
+                f"(timed again with every group) and as many other rows as fit, each group built first")
+            how.append(f"in {n} interleaved turns ({rows}, then each row timed in turn for 1/{n} of its steps, "
+                       f"each turn starting one row further on, so the machine's drift, which here moves a "
+                       f"step's time by tens of percent within seconds, falls on all rows alike; their vs dense "
+                       f"and vs floor pair the steps of the same turn)")
         parts.append(f"The {model} model's rows were timed {' or '.join(how)}.")
     return " ".join(parts)
 
