@@ -1,8 +1,10 @@
 """Worker of the end-to-end benchmark (run by sparsecomm.bench.e2e under horovodrun, or one
 process per rank in its own network namespace): step time of one model, on the same ranks and
 network, for these rows. Medians over the timed steps, after warm-up steps. With --rounds R
-every row is built first and the rows are timed in R interleaved turns (floor, dense, ..., floor,
-dense, ...): drift of the machine during the run then falls on every row alike.
+every row is built first and the rows are timed in R interleaved turns (floor, dense, ..., then
+dense, ..., floor, ...): drift of the machine during the run then falls on every row alike. With
+--group-size G as well, G rows at a time (rows that do not fit in memory together), the floor and
+dense among them in every group.
 
   floor            the same step with NO gradient exchange (plain SGD, momentum 0.9, on each
                    rank's own gradient): the time no exchange method can beat
