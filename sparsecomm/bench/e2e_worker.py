@@ -19,6 +19,7 @@ Models (data content does not change the step time, so inputs are fixed random t
   compute  a CNN on 32x32x3 images (0.29M parameters), batch 32: compute dominates.
 """
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -117,7 +118,8 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
             times[row.method] += in_group[row.method]
             if last_group[row.method] == i:
                 yield row, times[row.method], None if row.method in BASELINES else baselines or None
-        del rows, row  # a group's models go before the next group's are built
+        del rows, row  # a group's models go before the next group's are built: collected now,
+        gc.collect()   # as the optimizers' hooks hold them in reference cycles
 
 
 def groups(methods, size):
@@ -274,6 +276,7 @@ def main():
         if hvd.rank() == 0:
             print(f"[e2e] {args.model} np{hvd.size()} {row.method:<20} {records[-1]['step_ms']:9.1f} ms/step",
                   flush=True)
+        del row  # not kept alive while the next group is built
     records.sort(key=lambda r: args.methods.index(r["method"]))  # baselines finish after their last group
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
