@@ -190,17 +190,20 @@ def _timing(e2e):
     row at a time."""
     parts = []
     for model in sorted({r["model"] for r in e2e}):
-        ways = sorted({(r.get("rounds", 1), r.get("group_size", 0)) for r in e2e if r["model"] == model})
+        rows = [r for r in e2e if r["model"] == model]
         how = []
-        for n, size in ways:
+        for n in sorted({r.get("rounds", 1) for r in rows}):
             if n == 1:
                 how.append("one row at a time (its rows do not fit in memory together)")
                 continue
-            rows = "every row built first" if not size else (
-                f"in groups of {size} rows that fit in memory together, each group holding the floor and dense "
-                f"(timed again with every group) and as many other rows as fit, each group built first")
-            how.append(f"in {n} interleaved turns ({rows}, then each row timed in turn for 1/{n} of its steps, "
-                       f"each turn starting one row further on, so the machine's drift, which here moves a "
+            sizes = sorted({r.get("group_size", 0) for r in rows if r.get("rounds", 1) == n} - {0})
+            together = "every row built first"
+            if sizes:
+                listed = ", ".join(map(str, sizes[:-1])) + (" or " if len(sizes) > 1 else "") + str(sizes[-1])
+                together = (f"in groups of {listed} rows, as many as fit in memory together on that many ranks, "
+                            f"each group holding the floor and dense (timed again with every group), built first")
+            how.append(f"in {n} interleaved turns ({together}, then each row timed in turn for 1/{n} of its "
+                       f"steps, each turn starting one row further on, so the machine's drift, which here moves a "
                        f"step's time by tens of percent within seconds, falls on all rows alike; their vs dense "
                        f"and vs floor pair the steps of the same turn)")
         parts.append(f"The {model} model's rows were timed {' or '.join(how)}.")
