@@ -14,9 +14,9 @@ import tempfile
 from . import network
 
 NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped
-# Timed steps of each row. The compute model's steps are short and its rows are paired turn by
-# turn: 16 pairs give the median ratio a 95% interval from the 4th to the 13th (8 pairs: from
-# the smallest to the largest).
+# Timed steps of each row, each paired with a baseline's step of the same turn. The compute
+# model's steps are short and noisy: 16 pairs give the median ratio a 95% interval from the 4th
+# to the 13th (8 pairs, the comm model's: from the smallest to the largest).
 STEPS = {"comm": 8, "compute": 16}
 
 
@@ -93,7 +93,9 @@ def step_ratio(record, baseline, speedup=False):
     if min(record.get("rounds", 1), baseline.get("rounds", 1)) > 1 and mine and theirs and len(mine) == len(theirs):
         ratios = [t / m if speedup else m / t for m, t in zip(mine, theirs)]
         return statistics.median(ratios), median_interval(ratios)
-    return (baseline["step_ms"] / record["step_ms"]) if speedup else (record["step_ms"] / baseline["step_ms"]), None
+    if speedup:
+        return baseline["step_ms"] / record["step_ms"], None
+    return record["step_ms"] / baseline["step_ms"], None
 
 
 def median_interval(values, confidence=0.95):
