@@ -155,6 +155,48 @@ def test_nan_is_sent_not_kept():
     assert index.tolist() == [1]
 
 
+def _same_bits(x, y):
+    """Equal bit for bit (NaN where NaN, -0.0 apart from 0.0)."""
+    nan = x.isnan()
+    return torch.equal(nan, y.isnan()) and torch.equal(x[~nan].view(torch.int32), y[~nan].view(torch.int32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode", ["plain", "feedback", "momentum", "momentum-only"])
+@pytest.mark.parametrize("threshold", [1.0, 0.0, float("inf")])
+def test_accumulate_candidates_applies_the_rule_in_every_lane(device, dtype, mode, threshold):
+    """|acc| >= t, NaN always, on edge values spread over three full 64-element blocks, the 8
+    lanes of their vector steps, and a tail: the CPU's vectorized float32 pass, its generic
+    loop (16-bit gradients, the tail) and CUDA's must all give the reference's candidates and
+    state."""
+    numel = 3 * 64 + 13
+    special = {3: float("nan"), 9: float("inf"), 17: -float("inf"), 30: -0.0, 63: 1.0, 64: -1.0,
+               100: 1.0 - 2 ** -7, 127: float("nan"), 150: -(1.0 - 2 ** -7), 191: 2.0, 195: -1.0, 204: float("nan")}
+    at = torch.tensor(list(special))
+    grad = _grad(numel, torch.float32, "cpu") * 0.5
+    grad[at] = torch.tensor(list(special.values()))
+    grad = grad.to(dtype).to(device)
+    residual, momentum = _state(numel, device, with_momentum=mode.startswith("momentum"))
+    residual[at.to(device)] = 0.0  # acc of a special element is the special value
+    if momentum is not None:
+        momentum[at.to(device)] = 0.0
+    if mode in ("plain", "momentum-only"):
+        residual = None
+    m = 0.9 if mode.startswith("momentum") else 0.0
+    acc, u = reference.accumulate(grad.cpu(), None if residual is None else residual.cpu(),
+                                  None if momentum is None else momentum.cpu(), m)
+    got_acc, got_index = ops.accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=m)
+    want_index = reference.above(acc, threshold).nonzero().reshape(-1)
+    if threshold == 1.0:  # the case is made: the edges on both sides of the threshold
+        assert {3, 63, 64, 127, 195, 204} <= set(want_index.tolist()) and not {30, 100, 150} & set(want_index.tolist())
+    assert torch.equal(got_index.cpu().long(), want_index)
+    assert _same_bits(got_acc.cpu(), acc[want_index])
+    if residual is not None:
+        assert _same_bits(residual.cpu(), acc)
+    if momentum is not None:
+        assert _same_bits(momentum.cpu(), u)
+
+
 @pytest.mark.parametrize("send", ["send_selected_float16", "block_pack_float16", "send_quantized_1bit"])
 def test_a_non_finite_sent_value_of_a_finite_acc_leaves_zero(send):
     """The NaN/Inf policy: a sent non-finite value is never kept in the residual."""

@@ -3,11 +3,16 @@
 #include <cstdint>
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 #include <vector>
 
 #include "launchers.h"
 #include "parallel.h"
 #include "stream.h"
+
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 namespace sparsecomm {
 namespace cpu {
@@ -76,9 +81,45 @@ namespace {
 // with a candidate are visited again, candidate by candidate.
 constexpr int64_t kBlock = 64;
 
+// The (acc, index) lists a pass appends to, a block at a time. Room for a whole block is made
+// before it, so each candidate is two plain stores. (A push_back per candidate, or a resize per
+// block, which calls out of the loop, was most of the candidates' cost at densities of 1-10%.)
+// finish() cuts the lists to what was appended.
+class CandidateLists {
+ public:
+  CandidateLists(std::vector<float>& acc, std::vector<int32_t>& index)
+      : acc_(acc), index_(index), size_(acc.size()) {}
+
+  // Appends the block's candidates, the set bits of mask: acc[j] at index first + j.
+  void append(const float* acc, uint64_t mask, int64_t first) {
+    if (size_ + kBlock > acc_.size()) {
+      acc_.resize(std::max<size_t>(2 * acc_.size(), size_ + kBlock));
+      index_.resize(acc_.size());
+    }
+    float* a = acc_.data() + size_;
+    int32_t* index = index_.data() + size_;
+    for (; mask; mask &= mask - 1) {
+      const int j = __builtin_ctzll(mask);
+      *a++ = acc[j];
+      *index++ = int32_t(first + j);
+    }
+    size_ = a - acc_.data();
+  }
+
+  void finish() {
+    acc_.resize(size_);
+    index_.resize(size_);
+  }
+
+ private:
+  std::vector<float>& acc_;
+  std::vector<int32_t>& index_;
+  size_t size_;
+};
+
 template <typename T, bool kResidual, bool kMomentum>
 void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t end, float threshold,
-                       std::vector<float>& acc_out, std::vector<int32_t>& index_out) {
+                       CandidateLists& out) {
   const float* residual_in = fb.residual_in;
   float* residual_out = fb.residual_out;
   const float* momentum_in = fb.momentum_in;
@@ -105,13 +146,42 @@ void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t
     // mispredicted branch per element when many blocks hold one (densities around 1%).
     uint64_t mask = 0;
     for (int64_t j = 0; j < n; ++j) mask |= uint64_t(selected(acc[j], threshold)) << j;
-    for (; mask; mask &= mask - 1) {
-      const int j = __builtin_ctzll(mask);
-      acc_out.push_back(acc[j]);
-      index_out.push_back(int32_t(first + j));
-    }
+    out.append(acc, mask, first);
   }
 }
+
+#ifdef __AVX2__
+// The same pass for a float32 gradient, 8 lanes at a time: each compare gives its lanes'
+// candidate bits directly (movemask), with no second look at the block and no copy of it
+// (a candidate's acc is read back from the state just written, or the gradient: in L1).
+// The same operations in the same order as accumulated() and selected(): the same bits.
+template <bool kResidual, bool kMomentum>
+void accumulate_blocks_avx2(const float* grad, const Feedback& fb, int64_t begin, int64_t end, float threshold,
+                            CandidateLists& out) {
+  const __m256 t = _mm256_set1_ps(threshold), m = _mm256_set1_ps(fb.momentum);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const float* acc = kResidual ? fb.residual_out : kMomentum ? fb.momentum_out : grad;  // where acc lands
+  int64_t first = begin;
+  for (; first + kBlock <= end; first += kBlock) {
+    uint64_t mask = 0;
+    for (int v = 0; v < kBlock / 8; ++v) {
+      const int64_t i = first + 8 * v;
+      __m256 u = _mm256_loadu_ps(grad + i);
+      if (kMomentum) {
+        u = _mm256_add_ps(_mm256_mul_ps(m, _mm256_loadu_ps(fb.momentum_in + i)), u);
+        _mm256_storeu_ps(fb.momentum_out + i, u);
+      }
+      const __m256 a = kResidual ? _mm256_add_ps(_mm256_loadu_ps(fb.residual_in + i), u) : u;
+      if (kResidual) _mm256_storeu_ps(fb.residual_out + i, a);
+      // selected(): not |a| < t, which holds for a NaN a too (unordered)
+      const __m256 picked = _mm256_cmp_ps(_mm256_andnot_ps(sign, a), t, _CMP_NLT_UQ);
+      mask |= uint64_t(uint32_t(_mm256_movemask_ps(picked))) << (8 * v);
+    }
+    if (mask) out.append(acc + first, mask, first);
+  }
+  accumulate_blocks<float, kResidual, kMomentum>(grad, fb, first, end, threshold, out);  // the tail
+}
+#endif
 
 }  // namespace
 
@@ -127,8 +197,19 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
             : residual             ? accumulate_blocks<T, true, false>
             : momentum             ? accumulate_blocks<T, false, true>
                                    : accumulate_blocks<T, false, false>;
+#ifdef __AVX2__
+  if constexpr (std::is_same_v<T, float>)
+    pass = residual && momentum ? accumulate_blocks_avx2<true, true>
+         : residual             ? accumulate_blocks_avx2<true, false>
+         : momentum             ? accumulate_blocks_avx2<false, true>
+                                : accumulate_blocks_avx2<false, false>;
+#endif
   const int chunks = pass_threads(numel);
-  if (chunks == 1) return pass(grad, fb, 0, numel, threshold, acc, index);
+  if (chunks == 1) {
+    CandidateLists out(acc, index);
+    pass(grad, fb, 0, numel, threshold, out);
+    return out.finish();
+  }
   // Each chunk collects its own candidates; concatenated in chunk order they stay in index order.
   // A chunk's lists sit on their own cache line: two threads appending to neighbouring vector
   // headers would bounce that line between cores on every candidate (false sharing: it made
@@ -143,7 +224,9 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
   for_chunks(numel, chunks, kBlock, [&](int c, int64_t begin, int64_t end) {
     lists[c].acc.clear();
     lists[c].index.clear();
-    pass(grad, fb, begin, end, threshold, lists[c].acc, lists[c].index);
+    CandidateLists out(lists[c].acc, lists[c].index);
+    pass(grad, fb, begin, end, threshold, out);
+    out.finish();
   });
   for (int c = 0; c < chunks; ++c) {
     acc.insert(acc.end(), lists[c].acc.begin(), lists[c].acc.end());
