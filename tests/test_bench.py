@@ -131,19 +131,25 @@ def _namespaces():
 
 def test_e2e_on_the_per_host_network_model_at_1gbit_and_cleans_up(tmp_path):
     """`bench e2e --network-model per-host`: 2 ranks, each in its own namespace with a 1 Gbit/s
-    NIC, run the floor, dense and DDP rows, the records say so, and no namespace is left."""
+    NIC, run the floor, dense, a local row and a DDP row, the records say so, and no namespace is
+    left. The local row packs and unpacks on each rank alone: it counts what it would send, and
+    receives nothing."""
     _per_host_or_skip()
     out = tmp_path / "e2e.json"
+    methods = ["floor", "dense", "Threshold 1% local", "DDP fp16"]
     proc = subprocess.Popen([sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host",
-                             "--ranks", "2", "--networks", "1gbit", "--models", "compute", "--e2e-methods", "floor",
-                             "dense", "DDP fp16", "--warmup", "1", "--steps", "1", "--json", str(out)],
+                             "--ranks", "2", "--networks", "1gbit", "--models", "compute", "--e2e-methods", *methods,
+                             "--warmup", "1", "--steps", "1", "--json", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, (stdout[-3000:], stderr[-3000:])
     records = json.loads(out.read_text())["records"]
-    assert [r["method"] for r in records] == ["floor", "dense", "DDP fp16"]
+    assert [r["method"] for r in records] == methods
     assert all(r["network_model"] == "per-host" and r["network"] == "1gbit" and r["ranks"] == 2 for r in records)
     assert all(r["vs_floor"] > 0 and r["vs_dense"] > 0 for r in records)
+    local = records[2]
+    assert local["family"] == "local" and local["local_of"] == "Threshold 1%"
+    assert local["sent_bytes"] > 0 and local["received_bytes"] == 0
     assert "per-host network model" in stdout and "vs floor" in stdout
     assert f"sparsecomm-{proc.pid}-" not in _namespaces()
 
@@ -244,3 +250,17 @@ def test_a_failed_rank_ends_the_others():
     with open(read) as stream:
         network._follow(procs, stream, "[e2e]", print)
     assert time.time() - started < 10 and procs[0].wait() != 0 and procs[1].wait() == 1
+
+
+def test_results_page_sets_each_method_beside_its_kernels_alone():
+    """The local rows' summary: a method's vs floor beside its local row's, per comm cell, and
+    nothing where a cell has no local row."""
+    from sparsecomm.bench import report
+    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host")
+    records = [dict(cell, method="floor", family="floor", vs_floor=1.0),
+               dict(cell, method="Threshold 1%", family="sparsecomm", vs_floor=1.37, vs_floor_interval=[1.08, 1.66]),
+               dict(cell, method="Threshold 1% local", family="local", local_of="Threshold 1%", vs_floor=1.21,
+                    vs_floor_interval=[1.1, 1.3])]
+    assert report._local_summary(records) == ("- comm model, 2 ranks, 1gbit (per-host), vs floor: Threshold 1% 1.37x "
+                                              "(1.08-1.66), its kernels alone 1.21x (1.10-1.30).")
+    assert report._local_summary(records[:2]) == "" and report._local_block(records[:2]) == ""

@@ -9,6 +9,9 @@ dense among them in every group.
   floor            the same step with NO gradient exchange (plain SGD, momentum 0.9, on each
                    rank's own gradient): the time no exchange method can beat
   dense, ...       hvd.DistributedOptimizer with Horovod's compression or a sparsecomm method
+  ... local        a method's compressor and optimizer on a process set of each rank alone:
+                   every kernel and Horovod's cycle run, nothing is sent (the floor plus the
+                   kernels: what the method's exchange could at best reach)
   DDP dense/fp16/PowerSGD
                    PyTorch DistributedDataParallel on the gloo backend, plain or with the
                    fp16 / PowerSGD (rank 4) communication hook: the peers outside Horovod
@@ -33,23 +36,34 @@ import torch
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
 FLOOR = "floor"
-# name -> (compression(model), optimizer momentum). Every row steps SGD with momentum 0.9, as the
-# floor does, except DGC (its momentum correction is in the compressor) and RandomBlock (with
-# optimizer momentum it diverges, docs/random_block.md): plain SGD, as users run them.
+
+
+def ours(cls, **settings):
+    """A sparsecomm row's compression(model, process set): cls on the model's parameters."""
+    return lambda model, process_set: cls(named_parameters=model.named_parameters(), process_set=process_set,
+                                          **settings)
+
+
+# name -> (compression(model, process set), optimizer momentum). Every row steps SGD with momentum
+# 0.9, as the floor does, except DGC (its momentum correction is in the compressor) and
+# RandomBlock (with optimizer momentum it diverges, docs/random_block.md): plain SGD, as users run them.
 METHODS = {
-    "dense": (lambda m: hvd.Compression.none, 0.9),
-    "dense fp16": (lambda m: hvd.Compression.fp16, 0.9),
-    "DGC 0.1% allgather": (lambda m: DGC(ratio=0.001, exchange="allgather", named_parameters=m.named_parameters()), 0),
-    "DGC 0.1% spardl": (lambda m: DGC(ratio=0.001, exchange="spardl", named_parameters=m.named_parameters()), 0),
-    "DGC 0.1% auto": (lambda m: DGC(ratio=0.001, named_parameters=m.named_parameters()), 0),
-    "Threshold 1%": (lambda m: Threshold(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0.9),
-    "Threshold 1% 2bit": (lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather",
-                                              named_parameters=m.named_parameters()), 0.9),
-    "TopK 1%": (lambda m: TopK(ratio=0.01, exchange="allgather", named_parameters=m.named_parameters()), 0.9),
-    "RandomBlock 1%": (lambda m: RandomBlock(ratio=0.01, seed=1, named_parameters=m.named_parameters()), 0),
+    "dense": (lambda model, process_set: hvd.Compression.none, 0.9),
+    "dense fp16": (lambda model, process_set: hvd.Compression.fp16, 0.9),
+    "DGC 0.1% allgather": (ours(DGC, ratio=0.001, exchange="allgather"), 0),
+    "DGC 0.1% spardl": (ours(DGC, ratio=0.001, exchange="spardl"), 0),
+    "DGC 0.1% auto": (ours(DGC, ratio=0.001), 0),
+    "Threshold 1%": (ours(Threshold, ratio=0.01, exchange="allgather"), 0.9),
+    "Threshold 1% 2bit": (ours(Threshold, ratio=0.01, quantize="2bit", exchange="allgather"), 0.9),
+    "TopK 1%": (ours(TopK, ratio=0.01, exchange="allgather"), 0.9),
+    "RandomBlock 1%": (ours(RandomBlock, ratio=0.01, seed=1), 0),
 }
+# A local row runs a method's compressor and optimizer on a process set of its own rank alone:
+# every kernel and Horovod's cycle run, and nothing is sent. That is the floor plus the kernels,
+# the step the method's exchange could at best reach. name -> the method it runs.
+LOCAL_ROWS = {"DGC 0.1% local": "DGC 0.1% allgather", "Threshold 1% local": "Threshold 1%"}
 DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")
-ROWS = (FLOOR, *METHODS, *DDP_ROWS)  # every row, in the order a run measures them
+ROWS = (FLOOR, *METHODS, *LOCAL_ROWS, *DDP_ROWS)  # every row, in the order a run measures them
 BASELINES = (FLOOR, "dense")  # every ratio's reference: timed in every group of rows
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)
@@ -176,12 +190,25 @@ def floor_row(kind, warmup):
     return Row(FLOOR, model, opt, x, y, warmup, lambda times: record(kind, FLOOR, "floor", model, times, 0, 0))
 
 
+ALONE = []  # init_horovod's process sets of one rank each, where local rows run
+
+
+def init_horovod(methods):
+    """hvd.init, with a process set of each rank alone where a local row is to run (static
+    process sets: every rank registers the same ones at init)."""
+    if any(m in LOCAL_ROWS for m in methods):
+        ALONE[:] = [hvd.ProcessSet([r]) for r in range(int(os.environ["HOROVOD_SIZE"]))]
+    hvd.init(process_sets=ALONE or None)
+
+
 def horovod_row(kind, method, warmup):
     model, x, y = model_and_batch(kind)
-    make, momentum = METHODS[method]
-    compression = make(model)
+    make, momentum = METHODS[LOCAL_ROWS.get(method, method)]
+    process_set = ALONE[hvd.rank()] if method in LOCAL_ROWS else hvd.global_process_set
+    compression = make(model, process_set)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
-                                   named_parameters=model.named_parameters(), compression=compression)
+                                   named_parameters=model.named_parameters(), compression=compression,
+                                   process_set=process_set)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     def finish(times):
@@ -190,6 +217,9 @@ def horovod_row(kind, method, warmup):
             calls = max(1, stats["calls"] // len(list(model.parameters())))
             sent, received = stats["sent_bytes"] / calls, stats["received_bytes"] / calls
             exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
+            if method in LOCAL_ROWS:  # what it would send; nothing leaves the rank
+                return dict(record(kind, method, "local", model, times, sent, received),
+                            local_of=LOCAL_ROWS[method])
             return record(kind, method, "sparsecomm", model, times, sent, received, exchanges)
         # Horovod's ring allreduce of the (maybe fp16) gradient
         size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
@@ -263,7 +293,7 @@ def main():
                         help="with --rounds R > 1: rows alive at once, the baselines among them (0: every row)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    hvd.init()
+    init_horovod(args.methods)
     torch.set_num_threads(1)
     if any(m in DDP_ROWS for m in args.methods):
         init_torch_distributed()

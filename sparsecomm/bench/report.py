@@ -94,7 +94,13 @@ rows (torch.distributed beside Horovod, over the same interface), SGD with momen
 (`powerSGD_hook`, rank 4, error feedback and warm start; one bucket, as Gloo aborts with several;
 its first 2 iterations are plain allreduce, so its warm-up is at least 2 steps and every timed
 step compresses). Their received bytes are the ring's 2 (N-1)/N of what they send (PowerSGD: its
-P and Q factors and the tensors it leaves uncompressed, as PowerSGD counts them)."""
+P and Q factors and the tensors it leaves uncompressed, as PowerSGD counts them).
+
+**The floor plus the kernels.** A `local` row runs a method's compressor and optimizer (the row
+named after `local`'s) on a Horovod process set of each rank alone: every kernel of compress and
+decompress and Horovod's cycle run, and nothing is sent (its received bytes are 0; the column
+shows none). No exchange of that method can beat it: its vs floor is what the kernels cost, and
+the method's own row over it is what the exchange adds."""
 
 
 AUTO = "DGC 0.1% auto"
@@ -159,6 +165,28 @@ def _floor_summary(e2e):
         lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}): floor {floor['step_ms']:.0f} ms/step; "
                      f"{', '.join(parts)} the floor's step time.")
     return "\n".join(lines)
+
+
+def _vs_floor(record):
+    return ratio_text(record["vs_floor"], record.get("vs_floor_interval"))
+
+
+def _local_summary(e2e):
+    """Per cell with local rows: each method's vs floor beside its local row's (its kernels alone)."""
+    lines = []
+    for netmodel, ranks, net in _cells(e2e):
+        cell = {r["method"]: r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
+                ("comm", netmodel, ranks, net)}
+        parts = [f"{local['local_of']} {_vs_floor(cell[local['local_of']])}, its kernels alone {_vs_floor(local)}"
+                 for local in cell.values() if local["family"] == "local" and local["local_of"] in cell]
+        if parts:
+            lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}), vs floor: {'; '.join(parts)}.")
+    return "\n".join(lines)
+
+
+def _local_block(e2e):
+    lines = _local_summary(e2e)
+    return f"{lines}\n\n" if lines else ""
 
 
 def _auto_block(e2e):
@@ -238,7 +266,7 @@ step, counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
 
 {_floor_summary(e2e)}
 
-{_auto_block(e2e)}Reading these numbers:
+{_local_block(e2e)}{_auto_block(e2e)}Reading these numbers:
 
 - **Noise.** This machine has 2 cores. 2 ranks get one core each. 4 ranks oversubscribe them,
   so the 4-rank rows, and every compute-model row, carry scheduling noise of tens of percent.
