@@ -96,11 +96,11 @@ its first 2 iterations are plain allreduce, so its warm-up is at least 2 steps a
 step compresses). Their received bytes are the ring's 2 (N-1)/N of what they send (PowerSGD: its
 P and Q factors and the tensors it leaves uncompressed, as PowerSGD counts them).
 
-**The floor plus the kernels.** A `local` row runs a method's compressor and optimizer (the row
-named after `local`'s) on a Horovod process set of each rank alone: every kernel of compress and
-decompress and Horovod's cycle run, and nothing is sent (its received bytes are 0; the column
-shows none). No exchange of that method can beat it: its vs floor is what the kernels cost, and
-the method's own row over it is what the exchange adds."""
+**The floor plus the kernels.** A `local` row runs the compressor and optimizer of the row it is
+named after (`Threshold 1% local`: `Threshold 1%`'s) on a Horovod process set of each rank alone:
+every kernel of compress and decompress and Horovod's cycle run, and nothing is sent (received:
+0). No exchange of that method can beat it: its vs floor is what the kernels cost, and the
+method's own row over it is what the exchange adds."""
 
 
 AUTO = "DGC 0.1% auto"
