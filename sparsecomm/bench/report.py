@@ -128,17 +128,18 @@ def _auto_summary(e2e):
 
 
 def _cells(e2e):
-    """(network model, ranks, network) of the comm-model runs, in a stable order."""
+    """(network model, ranks, network, its records) of the comm-model runs, in a stable order."""
     order = {"1gbit": 0, "10gbit": 1, "unshaped": 2}
-    return sorted({(r["network_model"], r["ranks"], r["network"]) for r in e2e if r["model"] == "comm"},
+    keys = sorted({(r["network_model"], r["ranks"], r["network"]) for r in e2e if r["model"] == "comm"},
                   key=lambda c: (c[0], c[1], order.get(c[2], 3)))
+    for netmodel, ranks, net in keys:
+        yield netmodel, ranks, net, [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
+                                     ("comm", netmodel, ranks, net)]
 
 
 def _speedup_summary(e2e):
     lines = []
-    for netmodel, ranks, net in _cells(e2e):
-        cell = [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
-                ("comm", netmodel, ranks, net)]
+    for netmodel, ranks, net, cell in _cells(e2e):
         dgc = [r["speedup_vs_dense"] for r in cell if r["method"].startswith("DGC")]
         drop = [r["speedup_vs_dense"] for r in cell if r["method"].startswith("Threshold 1%")]
         if dgc and drop and None not in dgc + drop:
@@ -151,9 +152,7 @@ def _speedup_summary(e2e):
 def _floor_summary(e2e):
     """Per comm-model cell: the floor, and how far dense, the peers and the best method are from it."""
     lines = []
-    for netmodel, ranks, net in _cells(e2e):
-        cell = [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
-                ("comm", netmodel, ranks, net)]
+    for netmodel, ranks, net, cell in _cells(e2e):
         floor = next((r for r in cell if r["method"] == "floor"), None)
         if floor is None:
             continue
@@ -174,9 +173,8 @@ def _vs_floor(record):
 def _local_summary(e2e):
     """Per cell with local rows: each method's vs floor beside its local row's (its kernels alone)."""
     lines = []
-    for netmodel, ranks, net in _cells(e2e):
-        cell = {r["method"]: r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
-                ("comm", netmodel, ranks, net)}
+    for netmodel, ranks, net, rows in _cells(e2e):
+        cell = {r["method"]: r for r in rows}
         parts = [f"{local['local_of']} {_vs_floor(cell[local['local_of']])}, its kernels alone {_vs_floor(local)}"
                  for local in cell.values() if local["family"] == "local" and local["local_of"] in cell]
         if parts:
