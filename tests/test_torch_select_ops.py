@@ -255,6 +255,35 @@ def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
     assert got is out and torch.equal(out.cpu(), want)
 
 
+MERGED_RUNS = 1024  # csrc/cpu/select.cpp: kMaxMergedRuns, past which the CPU unpack sums in a dense scratch
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("order", ["40 runs", "no order"])
+def test_sparse_unpack_of_many_runs_sums_each_index_in_input_order(device, dtype, order):
+    """Many ranks' selections (the CPU merge walks each run in each block), or pairs in no
+    useful order (more runs than MERGED_RUNS: the CPU sums in a dense scratch): every index's
+    contributions summed in input order, from +0, with -0, NaN and +-inf among the values, over
+    several blocks and a chunk boundary of the parallel pass (a lone -0 lands as +0)."""
+    gen = torch.Generator().manual_seed(8)
+    if order == "40 runs":  # each of 600 indices, 3,500 apart, in about 20 runs; then 600 lone ones
+        numel = (1 << 21) + 3
+        index = torch.cat([torch.randperm(600, generator=gen)[:300].sort().values * 3500 for _ in range(40)]
+                          + [torch.arange(600) * 3500 + 1]).int()
+        values = torch.randn(index.numel(), generator=gen).to(dtype)
+    else:  # descending runs reversed: every pair starts a run
+        numel = 9_000
+        values, index = (t.flip(0) for t in _gathered_selections(numel, 800, 3, dtype, seed=9))
+        assert index.numel() > MERGED_RUNS
+    values[::97], values[1::89], values[2::83], values[3::79] = -0.0, float("nan"), float("inf"), -float("inf")
+    want = (torch.zeros(numel).index_add_(0, index.long(), values.float()) * (1 / 3)).to(dtype)
+    out = torch.full((numel,), 7.0, dtype=dtype, device=device)
+    ops.sparse_unpack(values.to(device), index.to(device), numel, 1 / 3, out=out)
+    got, number = out.cpu(), ~want.isnan()
+    assert torch.equal(got.isnan(), ~number)
+    assert torch.equal(got[number], want[number]) and torch.equal(got[number].signbit(), want[number].signbit())
+
+
 STREAMED_BYTES = 32 << 20  # csrc/cpu/stream.h: kStreamMinBytes, from which the CPU unpacks stream their output
 
 

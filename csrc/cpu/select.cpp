@@ -272,16 +272,19 @@ struct Runs {
   std::vector<int64_t> first, end;
 };
 
-// Adds into dense[lo, hi) every pair of the runs whose index is in [lo, hi): a block of the
-// output is zeroed in a staging buffer in cache, the runs' pairs that land in it are merged
-// there, and the block is written out (streamed if `stream`: stream.h): each output element
-// written once, and no read of the old contents when streamed; duplicates summed in input
-// order in float32, scaled and rounded once.
+// Adds into dense[lo, hi) every pair of the runs whose index is in [lo, hi), block by block of
+// the output: the runs' pairs that land in the block are summed, run after run, into a float32
+// buffer in L1 (so each index's contributions add in input order, from +0: a lone -0 lands as
+// +0), scaled and rounded once into a zeroed staging block, and the block is written out
+// (streamed if `stream`: stream.h). Each output element is written once, the old contents are
+// not read when streamed, and a pair costs a few L1 accesses: no search over the run heads.
 template <typename T>
 void merge_range(const T* values, const int32_t* index, const Runs& runs, float scale, int64_t lo, int64_t hi,
                  T* dense, bool stream) {
-  constexpr int64_t kBlock = 1 << 12;  // 16 KB of float32: the staging buffer stays in L1
+  constexpr int64_t kBlock = 1 << 12;  // 16 KB of float32: both buffers stay in L1
+  float sum[kBlock];
   T staged[kBlock];
+  std::fill(sum, sum + kBlock, 0.0f);
   const size_t count = runs.first.size();
   std::vector<int64_t> next(count), stop(count);
   for (size_t r = 0; r < count; ++r) {  // each run's pairs in [lo, hi)
@@ -290,27 +293,28 @@ void merge_range(const T* values, const int32_t* index, const Runs& runs, float 
     next[r] = std::lower_bound(first, end, lo) - index;
     stop[r] = std::lower_bound(index + next[r], end, hi) - index;
   }
+  std::vector<int64_t> block_stop(count);
   for (int64_t block = lo; block < hi; block += kBlock) {
     const int64_t block_end = std::min(hi, block + kBlock);
-    std::fill(staged, staged + (block_end - block), from_float<T>(0.0f));
-    while (true) {
-      int64_t lowest = block_end;
-      for (size_t r = 0; r < count; ++r)
-        if (next[r] < stop[r] && index[next[r]] < lowest) lowest = index[next[r]];
-      if (lowest == block_end) break;
-      float sum = 0.0f;  // +0 + x: a lone -0 lands as +0, as in every unpack
-      for (size_t r = 0; r < count; ++r)
-        if (next[r] < stop[r] && index[next[r]] == lowest) sum += to_float(values[next[r]++]);
-      staged[lowest - block] = from_float<T>(scale * sum);
+    for (size_t r = 0; r < count; ++r) {
+      int64_t j = next[r];
+      for (; j < stop[r] && index[j] < block_end; ++j) sum[index[j] - block] += to_float(values[j]);
+      block_stop[r] = j;
     }
+    std::fill(staged, staged + (block_end - block), from_float<T>(0.0f));
+    for (size_t r = 0; r < count; ++r)  // a duplicate writes the same value again
+      for (int64_t j = next[r]; j < block_stop[r]; ++j) staged[index[j] - block] = from_float<T>(scale * sum[index[j] - block]);
+    for (size_t r = 0; r < count; ++r)  // the sums back to zero for the next block
+      for (; next[r] < block_stop[r]; ++next[r]) sum[index[next[r]] - block] = 0.0f;
     copy_streaming(dense + block, staged, (block_end - block) * int64_t(sizeof(T)), stream);
   }
   fence_streaming();
 }
 
-// Above this many ascending runs, scanning the run heads costs more than summing in a scratch
-// buffer.
-constexpr size_t kMaxMergedRuns = 16;
+// Above this many ascending runs (inputs in no useful order), walking every run in every block
+// costs more than summing in a dense scratch buffer; below it the merge is faster (here, on
+// 16.8M elements: 64 runs 16 vs 38 ms, 256 runs 50 vs 130 ms, 1,024 runs on par).
+constexpr size_t kMaxMergedRuns = 1024;
 
 // For inputs in no useful order: duplicates summed in a per-thread float32 scratch that is all
 // zero between calls (grown once), after a write pass that zeroes the output.
