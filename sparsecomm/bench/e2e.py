@@ -30,8 +30,10 @@ def rows_at_once(model, ranks, available=None):
     the memory available now): the compute model's all, the comm model's (25.2M parameters, about
     0.6 GB a row per rank) a few."""
     import psutil
+    import torch
     from .e2e_worker import model_and_batch
-    parameters = sum(p.numel() for p in model_and_batch(model)[0].parameters())
+    with torch.device("meta"):  # counted, not allocated
+        parameters = sum(p.numel() for p in model_and_batch(model)[0].parameters())
     available = psutil.virtual_memory().available if available is None else available
     return int(available / 2 // (ranks * parameters * ROW_BYTES_PER_PARAMETER))
 
