@@ -271,7 +271,7 @@ def test_sparse_unpack_of_many_runs_sums_each_index_in_input_order(device, dtype
         index = torch.cat([torch.randperm(600, generator=gen)[:300].sort().values * 3500 for _ in range(40)]
                           + [torch.arange(600) * 3500 + 1]).int()
         values = torch.randn(index.numel(), generator=gen).to(dtype)
-    else:  # descending runs reversed: every pair starts a run
+    else:  # ascending selections, flipped: every pair starts a run
         numel = 9_000
         values, index = (t.flip(0) for t in _gathered_selections(numel, 800, 3, dtype, seed=9))
         assert index.numel() > MERGED_RUNS
