@@ -115,6 +115,16 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
     e2e.add_ratios(records)
     topk, floor = by["TopK 1%"], by["floor"]["step_times_ms"][3:]
     assert topk["vs_floor"] == statistics.median(m / t for m, t in zip(topk["step_times_ms"], floor))
+    # every step's phases, each on its slowest rank: none longer than the step (on its slowest
+    # rank), together at least as long (the slowest rank of each phase may differ)
+    for r in records:
+        phases = r["phase_times_ms"]
+        assert list(phases) == list(e2e_worker.PHASES) == ["forward", "backward", "step"]
+        assert all(len(t) == len(r["step_times_ms"]) for t in phases.values())
+        assert r["phases_ms"] == {name: statistics.median(t) for name, t in phases.items()}
+        for i, step in enumerate(r["step_times_ms"]):
+            parts = [t[i] for t in phases.values()]
+            assert all(0 < part <= step * (1 + 1e-9) for part in parts) and sum(parts) >= step * (1 - 1e-9)
 
 
 def _per_host_or_skip():
@@ -203,6 +213,31 @@ def test_rows_timed_in_turns_are_compared_step_by_step():
     assert six[1]["vs_dense"] == 1.0 and six[1]["vs_dense_interval"] == [0.25, 2.0]  # 6 pairs: the extremes
 
 
+def test_a_method_is_compared_with_its_kernels_alone_turn_by_turn():
+    """vs_local: the method's per-turn ratio to the floor over its local row's, turn by turn, even
+    where the two rows were timed in different groups (each against its own group's floor steps):
+    here the machine drifts 2x between the groups and the method is 1.5x its local row in every
+    turn but the last; the ratio of the two rows' medians would say 1.0x, the drift's doing."""
+    from sparsecomm.bench import e2e
+    floor = {"method": "floor", "rounds": 6, "step_times_ms": [100] * 6 + [200] * 6, "step_ms": 150.0}
+    method = {"method": "T", "rounds": 6, "step_times_ms": [300] * 5 + [200], "step_ms": 300.0,
+              "baselines": {"floor": [200] * 6}}  # timed with the second group's floor
+    local = {"method": "T local", "rounds": 6, "local_of": "T", "step_times_ms": [100] * 6, "step_ms": 100.0,
+             "baselines": {"floor": [100] * 6}}  # with the first group's
+    e2e.add_ratios([floor, method, local])
+    assert method["vs_floor"] == 1.5 and local["vs_floor"] == 1.0
+    assert method["vs_local"] == 1.5 and method["vs_local_interval"] == [1.0, 1.5]  # 6 pairs: the extremes
+    assert "vs_local" not in local and "vs_local" not in floor
+    # timed one at a time: the ratio of the medians, no interval
+    alone = [dict(r, rounds=1) for r in (floor, method, local)]
+    e2e.add_ratios(alone)
+    assert alone[1]["vs_local"] == 3.0 and alone[1]["vs_local_interval"] is None
+    # no floor in the run: no ratio to it, none to the local row either
+    without_floor = [{k: v for k, v in r.items() if not k.startswith("vs_")} for r in (method, local)]
+    e2e.add_ratios(without_floor)
+    assert without_floor[0]["vs_floor"] is None and "vs_local" not in without_floor[0]
+
+
 def test_median_interval_covers_the_median_95_percent_of_the_time():
     """The order-statistics interval, against samples of a skewed distribution whose median is
     known (lognormal: 1): 16 pairs take the 4th and the 13th (both tails P(Binomial(16, 1/2) <= 3)
@@ -264,3 +299,27 @@ def test_results_page_sets_each_method_beside_its_kernels_alone():
     assert report._local_summary(records) == ("- comm model, 2 ranks, 1gbit (per-host), vs floor: Threshold 1% 1.37x "
                                               "(1.08-1.66), its kernels alone 1.21x (1.10-1.30).")
     assert report._local_summary(records[:2]) == "" and report._local_block(records[:2]) == ""
+    records[1].update(vs_local=1.13, vs_local_interval=[0.98, 1.3])
+    assert report._local_summary(records).endswith(
+        "its kernels alone 1.21x (1.10-1.30), the method over its kernels alone 1.13x (0.98-1.30).")
+
+
+def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row_and_its_method():
+    """The phase table: per comm cell, the floor, each local row and the method it is of (not the
+    other rows), where the phases were timed; nothing for records without them (older runs)."""
+    from sparsecomm.bench import report
+    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host")
+
+    def row(method, family, step, **extra):
+        return dict(cell, method=method, family=family, step_ms=step, vs_floor=1.0,
+                    phases_ms={"forward": step / 4, "backward": step / 2, "step": step / 4}, **extra)
+    records = [row("floor", "floor", 200.0), row("dense", "horovod", 1000.0), row("T", "sparsecomm", 260.0),
+               row("T local", "local", 240.0, local_of="T"),
+               dict(row("compute floor", "floor", 300.0), model="compute")]
+    assert report._phase_rows(records) == [
+        (2, "1gbit", "floor", "50.0", "100.0", "50.0", "200.0"),
+        (2, "1gbit", "T local", "60.0", "120.0", "60.0", "240.0"),
+        (2, "1gbit", "T", "65.0", "130.0", "65.0", "260.0")]
+    assert "**Where a step's time goes**" in report._phase_block(records)
+    older = [{k: v for k, v in r.items() if k != "phases_ms"} for r in records]
+    assert report._phase_rows(older) == [] and report._phase_block(older) == ""

@@ -4,7 +4,9 @@ fp16, PowerSGD), on an emulated 1 Gbit/s and 10 Gbit/s network (sparsecomm.bench
 per-host NICs or one shared link) and unshaped. Every ratio is against rows measured in the same
 run (same model, ranks and network): vs_dense = dense step time / this row's (speedup_vs_dense
 is the same figure, kept for older readers), vs_floor = this row's step time / the floor's, paired
-step by step where the rows were timed in interleaved turns (step_ratio)."""
+step by step where the rows were timed in interleaved turns (step_ratio), and for a method with a
+`local` row, vs_local = its vs floor / its local row's (local_ratio): what its exchange adds to
+the floor plus its kernels."""
 import json
 import math
 import os
@@ -81,6 +83,21 @@ def add_ratios(records):
         vs_dense, record["vs_dense_interval"] = step_ratio(record, dense, speedup=True) if dense else (None, None)
         record["speedup_vs_dense"] = record["vs_dense"] = vs_dense
         record["vs_floor"], record["vs_floor_interval"] = step_ratio(record, floor) if floor else (None, None)
+    for local in records:
+        method = by_method.get(local.get("local_of"))
+        if method is not None and floor is not None:
+            method["vs_local"], method["vs_local_interval"] = local_ratio(method, local, floor)
+
+
+def _paired(record, baseline, speedup=False):
+    """The per-turn ratios of a row timed in interleaved turns to the baseline's steps of the same
+    turns (record's / the baseline's, or the inverse with `speedup`), or None where they were not
+    paired."""
+    mine = record.get("step_times_ms")
+    theirs = record.get("baselines", {}).get(baseline["method"], baseline.get("step_times_ms"))
+    if min(record.get("rounds", 1), baseline.get("rounds", 1)) > 1 and mine and theirs and len(mine) == len(theirs):
+        return [t / m if speedup else m / t for m, t in zip(mine, theirs)]
+    return None
 
 
 def step_ratio(record, baseline, speedup=False):
@@ -90,14 +107,25 @@ def step_ratio(record, baseline, speedup=False):
     by tens of percent, falls on both alike; a row timed in a group of rows has its group's
     baseline steps in record["baselines"]): the median of the per-turn ratios, and the interval
     of that median. Rows timed one at a time: the ratio of their medians, no interval."""
-    mine = record.get("step_times_ms")
-    theirs = record.get("baselines", {}).get(baseline["method"], baseline.get("step_times_ms"))
-    if min(record.get("rounds", 1), baseline.get("rounds", 1)) > 1 and mine and theirs and len(mine) == len(theirs):
-        ratios = [t / m if speedup else m / t for m, t in zip(mine, theirs)]
+    ratios = _paired(record, baseline, speedup)
+    if ratios is not None:
         return statistics.median(ratios), median_interval(ratios)
     if speedup:
         return baseline["step_ms"] / record["step_ms"], None
     return record["step_ms"] / baseline["step_ms"], None
+
+
+def local_ratio(method, local, floor):
+    """(the method's step time / its local row's, a 95% interval or None). Where both were paired
+    with the floor turn by turn, the ratio of the two per-turn ratios to the floor, turn by turn
+    (each step of the method and of its local row over the floor's of its own turn, so the drift
+    cancels even where the two rows were timed in different groups), and its median; else the
+    ratio of their medians."""
+    mine, theirs = _paired(method, floor), _paired(local, floor)
+    if mine is not None and theirs is not None and len(mine) == len(theirs):
+        ratios = [m / t for m, t in zip(mine, theirs)]
+        return statistics.median(ratios), median_interval(ratios)
+    return method["step_ms"] / local["step_ms"], None
 
 
 def median_interval(values, confidence=0.95):
@@ -133,4 +161,13 @@ def table(records):
                      f"{r['step_ms']:>10.1f}{ratio_text(r['vs_dense'], r.get('vs_dense_interval')):>20}"
                      f"{ratio_text(r['vs_floor'], r.get('vs_floor_interval')):>20}"
                      f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}")
+    timed = [r for r in records if "phases_ms" in r]
+    if timed:  # where the step goes: each phase's median on its slowest rank (the worker's PHASES)
+        lines += ["", f"{'model':<8}{'ranks':>6}  {'network':<9}{'method':<21}{'forward':>9}{'backward':>10}{'step':>8}"
+                      f"{'vs local':>20}"]
+        for r in timed:
+            phases = r["phases_ms"]
+            lines.append(f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['method']:<21}{phases['forward']:>9.1f}"
+                         f"{phases['backward']:>10.1f}{phases['step']:>8.1f}"
+                         f"{ratio_text(r.get('vs_local'), r.get('vs_local_interval')):>20}")
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Worker of the end-to-end benchmark (run by sparsecomm.bench.e2e under horovodrun, or one
 process per rank in its own network namespace): step time of one model, on the same ranks and
-network, for these rows. Medians over the timed steps, after warm-up steps. With --rounds R
+network, for these rows. Medians over the timed steps, after warm-up steps, of the whole step and
+of its phases (forward, backward, optimizer step: PHASES). With --rounds R
 every row is built first and the rows are timed in R interleaved turns (floor, dense, ..., then
 dense, ..., floor, ...): drift of the machine during the run then falls on every row alike. With
 --group-size G as well, G rows at a time (rows that do not fit in memory together), the floor and
@@ -95,23 +96,34 @@ class Row:
     finish: Callable
 
 
+# A step's phases, timed apart: zero_grad and the forward pass; the backward pass (where
+# Horovod's hooks call compress and start the exchanges); the optimizer's step (where Horovod
+# waits for the exchanges, calls decompress, then steps the parameters).
+PHASES = ("forward", "backward", "step")
+
+
 def timed_steps(row, steps):
-    """Times (s) of `steps` steps of a row. Every rank starts each step together: the barrier is
-    outside the timed region, for every row alike."""
-    times = []
+    """(times (s) of `steps` steps of a row, each step's PHASES (s)). Every rank starts each step
+    together: the barrier is outside the timed region, for every row alike."""
+    times, phases = [], []
     for _ in range(steps):
         hvd.allreduce(torch.zeros(1), name="bench.barrier")
         started = time.perf_counter()
         row.opt.zero_grad()
-        torch.nn.functional.cross_entropy(row.model(row.x), row.y).backward()
+        loss = torch.nn.functional.cross_entropy(row.model(row.x), row.y)
+        forward = time.perf_counter()
+        loss.backward()
+        backward = time.perf_counter()
         row.opt.step()
-        times.append(time.perf_counter() - started)
-    return times
+        ended = time.perf_counter()
+        times.append(ended - started)
+        phases.append((forward - started, backward - forward, ended - backward))
+    return times, phases
 
 
 def time_rows(makers, warmup, steps, rounds, group_size=0):
-    """Yields (row, its step times, the step times of the baselines timed in the same turns or
-    None) for the rows `makers` build (method -> make(warmup) -> Row). rounds 1: one row at a
+    """Yields (row, its step times, their PHASES, the step times of the baselines timed in the
+    same turns or None) for the rows `makers` build (method -> make(warmup) -> Row). rounds 1: one row at a
     time, built, warmed up, timed for `steps`, dropped. rounds R > 1: the rows of a group (all of
     them, or `group_size` at once: groups()) alive together, each warmed up, then timed in R
     turns of about steps / R steps each, so that the machine's drift over the run falls on every
@@ -120,18 +132,22 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
     plan = [[method] for method in makers] if rounds == 1 else groups(list(makers), group_size or len(makers))
     last_group = {method: i for i, group in enumerate(plan) for method in group}
     times = {method: [] for method in makers}
+    phases = {method: [] for method in makers}
     for i, group in enumerate(plan):
         rows = [makers[method](warmup) for method in group]
         for row in rows:
             timed_steps(row, row.warmup)
         in_group = {row.method: [] for row in rows}
         for row, count in turns(rows, steps, rounds):
-            in_group[row.method] += timed_steps(row, count)
+            row_times, row_phases = timed_steps(row, count)
+            in_group[row.method] += row_times
+            phases[row.method] += row_phases
         baselines = {m: t for m, t in in_group.items() if m in BASELINES} if rounds > 1 else {}
         for row in rows:
             times[row.method] += in_group[row.method]
             if last_group[row.method] == i:
-                yield row, times[row.method], None if row.method in BASELINES else baselines or None
+                yield (row, times[row.method], phases[row.method],
+                       None if row.method in BASELINES else baselines or None)
         del rows, row  # a group's models go before the next group's are built: collected now,
         gc.collect()   # as the optimizers' hooks hold them in reference cycles
 
@@ -299,8 +315,13 @@ def main():
         init_torch_distributed()
     records = []
     makers = {method: make_row(args.model, method) for method in args.methods}
-    for row, times, baselines in time_rows(makers, args.warmup, args.steps, args.rounds, args.group_size):
+    for row, times, phases, baselines in time_rows(makers, args.warmup, args.steps, args.rounds, args.group_size):
         records.append(dict(row.finish(times), rounds=args.rounds))
+        # each phase on its slowest rank, step by step: so a phase never exceeds its step's time, and
+        # a step's phases add up to at least its time (the slowest rank of each may differ)
+        records[-1]["phase_times_ms"] = {name: slowest_ms([p[j] for p in phases], f"bench.{row.method}.{name}")
+                                         for j, name in enumerate(PHASES)}
+        records[-1]["phases_ms"] = {name: statistics.median(t) for name, t in records[-1]["phase_times_ms"].items()}
         if baselines:  # what this row is compared with: the baselines' steps in its own turns
             records[-1]["baselines"] = {m: slowest_ms(t, f"bench.{row.method}.{m}") for m, t in baselines.items()}
         if hvd.rank() == 0:

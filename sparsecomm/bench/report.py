@@ -171,12 +171,21 @@ def _vs_floor(record):
 
 
 def _local_summary(e2e):
-    """Per cell with local rows: each method's vs floor beside its local row's (its kernels alone)."""
+    """Per cell with local rows: each method's vs floor beside its local row's (its kernels alone),
+    and, where measured, the method over its local row (what its exchange adds)."""
     lines = []
     for netmodel, ranks, net, rows in _cells(e2e):
         cell = {r["method"]: r for r in rows}
-        parts = [f"{local['local_of']} {_vs_floor(cell[local['local_of']])}, its kernels alone {_vs_floor(local)}"
-                 for local in cell.values() if local["family"] == "local" and local["local_of"] in cell]
+        parts = []
+        for local in cell.values():
+            method = cell.get(local.get("local_of")) if local["family"] == "local" else None
+            if method is None:
+                continue
+            part = f"{local['local_of']} {_vs_floor(method)}, its kernels alone {_vs_floor(local)}"
+            if method.get("vs_local") is not None:
+                over = ratio_text(method["vs_local"], method.get("vs_local_interval"))
+                part += f", the method over its kernels alone {over}"
+            parts.append(part)
         if parts:
             lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}), vs floor: {'; '.join(parts)}.")
     return "\n".join(lines)
@@ -185,6 +194,37 @@ def _local_summary(e2e):
 def _local_block(e2e):
     lines = _local_summary(e2e)
     return f"{lines}\n\n" if lines else ""
+
+
+def _phase_rows(e2e):
+    """(ranks, network, method, forward, backward, step, ms/step) of the floor, each local row and
+    its method in the comm-model cells, where the phases were timed."""
+    rows = []
+    for _, ranks, net, cell in _cells(e2e):
+        by = {r["method"]: r for r in cell if "phases_ms" in r}
+        shown = ["floor"] + [m for r in by.values() if r["family"] == "local" for m in (r["method"], r["local_of"])]
+        for method in dict.fromkeys(m for m in shown if m in by):
+            phases = by[method]["phases_ms"]
+            rows.append((ranks, net, method, *(f"{phases[p]:.1f}" for p in ("forward", "backward", "step")),
+                         f"{by[method]['step_ms']:.1f}"))
+    return rows
+
+
+def _phase_block(e2e):
+    rows = _phase_rows(e2e)
+    if not rows:
+        return ""
+    table = _md_table(("ranks", "network", "method", "forward", "backward", "step", "ms/step"), rows)
+    return f"""**Where a step's time goes** (comm model; ms, each phase's median over the timed steps on its
+slowest rank, so the phases need not add up to ms/step). forward: zero_grad and the forward
+pass. backward: the backward pass, in which Horovod's hooks call compress, so the kernels of a
+`local` row's compress show here, and start the exchanges. step: the optimizer's step, in
+which Horovod waits for the exchanges and calls decompress before stepping the parameters: the
+exchange's wait shows here, as the method's step over its local row's.
+
+{table}
+
+"""
 
 
 def _auto_block(e2e):
@@ -264,7 +304,7 @@ step, counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
 
 {_floor_summary(e2e)}
 
-{_local_block(e2e)}{_auto_block(e2e)}Reading these numbers:
+{_local_block(e2e)}{_phase_block(e2e)}{_auto_block(e2e)}Reading these numbers:
 
 - **Noise.** This machine has 2 cores. 2 ranks get one core each. 4 ranks oversubscribe them,
   so the 4-rank rows, and every compute-model row, carry scheduling noise of tens of percent.
