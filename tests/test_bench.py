@@ -127,6 +127,35 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
             assert all(0 < part <= step * (1 + 1e-9) for part in parts) and sum(parts) >= step * (1 - 1e-9)
 
 
+SYNCED_FLOOR_SCRIPT = """
+import os, sys, time
+import horovod.torch as hvd
+import torch
+from sparsecomm.bench.e2e_worker import Synced
+hvd.init()
+marker = sys.argv[1]
+opt = Synced(torch.optim.SGD([torch.nn.Parameter(torch.ones(3))], lr=0.1))
+if hvd.rank() == 1:  # late to the step: writes the marker, then steps
+    time.sleep(1)
+    open(marker, "w").close()
+opt.step()
+if hvd.rank() == 0:  # its step waited for rank 1's, which came after the marker
+    assert os.path.exists(marker), "the synced step did not wait for rank 1"
+print("rank", hvd.rank(), "ok")
+"""
+
+
+def test_the_synced_floor_waits_for_every_rank_before_its_step(tmp_path):
+    """`floor synced`'s optimizer steps only once every rank has reached its step: rank 0 finds
+    the marker rank 1 wrote (a second late) just before its own step. Ordered by the collective,
+    not timed."""
+    from launch import horovodrun_outcome
+    script = tmp_path / "synced.py"
+    script.write_text(SYNCED_FLOOR_SCRIPT)
+    rc, output, _ = horovodrun_outcome(2, script, tmp_path / "marker")
+    assert rc == 0 and output.count(" ok") == 2, output[-3000:]
+
+
 def _per_host_or_skip():
     from sparsecomm.bench import network
     why = network.per_host_unavailable()
@@ -141,12 +170,12 @@ def _namespaces():
 
 def test_e2e_on_the_per_host_network_model_at_1gbit_and_cleans_up(tmp_path):
     """`bench e2e --network-model per-host`: 2 ranks, each in its own namespace with a 1 Gbit/s
-    NIC, run the floor, dense, a local row and a DDP row, the records say so, and no namespace is
+    NIC, run the floor, the synced floor, dense, a local row and a DDP row, the records say so, and no namespace is
     left. The local row packs and unpacks on each rank alone: it counts what it would send, and
     receives nothing."""
     _per_host_or_skip()
     out = tmp_path / "e2e.json"
-    methods = ["floor", "dense", "Threshold 1% local", "DDP fp16"]
+    methods = ["floor", "floor synced", "dense", "Threshold 1% local", "DDP fp16"]
     proc = subprocess.Popen([sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host",
                              "--ranks", "2", "--networks", "1gbit", "--models", "compute", "--e2e-methods", *methods,
                              "--warmup", "1", "--steps", "1", "--json", str(out)],
@@ -157,7 +186,8 @@ def test_e2e_on_the_per_host_network_model_at_1gbit_and_cleans_up(tmp_path):
     assert [r["method"] for r in records] == methods
     assert all(r["network_model"] == "per-host" and r["network"] == "1gbit" and r["ranks"] == 2 for r in records)
     assert all(r["vs_floor"] > 0 and r["vs_dense"] > 0 for r in records)
-    local = records[2]
+    assert records[1]["family"] == "floor" and records[1]["received_bytes"] == 0
+    local = records[3]
     assert local["family"] == "local" and local["local_of"] == "Threshold 1%"
     assert local["sent_bytes"] > 0 and local["received_bytes"] == 0
     assert "per-host network model" in stdout and "vs floor" in stdout

@@ -9,6 +9,11 @@ dense among them in every group.
 
   floor            the same step with NO gradient exchange (plain SGD, momentum 0.9, on each
                    rank's own gradient): the time no exchange method can beat
+  floor synced     the floor with one 1-element allreduce between the backward pass and the
+                   optimizer's step: nothing of the gradient is exchanged, but the ranks wait
+                   for each other once a step, as every exchanging row must (on a busy machine
+                   the slower rank's backward then sets the step, where the floor pays only
+                   the slower rank's whole step)
   dense, ...       hvd.DistributedOptimizer with Horovod's compression or a sparsecomm method
   ... local        a method's compressor and optimizer on a process set of each rank alone:
                    every kernel and Horovod's cycle run, nothing is sent (the floor plus the
@@ -37,6 +42,7 @@ import torch
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
 FLOOR = "floor"
+FLOOR_SYNCED = "floor synced"
 
 
 def ours(cls, **settings):
@@ -64,7 +70,7 @@ METHODS = {
 # the step the method's exchange could at best reach. name -> the method it runs.
 LOCAL_ROWS = {"DGC 0.1% local": "DGC 0.1% allgather", "Threshold 1% local": "Threshold 1%"}
 DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")
-ROWS = (FLOOR, *METHODS, *LOCAL_ROWS, *DDP_ROWS)  # every row, in the order a run measures them
+ROWS = (FLOOR, FLOOR_SYNCED, *METHODS, *LOCAL_ROWS, *DDP_ROWS)  # every row, in the order a run measures them
 BASELINES = (FLOOR, "dense")  # every ratio's reference: timed in every group of rows
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)
@@ -199,11 +205,28 @@ def record(kind, method, family, model, times, sent, received, exchanges=()):
             "exchanges": list(exchanges)}
 
 
-def floor_row(kind, warmup):
-    """No exchange at all: each rank steps on its own gradient, like dense minus the allreduce."""
+class Synced:
+    """An optimizer whose step first waits for every rank (a 1-element allreduce)."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def zero_grad(self):
+        self.opt.zero_grad()
+
+    def step(self):
+        hvd.allreduce(torch.zeros(1), name="bench.floor.synced")
+        self.opt.step()
+
+
+def floor_row(kind, warmup, method=FLOOR):
+    """No exchange at all: each rank steps on its own gradient, like dense minus the allreduce
+    (FLOOR_SYNCED: after waiting for every rank)."""
     model, x, y = model_and_batch(kind)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    return Row(FLOOR, model, opt, x, y, warmup, lambda times: record(kind, FLOOR, "floor", model, times, 0, 0))
+    if method == FLOOR_SYNCED:
+        opt = Synced(opt)
+    return Row(method, model, opt, x, y, warmup, lambda times: record(kind, method, "floor", model, times, 0, 0))
 
 
 ALONE = []  # init_horovod's process sets of one rank each, where local rows run
@@ -290,8 +313,8 @@ def ddp_row(kind, method, warmup):
 
 def make_row(kind, method):
     """method -> make(warmup) -> Row."""
-    if method == FLOOR:
-        return lambda warmup: floor_row(kind, warmup)
+    if method in (FLOOR, FLOOR_SYNCED):
+        return lambda warmup: floor_row(kind, warmup, method)
     if method in DDP_ROWS:
         return lambda warmup: ddp_row(kind, method, warmup)
     return lambda warmup: horovod_row(kind, method, warmup)

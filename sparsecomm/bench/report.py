@@ -84,7 +84,12 @@ small cluster behind one switch port, not one NIC per host). Unshaped: plain loo
 }
 FLOOR_AND_PEERS = """**Floor and peers.** `floor` is the same training step with no gradient exchange at all:
 each rank steps (SGD, momentum 0.9) on its own gradient. No exchange can beat it; `vs floor` is
-this row's step time / the floor's (1.00x: the exchange costs nothing). Every Horovod row steps
+this row's step time / the floor's (1.00x: the exchange costs nothing). `floor synced` is the
+floor with one 1-element allreduce before the optimizer's step: no gradient is exchanged, but the
+ranks wait for each other once a step, as every exchanging row must. Where the ranks' backward
+passes differ from step to step (a busy machine), the slower one then sets the step, while the
+floor pays only the slower rank's whole step: its vs floor is what that wait costs any
+synchronous method here, before a byte of gradient is sent. Every Horovod row steps
 SGD with momentum 0.9 too, except DGC (its momentum correction is in the compressor) and
 RandomBlock (plain SGD: with momentum it diverges, random_block.md); those two skip the
 optimizer's momentum pass over the parameters, which the floor makes. The peers are PyTorch
@@ -156,7 +161,8 @@ def _floor_summary(e2e):
         floor = next((r for r in cell if r["method"] == "floor"), None)
         if floor is None:
             continue
-        parts = [f"{r['method']} {r['vs_floor']:.1f}x" for r in cell if r["family"] in ("horovod", "ddp")]
+        parts = [f"{r['method']} {r['vs_floor']:.1f}x" for r in cell
+                 if r["family"] in ("horovod", "ddp") or r["method"] == "floor synced"]
         ours = [r for r in cell if r["family"] == "sparsecomm"]
         if ours:
             best = min(ours, key=lambda r: r["step_ms"])
@@ -197,12 +203,13 @@ def _local_block(e2e):
 
 
 def _phase_rows(e2e):
-    """(ranks, network, method, forward, backward, step, ms/step) of the floor, each local row and
-    its method in the comm-model cells, where the phases were timed."""
+    """(ranks, network, method, forward, backward, step, ms/step) of the floor (and the synced
+    floor), each local row and its method in the comm-model cells, where the phases were timed."""
     rows = []
     for _, ranks, net, cell in _cells(e2e):
         by = {r["method"]: r for r in cell if "phases_ms" in r}
-        shown = ["floor"] + [m for r in by.values() if r["family"] == "local" for m in (r["method"], r["local_of"])]
+        shown = ["floor", "floor synced"] + [m for r in by.values() if r["family"] == "local"
+                                             for m in (r["method"], r["local_of"])]
         for method in dict.fromkeys(m for m in shown if m in by):
             phases = by[method]["phases_ms"]
             rows.append((ranks, net, method, *(f"{phases[p]:.1f}" for p in ("forward", "backward", "step")),
