@@ -129,8 +129,8 @@ def timed_steps(row, steps):
 
 def time_rows(makers, warmup, steps, rounds, group_size=0):
     """Yields (row, its step times, their PHASES, the step times of the baselines timed in the
-    same turns or None) for the rows `makers` build (method -> make(warmup) -> Row). rounds 1: one row at a
-    time, built, warmed up, timed for `steps`, dropped. rounds R > 1: the rows of a group (all of
+    same turns or None) for the rows `makers` build (method -> make(warmup) -> Row). rounds 1:
+    one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1: the rows of a group (all of
     them, or `group_size` at once: groups()) alive together, each warmed up, then timed in R
     turns of about steps / R steps each, so that the machine's drift over the run falls on every
     row of the group alike. A baseline timed in several groups is yielded once, after its last
