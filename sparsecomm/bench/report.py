@@ -227,7 +227,9 @@ slowest rank, so the phases need not add up to ms/step). forward: zero_grad and 
 pass. backward: the backward pass, in which Horovod's hooks call compress, so the kernels of a
 `local` row's compress show here, and start the exchanges. step: the optimizer's step, in
 which Horovod waits for the exchanges and calls decompress before stepping the parameters: the
-exchange's wait shows here, as the method's step over its local row's.
+exchange's wait shows here, as the method's step over its local row's. Rows timed in different
+groups (see above) ran minutes apart, on a machine whose speed drifts by tens of percent: compare
+their phases with care; the ratios above pair each row with its own group's floor.
 
 {table}
 
