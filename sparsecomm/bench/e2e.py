@@ -22,6 +22,12 @@ NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped
 STEPS = {"comm": 8, "compute": 16}
 
 
+# A step's phases, timed apart by the worker: zero_grad and the forward pass; the backward pass
+# (where Horovod's hooks call compress and start the exchanges); the optimizer's step (where
+# Horovod waits for the exchanges, calls decompress, then steps the parameters).
+PHASES = ("forward", "backward", "step")
+
+
 # Bytes a row holds per parameter: the parameters, their gradient, the optimizer's momentum, a
 # compressor's residual and DGC's momentum (float32 each), with Horovod's and DDP's buffers.
 ROW_BYTES_PER_PARAMETER = 24
@@ -163,11 +169,10 @@ def table(records):
                      f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}")
     timed = [r for r in records if "phases_ms" in r]
     if timed:  # where the step goes: each phase's median on its slowest rank (the worker's PHASES)
-        lines += ["", f"{'model':<8}{'ranks':>6}  {'network':<9}{'method':<21}{'forward':>9}{'backward':>10}{'step':>8}"
-                      f"{'vs local':>20}"]
+        lines += ["", f"{'model':<8}{'ranks':>6}  {'network':<9}{'method':<21}"
+                      + "".join(f"{p:>10}" for p in PHASES) + f"{'vs local':>20}"]
         for r in timed:
-            phases = r["phases_ms"]
-            lines.append(f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['method']:<21}{phases['forward']:>9.1f}"
-                         f"{phases['backward']:>10.1f}{phases['step']:>8.1f}"
-                         f"{ratio_text(r.get('vs_local'), r.get('vs_local_interval')):>20}")
+            lines.append(f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['method']:<21}"
+                         + "".join(f"{r['phases_ms'][p]:>10.1f}" for p in PHASES)
+                         + f"{ratio_text(r.get('vs_local'), r.get('vs_local_interval')):>20}")
     return "\n".join(lines)

@@ -39,6 +39,7 @@ from typing import Callable
 import horovod.torch as hvd
 import torch
 
+from sparsecomm.bench.e2e import PHASES
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
 FLOOR = "floor"
@@ -100,12 +101,6 @@ class Row:
     y: torch.Tensor
     warmup: int
     finish: Callable
-
-
-# A step's phases, timed apart: zero_grad and the forward pass; the backward pass (where
-# Horovod's hooks call compress and start the exchanges); the optimizer's step (where Horovod
-# waits for the exchanges, calls decompress, then steps the parameters).
-PHASES = ("forward", "backward", "step")
 
 
 def timed_steps(row, steps):

@@ -3,7 +3,7 @@ import os
 import platform
 
 from . import scaling
-from .e2e import ratio_text
+from .e2e import PHASES, ratio_text
 
 
 def _plt():
@@ -212,7 +212,7 @@ def _phase_rows(e2e):
                                              for m in (r["method"], r["local_of"])]
         for method in dict.fromkeys(m for m in shown if m in by):
             phases = by[method]["phases_ms"]
-            rows.append((ranks, net, method, *(f"{phases[p]:.1f}" for p in ("forward", "backward", "step")),
+            rows.append((ranks, net, method, *(f"{phases[p]:.1f}" for p in PHASES),
                          f"{by[method]['step_ms']:.1f}"))
     return rows
 
@@ -221,7 +221,7 @@ def _phase_block(e2e):
     rows = _phase_rows(e2e)
     if not rows:
         return ""
-    table = _md_table(("ranks", "network", "method", "forward", "backward", "step", "ms/step"), rows)
+    table = _md_table(("ranks", "network", "method", *PHASES, "ms/step"), rows)
     return f"""**Where a step's time goes** (comm model; ms, each phase's median over the timed steps on its
 slowest rank, so the phases need not add up to ms/step). forward: zero_grad and the forward
 pass. backward: the backward pass, in which Horovod's hooks call compress, so the kernels of a
