@@ -53,14 +53,18 @@ class Settings:
 
     def _routing_ranks(self, measure):
         """The number of ranks to route for. exchange="auto" on several ranks needs the network
-        and the local cost of the sparse path (`_measure_network`: a Network and a LocalCost or
-        None): measured here (once, collectively) when `measure`; a predicate (measure=False) starts
-        nothing and routes as on one rank (the policy and the dense fallback only)."""
+        and the local cost of the sparse path (`_measure_network`: a Network, a LocalCost or None,
+        and where the backward was watched, its windows averaged over the ranks): measured here
+        (once, collectively) when `measure`; a predicate (measure=False) starts nothing and
+        routes as on one rank (the policy and the dense fallback only). While the planner
+        watches the backward (an adapter that times Horovod's hooks), nothing is measured yet:
+        auto sends dense, and measures at the first compress after the watched steps."""
         ranks = self._ranks()
         if self.planner.needs_network(ranks):
             if not measure:
                 return 1
-            self.planner.measured(*self._measure_network())
+            if not self.planner.watching():
+                self.planner.measured(*self._measure_network())
         return ranks
 
     def density(self, step: int) -> float:

@@ -25,6 +25,16 @@ the model's figures are estimates (docs/results.md compares them with measured s
 dense sends the exact gradient, so a gain smaller than the model's own error goes to dense.
 Every rank must make the same choice, so the inputs are the same on every rank: given by the
 user, or measured once and averaged over the ranks.
+
+Overlap. Horovod starts a tensor's exchange as soon as its gradient is ready, while the backward
+pass goes on computing the other layers' gradients: the wire time of an exchange that fits in
+the rest of the backward is hidden (`hidden` seconds), and only what sticks out of it is paid.
+The sparse path's local work runs on the training thread and is always paid. So the choice
+compares exposed seconds: dense max(0, wire - hidden) against sparse local + max(0, wire -
+hidden). The hidden time of each tensor comes from `hidden_times`: its window (the measured
+time from its hand-off to the last gradient's), less what the tensors handed before it still
+occupy of the link (one queue, like Horovod's one background thread). With no window (TF, a
+network given by the user) hidden is 0: every second of the exchange is paid.
 """
 import math
 import time
@@ -79,9 +89,10 @@ class LocalCost:
         return cls(max(0.0, t1 - per_element * n1), per_element, per_pair)
 
 
-def costs(numel, k, size, value_size, ranks, network, local=None):
-    """Predicted seconds per step of each exchange for one tensor (see the module docstring);
-    `local` (LocalCost) replaces the copy-bandwidth estimate of the sparse path's own work."""
+def local_and_wire(numel, k, size, value_size, ranks, network, local=None):
+    """(local seconds, wire seconds) per step of each exchange for one tensor (see the module
+    docstring); `local` (LocalCost) replaces the copy-bandwidth estimate of the sparse path's own
+    work. Dense has no local work of ours: Horovod's allreduce is all wire."""
     n, beta, alpha = ranks, 1.0 / network.bandwidth, network.latency
     per_rank = math.ceil(k / n)
     if local is None:
@@ -90,20 +101,45 @@ def costs(numel, k, size, value_size, ranks, network, local=None):
     else:  # allgather unpacks the k pairs of each other rank; SparDL sums and unpacks 2 (N-1) blocks of per_rank
         gathered, reduced = local.seconds(numel, (n - 1) * k), local.seconds(numel, 2 * (n - 1) * per_rank)
     return {
-        "dense": 2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES) + 2 * (n - 1) / n * numel * size * beta,
-        "allgather": gathered + (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta,
-        "spardl": reduced + 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * (value_size + 4) * beta,
+        "dense": (0.0, 2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES)
+                  + 2 * (n - 1) / n * numel * size * beta),
+        "allgather": (gathered, (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta),
+        "spardl": (reduced, 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * (value_size + 4) * beta),
     }
 
 
-def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=None):
+def costs(numel, k, size, value_size, ranks, network, local=None, hidden=0.0):
+    """Predicted seconds per step each exchange adds to the step: its local work plus the part of
+    its wire time that `hidden` seconds of backward compute do not cover."""
+    return {e: work + max(0.0, wire - hidden)
+            for e, (work, wire) in local_and_wire(numel, k, size, value_size, ranks, network, local).items()}
+
+
+def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=None, hidden=0.0):
     """(the allowed exchange to use, every prediction): the cheaper sparse exchange (ties: the
-    earlier of EXCHANGES) where it is predicted within SPARSE_AT_MOST of dense's time, else dense."""
-    predicted = costs(numel, k, size, value_size, ranks, network, local)
+    earlier of EXCHANGES) where it is predicted within SPARSE_AT_MOST of dense's time, else dense
+    (also where dense costs nothing: its wire time is all hidden)."""
+    predicted = costs(numel, k, size, value_size, ranks, network, local, hidden)
     sparse = min((e for e in EXCHANGES[1:] if e in allowed), key=lambda e: predicted[e], default=None)
-    if "dense" in allowed and (sparse is None or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]):
+    if "dense" in allowed and (sparse is None or predicted["dense"] == 0.0
+                               or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]):
         return "dense", predicted
     return sparse, predicted
+
+
+def hidden_times(tensors, wire_seconds):
+    """{name: hidden seconds} for `tensors`, (name, window seconds) pairs: the link is one queue,
+    served in the order the gradients were handed over (the longest window first; ties by name,
+    so every rank orders alike). A tensor's exchange starts when its gradient is ready or when
+    the link is free, whichever is later, and is hidden for what remains of the backward then.
+    wire_seconds(name, hidden) -> the wire time of the exchange chosen for it at that hidden
+    time (what then occupies the link)."""
+    hidden, link_free = {}, -math.inf  # times in seconds before the end of the backward (negative: earlier)
+    for name, window in sorted(tensors, key=lambda item: (-item[1], item[0])):
+        start = max(-window, link_free)
+        hidden[name] = max(0.0, -start)
+        link_free = start + wire_seconds(name, hidden[name])
+    return hidden
 
 
 def received_bytes(exchange, numel, k, size, value_size, ranks):

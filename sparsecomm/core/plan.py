@@ -7,7 +7,10 @@ Routes (what `Planner.route` returns):
   "allgather"  values and indices of every rank (sparsecomm.<framework>.exchange);
   "spardl"     sparse reduce-scatter + all-gather.
 Nothing here starts a collective: the network exchange="auto" needs is measured by the
-framework adapter (`needs_network`) and handed in.
+framework adapter (`needs_network`) and handed in. An adapter that can time Horovod's hooks
+(PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto sends
+dense for OBSERVED_STEPS steps while it records when each gradient is handed over, and then
+chooses with the overlap of each exchange and the backward (cost.hidden_times).
 """
 import fnmatch
 from dataclasses import dataclass
@@ -15,6 +18,10 @@ from dataclasses import dataclass
 from . import cost, validate
 from .selection import selected_count
 from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
+
+# Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
+# (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
+OBSERVED_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -54,8 +61,12 @@ class Planner:
             self.exchange, self.network = validate.check_exchange(owner, exchange, network)
         self.local = None  # cost.LocalCost of this compressor's sparse path, measured with the network
         self._network_measured = False  # network= was measured here (not the user's): measured again on a new world
-        self.choices = {}  # name -> {"exchange", "predicted_seconds"?}: what stats() shows
+        self.choices = {}  # name -> {"exchange", "predicted_seconds"?, "hidden_seconds"?}: what stats() shows
         self._cached = {}  # name -> ((k, ranks), route) of exchange="auto"
+        self.backward = None  # BackwardWindows while auto watches the backward (watch_backward)
+        self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
+        self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
+        self._shapes = {}  # name -> (numel, element size, density, routed by auto): the queue of hidden_times
 
     def settings(self):
         if self.shared:
@@ -66,15 +77,30 @@ class Planner:
         """Whether a route needs the network measured first (exchange="auto" on several ranks)."""
         return not self.shared and self.exchange == "auto" and self.network is None and ranks > 1
 
-    def measured(self, network, local):
-        """The network and local cost measured by the framework adapter (see needs_network)."""
+    def watch_backward(self):
+        """Called by an adapter that times Horovod's hooks: where auto will measure the network,
+        it first watches OBSERVED_STEPS steps of the backward pass (sending dense meanwhile)."""
+        if not self.shared and self.exchange == "auto" and self.network is None:
+            self.backward = BackwardWindows()
+
+    def watching(self):
+        """Whether auto is still watching the backward: measure the network only after it."""
+        return self.backward is not None and not self.backward.complete()
+
+    def measured(self, network, local, windows=None):
+        """The network and local cost measured by the framework adapter (see needs_network), and
+        where it watched the backward, each tensor's window averaged over the ranks."""
         self.network, self.local, self._network_measured = network, local, True
+        self._windows, self._hidden = dict(windows or {}), None
 
     def forget_measurement(self):
         """Drops a measured network (not one the user gave) and every route chosen with it:
-        the ranks changed (elastic Horovod), so they are measured and chosen again."""
+        the ranks changed (elastic Horovod), so they are measured (and watched) again."""
         if self._network_measured:
             self.network, self.local, self._network_measured = None, None, False
+            self._windows, self._hidden = {}, None
+            if self.backward is not None:
+                self.backward = BackwardWindows()
         self._cached.clear()
 
     def always_dense(self, name, numel, ndim, element_size):
@@ -99,34 +125,85 @@ class Planner:
     def route(self, name, numel, ndim, element_size, density, ranks, record=True):
         """How this tensor travels at `density` (see the module docstring)."""
         if self.policy.sends_dense(name, numel, ndim):
+            self._note(name, numel, element_size, density, by_auto=False)
             return "dense"
         if self.shared:
             return "shared"
         k = selected_count(density, numel)
         if self.dense_fallback and sparse_is_larger(k, numel, element_size):
+            self._note(name, numel, element_size, density, by_auto=False)
             return self._record(name, record, "dense")
         if self.exchange != "auto":
             return self._record(name, record, self.exchange)
         if ranks == 1:
             return "allgather"
+        self._note(name, numel, element_size, density, by_auto=True)
+        if self.watching():
+            return self._record(name, record, "dense", watching=True)
         return self._auto(name, numel, k, element_size, ranks, record)
+
+    def _note(self, name, numel, element_size, density, by_auto):
+        """Where auto watches the backward: what each tensor puts on the link (hidden_times)."""
+        if self.backward is not None:
+            self._shapes[name] = (numel, element_size, density, by_auto)
 
     def _auto(self, name, numel, k, element_size, ranks, record):
         if self.network is None:
             raise RuntimeError("exchange='auto' needs the network: measure it first (Planner.needs_network)")
+        if self._hidden is None:
+            self._hidden = self._hidden_times(ranks)
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks):
+            hidden = self._hidden.get(name, 0.0)
             choice, predicted = cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks,
-                                            self.network, self.method.exchanges(), self.local)
-            cached = self._cached[name] = ((k, ranks), {"exchange": choice, "predicted_seconds": predicted})
+                                            self.network, self.method.exchanges(), self.local, hidden)
+            chosen = {"exchange": choice, "predicted_seconds": predicted}
+            if name in self._hidden:
+                chosen["hidden_seconds"] = hidden
+            cached = self._cached[name] = ((k, ranks), chosen)
         if record:
             self.choices[name] = cached[1]
         return cached[1]["exchange"]
 
-    def _record(self, name, record, route):
+    def _hidden_times(self, ranks):
+        """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
+        its route at the density it was last routed at (dense where the settings send it dense)."""
+        def wire_seconds(name, hidden):
+            numel, size, density, by_auto = self._shapes[name]
+            k, value_size = selected_count(density, numel), self.method.value_bytes(size)
+            route = cost.choose(numel, k, size, value_size, ranks, self.network, self.method.exchanges(), self.local,
+                                hidden)[0] if by_auto else "dense"
+            return cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local)[route][1]
+        watched = [(name, window) for name, window in self._windows.items() if name in self._shapes]
+        return cost.hidden_times(watched, wire_seconds)
+
+    def _record(self, name, record, route, watching=False):
         if record:
-            self.choices[name] = {"exchange": route}
+            self.choices[name] = {"exchange": route, "watching_backward": True} if watching else {"exchange": route}
         return route
+
+
+class BackwardWindows:
+    """When each gradient of a step was handed to Horovod (the end of compress), and from that the
+    window of each: the seconds from its hand-off to the step's last one (the end of the backward
+    pass, where nothing is left to overlap an exchange with). A step ends at its first decompress
+    (Horovod's synchronize comes after the backward); the windows of the last ended step count."""
+
+    def __init__(self, steps=OBSERVED_STEPS):
+        self.steps, self.ended, self.windows = steps, 0, {}
+        self._handed = {}  # name -> seconds (perf_counter) of the step under way
+
+    def handed(self, name, now):
+        self._handed[name] = now
+
+    def decompressing(self):
+        if self._handed:
+            end = max(self._handed.values())
+            self.windows = {name: end - now for name, now in self._handed.items()}
+            self._handed, self.ended = {}, self.ended + 1
+
+    def complete(self):
+        return self.ended >= self.steps
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ class Compressor(Settings):
         self._states = {}
         self._counters = Counters()
         self._pending = []  # contexts of exchanges started in compress that still have a phase to advance
+        self.planner.watch_backward()  # auto first times the hooks: how much of each exchange the backward hides
         elastic.register_handler(Compressor)
 
     # -- Horovod's hooks ---------------------------------------------------------------------
@@ -77,13 +78,18 @@ class Compressor(Settings):
         handed, ctx = EXCHANGES[route].start(payload, wire)
         if getattr(ctx.exchange, "advances", False):
             self._pending.append(ctx)
-        self._counters.account(state.name, tensor, ctx, time.perf_counter() - started)
+        handed_at = time.perf_counter()
+        self._counters.account(state.name, tensor, ctx, handed_at - started)
+        if self.planner.watching():
+            self.planner.backward.handed(state.name, handed_at)
         if route == "dense":  # Horovod's own contract for an untouched tensor: no context (or its dtype)
             return handed, (None if handed.dtype == tensor.dtype else tensor.dtype)
         return handed, ctx
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         """Horovod's hook: the dense gradient from what the allreduce returned."""
+        if self.planner.watching():
+            self.planner.backward.decompressing()
         if ctx is None or isinstance(ctx, torch.dtype):
             return exchange.Dense.restored(tensor, ctx)
         if getattr(ctx.exchange, "advances", False):
@@ -159,11 +165,16 @@ class Compressor(Settings):
                                   self._routing_ranks(measure))
 
     def _measure_network(self):
-        """The network, and this compressor's LocalCost (both averaged over the ranks)."""
-        network, timings = exchange.measure_network(self._process_set(), self._time_sparse_path())
-        small, large, unpack, memset, pairs = timings
-        return network, cost.LocalCost.fitted((CALIBRATION_SIZES[0], small), (CALIBRATION_SIZES[1], large), unpack,
-                                              memset, pairs)
+        """The network, this compressor's LocalCost and the watched backward's windows of each
+        bound parameter (0 where it was not watched), all averaged over the ranks."""
+        names = list(self._binding.params)  # the same order on every rank
+        watched = self.planner.backward.windows if self.planner.backward is not None else {}
+        network, timings = exchange.measure_network(self._process_set(), self._time_sparse_path()
+                                                    + [watched.get(name, 0.0) for name in names])
+        (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
+        local = cost.LocalCost.fitted((CALIBRATION_SIZES[0], small), (CALIBRATION_SIZES[1], large), unpack, memset,
+                                      pairs)
+        return network, local, dict(zip(names, windows))
 
     def _time_sparse_path(self):
         """This rank's seconds of pack + unpack (at the final density) on random gradients of
