@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sparsecomm.core import methods, report
+from sparsecomm.core import cost, methods, report
 from sparsecomm.core.cost import Network
 from sparsecomm.core.plan import Planner, Policy, SparDLLayout, sparse_is_larger
 from sparsecomm.core.selection import BAND, candidate_ratio, selected_count
@@ -180,3 +180,106 @@ def test_tensor_stats_density():
                                  "received_bytes": 0}, 100, {"exchange": "allgather"})
     assert math.isclose(stats["density"], 0.05) and stats["exchange"] == "allgather" and stats["numel"] == 100
     assert report.tensor_stats(dict.fromkeys(report.COUNTERS, 0), 100, None)["density"] == 1.0
+
+
+def test_backward_windows_run_from_each_hand_off_to_the_last_one_of_the_step():
+    from sparsecomm.core.plan import BackwardWindows
+    watched = BackwardWindows(steps=2)
+    for name, now in (("fc", 10.0), ("conv2", 10.5), ("conv1", 10.75)):
+        watched.handed(name, now)
+    assert not watched.complete() and watched.windows == {}
+    watched.decompressing()  # Horovod's synchronize, after the backward: the step ends here
+    watched.decompressing()  # the step's other decompresses change nothing
+    assert watched.windows == {"fc": 0.75, "conv2": 0.25, "conv1": 0.0} and not watched.complete()
+    for name, now in (("fc", 20.0), ("conv2", 20.125), ("conv1", 20.25)):
+        watched.handed(name, now)
+    watched.decompressing()
+    assert watched.windows == {"fc": 0.25, "conv2": 0.125, "conv1": 0.0} and watched.complete()  # the last step's
+
+
+def _watched(planner, windows, shapes, density=0.001, ranks=2):
+    """Two steps of watching: each tensor routed (dense meanwhile) and handed `windows` seconds before
+    the end of the backward."""
+    planner.watch_backward()
+    for _ in range(2):
+        for name, numel in shapes.items():
+            assert planner.route(name, numel, 2, 4, density, ranks) == "dense"
+            assert planner.choices[name] == {"exchange": "dense", "watching_backward": True}
+            planner.backward.handed(name, 100.0 - windows[name])
+        planner.backward.handed("last", 100.0)  # the first layer's gradient, the end of the backward
+        planner.backward.decompressing()
+    assert not planner.watching() and planner.backward.windows == pytest.approx(dict(windows, last=0.0))
+
+
+def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_exchanges_dense():
+    """1 Gbit/s, 2 ranks, 1M-element tensors: dense's wire is 32 ms, allgather's pack costs the
+    copy estimate (1.6 ms). `early` is handed 50 ms before the end of the backward: its dense
+    exchange is hidden, so it stays dense. `late` is handed 31 ms before the end, but the link
+    is busy with `early`'s 32 ms until -18 ms: 14 ms of its dense exchange would stick out, and
+    it goes sparse. Alone on the link it would have 31 ms hidden and stay dense. Without the
+    windows both would go sparse."""
+    gbit = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
+    dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, gbit)["dense"][1]
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    _watched(planner, {"early": 0.05, "late": 0.031}, {"early": 10**6, "late": 10**6})
+    assert planner.needs_network(2)
+    planner.measured(gbit, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
+    assert planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
+    assert planner.route("late", 10**6, 2, 4, 0.001, 2) == "allgather"
+    assert planner.choices["early"]["hidden_seconds"] == pytest.approx(0.05)
+    assert planner.choices["late"]["hidden_seconds"] == pytest.approx(0.05 - dense_wire)
+    alone = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    _watched(alone, {"late": 0.031}, {"late": 10**6})
+    alone.measured(gbit, None, {"late": 0.031})
+    assert alone.route("late", 10**6, 2, 4, 0.001, 2) == "dense"
+    planner.forget_measurement()  # a new world watches again
+    assert planner.watching() and planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
+    unwatched = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", gbit)
+    unwatched.watch_backward()  # a network the user gave: nothing measured, nothing watched
+    assert not unwatched.watching() and unwatched.route("early", 10**6, 2, 4, 0.001, 2) == "allgather"
+    assert "hidden_seconds" not in unwatched.choices["early"]
+
+
+def test_tensors_the_settings_send_dense_occupy_the_link_too():
+    """A 1M-element bias (the policy sends 1-D tensors dense) handed 50 ms before the end keeps
+    the link busy until -18 ms: `w`, handed 40 ms before the end, is hidden only 18 ms."""
+    gbit = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    planner.watch_backward()
+    for _ in range(2):
+        assert planner.route("bias", 10**6, 1, 4, 0.001, 2) == "dense"
+        planner.backward.handed("bias", 0.0)
+        planner.route("w", 10**6, 2, 4, 0.001, 2)
+        planner.backward.handed("w", 0.01)
+        planner.backward.handed("last", 0.05)
+        planner.backward.decompressing()
+    planner.measured(gbit, None, planner.backward.windows)
+    planner.route("w", 10**6, 2, 4, 0.001, 2)
+    dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, gbit)["dense"][1]
+    assert planner.choices["w"]["hidden_seconds"] == pytest.approx(0.05 - dense_wire)
+
+
+def test_the_network_is_measured_only_after_the_watched_steps():
+    from sparsecomm.core.compressor import Settings
+
+    class Watching(Settings):
+        def __init__(self):
+            self._configure(methods.TopK("TopK", 0.001))
+            self.planner.watch_backward()
+            self.measures = 0
+
+        def _ranks(self):
+            return 2
+
+        def _measure_network(self):
+            self.measures += 1
+            return SLOW, None, dict(self.planner.backward.windows)
+
+    world = Watching()
+    for step in range(4):
+        assert world._routing_ranks(measure=True) == 2
+        world.planner.route("w", 10**6, 2, 4, 0.001, 2)
+        world.planner.backward.handed("w", float(step))
+        world.planner.backward.decompressing()
+        assert world.measures == (1 if step >= 2 else 0)
+    assert world.planner.choices["w"]["exchange"] == "allgather"  # 2 ranks on SLOW, nothing hidden

@@ -120,3 +120,44 @@ def test_auto_goes_dense_when_the_measured_sparse_path_costs_more(per_element, w
     local = cost.LocalCost(per_call=0.0, per_element=per_element, per_pair=0.0)
     fast = Network(bandwidth=1.25e9, latency=5e-6)
     assert cost.choose(1_000_000, 1000, 4, 4, 2, fast, local=local)[0] == want
+
+
+def test_an_exchange_the_backward_hides_costs_only_its_local_work():
+    """A 1M-element tensor on 1 Gbit/s, 2 ranks: dense's wire is 32 ms, allgather's 0.08 ms +
+    latency, its local work LOCAL's. Hidden seconds come off each wire time, never the local work."""
+    numel, k = 1_000_000, 1000
+    (_, dense_wire), (work, gather_wire) = (cost.local_and_wire(numel, k, 4, 4, 2, GBIT, LOCAL)[e]
+                                            for e in ("dense", "allgather"))
+    assert dense_wire == pytest.approx(2 * 5e-5 * numel * 4 / cost.FUSION_BYTES + numel * 4 / 1.25e8)
+    for hidden in (0.0, 0.01, gather_wire / 2, dense_wire, 1.0):
+        got = cost.costs(numel, k, 4, 4, 2, GBIT, LOCAL, hidden=hidden)
+        assert got["dense"] == pytest.approx(max(0.0, dense_wire - hidden))
+        assert got["allgather"] == pytest.approx(work + max(0.0, gather_wire - hidden))
+    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL)[0] == "allgather"   # nothing hidden: 32 ms to save
+    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL, hidden=dense_wire - 0.004)[0] == "allgather"
+    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL, hidden=dense_wire - 0.001)[0] == "dense"  # 1 ms left
+    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL, hidden=dense_wire)[0] == "dense"  # all hidden: free
+    free = cost.LocalCost(0.0, 0.0, 0.0)
+    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=free, hidden=1.0)[0] == "dense"  # a tie at 0 goes to dense
+
+
+def test_hidden_times_serve_the_link_as_one_queue_in_the_order_gradients_are_handed():
+    """Windows (seconds from hand-off to the end of the backward) and wire times chosen per tensor;
+    the expected values are worked by hand: a's exchange runs from -100 ms to -70 ms, b's from
+    -60 to -10 ms, c (ready at -20 ms) waits for b and starts at -10 ms."""
+    wire = {"a": 0.03, "b": 0.05, "c": 0.01, "d": 0.02}
+    windows = [("c", 0.02), ("a", 0.1), ("b", 0.06)]
+    got = cost.hidden_times(windows, lambda name, hidden: wire[name])
+    assert got == pytest.approx({"a": 0.1, "b": 0.06, "c": 0.01})
+    # d, ready with b (a tie: by name, after b), starts when b is done; a hidden time never goes below 0
+    got = cost.hidden_times(windows + [("d", 0.06)], lambda name, hidden: wire[name])
+    assert got == pytest.approx({"a": 0.1, "b": 0.06, "d": 0.01, "c": 0.0})
+    # what occupies the link is what was chosen at the hidden time the tensor got
+    seen = []
+
+    def chosen(name, hidden):
+        seen.append((name, hidden))
+        return 0.08 if hidden >= 0.08 else 0.001  # dense where hidden, else a short sparse exchange
+    got = cost.hidden_times([("a", 0.1), ("b", 0.05)], chosen)
+    assert seen == [("a", pytest.approx(0.1)), ("b", pytest.approx(0.02))]
+    assert got == pytest.approx({"a": 0.1, "b": 0.02})  # b waits for a's dense exchange until -20 ms
