@@ -10,6 +10,7 @@ import reference
 import simulation
 from launch import horovodrun
 from sparsecomm.core import cost
+from sparsecomm.core.plan import OBSERVED_STEPS
 
 STEPS, LR = 4, 0.5
 METHOD = {"topk": "topk", "threshold": "threshold", "rtopk": "rtopk_0.3", "threshold_fp16": "threshold_fp16"}
@@ -179,6 +180,26 @@ def test_auto_goes_dense_where_sparse_costs_more(run):
         assert set(per["predicted_seconds"]) == {"dense", "allgather", "spardl"}
     if size >= 3:  # spardl receives less than allgather from 3 ranks on
         assert slow["0.weight"]["exchange"] == "spardl"
+
+
+def test_measured_auto_sends_dense_while_it_watches_the_backward_then_every_rank_chooses_alike(run):
+    """exchange="auto" measuring the cluster itself: it watches OBSERVED_STEPS steps of the backward
+    sending dense (training equals dense's, exactly on 2 ranks), then measures once, and every
+    rank makes the same choice per tensor from the same averaged windows and timings: the model's
+    choice at the recorded hidden time."""
+    size = len(run)
+    measured = [rank["topk_0.1_auto_measured"] for rank in run]
+    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
+    for step in range(OBSERVED_STEPS):
+        for name, dense in run[0]["dense"]["params"][step].items():
+            torch.testing.assert_close(measured[0]["params"][step][name], dense, **tol)
+    chosen = [{name: (per["exchange"], per["hidden_seconds"], per["predicted_seconds"])
+               for name, per in rank["stats"]["tensors"].items()} for rank in measured]
+    assert all(each == chosen[0] for each in chosen[1:])
+    for exchange, hidden, predicted in chosen[0].values():
+        sparse = min(("allgather", "spardl"), key=predicted.get)
+        dense = predicted["dense"] == 0 or predicted[sparse] > cost.SPARSE_AT_MOST * predicted["dense"]
+        assert hidden >= 0 and exchange == ("dense" if dense else sparse)
 
 
 @pytest.mark.parametrize("size", [2, 4, 8, 16, 64])

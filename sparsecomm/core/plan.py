@@ -99,8 +99,8 @@ class Planner:
         if self._network_measured:
             self.network, self.local, self._network_measured = None, None, False
             self._windows, self._hidden = {}, None
-            if self.backward is not None:
-                self.backward = BackwardWindows()
+        if self.backward is not None:
+            self.backward = BackwardWindows()
         self._cached.clear()
 
     def always_dense(self, name, numel, ndim, element_size):

@@ -35,8 +35,10 @@ def check_same_settings(owner, text, allgather):
 
 def tensor_stats(counters, numel, choice):
     """One tensor's stats: its counters, numel, density (sent elements per call / numel; 1 when
-    dense or never called) and, for the per-rank-coordinate methods, the exchange chosen and
-    the cost model's predicted seconds of each."""
+    dense or never called) and, for the per-rank-coordinate methods, the exchange chosen, the
+    cost model's predicted seconds of each and, where auto watched the backward pass, the
+    seconds of the exchange it predicted hidden (hidden_seconds; watching_backward while it
+    still watches)."""
     calls = counters["calls"]
     density = counters["sent_elements"] / (calls * numel) if calls and numel else 1.0
     return dict(counters, numel=numel, density=density, **(choice or {}))

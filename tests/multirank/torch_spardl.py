@@ -1,5 +1,5 @@
 """Worker: SGD steps of the digits MLP under hvd.DistributedOptimizer with exchange="spardl"
-(and "allgather", and "auto" on a given network) for each per-rank-coordinate method, and
+(and "allgather", and "auto" on a given network and on the measured one) for each per-rank-coordinate method, and
 SparDL with values in 16 bits (models in bfloat16 and float16, Threshold(quantize="fp16")).
 Saves every rank's local gradients (recorded after backward, before the exchange), the
 exchanged gradients and the parameters after every step, final residuals and stats, for a
@@ -42,6 +42,7 @@ CONFIGS = {
                                                   named_parameters=m.named_parameters(), **EVERY),
     "topk_0.1_auto_slow": lambda m: TopK(ratio=0.1, network=SLOW, named_parameters=m.named_parameters(), **EVERY),
     "topk_0.1_auto_fast": lambda m: TopK(ratio=0.1, network=FAST, named_parameters=m.named_parameters(), **EVERY),
+    "topk_0.1_auto_measured": lambda m: TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY),
     # values on the wire in 16 bits: a model in that dtype, and float32 gradients sent as float16
     "topk_0.1_spardl_bfloat16": lambda m: TopK(ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(),
                                                **EVERY),
