@@ -66,7 +66,7 @@ class Planner:
         self.backward = None  # BackwardWindows while auto watches the backward (watch_backward)
         self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
         self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
-        self._shapes = {}  # name -> (numel, element size, density, routed by auto): the queue of hidden_times
+        self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
 
     def settings(self):
         if self.shared:
@@ -143,8 +143,8 @@ class Planner:
         return self._auto(name, numel, k, element_size, ranks, record)
 
     def _note(self, name, numel, element_size, density, by_auto):
-        """Where auto watches the backward: what each tensor puts on the link (hidden_times)."""
-        if self.backward is not None:
+        """While auto watches the backward: what each tensor puts on the link (hidden_times)."""
+        if self.watching():
             self._shapes[name] = (numel, element_size, density, by_auto)
 
     def _auto(self, name, numel, k, element_size, ranks, record):
@@ -167,7 +167,7 @@ class Planner:
 
     def _hidden_times(self, ranks):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
-        its route at the density it was last routed at (dense where the settings send it dense)."""
+        its route at its density in the last watched step (dense where the settings send it dense)."""
         def wire_seconds(name, hidden):
             numel, size, density, by_auto = self._shapes[name]
             k, value_size = selected_count(density, numel), self.method.value_bytes(size)

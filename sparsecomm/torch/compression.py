@@ -168,7 +168,7 @@ class Compressor(Settings):
         """The network, this compressor's LocalCost and the watched backward's windows of each
         bound parameter (0 where it was not watched), all averaged over the ranks."""
         names = list(self._binding.params)  # the same order on every rank
-        watched = self.planner.backward.windows if self.planner.backward is not None else {}
+        watched = self.planner.backward.windows  # measured only after watching (watch_backward)
         network, timings = exchange.measure_network(self._process_set(), self._time_sparse_path()
                                                     + [watched.get(name, 0.0) for name in names])
         (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
