@@ -295,6 +295,11 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     assert lines[1].endswith("not told apart from it.")
     assert lines[2].endswith("**slower than dense by more than 3%**.") and lines[3] == lines[2].replace(
         " (0.85-0.95)", "")
+    tried = dict(cell, vs_dense=1.2, vs_dense_interval=[1.1, 1.3], exchanges=["allgather"],
+                 route_trial={"kept": "all sparse", "step_ms": {"model": 320.4, "all sparse": 255.9}})
+    assert report._auto_summary([tried]).endswith(
+        "sent by allgather (its route trial, ms a step: model 320, all sparse 256; kept all sparse): within 3% of "
+        "dense or faster.")
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from sparsecomm.core import cost, methods, report
+from sparsecomm.core import cost, methods, plan, report
 from sparsecomm.core.cost import Network
 from sparsecomm.core.plan import Planner, Policy, SparDLLayout, sparse_is_larger
 from sparsecomm.core.selection import BAND, candidate_ratio, selected_count
@@ -197,18 +197,33 @@ def test_backward_windows_run_from_each_hand_off_to_the_last_one_of_the_step():
     assert watched.windows == {"fc": 0.25, "conv2": 0.125, "conv1": 0.0} and watched.complete()  # the last step's
 
 
+def _step(planner, shapes, ended_at, density=0.001, ranks=2):
+    """One step as the torch adapter drives the planner: the StepClock ticks at the first compress,
+    each tensor is routed, and the step ends (its last decompress) at `ended_at`. Returns the routes."""
+    planner.steps.compressing()
+    routes = {name: planner.route(name, numel, 2, 4, density, ranks) for name, numel in shapes.items()}
+    planner.steps.decompressing(ended_at)
+    return routes
+
+
 def _watched(planner, windows, shapes, density=0.001, ranks=2):
     """Two steps of watching: each tensor routed (dense meanwhile) and handed `windows` seconds before
     the end of the backward."""
     planner.watch_backward()
-    for _ in range(2):
+    for step in range(2):
+        planner.steps.compressing()
         for name, numel in shapes.items():
             assert planner.route(name, numel, 2, 4, density, ranks) == "dense"
             assert planner.choices[name] == {"exchange": "dense", "watching_backward": True}
             planner.backward.handed(name, 100.0 - windows[name])
         planner.backward.handed("last", 100.0)  # the first layer's gradient, the end of the backward
         planner.backward.decompressing()
+        planner.steps.decompressing(float(step))
     assert not planner.watching() and planner.backward.windows == pytest.approx(dict(windows, last=0.0))
+
+
+GBIT = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
+EARLY_AND_LATE = {"early": 10**6, "late": 10**6}
 
 
 def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_exchanges_dense():
@@ -217,27 +232,89 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     exchange is hidden, so it stays dense. `late` is handed 31 ms before the end, but the link
     is busy with `early`'s 32 ms until -18 ms: 14 ms of its dense exchange would stick out, and
     it goes sparse. Alone on the link it would have 31 ms hidden and stay dense. Without the
-    windows both would go sparse."""
-    gbit = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
-    dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, gbit)["dense"][1]
+    windows both would go sparse. The model sends one dense, so its routes are tried against
+    every tensor sparse: the measuring step routes all sparse, the next one by the model."""
+    dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, GBIT)["dense"][1]
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
-    _watched(planner, {"early": 0.05, "late": 0.031}, {"early": 10**6, "late": 10**6})
+    _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     assert planner.needs_network(2)
-    planner.measured(gbit, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
-    assert planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
-    assert planner.route("late", 10**6, 2, 4, 0.001, 2) == "allgather"
+    planner.measured(GBIT, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
+    assert _step(planner, EARLY_AND_LATE, 2.0) == {"early": "allgather", "late": "allgather"}
+    assert planner.trial.alternative == plan.ALL_SPARSE
+    assert planner.choices["early"]["route_trial"] == plan.ALL_SPARSE
+    assert _step(planner, EARLY_AND_LATE, 3.0) == {"early": "dense", "late": "allgather"}
     assert planner.choices["early"]["hidden_seconds"] == pytest.approx(0.05)
     assert planner.choices["late"]["hidden_seconds"] == pytest.approx(0.05 - dense_wire)
+    assert planner.choices["late"]["route_trial"] == plan.MODEL
     alone = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(alone, {"late": 0.031}, {"late": 10**6})
-    alone.measured(gbit, None, {"late": 0.031})
-    assert alone.route("late", 10**6, 2, 4, 0.001, 2) == "dense"
+    alone.measured(GBIT, None, {"late": 0.031})
+    _step(alone, {"late": 10**6}, 2.0)  # the measuring step, all sparse
+    assert _step(alone, {"late": 10**6}, 3.0) == {"late": "dense"}
     planner.forget_measurement()  # a new world watches again
+    assert planner.trial is None and planner.steps.step == 0
     assert planner.watching() and planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
-    unwatched = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", gbit)
-    unwatched.watch_backward()  # a network the user gave: nothing measured, nothing watched
+    unwatched = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", GBIT)
+    unwatched.watch_backward()  # a network the user gave: nothing measured, nothing watched or tried
     assert not unwatched.watching() and unwatched.route("early", 10**6, 2, 4, 0.001, 2) == "allgather"
-    assert "hidden_seconds" not in unwatched.choices["early"]
+    assert "hidden_seconds" not in unwatched.choices["early"] and "route_trial" not in unwatched.choices["early"]
+    assert unwatched.steps is None and unwatched.trial is None
+
+
+@pytest.mark.parametrize("faster", [plan.MODEL, plan.ALL_SPARSE])
+def test_the_route_trial_keeps_the_faster_side(faster):
+    """After the watch (steps 0, 1) and the measuring step (2, all sparse, not counted), steps
+    3-10 alternate the model's routes and every tensor sparse. Each step is timed from the
+    previous step's end to its own; the medians (here 0.3 s for the faster side, 0.4 s for the
+    other, one outlier each that the median ignores) decide at the first compress of step 11,
+    and the faster side routes from then on."""
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
+    planner.measured(GBIT, None, {"early": 0.05, "late": 0.031})
+    by_model = {"early": "dense", "late": "allgather"}
+    all_sparse = {"early": "allgather", "late": "allgather"}
+    ended = 2.0
+    assert _step(planner, EARLY_AND_LATE, ended) == all_sparse
+    seen = []
+    for step in range(3, 11):
+        side = planner.trial.arm(step)
+        seconds = (0.3 if side == faster else 0.4) + (5.0 if step in (3, 4) else 0.0)
+        ended += seconds
+        seen.append(side)
+        assert _step(planner, EARLY_AND_LATE, ended) == (by_model if side == plan.MODEL else all_sparse)
+        assert not planner.trial_ended()
+    assert seen == [plan.MODEL, plan.ALL_SPARSE] * 4
+    planner.steps.compressing()  # step 11
+    assert planner.trial_ended() and planner.timing_steps()
+    medians = planner.trial.medians(planner.steps)
+    assert medians == pytest.approx([0.3, 0.4] if faster == plan.MODEL else [0.4, 0.3])
+    planner.tried(medians)  # as averaged over the ranks
+    assert not planner.trial_ended() and not planner.timing_steps()
+    for step in range(11, 14):
+        if step > 11:
+            planner.steps.compressing()
+        routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
+        assert routes == (by_model if faster == plan.MODEL else all_sparse)
+    assert planner.choices["early"]["route_trial"] == faster
+    assert planner.choices["early"]["route_trial_seconds"] == dict(zip((plan.MODEL, plan.ALL_SPARSE), medians))
+    assert len(planner.steps.ends) == plan.TRIAL_STEPS + 1  # the clock keeps no more than the trial needs
+    planner.tried([0.5, 0.5])  # a tie keeps the model's routes
+    assert planner.trial.winner == plan.MODEL
+
+
+def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
+    """Both tensors handed at the very end of the backward: nothing is hidden and the model sends
+    both by allgather, so the trial's other side sends every tensor dense. The measuring step
+    routes by the model (the sparser side), then the steps alternate."""
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    _watched(planner, {"early": 0.0, "late": 0.0}, EARLY_AND_LATE)
+    planner.measured(GBIT, None, {"early": 0.0, "late": 0.0})
+    all_sparse, all_dense = {"early": "allgather", "late": "allgather"}, {"early": "dense", "late": "dense"}
+    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.trial.alternative == plan.ALL_DENSE
+    assert [_step(planner, EARLY_AND_LATE, 3.0 + step) for step in range(4)] == [all_sparse, all_dense] * 2
+    assert planner.choices["early"]["route_trial"] == plan.ALL_DENSE
+    assert planner.choices["early"]["predicted_seconds"]["allgather"] < planner.choices["early"]["predicted_seconds"][
+        "dense"]  # the model's prediction stays shown
 
 
 def test_tensors_the_settings_send_dense_occupy_the_link_too():

@@ -9,7 +9,7 @@ import common
 import reference
 import simulation
 from launch import horovodrun
-from sparsecomm.core import cost
+from sparsecomm.core import cost, plan
 from sparsecomm.core.plan import OBSERVED_STEPS
 
 STEPS, LR = 4, 0.5
@@ -217,3 +217,34 @@ def test_simulated_bytes_for_many_ranks(size):
     print(f"N={size:2d}: received per rank: spardl max {max(received):6d} B ({max(received) / (8 * k):.2f} x 8k), "
           f"allgather {allgather:7d} B ({allgather / (8 * k):.0f} x 8k)")
     assert max(received) <= 2 * (size - 1) * 8 * -(-k // size) <= 2.2 * 8 * k
+
+
+def test_the_route_trial_alternates_then_every_rank_keeps_the_same_side(tmp_path):
+    """exchange="auto" measuring the cluster itself, its measured inputs then set so that the
+    model sends the first layer dense (hidden by a long window): its routes are tried against
+    every tensor sparse. Steps 0-1 are watched, step 2 measures (all sparse), steps 3-10
+    alternate the model's routes and all sparse, and from step 11 every rank routes alike, by
+    the side whose median step time, averaged over the ranks, was shorter (the same seconds on
+    every rank)."""
+    out = tmp_path / "trial"
+    out.mkdir()
+    horovodrun(2, "torch_route_trial.py", "--out", out, "--steps", 14)
+    ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
+    first = ranks[0]["choices"]
+    for step in range(plan.OBSERVED_STEPS):
+        assert first[step]["0.weight"] == {"exchange": "dense", "watching_backward": True}
+    sides = [first[step]["0.weight"]["route_trial"] for step in range(2, 11)]
+    assert sides == [plan.ALL_SPARSE] + [plan.MODEL, plan.ALL_SPARSE] * 4
+    for step, side in zip(range(2, 11), sides):
+        assert first[step]["0.weight"]["exchange"] == ("dense" if side == plan.MODEL else "allgather")
+        if side == plan.ALL_SPARSE:
+            assert all(choice["exchange"] != "dense" for choice in first[step].values())
+    decided = first[11]["0.weight"]
+    seconds = decided["route_trial_seconds"]
+    assert set(seconds) == {plan.MODEL, plan.ALL_SPARSE} and all(s > 0 for s in seconds.values())
+    winner = plan.ALL_SPARSE if seconds[plan.ALL_SPARSE] < seconds[plan.MODEL] else plan.MODEL
+    assert decided["route_trial"] == winner
+    assert decided["exchange"] == ("dense" if winner == plan.MODEL else "allgather")
+    for step in range(11, 14):
+        assert first[step]["0.weight"] == decided
+    assert ranks[1]["choices"] == first  # every step's routes, the trial's seconds and its decision

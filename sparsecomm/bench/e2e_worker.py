@@ -40,6 +40,7 @@ import horovod.torch as hvd
 import torch
 
 from sparsecomm.bench.e2e import PHASES
+from sparsecomm.core.plan import SETTLING_STEPS
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
 
 FLOOR = "floor"
@@ -93,7 +94,8 @@ def model_and_batch(kind):
 @dataclass
 class Row:
     """One row, ready to step: what is stepped (the model, or its DDP wrapper), its optimizer and
-    batch, its warm-up steps, and `finish(times)`, which makes its record."""
+    batch, its warm-up steps, `finish(times)`, which makes its record, and `warmed()`, called
+    after the warm-up (a compressor's byte counts start there)."""
     method: str
     model: torch.nn.Module
     opt: torch.optim.Optimizer
@@ -101,6 +103,7 @@ class Row:
     y: torch.Tensor
     warmup: int
     finish: Callable
+    warmed: Callable = lambda: None
 
 
 def timed_steps(row, steps):
@@ -138,6 +141,7 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
         rows = [makers[method](warmup) for method in group]
         for row in rows:
             timed_steps(row, row.warmup)
+            row.warmed()
         in_group = {row.method: [] for row in rows}
         for row, count in turns(rows, steps, rounds):
             row_times, row_phases = timed_steps(row, count)
@@ -240,25 +244,39 @@ def horovod_row(kind, method, warmup):
     make, momentum = METHODS[LOCAL_ROWS.get(method, method)]
     process_set = ALONE[hvd.rank()] if method in LOCAL_ROWS else hvd.global_process_set
     compression = make(model, process_set)
+    if getattr(compression, "exchange", None) == "auto":  # its timed steps start with its routes final
+        warmup = max(warmup, SETTLING_STEPS)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
                                    named_parameters=model.named_parameters(), compression=compression,
                                    process_set=process_set)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
+    counted = ("calls", "sent_bytes", "received_bytes")
+    warmed = dict.fromkeys(counted, 0)
+
+    def warmed_up():  # the bytes of the timed steps only (auto's watch and trial send dense at first)
+        if hasattr(compression, "stats"):
+            warmed.update({key: compression.stats()[key] for key in counted})
+
     def finish(times):
         if hasattr(compression, "stats"):
             stats = compression.stats()
-            calls = max(1, stats["calls"] // len(list(model.parameters())))
-            sent, received = stats["sent_bytes"] / calls, stats["received_bytes"] / calls
+            timed = {key: stats[key] - warmed[key] for key in counted}
+            calls = max(1, timed["calls"] // len(list(model.parameters())))
+            sent, received = timed["sent_bytes"] / calls, timed["received_bytes"] / calls
             exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
             if method in LOCAL_ROWS:  # what it would send; nothing leaves the rank
                 return dict(record(kind, method, "local", model, times, sent, received),
                             local_of=LOCAL_ROWS[method])
-            return record(kind, method, "sparsecomm", model, times, sent, received, exchanges)
+            trial = next((t for t in stats["tensors"].values() if "route_trial_seconds" in t), None)
+            tried = {} if trial is None else {"route_trial": {
+                "kept": trial["route_trial"],
+                "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()}}}
+            return dict(record(kind, method, "sparsecomm", model, times, sent, received, exchanges), **tried)
         # Horovod's ring allreduce of the (maybe fp16) gradient
         size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
         return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
-    return Row(method, model, opt, x, y, warmup, finish)
+    return Row(method, model, opt, x, y, warmup, finish, warmed_up)
 
 
 def init_torch_distributed():

@@ -126,9 +126,12 @@ def _auto_summary(e2e):
             verdict = "slower at the median, but its interval reaches the 3% margin: not told apart from it"
         else:
             verdict = "**slower than dense by more than 3%**"
+        trial = r.get("route_trial")
+        tried = "" if trial is None else " (its route trial, ms a step: " + ", ".join(
+            f"{side} {ms:.0f}" for side, ms in trial["step_ms"].items()) + f"; kept {trial['kept']})"
         lines.append(f"- {r['model']} model, {r['ranks']} ranks, {r['network']} ({r['network_model']}): "
                      f"{ratio_text(r['vs_dense'], interval)} of dense's speed, sent by "
-                     f"{', '.join(r['exchanges']) or '-'}: {verdict}.")
+                     f"{', '.join(r['exchanges']) or '-'}{tried}: {verdict}.")
     return "\n".join(lines)
 
 

@@ -3,7 +3,7 @@ of sparsecomm.core.methods), its per-layer policy and its planner (sparsecomm.co
 
 The torch and TF compressors inherit Settings and add only their framework: binding to the
 model's parameters, state tensors, kernels and collectives (and `_ranks`, `_measure_network`,
-`_allgather_ints`). Each method's compressor class
+`_allgather_ints`; the torch one also `_mean_over_ranks`, for auto's route trial). Each method's compressor class
 declares its hooks (see sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py):
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
@@ -65,6 +65,8 @@ class Settings:
                 return 1
             if not self.planner.watching():
                 self.planner.measured(*self._measure_network())
+        if measure and self.planner.trial_ended():  # every rank decides alike, on the same step times
+            self.planner.tried(self._mean_over_ranks(self.planner.trial.medians(self.planner.steps), "route_trial"))
         return ranks
 
     def density(self, step: int) -> float:

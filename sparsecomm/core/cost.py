@@ -159,8 +159,9 @@ def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds, per
     in a burst of them (per_op_seconds: N - 1 message steps). A lone collective's time is
     mostly Horovod's cycle and negotiation, which the collectives of a step share: the burst's
     marginal cost is the latency a tensor's exchange adds. Without it, the lone allreduce's
-    2 (N - 1) steps give the latency. The front ends average these over the ranks before
-    building the Network, so every rank decides alike."""
+    2 (N - 1) steps give the latency. The front ends average the timings over the ranks first
+    (a mean of bandwidths would be endless where one rank's 4 MB allreduce came out no slower
+    than its 1-element one), so every rank decides alike."""
     steps = max(ranks - 1, 1)
     latency = small_seconds / (2 * steps) if per_op_seconds is None else per_op_seconds / steps
     bandwidth = (2 * (ranks - 1) / ranks * big_bytes) / max(big_seconds - small_seconds, 1e-9)

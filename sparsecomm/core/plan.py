@@ -10,9 +10,14 @@ Nothing here starts a collective: the network exchange="auto" needs is measured 
 framework adapter (`needs_network`) and handed in. An adapter that can time Horovod's hooks
 (PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto sends
 dense for OBSERVED_STEPS steps while it records when each gradient is handed over, and then
-chooses with the overlap of each exchange and the backward (cost.hidden_times).
+chooses with the overlap of each exchange and the backward (cost.hidden_times). It then tries
+its choice on the training (RouteTrial): it times TRIAL_STEPS steps, alternately routed by the
+model and by the other extreme (every tensor sparse where the model sent some dense, else every
+tensor dense), and keeps the faster.
 """
+import collections
 import fnmatch
+import statistics
 from dataclasses import dataclass
 
 from . import cost, validate
@@ -22,6 +27,15 @@ from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
 # Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
 # (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
 OBSERVED_STEPS = 2
+# Steps of the route trial, alternately routed by the model and by the alternative (half each).
+# The step after the watch, which measures the network, is routed by the sparser side and not
+# counted: it also pays what a route pays on its first use (Horovod's first negotiation of a
+# name, first buffers), so that neither side pays it in the counted steps.
+TRIAL_STEPS = 8
+MODEL, ALL_SPARSE, ALL_DENSE = "model", "all sparse", "all dense"  # the sides of a RouteTrial
+# The most steps before auto's routes are final where it watches: the watch, the measuring step
+# and the trial (a benchmark warms up this long before it times auto).
+SETTLING_STEPS = OBSERVED_STEPS + 1 + TRIAL_STEPS
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,8 @@ class Planner:
         self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
         self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
         self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
+        self.steps = None  # StepClock while auto watches and tries its routes (watch_backward)
+        self.trial = None  # RouteTrial, once auto chose after watching
 
     def settings(self):
         if self.shared:
@@ -81,11 +97,17 @@ class Planner:
         """Called by an adapter that times Horovod's hooks: where auto will measure the network,
         it first watches OBSERVED_STEPS steps of the backward pass (sending dense meanwhile)."""
         if not self.shared and self.exchange == "auto" and self.network is None:
-            self.backward = BackwardWindows()
+            self.backward, self.steps = BackwardWindows(), StepClock()
 
     def watching(self):
         """Whether auto is still watching the backward: measure the network only after it."""
         return self.backward is not None and not self.backward.complete()
+
+    def timing_steps(self):
+        """Whether the adapter should still feed the StepClock (its hooks' times): from the watch
+        until the route trial is decided (or the measurement found no tensor for auto)."""
+        return self.steps is not None and (not self._network_measured or (self.trial is not None and
+                                                                           self.trial.winner is None))
 
     def measured(self, network, local, windows=None):
         """The network and local cost measured by the framework adapter (see needs_network), and
@@ -100,7 +122,8 @@ class Planner:
             self.network, self.local, self._network_measured = None, None, False
             self._windows, self._hidden = {}, None
         if self.backward is not None:
-            self.backward = BackwardWindows()
+            self.backward, self.steps = BackwardWindows(), StepClock()
+        self.trial = None
         self._cached.clear()
 
     def always_dense(self, name, numel, ndim, element_size):
@@ -147,23 +170,60 @@ class Planner:
         if self.watching():
             self._shapes[name] = (numel, element_size, density, by_auto)
 
+    def trial_ended(self):
+        """Whether the route trial has timed its steps and waits for `tried` (the adapter
+        averages its step times over the ranks first)."""
+        return self.trial is not None and self.trial.winner is None and self.trial.timed(self.steps)
+
+    def tried(self, seconds):
+        """The route trial's median step seconds (MODEL's, the alternative's), averaged over the
+        ranks: the faster side routes from now on (a tie keeps the model's)."""
+        self.trial.decide(seconds)
+        self._cached.clear()
+
     def _auto(self, name, numel, k, element_size, ranks, record):
         if self.network is None:
             raise RuntimeError("exchange='auto' needs the network: measure it first (Planner.needs_network)")
         if self._hidden is None:
             self._hidden = self._hidden_times(ranks)
+            if self.steps is not None:
+                self.trial = RouteTrial(self.steps.step, self._alternative(ranks))
+        side = MODEL if self.trial is None else self.trial.arm(self.steps.step)
         cached = self._cached.get(name)
-        if cached is None or cached[0] != (k, ranks):
+        if cached is None or cached[0] != (k, ranks, side):
+            value_size = self.method.value_bytes(element_size)
             hidden = self._hidden.get(name, 0.0)
-            choice, predicted = cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks,
-                                            self.network, self.method.exchanges(), self.local, hidden)
+            choice, predicted = cost.choose(numel, k, element_size, value_size, ranks, self.network,
+                                            self.method.exchanges(), self.local, hidden)
+            if side != MODEL:
+                choice = self._extreme(side, numel, k, element_size, value_size, ranks, hidden)
             chosen = {"exchange": choice, "predicted_seconds": predicted}
             if name in self._hidden:
                 chosen["hidden_seconds"] = hidden
-            cached = self._cached[name] = ((k, ranks), chosen)
+            if self.trial is not None:
+                chosen.update(self.trial.shown(self.steps.step))
+            cached = self._cached[name] = ((k, ranks, side), chosen)
         if record:
             self.choices[name] = cached[1]
         return cached[1]["exchange"]
+
+    def _extreme(self, side, numel, k, element_size, value_size, ranks, hidden):
+        """A tensor's route on the ALL_DENSE or ALL_SPARSE side: dense, or the sparse exchange
+        the model predicts cheapest."""
+        if side == ALL_DENSE:
+            return "dense"
+        sparse = tuple(e for e in self.method.exchanges() if e != "dense")
+        return cost.choose(numel, k, element_size, value_size, ranks, self.network, sparse, self.local, hidden)[0]
+
+    def _alternative(self, ranks):
+        """The side the model's routes are tried against: ALL_SPARSE where the model sends some
+        watched tensor dense, else ALL_DENSE."""
+        for name, (numel, size, density, by_auto) in self._shapes.items():
+            if by_auto and cost.choose(numel, selected_count(density, numel), size, self.method.value_bytes(size),
+                                       ranks, self.network, self.method.exchanges(), self.local,
+                                       self._hidden.get(name, 0.0))[0] == "dense":
+                return ALL_SPARSE
+        return ALL_DENSE
 
     def _hidden_times(self, ranks):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
@@ -204,6 +264,77 @@ class BackwardWindows:
 
     def complete(self):
         return self.ended >= self.steps
+
+
+class StepClock:
+    """Training steps as Horovod's hooks show them: a step begins at its first compress after a
+    decompress, and ends at its last decompress. From one end to the next is a whole step (the
+    optimizer's update, the forward, the backward with its packs, the wait and the unpacks).
+    `ends` holds when the last TRIAL_STEPS + 1 ended steps ended (perf_counter seconds), the
+    last one that of step `step - 1`: what the trial needs, and no more however long it runs."""
+
+    def __init__(self):
+        self.step, self.ends = 0, collections.deque(maxlen=TRIAL_STEPS + 1)
+        self._last = None  # the last decompress of the step under way
+
+    def compressing(self):
+        if self._last is not None:
+            self.ends.append(self._last)
+            self.step, self._last = self.step + 1, None
+
+    def ended(self, step):
+        """When `step` ended (one of the last TRIAL_STEPS + 1 ended steps)."""
+        return self.ends[len(self.ends) - (self.step - step)]
+
+    def decompressing(self, now):
+        self._last = now
+
+
+class RouteTrial:
+    """Tries the model's routes on the training itself against an `alternative`, ALL_SPARSE or
+    ALL_DENSE (the model rests on estimates: how much of each exchange the backward hides, and
+    a network measured in a few collectives, both of which the training can prove wrong). From
+    `first`, the step that measured: that step routes by the sparser side and is not counted;
+    then TRIAL_STEPS steps alternate MODEL and the alternative, each timed by the StepClock;
+    then the faster side is kept."""
+
+    def __init__(self, first, alternative, steps=TRIAL_STEPS):
+        self.first, self.alternative, self.steps = first, alternative, steps
+        self.winner = None  # MODEL or the alternative, once decided
+        self.seconds = None  # {side: median step seconds, averaged over the ranks}, once decided
+
+    def arm(self, step):
+        """How `step` routes."""
+        if self.winner is not None:
+            return self.winner
+        if step == self.first:
+            return ALL_SPARSE if self.alternative == ALL_SPARSE else MODEL
+        return (MODEL, self.alternative)[(step - self.first - 1) % 2]
+
+    def timed(self, clock):
+        """Whether every counted step has ended (checked at every compress: true first at the
+        first compress after them, while the clock still holds their ends)."""
+        return clock.step > self.first + self.steps
+
+    def medians(self, clock):
+        """[MODEL's, the alternative's] median step seconds on this rank."""
+        counted = range(self.first + 1, self.first + 1 + self.steps)
+        times = {MODEL: [], self.alternative: []}
+        for step in counted:
+            times[self.arm(step)].append(clock.ended(step) - clock.ended(step - 1))
+        return [statistics.median(times[MODEL]), statistics.median(times[self.alternative])]
+
+    def decide(self, seconds):
+        model, alternative = seconds
+        self.seconds = {MODEL: model, self.alternative: alternative}
+        self.winner = self.alternative if alternative < model else MODEL
+
+    def shown(self, step):
+        """What stats() shows of the trial: the side of this step while trying, then the one kept
+        and both sides' step times."""
+        if self.winner is None:
+            return {"route_trial": self.arm(step)}
+        return {"route_trial": self.winner, "route_trial_seconds": dict(self.seconds)}
 
 
 @dataclass(frozen=True)

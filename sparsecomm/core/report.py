@@ -38,7 +38,7 @@ def tensor_stats(counters, numel, choice):
     dense or never called) and, for the per-rank-coordinate methods, the exchange chosen, the
     cost model's predicted seconds of each and, where auto watched the backward pass, the
     seconds of the exchange it predicted hidden (hidden_seconds; watching_backward while it
-    still watches)."""
+    still watches; route_trial and route_trial_seconds where it tried its routes)."""
     calls = counters["calls"]
     density = counters["sent_elements"] / (calls * numel) if calls and numel else 1.0
     return dict(counters, numel=numel, density=density, **(choice or {}))

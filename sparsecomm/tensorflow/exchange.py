@@ -309,7 +309,7 @@ def measure_network(process_set):
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
     t_copy = cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
-    measured = cost.from_timings(ranks, t_small, t_big, 1 << 22, t_copy)
-    mean = hvd.allreduce(tf.constant(measured, tf.float64), op=hvd.Average, name="sparsecomm.measure.mean",
-                         process_set=process_set).numpy()
-    return cost.Network(bandwidth=float(mean[1]), latency=float(mean[0]), copy_bandwidth=float(mean[2]))
+    mean = hvd.allreduce(tf.constant([t_small, t_big, t_copy], tf.float64), op=hvd.Average,
+                         name="sparsecomm.measure.mean", process_set=process_set).numpy()
+    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, *map(float, mean[:2]), 1 << 22, float(mean[2]))
+    return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth)

@@ -55,6 +55,8 @@ class Compressor(Settings):
     def compress(self, tensor: torch.Tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
+        if self.planner.timing_steps():
+            self.planner.steps.compressing()
         state = self._state_for(tensor)
         self.planner.check_indexable(state.name, tensor.numel(), tensor.dim(), tensor.element_size())
         self._device = tensor.device  # where a measurement of the sparse path runs
@@ -90,6 +92,12 @@ class Compressor(Settings):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         if self.planner.watching():
             self.planner.backward.decompressing()
+        result = self._decompressed(tensor, ctx)
+        if self.planner.timing_steps():  # after the unpack, and the wait for a gather inside it
+            self.planner.steps.decompressing(time.perf_counter())
+        return result
+
+    def _decompressed(self, tensor, ctx):
         if ctx is None or isinstance(ctx, torch.dtype):
             return exchange.Dense.restored(tensor, ctx)
         if getattr(ctx.exchange, "advances", False):
@@ -175,6 +183,11 @@ class Compressor(Settings):
         local = cost.LocalCost.fitted((CALIBRATION_SIZES[0], small), (CALIBRATION_SIZES[1], large), unpack, memset,
                                       pairs)
         return network, local, dict(zip(names, windows))
+
+    def _mean_over_ranks(self, values, name):
+        hvd = exchange._hvd()
+        return hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=f"sparsecomm.{name}.{self._instance}",
+                             process_set=self._process_set()).tolist()
 
     def _time_sparse_path(self):
         """This rank's seconds of pack + unpack (at the final density) on random gradients of

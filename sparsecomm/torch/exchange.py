@@ -315,9 +315,10 @@ EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "sp
 
 def measure_network(process_set=None, local=()):
     """Measures this cluster for exchange="auto" (once): latency from 1-element allreduces,
-    bandwidth from 4 MB ones, copy bandwidth from a local copy. These and this rank's `local`
-    timings are averaged over the ranks, so every rank makes the same choices. Returns
-    (Network, the averaged local timings)."""
+    bandwidth from 4 MB ones, copy bandwidth from a local copy. These timings and this rank's
+    `local` ones are averaged over the ranks (the timings, not the bandwidths: one rank whose 4 MB
+    allreduce came out no slower than its 1-element one would make a mean bandwidth endless), so
+    every rank makes the same choices. Returns (Network, the averaged local timings)."""
     from ..core import cost
     hvd = _hvd()
     process_set = process_set or hvd.global_process_set
@@ -339,7 +340,7 @@ def measure_network(process_set=None, local=()):
         for handle in handles:
             hvd.synchronize(handle)
     per_op = max(0.0, (cost.median_seconds(lambda: burst(16), 3) - cost.median_seconds(lambda: burst(1), 3)) / 15)
-    measured = list(cost.from_timings(ranks, t_small, t_big, big.numel() * 4, t_copy, per_op)) + list(local)
-    mean = hvd.allreduce(torch.tensor(measured, dtype=torch.float64), name="sparsecomm.measure.mean",
-                         process_set=process_set).tolist()
-    return cost.Network(bandwidth=mean[1], latency=mean[0], copy_bandwidth=mean[2]), mean[3:]
+    mean = hvd.allreduce(torch.tensor([t_small, t_big, t_copy, per_op, *local], dtype=torch.float64),
+                         name="sparsecomm.measure.mean", process_set=process_set).tolist()
+    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, mean[0], mean[1], big.numel() * 4, mean[2], mean[3])
+    return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth), mean[4:]
