@@ -191,12 +191,13 @@ class Planner:
         side = MODEL if self.trial is None else self.trial.arm(self.steps.step)
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks, side):
-            value_size = self.method.value_bytes(element_size)
             hidden = self._hidden.get(name, 0.0)
-            choice, predicted = cost.choose(numel, k, element_size, value_size, ranks, self.network,
-                                            self.method.exchanges(), self.local, hidden)
-            if side != MODEL:
-                choice = self._extreme(side, numel, k, element_size, value_size, ranks, hidden)
+            choice, predicted = self._choose(numel, k, element_size, ranks, hidden)
+            if side == ALL_DENSE:
+                choice = "dense"
+            elif side == ALL_SPARSE:  # the sparse exchange the model predicts cheapest
+                choice = self._choose(numel, k, element_size, ranks, hidden,
+                                      tuple(e for e in self.method.exchanges() if e != "dense"))[0]
             chosen = {"exchange": choice, "predicted_seconds": predicted}
             if name in self._hidden:
                 chosen["hidden_seconds"] = hidden
@@ -207,21 +208,17 @@ class Planner:
             self.choices[name] = cached[1]
         return cached[1]["exchange"]
 
-    def _extreme(self, side, numel, k, element_size, value_size, ranks, hidden):
-        """A tensor's route on the ALL_DENSE or ALL_SPARSE side: dense, or the sparse exchange
-        the model predicts cheapest."""
-        if side == ALL_DENSE:
-            return "dense"
-        sparse = tuple(e for e in self.method.exchanges() if e != "dense")
-        return cost.choose(numel, k, element_size, value_size, ranks, self.network, sparse, self.local, hidden)[0]
+    def _choose(self, numel, k, element_size, ranks, hidden, allowed=None):
+        """cost.choose for this method on the measured network: (route, every prediction)."""
+        return cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks, self.network,
+                           self.method.exchanges() if allowed is None else allowed, self.local, hidden)
 
     def _alternative(self, ranks):
         """The side the model's routes are tried against: ALL_SPARSE where the model sends some
         watched tensor dense, else ALL_DENSE."""
         for name, (numel, size, density, by_auto) in self._shapes.items():
-            if by_auto and cost.choose(numel, selected_count(density, numel), size, self.method.value_bytes(size),
-                                       ranks, self.network, self.method.exchanges(), self.local,
-                                       self._hidden.get(name, 0.0))[0] == "dense":
+            if by_auto and self._choose(numel, selected_count(density, numel), size, ranks,
+                                        self._hidden.get(name, 0.0))[0] == "dense":
                 return ALL_SPARSE
         return ALL_DENSE
 
@@ -231,8 +228,7 @@ class Planner:
         def wire_seconds(name, hidden):
             numel, size, density, by_auto = self._shapes[name]
             k, value_size = selected_count(density, numel), self.method.value_bytes(size)
-            route = cost.choose(numel, k, size, value_size, ranks, self.network, self.method.exchanges(), self.local,
-                                hidden)[0] if by_auto else "dense"
+            route = self._choose(numel, k, size, ranks, hidden)[0] if by_auto else "dense"
             return cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local)[route][1]
         watched = [(name, window) for name, window in self._windows.items() if name in self._shapes]
         return cost.hidden_times(watched, wire_seconds)
@@ -298,8 +294,8 @@ class RouteTrial:
     then TRIAL_STEPS steps alternate MODEL and the alternative, each timed by the StepClock;
     then the faster side is kept."""
 
-    def __init__(self, first, alternative, steps=TRIAL_STEPS):
-        self.first, self.alternative, self.steps = first, alternative, steps
+    def __init__(self, first, alternative):
+        self.first, self.alternative, self.steps = first, alternative, TRIAL_STEPS  # StepClock keeps that many
         self.winner = None  # MODEL or the alternative, once decided
         self.seconds = None  # {side: median step seconds, averaged over the ranks}, once decided
 
