@@ -3,6 +3,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -25,15 +26,20 @@ def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     summary = f"horovodrun -np {np} --gloo {os.path.basename(script)}"
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        LAUNCHES.append((summary, "timed out", time.monotonic() - started))
-        pytest.fail(f"horovodrun -np {np} {script} timed out after {timeout}s:\n{output[-6000:]}")
+    # The ranks' temporary files go to a folder removed with the launch: TF's autograph writes one
+    # per converted function and removes them at exit, which a killed rank never reaches
+    # (test_crash.py left about 170 in /tmp per run).
+    with tempfile.TemporaryDirectory(prefix="sparsecomm-ranks-") as ranks_tmp:
+        env["TMPDIR"] = ranks_tmp
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                                start_new_session=True)
+        try:
+            output, _ = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+            LAUNCHES.append((summary, "timed out", time.monotonic() - started))
+            pytest.fail(f"horovodrun -np {np} {script} timed out after {timeout}s:\n{output[-6000:]}")
     seconds = time.monotonic() - started
     LAUNCHES.append((summary, proc.returncode, seconds))
     return proc.returncode, output, seconds

@@ -298,8 +298,21 @@ def test_the_route_trial_keeps_the_faster_side(faster):
     assert planner.choices["early"]["route_trial"] == faster
     assert planner.choices["early"]["route_trial_seconds"] == dict(zip((plan.MODEL, plan.ALL_SPARSE), medians))
     assert len(planner.steps.ends) == plan.TRIAL_STEPS + 1  # the clock keeps no more than the trial needs
-    planner.tried([0.5, 0.5])  # a tie keeps the model's routes
-    assert planner.trial.winner == plan.MODEL
+
+
+@pytest.mark.parametrize("model, alternative, kept", [
+    (1.0, 1.0, plan.MODEL),     # a tie
+    (1.0, 0.98, plan.MODEL),    # 2% faster: within TRIAL_MARGIN (3%), the trial cannot tell it apart
+    (1.0, 0.971, plan.MODEL),
+    (1.0, 0.969, plan.ALL_SPARSE),  # faster by more than the margin
+    (0.5, 1.0, plan.MODEL),
+])
+def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternative, kept):
+    trial = plan.RouteTrial(2, plan.ALL_SPARSE)
+    trial.decide([model, alternative])
+    assert trial.winner == kept and trial.arm(20) == kept
+    assert trial.shown(20) == {"route_trial": kept, "route_trial_seconds": {plan.MODEL: model,
+                                                                            plan.ALL_SPARSE: alternative}}
 
 
 def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():

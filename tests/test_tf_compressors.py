@@ -210,12 +210,12 @@ def test_random_block_compress_decompress_equals_reference_across_a_retrace():
     assert int(comp.state[0].step.numpy()) == 6 and comp.stats()["tensors"]["v0"]["sent_elements"] == 6 * 120
 
 
-def test_state_is_checkpointed_by_position_and_restored():
+def test_state_is_checkpointed_by_position_and_restored(tmp_path):
     named = _named((40, 40), (40,))
     comp = DGC(ratio=0.1, variables=named, **EVERY)
     comp.state[0].residual.assign(tf.fill([1600], 2.5))
     comp.state[1].step.assign(7)
-    path = tf.train.Checkpoint(compression=comp).save(os.path.join(pytest.importorskip("tempfile").mkdtemp(), "c"))
+    path = tf.train.Checkpoint(compression=comp).save(str(tmp_path / "c"))
     keys = {name for name, _ in tf.train.list_variables(path)}
     assert "compression/state/0/residual/.ATTRIBUTES/VARIABLE_VALUE" in keys
     assert "compression/state/1/momentum/.ATTRIBUTES/VARIABLE_VALUE" in keys

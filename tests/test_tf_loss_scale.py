@@ -4,7 +4,6 @@ applied in the graph (rollback, rescale, step) eagerly and in tf.function, NaN f
 payload of a non-finite gradient, and the checkpointed loss-scale variables. Training on 2
 ranks: test_multirank_tf_loss_scale.py."""
 import os
-import tempfile
 
 import numpy as np
 import pytest
@@ -75,13 +74,13 @@ def test_a_non_finite_gradient_sends_a_nan_first():
     np.testing.assert_array_equal(_nan_first(quantized, tf.constant(False)).scales.numpy(), [0.5, 0.25])
 
 
-def test_the_loss_scale_and_the_backup_are_checkpointed():
+def test_the_loss_scale_and_the_backup_are_checkpointed(tmp_path):
     w = tf.Variable(tf.zeros([40, 40]))
     comp = DGC(ratio=0.1, variables=[("w", w)], loss_scaler=_scaler(variables=[w]), **EVERY)
     comp.state[0].loss_scale.assign(1024.0)
     comp.state[0].backup_momentum.assign(tf.fill([1600], 3.0))
     comp.state[0].backup_valid.assign(True)
-    path = tf.train.Checkpoint(compression=comp).save(os.path.join(tempfile.mkdtemp(), "c"))
+    path = tf.train.Checkpoint(compression=comp).save(str(tmp_path / "c"))
     keys = {name for name, _ in tf.train.list_variables(path)}
     for key in ("loss_scale", "backup_step", "backup_valid", "backup_residual", "backup_momentum"):
         assert f"compression/state/0/{key}/.ATTRIBUTES/VARIABLE_VALUE" in keys
