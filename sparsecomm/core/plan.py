@@ -183,8 +183,7 @@ class Planner:
 
     def tried(self, seconds):
         """The route trial's median step seconds (MODEL's, the alternative's), averaged over the
-        ranks: the alternative routes from now on if it is faster by more than TRIAL_MARGIN,
-        else the model."""
+        ranks: the side RouteTrial.decide keeps routes from now on."""
         self.trial.decide(seconds)
         self._cached.clear()
 
@@ -302,7 +301,7 @@ class RouteTrial:
     then the alternative is kept if it is faster by more than TRIAL_MARGIN, else MODEL."""
 
     def __init__(self, first, alternative):
-        self.first, self.alternative, self.steps = first, alternative, TRIAL_STEPS  # StepClock keeps that many
+        self.first, self.alternative = first, alternative
         self.winner = None  # MODEL or the alternative, once decided
         self.seconds = None  # {side: median step seconds, averaged over the ranks}, once decided
 
@@ -317,11 +316,11 @@ class RouteTrial:
     def timed(self, clock):
         """Whether every counted step has ended (checked at every compress: true first at the
         first compress after them, while the clock still holds their ends)."""
-        return clock.step > self.first + self.steps
+        return clock.step > self.first + TRIAL_STEPS
 
     def medians(self, clock):
         """[MODEL's, the alternative's] median step seconds on this rank."""
-        counted = range(self.first + 1, self.first + 1 + self.steps)
+        counted = range(self.first + 1, self.first + 1 + TRIAL_STEPS)  # the StepClock keeps their ends
         times = {MODEL: [], self.alternative: []}
         for step in counted:
             times[self.arm(step)].append(clock.ended(step) - clock.ended(step - 1))
