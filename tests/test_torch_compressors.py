@@ -173,6 +173,39 @@ def test_bad_bindings_and_unattributable_gradients_fail_loudly():
         comp.compress(w_int)
 
 
+@pytest.mark.parametrize("order", ["backward", "forward", "shuffled"])
+def test_every_gradient_is_attributed_whatever_the_order_with_a_step_of_lookups_linear(order):
+    """name_of finds each new gradient (zero_grad(set_to_none=True): new tensors every step) in
+    any order, and in backward order compares each about once: a pass over the parameters per
+    lookup (its old rebuild) made a step quadratic in the number of tensors."""
+    from sparsecomm.torch.state import ParameterBinding
+
+    class Counted:  # a parameter whose .grad reads are counted
+        reads = 0
+
+        def __init__(self, grad):
+            self._grad = grad
+
+        @property
+        def grad(self):
+            Counted.reads += 1
+            return self._grad
+
+    names = [f"layer{i}.weight" for i in range(200)]
+    binding = ParameterBinding("TopK", [(n, torch.nn.Parameter(torch.zeros(2))) for n in names])
+    for step in range(3):
+        grads = {n: torch.full((2,), float(step)) for n in names}
+        binding._order = [(n, Counted(grads[n])) for n in names]
+        sequence = {"backward": names[::-1], "forward": names,
+                    "shuffled": [names[i] for i in torch.randperm(len(names), generator=torch.Generator().manual_seed(step))]}[order]
+        Counted.reads = 0
+        assert [binding.name_of(grads[n]) for n in sequence] == sequence
+        if order == "backward":
+            assert Counted.reads == len(names)
+    with pytest.raises(LookupError, match="not the .grad of any parameter"):
+        binding.name_of(torch.zeros(2))
+
+
 def test_a_tied_parameter_listed_under_two_names_keeps_the_first():
     """named_parameters(remove_duplicate=False) lists a tied weight once per module (Horovod
     accepts that): its state is keyed by the first name."""

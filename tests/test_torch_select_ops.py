@@ -486,6 +486,27 @@ def test_quantize_ops_pass_opcheck_and_check_bits():
 
 
 @pytest.mark.usefixtures("host_binding")
+@pytest.mark.parametrize("numel,ratio", [(1000, 0.01), (100_000, 0.01), (50, 0.1), (147_456, 0.001), (73_728, 0.01),
+                                         (4096, 0.01), (4097, 0.01), (3_000_017, 0.01)])
+@pytest.mark.parametrize("state,dtype", [("none", torch.float32), ("residual", torch.float32),
+                                         ("momentum", torch.float32), ("both", torch.float32),
+                                         ("both", torch.float16), ("both", torch.bfloat16)])
+def test_sampled_threshold_is_the_exact_kth_of_the_documented_sample(numel, ratio, state, dtype):
+    """Every plan (strided runs of 1 or 16, or one contiguous stretch: a tensor sampled whole),
+    every state (residual, DGC momentum, both, none) and both selections (direct up to 4096
+    sampled values, the histogram above): the rank-th largest |acc| of the sample, exactly."""
+    gen = torch.Generator().manual_seed(numel)
+    grad = torch.randn(numel, generator=gen).to(dtype)
+    residual = torch.randn(numel, generator=gen) if state in ("residual", "both") else None
+    momentum = torch.randn(numel, generator=gen) if state in ("momentum", "both") else None
+    acc, _ = reference.accumulate(grad, residual, momentum, 0.9)
+    for step in (0, 3):
+        t = ops.sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=0.9, seed=9, tensor_id=7,
+                                 step=step).item()
+        assert t == reference.sampled_threshold(acc, ratio, 9, 7, step), (step, t)
+
+
+@pytest.mark.usefixtures("host_binding")
 @pytest.mark.parametrize("numel,ratio", [(1000, 0.01), (100_000, 0.01), (1_000_003, 0.001), (50, 0.1), (25, 0.5)])
 def test_sampled_threshold_and_selection_follow_the_documented_plan(numel, ratio):
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))

