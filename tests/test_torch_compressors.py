@@ -196,8 +196,8 @@ def test_every_gradient_is_attributed_whatever_the_order_with_a_step_of_lookups_
     for step in range(3):
         grads = {n: torch.full((2,), float(step)) for n in names}
         binding._order = [(n, Counted(grads[n])) for n in names]
-        sequence = {"backward": names[::-1], "forward": names,
-                    "shuffled": [names[i] for i in torch.randperm(len(names), generator=torch.Generator().manual_seed(step))]}[order]
+        shuffled = torch.randperm(len(names), generator=torch.Generator().manual_seed(step))
+        sequence = {"backward": names[::-1], "forward": names, "shuffled": [names[i] for i in shuffled]}[order]
         Counted.reads = 0
         assert [binding.name_of(grads[n]) for n in sequence] == sequence
         if order == "backward":
