@@ -34,28 +34,23 @@ struct Kth {
 constexpr int64_t kDirectSelection = 4096;
 
 Kth kth_largest_magnitude(const float* acc, int64_t count, int64_t rank) {
-  static thread_local std::vector<float> bucket;
-  if (count <= kDirectSelection) {
-    bucket.resize(count);
-    for (int64_t j = 0; j < count; ++j) bucket[j] = magnitude(acc[j]);
-    std::nth_element(bucket.begin(), bucket.begin() + (rank - 1), bucket.end(), std::greater<float>());
-    const float kth = bucket[rank - 1];
-    int64_t above = 0;
-    for (int64_t j = 0; j < rank - 1; ++j) above += bucket[j] > kth;  // the rest are <= kth
-    return {kth, above};
-  }
-  constexpr int kShift = 16;
-  constexpr uint32_t kBuckets = (0x7f800000u >> kShift) + 1;  // up to +inf's bucket
-  static thread_local std::vector<uint32_t> histogram;
-  histogram.assign(kBuckets, 0);
-  for (int64_t j = 0; j < count; ++j) ++histogram[float_bits(magnitude(acc[j])) >> kShift];
-  uint32_t b = kBuckets;
-  int64_t above = 0;
-  while (above + histogram[--b] < rank) above += histogram[b];
+  static thread_local std::vector<float> bucket;  // the values the rank-th is among
+  int64_t above = 0;                              // how many values are above all of those
   bucket.clear();
-  for (int64_t j = 0; j < count; ++j) {
-    const float m = magnitude(acc[j]);
-    if (float_bits(m) >> kShift == b) bucket.push_back(m);
+  if (count <= kDirectSelection) {
+    for (int64_t j = 0; j < count; ++j) bucket.push_back(magnitude(acc[j]));
+  } else {
+    constexpr int kShift = 16;
+    constexpr uint32_t kBuckets = (0x7f800000u >> kShift) + 1;  // up to +inf's bucket
+    static thread_local std::vector<uint32_t> histogram;
+    histogram.assign(kBuckets, 0);
+    for (int64_t j = 0; j < count; ++j) ++histogram[float_bits(magnitude(acc[j])) >> kShift];
+    uint32_t b = kBuckets;
+    while (above + histogram[--b] < rank) above += histogram[b];
+    for (int64_t j = 0; j < count; ++j) {
+      const float m = magnitude(acc[j]);
+      if (float_bits(m) >> kShift == b) bucket.push_back(m);
+    }
   }
   const int64_t rank_in_bucket = rank - above;
   std::nth_element(bucket.begin(), bucket.begin() + (rank_in_bucket - 1), bucket.end(), std::greater<float>());
