@@ -506,6 +506,56 @@ def test_sampled_threshold_is_the_exact_kth_of_the_documented_sample(numel, rati
         assert t == reference.sampled_threshold(acc, ratio, 9, 7, step), (step, t)
 
 
+def _ordered(values, order, gen):
+    """`values` rearranged as a gradient might come: magnitudes rising (every value passes a
+    running bound), falling, rising after a random half, the largest last, some of the largest
+    first and the rest rising, few distinct levels (ties at the k-th),
+    mostly zeros, all equal, or with infs and NaNs."""
+    numel = values.numel()
+    by_magnitude = values[values.abs().argsort()]
+    if order == "ascending":
+        return by_magnitude
+    if order == "descending":
+        return by_magnitude.flip(0)
+    if order == "ascending after random":
+        return torch.cat([values[:numel // 2], values[numel // 2:][values[numel // 2:].abs().argsort()]])
+    if order == "largest last":  # the 1% largest at the end (the filter's blocks, then its tail of under 16)
+        largest = values.abs().argsort(descending=True)[:max(1, numel // 100)]
+        rest = torch.ones(numel, dtype=torch.bool)
+        rest[largest] = False
+        return torch.cat([values[rest], values[largest]])
+    if order == "some largest first, then ascending":  # the bound stays low: the filter gives up
+        some = max(1, numel // 200)
+        return torch.cat([by_magnitude[-some:], by_magnitude[:-some]])
+    if order == "few levels":
+        return (values * 2).round() / 2
+    if order == "mostly zeros":
+        return torch.where(torch.rand(numel, generator=gen) < 0.9, torch.zeros(()), values)
+    if order == "all equal":
+        return torch.full((numel,), -0.5)
+    if order == "inf and nan":
+        special = torch.tensor([float("inf"), float("-inf"), float("nan")])[torch.randint(0, 3, (numel,), generator=gen)]
+        return torch.where(torch.rand(numel, generator=gen) < 0.005, special, values)
+    return values
+
+
+@pytest.mark.usefixtures("host_binding")
+@pytest.mark.parametrize("numel,ratio", [(4096, 0.01), (4099, 0.01), (16_384, 0.01), (147_456, 0.001),
+                                         (1_000_003, 0.001), (100_000, 0.01)])
+@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ascending after random", "largest last",
+                                   "some largest first, then ascending", "few levels", "mostly zeros", "all equal", "inf and nan"])
+def test_sampled_threshold_is_exact_whatever_the_order_of_the_values(numel, ratio, order):
+    """The CPU finds a few among many (a tensor sampled whole: rank = ratio * count) by a running
+    bound that gives up where the order lets most values pass, the rest by a histogram or one
+    nth_element: whichever runs, the rank-th largest magnitude of the sample, exactly."""
+    gen = torch.Generator().manual_seed(numel)
+    grad = _ordered(torch.randn(numel, generator=gen), order, gen)
+    for step in (0, 3):
+        t = ops.sample_threshold(grad, None, ratio, seed=9, tensor_id=7, step=step).item()
+        expected = reference.sampled_threshold(grad, ratio, 9, 7, step)
+        assert t == expected, (step, t, expected)
+
+
 @pytest.mark.usefixtures("host_binding")
 @pytest.mark.parametrize("numel,ratio", [(1000, 0.01), (100_000, 0.01), (1_000_003, 0.001), (50, 0.1), (25, 0.5)])
 def test_sampled_threshold_and_selection_follow_the_documented_plan(numel, ratio):
