@@ -509,8 +509,8 @@ def test_sampled_threshold_is_the_exact_kth_of_the_documented_sample(numel, rati
 def _ordered(values, order, gen):
     """`values` rearranged as a gradient might come: magnitudes rising (every value passes a
     running bound), falling, rising after a random half, the largest last, some of the largest
-    first and the rest rising, few distinct levels (ties at the k-th),
-    mostly zeros, all equal, or with infs and NaNs."""
+    first and the rest rising, few distinct levels (ties at the k-th), mostly zeros, all equal,
+    or with infs and NaNs."""
     numel = values.numel()
     by_magnitude = values[values.abs().argsort()]
     if order == "ascending":
@@ -534,7 +534,8 @@ def _ordered(values, order, gen):
     if order == "all equal":
         return torch.full((numel,), -0.5)
     if order == "inf and nan":
-        special = torch.tensor([float("inf"), float("-inf"), float("nan")])[torch.randint(0, 3, (numel,), generator=gen)]
+        special = torch.tensor([float("inf"), float("-inf"), float("nan")])
+        special = special[torch.randint(0, 3, (numel,), generator=gen)]
         return torch.where(torch.rand(numel, generator=gen) < 0.005, special, values)
     return values
 
@@ -543,7 +544,8 @@ def _ordered(values, order, gen):
 @pytest.mark.parametrize("numel,ratio", [(4096, 0.01), (4099, 0.01), (16_384, 0.01), (147_456, 0.001),
                                          (1_000_003, 0.001), (100_000, 0.01)])
 @pytest.mark.parametrize("order", ["random", "ascending", "descending", "ascending after random", "largest last",
-                                   "some largest first, then ascending", "few levels", "mostly zeros", "all equal", "inf and nan"])
+                                   "some largest first, then ascending", "few levels", "mostly zeros", "all equal",
+                                   "inf and nan"])
 def test_sampled_threshold_is_exact_whatever_the_order_of_the_values(numel, ratio, order):
     """The CPU finds a few among many (a tensor sampled whole: rank = ratio * count) by a running
     bound that gives up where the order lets most values pass, the rest by a histogram or one

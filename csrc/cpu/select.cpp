@@ -97,7 +97,6 @@ bool filtered(const float* acc, int64_t count, int64_t rank, int64_t capacity, s
 Kth kth_largest_magnitude(const float* acc, int64_t count, int64_t rank) {
   static thread_local std::vector<float> bucket;  // the values the rank-th is among
   int64_t above = 0;                              // how many values are above all of those
-  bucket.clear();
   const int64_t capacity = filter_capacity(count, rank);
   if (capacity > 0 && filtered(acc, count, rank, capacity, bucket)) {
     // the bucket holds the rank-th and every value above it
