@@ -18,22 +18,27 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x memcpy" in proc.stdout and "topk / op" in proc.stdout
     records = json.loads(out.read_text())["records"]
-    assert len(records) == 10  # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%)
-    assert [r["op"].split()[0] for r in records[-2:]] == ["TopK", "Threshold"]
+    # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%); then on
+    # ResNet-50's 161 tensors, the same paths and Horovod with no compression
+    assert len(records) == 13
+    assert [r["op"].split()[0] for r in records[8:]] == ["TopK", "Threshold", "TopK", "Threshold", "Horovod,"]
     for r in records:
         assert {"op", "numel", "density", "dtype", "device", "median_ms", "memcpy_ms", "topk_ms"} <= set(r)
-        assert r["numel"] == 20000 and r["dtype"] == "float32" and r["median_ms"] > 0
+        assert r["dtype"] == "float32" and r["density"] == 0.01 and r["median_ms"] > 0
+    assert [r["numel"] for r in records] == [20000] * 10 + [25_557_032] * 3
+    assert all(r["tensors"] == 161 and "ResNet-50's 161 tensors" in r["op"] for r in records[10:])
 
 
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
-    elements, the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the
+    elements (no model's tensors), the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the
     floor, dense, DGC, DDP dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must
     write the JSON, both figures and the results page."""
     md = tmp_path / "results.md"
     rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD"]
     proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "all", "--out", str(tmp_path / "out"),
                            "--results-md", str(md), "--sizes", "20000", "--densities", "0.01", "--repeats", "1",
+                           "--kernel-models",
                            "--ranks", "2", "--networks", "unshaped", "--models", "compute",
                            "--e2e-methods", *rows, "--warmup", "1", "--steps", "2",
                            "--tasks", "digits", "--convergence-methods", "dense", "DGC 0.1%", "--epochs", "1"],

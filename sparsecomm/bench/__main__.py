@@ -22,9 +22,10 @@ from . import kernels, network
 
 
 def _kernels(args):
+    total = sum(kernels.count(d) * len(args.sizes) + kernels.model_count(d) * len(args.kernel_models)
+                for d in args.densities)
     records = kernels.run(args.device, getattr(torch, args.dtype), args.sizes, args.densities, args.repeats,
-                          _progress("kernels", sum(kernels.count(d) for d in args.densities) * len(args.sizes),
-                                    lambda r: f"{r['op']} {r['numel']:,}"))
+                          _progress("kernels", total, lambda r: f"{r['op']} {r['numel']:,}"), args.kernel_models)
     print("\n" + kernels.table(records))
     return records
 
@@ -98,6 +99,8 @@ def _parser():
         p.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
         p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
         p.add_argument("--repeats", type=int, default=7)
+        p.add_argument("--kernel-models", nargs="*", default=list(kernels.MODELS), choices=list(kernels.MODELS),
+                       help="models whose gradients' whole path is timed too (default: all; none: no such rows)")
     for p in (e, a):
         from .e2e_worker import ROWS
         p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])

@@ -1,9 +1,13 @@
 """Kernel benchmark: every sparsecomm kernel on realistic sizes, with the baselines measured
 in the same run (memcpy of the same float32 buffer and torch.topk(x.abs(), k)), so the
 ratios carry to other machines; and the whole path of TopK, Threshold and DGC (at densities
-up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against the same memcpy.
+up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against the same memcpy:
+on one tensor of each size, and on a model's many (`MODELS`: ResNet-50's 161 gradients, the
+same 25.6M elements in tensors of 64 to 2.4M, where what a tensor costs besides its elements
+shows), beside Horovod with no compression and a torch.topk per tensor on the same tensors.
 Medians of repeated runs after a warm-up. Each op's memcpy is timed in turn with the op
 itself, call for call, so a machine whose speed drifts (a shared host) moves both alike."""
+import math
 import statistics
 import time
 
@@ -13,6 +17,26 @@ from ..torch import ops
 
 SIZES = (1_000_000, 25_557_032)  # 25,557,032 = one ResNet-50 gradient
 DENSITIES = (0.001, 0.01)
+
+
+def resnet50_shapes():
+    """ResNet-50's 161 parameter shapes, in parameter order (the stem; per bottleneck block
+    the 1x1, 3x3 and 1x1 convolutions, each followed by its batch norm's weight and bias, and
+    the first block of each stage a 1x1 downsampling convolution and norm; the classifier):
+    25,557,032 elements."""
+    shapes, inputs = [(64, 3, 7, 7), (64,), (64,)], 64
+    for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
+        outputs = 4 * width
+        for block in range(blocks):
+            shapes += [(width, inputs, 1, 1), (width,), (width,), (width, width, 3, 3), (width,), (width,),
+                       (outputs, width, 1, 1), (outputs,), (outputs,)]
+            if block == 0:
+                shapes += [(outputs, inputs, 1, 1), (outputs,), (outputs,)]
+            inputs = outputs
+    return shapes + [(1000, 2048), (1000,)]
+
+
+MODELS = {"resnet50": ("ResNet-50's 161 tensors", resnet50_shapes)}
 
 
 def _sync(device):
@@ -95,6 +119,39 @@ def _path_cases(x, density):
     return cases
 
 
+def _model_path_cases(device, dtype, shapes, label, density):
+    """The whole path of every gradient of a model (`shapes`), on one rank: compress
+    each (in backward order, as the hooks fire), Horovod's allreduce of each hand-over (in
+    flight together), decompress each; the compressors with their default per-layer policy
+    (1-D tensors and those under 1,024 elements go dense). Returns the (name, fn, setup) of each
+    method's path, that of the baseline (Horovod with no compression on the same tensors), and
+    the gradients."""
+    import horovod.torch as hvd
+    from ..torch import DGC, Threshold, TopK
+    hvd.init()
+    gen = torch.Generator().manual_seed(1)
+    grads = [(torch.randn(shape, generator=gen) * 0.01).to(dtype).to(device) for shape in shapes]
+    params = [(f"p{i}", torch.nn.Parameter(torch.empty_like(g))) for i, g in enumerate(grads)]
+    buffers = [torch.empty_like(g) for g in grads]
+
+    def refill():
+        for (_, param), buffer, grad in zip(params, buffers, grads):
+            param.grad = buffer.copy_(grad)
+        return ()
+
+    def path(compression):
+        handed = [compression.compress(param.grad) for _, param in reversed(params)]
+        handles = [hvd.allreduce_async_(tensor, name=f"bench.model.{i}") for i, (tensor, _) in enumerate(handed)]
+        for (_, ctx), handle in zip(handed, handles):
+            compression.decompress(hvd.synchronize(handle), ctx)
+
+    makers = {"TopK": TopK, "Threshold": Threshold, "DGC": DGC}
+    cases = [(f"{name} whole path, {label} (1 rank)",
+              lambda c=makers[name](ratio=density, exchange="allgather", named_parameters=params): path(c), refill)
+             for name in _path_methods(density)]
+    return cases, (f"Horovod, no compression, {label} (1 rank)", lambda: path(hvd.Compression.none), refill), grads
+
+
 def _path_methods(density):
     """The compressors whose whole path is timed at this density (DGC's only at its own
     densities, up to 0.1%)."""
@@ -106,7 +163,13 @@ def count(density):
     return 8 + len(_path_methods(density))
 
 
-def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print):
+def model_count(density):
+    """Records per model at this density: the whole paths, then the baseline."""
+    return len(_path_methods(density)) + 1
+
+
+def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print,
+        models=tuple(MODELS)):
     device = torch.device(device)
     records = []
     for numel in sizes:
@@ -124,25 +187,54 @@ def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, rep
                           "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms}
                 records.append(record)
                 progress(record)
+    for model in models:
+        records += _model_records(device, dtype, model, densities, repeats, progress)
+    return records
+
+
+def _model_records(device, dtype, model, densities, repeats, progress):
+    """Per density, the whole paths of each method on the model's gradients and the baseline
+    (Horovod with no compression; sends everything whatever the density), each timed in turn
+    with a memcpy of as many float32 elements; topk_ms: a torch.topk(x.abs(), k) per tensor at
+    that density, what a compressor that selects per tensor with torch would spend."""
+    label, shapes = MODELS[model][0], MODELS[model][1]()
+    records = []
+    src = torch.randn(sum(math.prod(shape) for shape in shapes), device=device)
+    dst = torch.empty_like(src)
+    memcpy = lambda: dst.copy_(src)  # noqa: E731
+    for density in densities:
+        cases, baseline, grads = _model_path_cases(device, dtype, shapes, label, density)
+        ks = [max(1, int(density * g.numel() + 0.5)) for g in grads]
+        topk_ms = median_ms(lambda: [torch.topk(g.abs().view(-1), k, sorted=False) for g, k in zip(grads, ks)],
+                            device, repeats)
+        for name, fn, setup in cases + [baseline]:
+            ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
+            record = {"op": name, "numel": src.numel(), "density": density, "dtype": str(dtype).replace("torch.", ""),
+                      "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms,
+                      "tensors": len(shapes)}
+            records.append(record)
+            progress(record)
     return records
 
 
 def table(records):
-    header = (f"{'op':<40}{'numel':>12}{'density':>9}{'dtype':>10}{'device':>7}{'median ms':>11}"
+    width = max([40] + [len(r["op"]) + 2 for r in records])
+    header = (f"{'op':<{width}}{'numel':>12}{'density':>9}{'dtype':>10}{'device':>7}{'median ms':>11}"
               f"{'x memcpy':>10}{'topk / op':>11}")
     lines = [header, "-" * len(header)]
     for r in records:
-        lines.append(f"{r['op']:<40}{r['numel']:>12,}{r['density']:>9}{r['dtype']:>10}{r['device']:>7}"
+        lines.append(f"{r['op']:<{width}}{r['numel']:>12,}{r['density']:>9}{r['dtype']:>10}{r['device']:>7}"
                      f"{r['median_ms']:>11.3f}{r['median_ms'] / r['memcpy_ms']:>10.2f}"
                      f"{r['topk_ms'] / r['median_ms']:>10.1f}x")
     lines.append("")
     lines.append("baselines in the same run: memcpy = float32 copy of the same numel, timed in turn with each op "
-                 "(its ratio is to that memcpy); topk = torch.topk(x.abs(), k)")
+                 "(its ratio is to that memcpy); topk = torch.topk(x.abs(), k) (a model's rows: one per tensor)")
     lines.append("whole path: compress -> Horovod allreduce of what it hands over -> decompress, one rank, as "
                  "hvd.DistributedOptimizer runs it")
-    for numel, density in sorted({(r["numel"], r["density"]) for r in records}):
-        mine = [r for r in records if (r["numel"], r["density"]) == (numel, density)]
+    for numel, density, tensors in sorted({(r["numel"], r["density"], r.get("tensors", 1)) for r in records}):
+        mine = [r for r in records if (r["numel"], r["density"], r.get("tensors", 1)) == (numel, density, tensors)]
         copies = [r["memcpy_ms"] for r in mine]
-        lines.append(f"  numel {numel:>12,}  density {density:<6}  memcpy {min(copies):8.3f} to {max(copies):8.3f} ms"
-                     f"  topk {mine[0]['topk_ms']:9.3f} ms")
+        where = f" in {tensors} tensors" if tensors > 1 else ""
+        lines.append(f"  numel {numel:>12,}{where}  density {density:<6}  memcpy {min(copies):8.3f} to "
+                     f"{max(copies):8.3f} ms  topk {mine[0]['topk_ms']:9.3f} ms")
     return "\n".join(lines)
