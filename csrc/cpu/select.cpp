@@ -55,8 +55,6 @@ int64_t filter_capacity(int64_t count, int64_t rank) {
   return pays ? capacity : 0;
 }
 
-uint32_t magnitude_bits(uint32_t bits) { return std::min(bits & 0x7fffffffu, 0x7f800000u); }
-
 // Fills `bucket` with values among which the rank-th largest of acc[0, count) is, and every
 // value above it; false if it gave up (the values came in an order that let most of them pass).
 bool filtered(const float* acc, int64_t count, int64_t rank, int64_t capacity, std::vector<float>& bucket) {
@@ -74,8 +72,10 @@ bool filtered(const float* acc, int64_t count, int64_t rank, int64_t capacity, s
   cut();
   int64_t j = capacity;
   for (; j + kFilterBlock <= count; j += kFilterBlock) {
-    uint32_t top = 0;  // the block's largest magnitude, compared on the bits (the loop vectorizes)
-    for (int64_t q = 0; q < kFilterBlock; ++q) top = std::max(top, magnitude_bits(float_bits(acc[j + q])));
+    // The block's largest |value|, on the bits (an integer max: the loop vectorizes). A NaN's
+    // bits are above +inf's, so a block with one is never skipped: the append compares magnitudes.
+    uint32_t top = 0;
+    for (int64_t q = 0; q < kFilterBlock; ++q) top = std::max(top, float_bits(acc[j + q]) & 0x7fffffffu);
     if (top <= float_bits(bound)) continue;
     for (int64_t q = 0; q < kFilterBlock; ++q) {  // branch-free append of those above the bound
       b[size] = magnitude(acc[j + q]);
@@ -98,23 +98,25 @@ Kth kth_largest_magnitude(const float* acc, int64_t count, int64_t rank) {
   static thread_local std::vector<float> bucket;  // the values the rank-th is among
   int64_t above = 0;                              // how many values are above all of those
   const int64_t capacity = filter_capacity(count, rank);
-  if (capacity > 0 && filtered(acc, count, rank, capacity, bucket)) {
-    // the bucket holds the rank-th and every value above it
-  } else if (count <= kDirectSelection) {
+  // The filter, where it pays and does not give up, leaves the rank-th and every value above it
+  // in the bucket; otherwise the bucket takes every value (a few thousand), or the histogram's
+  // bucket that holds the rank-th.
+  if (capacity == 0 || !filtered(acc, count, rank, capacity, bucket)) {
     bucket.clear();
-    for (int64_t j = 0; j < count; ++j) bucket.push_back(magnitude(acc[j]));
-  } else {
-    bucket.clear();
-    constexpr int kShift = 16;
-    constexpr uint32_t kBuckets = (0x7f800000u >> kShift) + 1;  // up to +inf's bucket
-    static thread_local std::vector<uint32_t> histogram;
-    histogram.assign(kBuckets, 0);
-    for (int64_t j = 0; j < count; ++j) ++histogram[float_bits(magnitude(acc[j])) >> kShift];
-    uint32_t b = kBuckets;
-    while (above + histogram[--b] < rank) above += histogram[b];
-    for (int64_t j = 0; j < count; ++j) {
-      const float m = magnitude(acc[j]);
-      if (float_bits(m) >> kShift == b) bucket.push_back(m);
+    if (count <= kDirectSelection) {
+      for (int64_t j = 0; j < count; ++j) bucket.push_back(magnitude(acc[j]));
+    } else {
+      constexpr int kShift = 16;
+      constexpr uint32_t kBuckets = (0x7f800000u >> kShift) + 1;  // up to +inf's bucket
+      static thread_local std::vector<uint32_t> histogram;
+      histogram.assign(kBuckets, 0);
+      for (int64_t j = 0; j < count; ++j) ++histogram[float_bits(magnitude(acc[j])) >> kShift];
+      uint32_t b = kBuckets;
+      while (above + histogram[--b] < rank) above += histogram[b];
+      for (int64_t j = 0; j < count; ++j) {
+        const float m = magnitude(acc[j]);
+        if (float_bits(m) >> kShift == b) bucket.push_back(m);
+      }
     }
   }
   const int64_t rank_in_bucket = rank - above;
