@@ -13,6 +13,7 @@ import time
 
 import torch
 
+from ..core.selection import selected_count
 from ..torch import ops
 
 SIZES = (1_000_000, 25_557_032)  # 25,557,032 = one ResNet-50 gradient
@@ -70,7 +71,7 @@ def paired_median_ms(fn, baseline, device, repeats, setup=None):
 def cases(x, density):
     """(name, fn, setup) for each kernel at this size and density."""
     numel = x.numel()
-    k = max(1, int(density * numel + 0.5))
+    k = selected_count(density, numel)
     residual0 = torch.randn(numel, device=x.device) * 0.01
     threshold = ops.sample_threshold(x, residual0, density)
 
@@ -97,11 +98,10 @@ def _path_cases(x, density):
     runs it: compress -> Horovod allreduce (of what compress hands over) -> decompress. The
     gradient buffer is refilled before each call (untimed): decompress writes its result there."""
     import horovod.torch as hvd
-    from ..torch import DGC, Threshold, TopK
     hvd.init()
     param = torch.nn.Parameter(torch.empty_like(x))
     grad = torch.empty_like(x)
-    makers = {"TopK": TopK, "Threshold": Threshold, "DGC": DGC}
+    makers = _compressor_classes()
     cases = []
     for name in _path_methods(density):
         make = makers[name]
@@ -119,16 +119,10 @@ def _path_cases(x, density):
     return cases
 
 
-def _model_path_cases(device, dtype, shapes, label, density):
-    """The whole path of every gradient of a model (`shapes`), on one rank: compress
-    each (in backward order, as the hooks fire), Horovod's allreduce of each hand-over (in
-    flight together), decompress each; the compressors with their default per-layer policy
-    (1-D tensors and those under 1,024 elements go dense). Returns the (name, fn, setup) of each
-    method's path, that of the baseline (Horovod with no compression on the same tensors), and
-    the gradients."""
-    import horovod.torch as hvd
-    from ..torch import DGC, Threshold, TopK
-    hvd.init()
+def _model_gradients(device, dtype, shapes):
+    """A model's gradients (`shapes`), the named parameters they belong to, and refill(), untimed
+    before each path: every parameter's .grad a fresh copy of its gradient (decompress writes
+    its result there)."""
     gen = torch.Generator().manual_seed(1)
     grads = [(torch.randn(shape, generator=gen) * 0.01).to(dtype).to(device) for shape in shapes]
     params = [(f"p{i}", torch.nn.Parameter(torch.empty_like(g))) for i, g in enumerate(grads)]
@@ -138,6 +132,17 @@ def _model_path_cases(device, dtype, shapes, label, density):
         for (_, param), buffer, grad in zip(params, buffers, grads):
             param.grad = buffer.copy_(grad)
         return ()
+    return params, grads, refill
+
+
+def _model_path_cases(params, refill, label, density):
+    """(name, fn, setup) of the whole path of every gradient of a model, on one rank: compress
+    each (in backward order, as the hooks fire), Horovod's allreduce of each hand-over (in
+    flight together), decompress each; for each method (with the default per-layer policy: 1-D
+    tensors and those under 1,024 elements go dense), then for the baseline, Horovod with no
+    compression on the same tensors."""
+    import horovod.torch as hvd
+    hvd.init()
 
     def path(compression):
         handed = [compression.compress(param.grad) for _, param in reversed(params)]
@@ -145,11 +150,17 @@ def _model_path_cases(device, dtype, shapes, label, density):
         for (_, ctx), handle in zip(handed, handles):
             compression.decompress(hvd.synchronize(handle), ctx)
 
-    makers = {"TopK": TopK, "Threshold": Threshold, "DGC": DGC}
+    makers = _compressor_classes()
     cases = [(f"{name} whole path, {label} (1 rank)",
               lambda c=makers[name](ratio=density, exchange="allgather", named_parameters=params): path(c), refill)
              for name in _path_methods(density)]
-    return cases, (f"Horovod, no compression, {label} (1 rank)", lambda: path(hvd.Compression.none), refill), grads
+    return cases + [(f"Horovod, no compression, {label} (1 rank)", lambda: path(hvd.Compression.none), refill)]
+
+
+def _compressor_classes():
+    """The compressors whose whole path is timed, by name (imported here: they need Horovod)."""
+    from ..torch import DGC, Threshold, TopK
+    return {"TopK": TopK, "Threshold": Threshold, "DGC": DGC}
 
 
 def _path_methods(density):
@@ -179,7 +190,7 @@ def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, rep
         dst = torch.empty_like(src)
         memcpy = lambda: dst.copy_(src)  # noqa: E731
         for density in densities:
-            k = max(1, int(density * numel + 0.5))
+            k = selected_count(density, numel)
             topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
             for name, fn, setup in cases(x, density) + _path_cases(x, density):
                 ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
@@ -198,16 +209,16 @@ def _model_records(device, dtype, model, densities, repeats, progress):
     with a memcpy of as many float32 elements; topk_ms: a torch.topk(x.abs(), k) per tensor at
     that density, what a compressor that selects per tensor with torch would spend."""
     label, shapes = MODELS[model][0], MODELS[model][1]()
+    params, grads, refill = _model_gradients(device, dtype, shapes)
     records = []
     src = torch.randn(sum(math.prod(shape) for shape in shapes), device=device)
     dst = torch.empty_like(src)
     memcpy = lambda: dst.copy_(src)  # noqa: E731
     for density in densities:
-        cases, baseline, grads = _model_path_cases(device, dtype, shapes, label, density)
-        ks = [max(1, int(density * g.numel() + 0.5)) for g in grads]
+        ks = [selected_count(density, g.numel()) for g in grads]
         topk_ms = median_ms(lambda: [torch.topk(g.abs().view(-1), k, sorted=False) for g, k in zip(grads, ks)],
                             device, repeats)
-        for name, fn, setup in cases + [baseline]:
+        for name, fn, setup in _model_path_cases(params, refill, label, density):
             ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
             record = {"op": name, "numel": src.numel(), "density": density, "dtype": str(dtype).replace("torch.", ""),
                       "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms,
