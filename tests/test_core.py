@@ -367,7 +367,7 @@ def test_the_network_is_measured_only_after_the_watched_steps():
 
     world = Watching()
     for step in range(4):
-        assert world._routing_ranks(measure=True) == 2
+        assert world._routing_ranks(2, measure=True) == 2
         world.planner.route("w", 10**6, 2, 4, 0.001, 2)
         world.planner.backward.handed("w", float(step))
         world.planner.backward.decompressing()

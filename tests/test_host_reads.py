@@ -13,7 +13,7 @@ import pytest
 
 from launch import horovodrun
 
-PLACEHOLDER = ("__float__", "torch/exchange.py:_scale")  # Horovod's reduced placeholder -> the op's scale
+PLACEHOLDER = ("item", "torch/exchange.py:_scale")  # Horovod's reduced placeholder -> the op's scale
 BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "RandomBlock": {},
     "RandomK": {},

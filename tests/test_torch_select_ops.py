@@ -1,5 +1,7 @@
 """Selection with error feedback (sample_threshold, accumulate_candidates, select_top,
-send_selected, sparse_unpack and the pack_* composites) against plain torch references."""
+send_selected, sparse_unpack, the wire rows and the pack_* composites) against plain torch and
+numpy references."""
+import numpy as np
 import pytest
 import torch
 
@@ -253,6 +255,61 @@ def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
     out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
     got = ops.sparse_unpack(values.to(device), index.to(device), 70_000, scale, out=out)
     assert got is out and torch.equal(out.cpu(), want)
+
+
+def _reference_rows(values, index):
+    """sparsecomm.core.wire's rows built in numpy, byte by byte: the int32 index (little-endian,
+    as in memory), then the value's bytes."""
+    value_bits = values.view({4: torch.int32, 2: torch.int16}[values.element_size()]).numpy()
+    return np.concatenate([index.numpy().astype("<i4").view(np.uint8).reshape(-1, 4),
+                           value_bits.view(np.uint8).reshape(-1, values.element_size())], axis=1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count", [0, 1, 257])
+def test_wire_rows_hold_each_index_then_its_value_bytes_and_split_back_exactly(device, dtype, count):
+    gen = torch.Generator().manual_seed(count)
+    values = torch.randn(count, generator=gen).to(dtype)
+    values[:1] = float("nan")  # bytes travel as they are, NaN included
+    index = torch.randperm(10 * count + 1, generator=gen)[:count].sort().values.int()
+    index[-1:] = 2**31 - 1  # the largest index, all four bytes used
+    rows = ops.wire_rows(values.to(device), index.to(device))
+    assert rows.dtype == torch.uint8 and rows.shape == (count, 4 + values.element_size())
+    assert np.array_equal(rows.cpu().numpy(), _reference_rows(values, index))
+    got_values, got_index = ops.wire_columns(rows, dtype)
+    assert got_values.dtype == dtype and got_index.dtype == torch.int32
+    assert torch.equal(got_values.cpu().view(torch.uint8), values.view(torch.uint8))
+    assert torch.equal(got_index.cpu(), index)
+
+
+@pytest.mark.parametrize("value_dtype,dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
+                                               (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
+                                               (torch.bfloat16, torch.float32)])
+def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype):
+    """Gathered rows of 3 ranks (overlapping index-ordered selections, values in value_dtype:
+    fp16/bf16 values of a float32 gradient too) into a stale out: the sum, cast, scaled."""
+    values, index = _gathered_selections(70_000, 2000, 3, value_dtype, seed=6)
+    rows = torch.from_numpy(_reference_rows(values, index))
+    want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * (1 / 3)).to(dtype)
+    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
+    assert ops.sparse_unpack_rows(rows.to(device), value_dtype, 70_000, 1 / 3, out=out) is out
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
+    values, index = torch.randn(20), torch.arange(0, 40, 2, dtype=torch.int32)
+    rows = ops.wire_rows(values, index)
+    torch.library.opcheck(ops._ops.wire_rows.default, (values, index))
+    torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
+    torch.library.opcheck(ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, 0.5, torch.empty(40)))
+    with pytest.raises(RuntimeError, match=r"wire_columns: rows should be a 2-D uint8 tensor of 6 columns \(an "
+                                           r"int32 index, then a Half value\), got 2-D Byte of shape \[20, 8\]"):
+        ops.sparse_unpack_rows(rows, torch.float16, 40, out=torch.empty(40, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match=r"wire_rows: values and index should have the same length, got 20 and 19"):
+        ops.wire_rows(values, index[1:])
+    with pytest.raises(ValueError, match=r"sparse_unpack_rows: out should have numel 41, got 40"):
+        ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
 
 
 MERGED_RUNS = 1024  # csrc/cpu/select.cpp: kMaxMergedRuns, past which the CPU unpack sums in a dense scratch

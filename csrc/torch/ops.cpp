@@ -59,6 +59,13 @@ SC_TORCH_LIBRARY {
   m.def("sparse_unpack(Tensor values, Tensor index, int numel, float scale) -> Tensor");
   // The same into an existing buffer (e.g. the gradient itself): no allocation, no page faults.
   m.def("sparse_unpack_into(Tensor values, Tensor index, float scale, Tensor(a!) out) -> ()");
+  // The wire rows of sparsecomm/core/wire.py, uint8 [k, 4 + value bytes]: each index (int32),
+  // then its value's bytes.
+  m.def("wire_rows(Tensor values, Tensor index) -> Tensor");
+  // The columns of wire rows whose values are `value_dtype`: (values, index int32).
+  m.def("wire_columns(Tensor rows, ScalarType value_dtype) -> (Tensor, Tensor)");
+  // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's dtype).
+  m.def("sparse_unpack_rows_into(Tensor rows, ScalarType value_dtype, float scale, Tensor(a!) out) -> ()");
 }
 
 }  // namespace sparsecomm

@@ -33,10 +33,11 @@ class Settings:
         """On the first compress, and again whenever the ranks changed (elastic Horovod: a reset
         calls `_forget_world`, and a shrink is seen here as a new count): every rank's settings
         text, gathered; different settings raise the same error on every rank, instead of
-        hanging or training wrong. A network measured for other ranks is measured again."""
+        hanging or training wrong. A network measured for other ranks is measured again. Returns
+        the number of ranks (read once per compress: Horovod's process-set size is a few calls)."""
         ranks = self._ranks()
         if ranks == self._world:
-            return
+            return ranks
         if self._world is not None:
             self.planner.forget_measurement()
         self._world = ranks
@@ -44,6 +45,7 @@ class Settings:
             name = f"sparsecomm.settings.{self._instance}"
             report.check_same_settings(self.method.owner, self.settings(),
                                        lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
+        return ranks
 
     def _forget_world(self):
         """After an elastic reset: the next compress checks the settings and measures again,
@@ -51,15 +53,14 @@ class Settings:
         self._world = None
         self.planner.forget_measurement()
 
-    def _routing_ranks(self, measure):
-        """The number of ranks to route for. exchange="auto" on several ranks needs the network
+    def _routing_ranks(self, ranks, measure):
+        """The number of ranks to route for, of the `ranks` now. exchange="auto" on several ranks needs the network
         and the local cost of the sparse path (`_measure_network`: a Network, a LocalCost or None,
         and where the backward was watched, its windows averaged over the ranks): measured here
         (once, collectively) when `measure`; a predicate (measure=False) starts nothing and
         routes as on one rank (the policy and the dense fallback only). While the planner
         watches the backward (an adapter that times Horovod's hooks), nothing is measured yet:
         auto sends dense, and measures at the first compress after the watched steps."""
-        ranks = self._ranks()
         if self.planner.needs_network(ranks):
             if not measure:
                 return 1

@@ -162,12 +162,13 @@ class Compressor(Settings, tf.Module):
         """Whether the route of this variable's gradient is dense (starts nothing: see
         _routing_ranks)."""
         shape = tf.TensorShape(variable.shape)
+        ranks = self._routing_ranks(self._ranks(), measure=False)
         return self.planner.route(name, shape.num_elements(), shape.rank, tf.as_dtype(variable.dtype).size,
-                                  self.method.ratio, self._routing_ranks(measure=False), record=False) == "dense"
+                                  self.method.ratio, ranks, record=False) == "dense"
 
     def _route(self, state, tensor, density, record=True):
         return self.planner.route(state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density,
-                                  self._routing_ranks(measure=True), record)
+                                  self._routing_ranks(self._ranks(), measure=True), record)
 
     def _measure_network(self):
         """The network, measured eagerly (even inside a trace). The sparse path's local cost is

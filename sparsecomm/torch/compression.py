@@ -11,6 +11,7 @@ them to parameters, keeps per-parameter state and runs the kernels (ops) and the
 `pack` hook; DGC also overrides `dense_payload`.
 """
 import copy
+import math
 import time
 from typing import Iterable, Optional, Tuple
 
@@ -60,11 +61,11 @@ class Compressor(Settings):
         state = self._state_for(tensor)
         self.planner.check_indexable(state.name, tensor.numel(), tensor.dim(), tensor.element_size())
         self._device = tensor.device  # where a measurement of the sparse path runs
-        self._check_world()
+        ranks = self._check_world()
         if self._scaler is not None:  # before the density: a rollback restores the step
             self._follow_loss_scale(state, self._loss_scale())
         density = self.method.density(state.step)
-        route = self._route(state.name, tensor, density, measure=True)
+        route = self._route(state.name, tensor, density, ranks, measure=True)
         k = selected_count(density, tensor.numel())
         if self._scaler is None:
             payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
@@ -76,7 +77,7 @@ class Compressor(Settings):
         # none for the dense route, which Horovod reduces in place).
         out = None if route == "dense" else tensor if tensor.is_contiguous() else \
             torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), self._ranks(), k, state.residual, out)
+        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), ranks, k, state.residual, out)
         handed, ctx = EXCHANGES[route].start(payload, wire)
         if getattr(ctx.exchange, "advances", False):
             self._pending.append(ctx)
@@ -166,11 +167,12 @@ class Compressor(Settings):
         """Whether this parameter's gradient is sent dense at its current step (starts nothing:
         see _routing_ranks)."""
         state = self._states.get(name)
-        return self._route(name, tensor, self.method.density(state.step if state else 0), measure=False) == "dense"
+        return self._route(name, tensor, self.method.density(state.step if state else 0), self._ranks(),
+                           measure=False) == "dense"
 
-    def _route(self, name, tensor, density, measure):
+    def _route(self, name, tensor, density, ranks, measure):
         return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density,
-                                  self._routing_ranks(measure))
+                                  self._routing_ranks(ranks, measure))
 
     def _measure_network(self):
         """The network, this compressor's LocalCost and the watched backward's windows of each
@@ -523,10 +525,10 @@ class DGC(_PerRank):
         the pack), the factor computed on the device (no host read): the gradient times
         limit / norm in float32, rounded once to its dtype; times 1 (unchanged) below the limit.
         Under a loss scaler the limit is times the state's scale, as the gradient is."""
+        if self.method.clip_norm is None:  # (before reading the ranks: compress calls this for every tensor)
+            return tensor
         scale = (state.loss_scale or 1.0) if self._scaler is not None else 1.0
         limit = self.method.clip_limit(self._ranks(), scale)
-        if limit is None:
-            return tensor
         norm = tensor.float().norm().double()
         return tensor.mul_(torch.where(norm > limit, limit / norm, 1.0).float())
 
@@ -534,11 +536,12 @@ class DGC(_PerRank):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
         and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
         momentum = state.momentum_for(tensor)
-        ops.accumulate_candidates(self._clipped(tensor, state), None, float("inf"), momentum=momentum,
+        ops.accumulate_candidates(self._clipped(tensor, state), None, math.inf, momentum=momentum,
                                   momentum_factor=self.method.momentum)
         if not tensor.is_contiguous():
             return momentum.to(tensor.dtype, copy=True).view(tensor.shape)
-        return tensor.view(-1).copy_(momentum).view(tensor.shape)  # Horovod reduces in place: into the gradient
+        tensor.view(-1).copy_(momentum)  # Horovod reduces in place: into the gradient
+        return tensor
 
     def pack(self, tensor, state, density):
         return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum_for(tensor),

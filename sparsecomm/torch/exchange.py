@@ -17,7 +17,6 @@ contributions by output / M, the optimizer's semantics, without being told the o
 Adding an exchange: a class here with start/finish (and `advances`/advance if it has a second
 phase), an entry in EXCHANGES, and its cost in sparsecomm/core/cost.py.
 """
-import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -88,7 +87,7 @@ def _placeholder(device):
 
 def _scale(output, ranks):
     """The op's scaling: Horovod returned the placeholder 1.0 summed and scaled."""
-    return float(output.reshape(-1)[0]) / ranks
+    return output.item() / ranks
 
 
 class Dense:
@@ -126,7 +125,7 @@ class Allgather:
     allgather; each rank adds all contributions, in rank order, into the result."""
 
     def start(self, packed, wire):
-        buffer = _segment(packed) if packed.bits is not None else _rows(packed.values, packed.index)
+        buffer = _segment(packed) if packed.bits is not None else ops.wire_rows(packed.values, packed.index)
         handle = _hvd().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
         pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)
         return _placeholder(buffer.device), Context(self, wire, packed.index.numel(), buffer.numel(), pending=pending)
@@ -137,7 +136,15 @@ class Allgather:
         ctx.received_bytes = gathered.numel() - ctx.sent_bytes
         if bits is not None:
             return _unpacked(output, ctx, *_from_segments(gathered, bits, ctx.wire.ranks))
-        return _unpacked(output, ctx, *_from_rows(gathered, value_dtype))
+        return _unpacked_rows(output, ctx, gathered, value_dtype)
+
+
+def _unpacked_rows(output, ctx, rows, value_dtype):
+    """_unpacked of gathered wire rows (sparsecomm.core.wire), in one op; the result is the buffer
+    `out` itself, in the gradient's shape."""
+    ops.sparse_unpack_rows(rows, value_dtype, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
+                           out=ctx.wire.output())
+    return ctx.wire.out
 
 
 def _unpacked(output, ctx, values, index):
@@ -145,32 +152,6 @@ def _unpacked(output, ctx, values, index):
     (values may travel in 16 bits, or quantized: first cast to the gradient's dtype)."""
     return ops.sparse_unpack(values.to(ctx.wire.dtype), index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
                              out=ctx.wire.output()).view(ctx.wire.shape)
-
-
-_UNITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
-
-
-def _unit(value_bytes):
-    """The widest integer type that tiles both columns of a row (index and value): the row
-    buffer is built and split in elements of it, not byte by byte (4x fewer copies)."""
-    return _UNITS[math.gcd(wire_format.INDEX_BYTES, value_bytes)]
-
-
-def _rows(values, index):
-    """(index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
-    unit = _unit(values.element_size())
-    columns = [t.contiguous().view(unit).view(index.numel(), t.element_size() // unit.itemsize)
-               for t in (index, values)]
-    return torch.cat(columns, 1).view(torch.uint8)
-
-
-def _from_rows(rows, value_dtype):
-    """The values and the indices of gathered rows (each column a copy: they are strided)."""
-    unit = _unit(torch.empty(0, dtype=value_dtype).element_size())
-    units = rows.view(unit)
-    split = wire_format.INDEX_BYTES // units.element_size()
-    column = lambda part: part.reshape(-1).contiguous()  # noqa: E731
-    return column(units[:, split:]).view(value_dtype), column(units[:, :split]).view(torch.int32)
 
 
 def _segment(packed):
@@ -271,13 +252,13 @@ class SparDL:
         for b in range(layout.ranks):
             v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
             if b == rank:
-                own = _rows(packed.values[bounds[b]:bounds[b + 1]], i)
+                own = ops.wire_rows(packed.values[bounds[b]:bounds[b + 1]], i)
                 splits.append(0)
                 continue
             v, i = _keep_largest(v, i, layout.per_rank, wire.residual)
-            rows.append(_rows(v.to(value_dtype), i))
+            rows.append(ops.wire_rows(v.to(value_dtype), i))
             splits.append(i.numel())
-        payload = torch.cat(rows) if rows else _rows(packed.values[:0], index[:0])
+        payload = torch.cat(rows) if rows else ops.wire_rows(packed.values[:0], index[:0])
         handle = hvd.alltoall_async(payload, splits=torch.tensor(splits, dtype=torch.int32),
                                     name=f"sparsecomm.{wire.name}.scatter", process_set=ps)
         return _placeholder(values.device), Context(self, wire, payload.shape[0], payload.numel(),
@@ -291,13 +272,13 @@ class SparDL:
         ctx.received_bytes += received.numel()
         parts = list(received.split(splits.tolist()))
         parts[st.rank] = st.own
-        values, index = _from_rows(torch.cat(parts), st.value_dtype)
+        values, index = ops.wire_columns(torch.cat(parts), st.value_dtype)
         low, size = st.layout.owned(st.rank)
         sums = ops.sparse_unpack(values.float(), index - low, size, out=_owned_scratch(ctx.wire, size))  # in rank order
         owned = torch.unique(index)
         reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
         reduced, owned = _keep_largest(reduced, owned, st.layout.per_rank, ctx.wire.residual)
-        payload = _rows(_rounded(reduced, owned, st.value_dtype, ctx.wire.residual), owned)
+        payload = ops.wire_rows(_rounded(reduced, owned, st.value_dtype, ctx.wire.residual), owned)
         ctx.sent_elements += payload.shape[0]
         ctx.sent_bytes += payload.numel()
         st.own, st.own_bytes = None, payload.numel()
@@ -307,7 +288,7 @@ class SparDL:
     def finish(self, output, ctx):
         gathered = _hvd().synchronize(ctx.pending.gather_handle)
         ctx.received_bytes += gathered.numel() - ctx.pending.own_bytes
-        return _unpacked(output, ctx, *_from_rows(gathered, ctx.pending.value_dtype))
+        return _unpacked_rows(output, ctx, gathered, ctx.pending.value_dtype)
 
 
 EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}

@@ -71,6 +71,22 @@ def _sparse_unpack_into(values, index, scale, out):
     return None
 
 
+@_fake("wire_rows")
+def _wire_rows(values, index):
+    return values.new_empty((index.numel(), 4 + values.element_size()), dtype=torch.uint8)
+
+
+@_fake("wire_columns")
+def _wire_columns(rows, value_dtype):
+    count = rows.shape[0]
+    return rows.new_empty(count, dtype=value_dtype), rows.new_empty(count, dtype=torch.int32)
+
+
+@_fake("sparse_unpack_rows_into")
+def _sparse_unpack_rows_into(rows, value_dtype, scale, out):
+    return None
+
+
 @_fake("random_k_indices")
 def _random_k_indices(like, seed, tensor_id, step, k):
     return like.new_empty(k, dtype=torch.int32)

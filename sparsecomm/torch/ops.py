@@ -3,6 +3,7 @@
 The ops are registered when ``sparsecomm._C`` is imported; the wrappers add nothing but
 argument normalisation, so ``torch.ops.sparsecomm.X`` may be called directly too.
 """
+import functools
 from typing import Optional
 
 import torch
@@ -66,8 +67,15 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
     """One pass: the state takes acc for every element; returns (acc, index int32) of the
     elements with |acc| >= threshold (NaN included), in index order."""
     if not isinstance(threshold, torch.Tensor):
-        threshold = torch.tensor(float(threshold))
+        threshold = _threshold_tensor(float(threshold), grad.device)
     return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold)
+
+
+@functools.lru_cache(maxsize=64)
+def _threshold_tensor(value, device):
+    """A threshold given as a number, as the 0-d tensor the op reads (made once per value and
+    device, not at every call: DGC's dense route passes +inf for each of a model's tensors)."""
+    return torch.tensor(value, device=device)
 
 
 def select_top(acc, index, k):
@@ -100,6 +108,23 @@ def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     if out is None:
         return _ops.sparse_unpack(values, index, numel, scale)
     _ops.sparse_unpack_into(values, index, scale, _checked_out("sparse_unpack", out, numel))
+    return out
+
+
+def wire_rows(values, index):
+    """The (index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
+    return _ops.wire_rows(values, index)
+
+
+def wire_columns(rows, value_dtype):
+    """(values, index int32) of wire rows whose values are `value_dtype`."""
+    return _ops.wire_columns(rows, value_dtype)
+
+
+def sparse_unpack_rows(rows, value_dtype, numel, scale=1.0, *, out):
+    """sparse_unpack of gathered wire rows whose values are `value_dtype` (each rank's rows, in
+    rank order), into `out` (contiguous; the values are cast to its dtype). Returns out."""
+    _ops.sparse_unpack_rows_into(rows, value_dtype, scale, _checked_out("sparse_unpack_rows", out, numel))
     return out
 
 

@@ -109,8 +109,10 @@ class Counters:
 
     def account(self, name, tensor, ctx, seconds):
         """One compress: the tensor handed over, what its exchange context says was sent."""
-        per = self.tensors.setdefault(name, dict({key: 0 for key in report.COUNTERS}, compress_seconds=0.0,
-                                                 numel=tensor.numel()))
+        per = self.tensors.get(name)
+        if per is None:
+            per = self.tensors[name] = dict({key: 0 for key in report.COUNTERS}, compress_seconds=0.0,
+                                            numel=tensor.numel())
         per["sent_elements"] += ctx.sent_elements
         for totals in (self.totals, per):
             totals["calls"] += 1
