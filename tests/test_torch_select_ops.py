@@ -308,6 +308,8 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
         ops.sparse_unpack_rows(rows, torch.float16, 40, out=torch.empty(40, dtype=torch.float16))
     with pytest.raises(RuntimeError, match=r"wire_rows: values and index should have the same length, got 20 and 19"):
         ops.wire_rows(values, index[1:])
+    with pytest.raises(RuntimeError, match=r"wire_rows: values should be float32, float16 or bfloat16, got Double"):
+        ops.wire_rows(values.double(), index)
     with pytest.raises(ValueError, match=r"sparse_unpack_rows: out should have numel 41, got 40"):
         ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
 

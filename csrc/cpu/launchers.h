@@ -61,6 +61,11 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
 template <typename T>
 void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense);
 
+// The wire rows of sparsecomm/core/wire.py, [count, 4 + value_bytes]: each index, then its
+// value's bytes; and back.
+void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, uint8_t* rows);
+void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index);
+
 // The k shared-seed random indices of permutation.h, sorted ascending.
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out);
 

@@ -1,5 +1,6 @@
 // CPU launchers for threshold / top-k selection with error feedback (feedback.h, sample.h).
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <cmath>
 #include <stdexcept>
@@ -453,6 +454,39 @@ void sparse_unpack(const T* values, const int32_t* index, int64_t count, float s
   for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
     merge_range(values, index, runs, scale, lo, hi, dense, worth_streaming(numel * int64_t(sizeof(T))));
   });
+}
+
+namespace {
+
+// A row's parts copied with sizes known at compile time: plain loads and stores, no memcpy call.
+template <int64_t kValueBytes>
+void rows_from_columns(const uint8_t* values, const int32_t* index, int64_t count, uint8_t* rows) {
+  constexpr int64_t width = sizeof(int32_t) + kValueBytes;
+  for (int64_t j = 0; j < count; ++j) {
+    std::memcpy(rows + j * width, index + j, sizeof(int32_t));
+    std::memcpy(rows + j * width + sizeof(int32_t), values + j * kValueBytes, kValueBytes);
+  }
+}
+
+template <int64_t kValueBytes>
+void columns_from_rows(const uint8_t* rows, int64_t count, uint8_t* values, int32_t* index) {
+  constexpr int64_t width = sizeof(int32_t) + kValueBytes;
+  for (int64_t j = 0; j < count; ++j) {
+    std::memcpy(index + j, rows + j * width, sizeof(int32_t));
+    std::memcpy(values + j * kValueBytes, rows + j * width + sizeof(int32_t), kValueBytes);
+  }
+}
+
+}  // namespace
+
+void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, uint8_t* rows) {
+  const auto* v = static_cast<const uint8_t*>(values);
+  value_bytes == 2 ? rows_from_columns<2>(v, index, count, rows) : rows_from_columns<4>(v, index, count, rows);
+}
+
+void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index) {
+  auto* v = static_cast<uint8_t*>(values);
+  value_bytes == 2 ? columns_from_rows<2>(rows, count, v, index) : columns_from_rows<4>(rows, count, v, index);
 }
 
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {

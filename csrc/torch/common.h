@@ -9,7 +9,8 @@
 //   the launchers with csrc/cpu/launchers.h's signatures (CUDA: on torch's current stream):
 //     block_pack<T>, block_unpack<T>, send_selected<T>, send_quantized, dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
-//     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices
+//     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
+//     wire_rows(values, index, rows), wire_columns(rows, values, index)
 #pragma once
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -57,6 +58,8 @@ inline float* state_ptr(const char* op, const char* name, const at::Tensor& like
               s.device());
   return s.data_ptr<float>();
 }
+
+constexpr int64_t kWireIndexBytes = sizeof(int32_t);  // a wire row's index (sparsecomm/core/wire.py)
 
 // Indices are int32 on the wire: tensors of 2^31 elements or more are not supported.
 inline void check_indexable(const char* op, int64_t numel) {

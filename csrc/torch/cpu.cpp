@@ -25,6 +25,15 @@ struct CpuDevice {
   template <typename... Args> static void send_quantized(Args... args) { cpu::send_quantized(args...); }
   template <typename... Args> static void dequantize(Args... args) { cpu::dequantize(args...); }
 
+  static void wire_rows(const at::Tensor& values, const at::Tensor& index, const at::Tensor& rows) {
+    cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(),
+                   rows.data_ptr<uint8_t>());
+  }
+  static void wire_columns(const at::Tensor& rows, const at::Tensor& values, const at::Tensor& index) {
+    cpu::wire_columns(rows.data_ptr<uint8_t>(), rows.size(0), values.element_size(), values.data_ptr(),
+                      index.data_ptr<int32_t>());
+  }
+
   // The threshold is computed on the host: a float, not a device tensor.
   template <typename T>
   static at::Tensor sample_threshold(const FeedbackArgs& a, const SamplePlan& plan) {

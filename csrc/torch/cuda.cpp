@@ -34,6 +34,26 @@ struct CudaDevice {
   template <typename... Args> static void send_quantized(Args... args) { cuda::send_quantized(args..., stream()); }
   template <typename... Args> static void dequantize(Args... args) { cuda::dequantize(args..., stream()); }
 
+  // The wire rows by torch's strided copies on the stream: each column viewed in the widest
+  // integer unit that tiles a row (int32 for 4-byte values, int16 for 2-byte ones).
+  static at::Tensor row_units(const at::Tensor& rows, int64_t value_bytes) {
+    return rows.view(value_bytes % 4 == 0 ? at::kInt : at::kShort);
+  }
+  static void wire_rows(const at::Tensor& values, const at::Tensor& index, const at::Tensor& rows) {
+    const at::Tensor units = row_units(rows, values.element_size());
+    const int64_t index_units = kWireIndexBytes / units.element_size(), k = index.numel();
+    units.narrow(1, 0, index_units).copy_(index.view(units.scalar_type()).view({k, index_units}));
+    units.narrow(1, index_units, units.size(1) - index_units)
+        .copy_(values.view(units.scalar_type()).view({k, units.size(1) - index_units}));
+  }
+  static void wire_columns(const at::Tensor& rows, const at::Tensor& values, const at::Tensor& index) {
+    const at::Tensor units = row_units(rows, values.element_size());
+    const int64_t index_units = kWireIndexBytes / units.element_size(), k = rows.size(0);
+    index.view(units.scalar_type()).view({k, index_units}).copy_(units.narrow(1, 0, index_units));
+    values.view(units.scalar_type()).view({k, units.size(1) - index_units})
+        .copy_(units.narrow(1, index_units, units.size(1) - index_units));
+  }
+
   // The threshold stays on the device (no synchronisation); the selection needs scratch.
   template <typename T>
   static at::Tensor sample_threshold(const FeedbackArgs& a, const SamplePlan& plan) {

@@ -2,8 +2,6 @@
 // in csrc/cpu/select.cpp, csrc/cuda/select.cu), each body written once over a device policy
 // (common.h). Where a device computes differently, the body calls the policy's step.
 #pragma once
-#include <numeric>
-
 #include "common.h"
 
 namespace sparsecomm {
@@ -80,17 +78,11 @@ at::Tensor sparse_unpack(const at::Tensor& values, const at::Tensor& index, int6
 }
 
 // The (index, value) rows of sparsecomm/core/wire.py: row j is index[j] (int32), then the bytes of
-// values[j]. Built and split in the widest integer unit that tiles both columns (one copy per
-// column, on either device), each in one op: the steps of a handful of Python-level torch calls,
-// without their overhead (3-4 us each on a CPU) for every tensor.
-constexpr int64_t kIndexBytes = sizeof(int32_t);  // core/wire.py's INDEX_BYTES
-
-inline at::ScalarType row_unit(int64_t value_bytes) {
-  switch (std::gcd(int64_t(kIndexBytes), value_bytes)) {
-    case 4: return at::kInt;
-    case 2: return at::kShort;
-    default: return at::kByte;
-  }
+// values[j]. Built and split by one op each (Device::wire_rows, Device::wire_columns), not by a
+// handful of Python-level torch calls (3-4 us each on a CPU) for every tensor.
+inline void check_wire_value_dtype(const char* op, at::ScalarType dtype) {
+  TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
+              ": values should be float32, float16 or bfloat16, got ", dtype);
 }
 
 template <typename Device>
@@ -102,32 +94,26 @@ at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index) {
   TORCH_CHECK(values.numel() == index.numel(), "wire_rows: values and index should have the same length, got ",
               values.numel(), " and ", index.numel());
   TORCH_CHECK(index.device() == values.device(), "wire_rows: values and index should be on one device");
-  const int64_t k = index.numel(), value_bytes = values.element_size();
-  const at::ScalarType unit = row_unit(value_bytes);
-  const int64_t unit_bytes = c10::elementSize(unit), index_units = kIndexBytes / unit_bytes;
-  at::Tensor rows = at::empty({k, kIndexBytes + value_bytes}, values.options().dtype(at::kByte));
-  const at::Tensor units = rows.view(unit);
-  units.narrow(1, 0, index_units).copy_(index.contiguous().view(unit).view({k, index_units}));
-  units.narrow(1, index_units, value_bytes / unit_bytes)
-      .copy_(values.contiguous().view(unit).view({k, value_bytes / unit_bytes}));
+  check_wire_value_dtype("wire_rows", values.scalar_type());
+  at::Tensor rows = at::empty({index.numel(), kWireIndexBytes + values.element_size()},
+                              values.options().dtype(at::kByte));
+  Device::wire_rows(values.contiguous(), index.contiguous(), rows);
   return rows;
 }
 
-// The columns of wire rows whose values are `value_dtype`: (values, index int32), each a copy.
+// The columns of wire rows whose values are `value_dtype`: (values, index int32).
 template <typename Device>
-std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows_in, at::ScalarType value_dtype) {
-  const typename Device::Guard guard(rows_in.device());
-  const int64_t value_bytes = c10::elementSize(value_dtype), width = kIndexBytes + value_bytes;
-  TORCH_CHECK(rows_in.scalar_type() == at::kByte && rows_in.dim() == 2 && rows_in.size(1) == width,
+std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype) {
+  const typename Device::Guard guard(rows.device());
+  check_wire_value_dtype("wire_columns", value_dtype);
+  const int64_t width = kWireIndexBytes + c10::elementSize(value_dtype);
+  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.size(1) == width,
               "wire_columns: rows should be a 2-D uint8 tensor of ", width, " columns (an int32 index, then a ",
-              value_dtype, " value), got ", rows_in.dim(), "-D ", rows_in.scalar_type(), " of shape ",
-              rows_in.sizes());
-  const at::ScalarType unit = row_unit(value_bytes);
-  const int64_t unit_bytes = c10::elementSize(unit), index_units = kIndexBytes / unit_bytes;
-  const at::Tensor units = rows_in.contiguous().view(unit);
-  // (flattened before the dtype view: an empty column keeps its row stride, which no view accepts)
-  return {units.narrow(1, index_units, value_bytes / unit_bytes).reshape({-1}).contiguous().view(value_dtype),
-          units.narrow(1, 0, index_units).reshape({-1}).contiguous().view(at::kInt)};
+              value_dtype, " value), got ", rows.dim(), "-D ", rows.scalar_type(), " of shape ", rows.sizes());
+  at::Tensor values = at::empty({rows.size(0)}, rows.options().dtype(value_dtype));
+  at::Tensor index = at::empty({rows.size(0)}, rows.options().dtype(at::kInt));
+  Device::wire_columns(rows.contiguous(), values, index);
+  return {values, index};
 }
 
 // sparse_unpack_into of gathered wire rows (each rank's, in rank order), their values cast to
