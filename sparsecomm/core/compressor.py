@@ -54,11 +54,12 @@ class Settings:
         self.planner.forget_measurement()
 
     def _routing_ranks(self, ranks, measure):
-        """The number of ranks to route for, of the `ranks` now. exchange="auto" on several ranks needs the network
-        and the local cost of the sparse path (`_measure_network`: a Network, a LocalCost or None,
-        and where the backward was watched, its windows averaged over the ranks): measured here
-        (once, collectively) when `measure`; a predicate (measure=False) starts nothing and
-        routes as on one rank (the policy and the dense fallback only). While the planner
+        """The number of ranks to route for, of the `ranks` there are now. exchange="auto" on
+        several ranks needs the network and the local cost of the sparse path (`_measure_network`:
+        a Network, a LocalCost or None, and where the backward was watched, its windows averaged
+        over the ranks): measured here (once, collectively) when `measure`; a predicate
+        (measure=False) starts nothing and routes as on one rank (the policy and the dense
+        fallback only). While the planner
         watches the backward (an adapter that times Horovod's hooks), nothing is measured yet:
         auto sends dense, and measures at the first compress after the watched steps."""
         if self.planner.needs_network(ranks):

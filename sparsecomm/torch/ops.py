@@ -3,7 +3,6 @@
 The ops are registered when ``sparsecomm._C`` is imported; the wrappers add nothing but
 argument normalisation, so ``torch.ops.sparsecomm.X`` may be called directly too.
 """
-import functools
 from typing import Optional
 
 import torch
@@ -67,15 +66,8 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
     """One pass: the state takes acc for every element; returns (acc, index int32) of the
     elements with |acc| >= threshold (NaN included), in index order."""
     if not isinstance(threshold, torch.Tensor):
-        threshold = _threshold_tensor(float(threshold), grad.device)
+        threshold = torch.tensor(float(threshold))
     return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold)
-
-
-@functools.lru_cache(maxsize=64)
-def _threshold_tensor(value, device):
-    """A threshold given as a number, as the 0-d tensor the op reads (made once per value and
-    device, not at every call: DGC's dense route passes +inf for each of a model's tensors)."""
-    return torch.tensor(value, device=device)
 
 
 def select_top(acc, index, k):
