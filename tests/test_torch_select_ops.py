@@ -257,6 +257,31 @@ def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
     assert got is out and torch.equal(out.cpu(), want)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", [0, 1, 1000, 70_001])
+def test_momentum_step_writes_the_momentum_into_the_gradient(device, dtype, numel):
+    """DGC's dense route: u = 0.9 * momentum + grad (reference.accumulate's rounding), kept as the
+    momentum and written into the gradient rounded to its dtype; inf and NaN go through."""
+    grad = _grad(numel, dtype, "cpu", seed=3)
+    grad[:2] = torch.tensor([float("inf"), float("nan")])[:numel]
+    _, momentum = _state(numel, "cpu", seed=4, with_momentum=True)
+    _, u = reference.accumulate(grad, None, momentum, 0.9)
+    got_grad, got_momentum = grad.to(device), momentum.to(device)
+    assert ops.momentum_step(got_grad, got_momentum, 0.9) is None
+    for got, want in ((got_momentum.cpu(), u), (got_grad.cpu(), u.to(dtype))):
+        nan, bits = want.isnan(), {4: torch.int32, 2: torch.int16}[want.element_size()]
+        assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(bits), want[~nan].view(bits))
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_momentum_step_passes_opcheck_and_names_bad_arguments():
+    torch.library.opcheck(ops._ops.momentum_step.default, (torch.randn(30), torch.randn(30), 0.9))
+    with pytest.raises(RuntimeError, match=r"momentum_step: grad should be contiguous \(it is written in place\)"):
+        ops.momentum_step(torch.randn(4, 6).t(), torch.zeros(24), 0.9)
+    with pytest.raises(RuntimeError, match=r"momentum_step: momentum should have numel 24 like grad, got 23"):
+        ops.momentum_step(torch.randn(24), torch.zeros(23), 0.9)
+
+
 def _reference_rows(values, index):
     """sparsecomm.core.wire's rows built in numpy, byte by byte: the int32 index (little-endian,
     as in memory), then the value's bytes."""

@@ -61,6 +61,11 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
 template <typename T>
 void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense);
 
+// DGC's dense route: u = fb.momentum * momentum_in + grad into momentum_out and grad (feedback.h's
+// momentum_into_grad), one pass; fb has no residual.
+template <typename T>
+void momentum_step(T* grad, const Feedback& fb, int64_t numel);
+
 // The wire rows of sparsecomm/core/wire.py, [count, 4 + value_bytes]: each index, then its
 // value's bytes; and back.
 void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, uint8_t* rows);

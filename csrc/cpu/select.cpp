@@ -456,6 +456,13 @@ void sparse_unpack(const T* values, const int32_t* index, int64_t count, float s
   });
 }
 
+template <typename T>
+void momentum_step(T* grad, const Feedback& fb, int64_t numel) {
+  for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) momentum_into_grad(grad, fb, i);
+  });
+}
+
 namespace {
 
 // A row's parts copied with sizes known at compile time: plain loads and stores, no memcpy call.
@@ -499,7 +506,8 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {
   template void accumulate_candidates<T>(const T*, const Feedback&, int64_t, float, std::vector<float>&,       \
                                          std::vector<int32_t>&);                                             \
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*);                  \
-  template void sparse_unpack<T>(const T*, const int32_t*, int64_t, float, int64_t, T*);
+  template void sparse_unpack<T>(const T*, const int32_t*, int64_t, float, int64_t, T*);                     \
+  template void momentum_step<T>(T*, const Feedback&, int64_t);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)
 SC_INSTANTIATE(bfloat16)

@@ -114,6 +114,12 @@ __global__ void send_selected_kernel(const float* acc, const int32_t* index, int
     values[j] = send<T>(fb, index[j], acc[j]);
 }
 
+template <typename T>
+__global__ void momentum_step_kernel(T* grad, Feedback fb, int64_t numel) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x)
+    momentum_into_grad(grad, fb, i);
+}
+
 // One block, fixed reduction order: the scales are the same on every run.
 constexpr int kQuantThreads = 512;
 
@@ -223,6 +229,13 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
   check_launch("send_selected_kernel");
 }
 
+template <typename T>
+void momentum_step(T* grad, const Feedback& fb, int64_t numel, cudaStream_t stream) {
+  if (numel == 0) return;
+  momentum_step_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, fb, numel);
+  check_launch("momentum_step_kernel");
+}
+
 void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
                     uint8_t* codes, float* scales, cudaStream_t stream) {
   send_quantized_kernel<<<1, kQuantThreads, 0, stream>>>(acc, index, count, fb, bits, codes, scales);
@@ -258,6 +271,7 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
   template void compact_candidates<T>(const T*, int64_t, const float*, const int64_t*, float*, int32_t*,        \
                                       cudaStream_t);                                                           \
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);     \
+  template void momentum_step<T>(T*, const Feedback&, int64_t, cudaStream_t);                                 \
   template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, float, T*, cudaStream_t);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)

@@ -45,6 +45,16 @@ SC_HOST_DEVICE void keep(const Feedback& fb, int64_t i, float acc, float u) {
   if (fb.momentum_out) fb.momentum_out[i] = u;
 }
 
+// DGC's dense route (momentum SGD, nothing selected): u as `accumulated` computes it, kept as the
+// momentum and written into the gradient (rounded once to T), which is what is reduced.
+template <typename T>
+SC_HOST_DEVICE void momentum_into_grad(T* grad, const Feedback& fb, int64_t i) {
+  float u;
+  accumulated(grad, fb, i, &u);
+  fb.momentum_out[i] = u;
+  grad[i] = from_float<T>(u);
+}
+
 // What stays of a sent element: its rounding error, or 0 where that is not finite (acc NaN or
 // +-inf, or a finite acc sent as +-inf: a float16 overflow, an infinite quantized scale).
 // (x - x is 0 exactly for a finite x, NaN for NaN and +-inf.)

@@ -59,6 +59,8 @@ SC_TORCH_LIBRARY {
   m.def("sparse_unpack(Tensor values, Tensor index, int numel, float scale) -> Tensor");
   // The same into an existing buffer (e.g. the gradient itself): no allocation, no page faults.
   m.def("sparse_unpack_into(Tensor values, Tensor index, float scale, Tensor(a!) out) -> ()");
+  // DGC's dense route, one pass: momentum <- m * momentum + grad, and grad <- that (rounded to its dtype).
+  m.def("momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor) -> ()");
   // The wire rows of sparsecomm/core/wire.py, uint8 [k, 4 + value bytes]: each index (int32),
   // then its value's bytes.
   m.def("wire_rows(Tensor values, Tensor index) -> Tensor");

@@ -77,6 +77,16 @@ at::Tensor sparse_unpack(const at::Tensor& values, const at::Tensor& index, int6
   return dense;
 }
 
+template <typename Device>
+void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double momentum_factor) {
+  const typename Device::Guard guard(grad.device());
+  TORCH_CHECK(grad.is_contiguous(), "momentum_step: grad should be contiguous (it is written in place)");
+  FeedbackArgs a("momentum_step", grad, c10::nullopt, momentum, momentum_factor);
+  SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "momentum_step", [&] {
+    Device::template momentum_step<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel());
+  });
+}
+
 // The (index, value) rows of sparsecomm/core/wire.py: row j is index[j] (int32), then the bytes of
 // values[j]. Built and split by one op each (Device::wire_rows, Device::wire_columns), not by a
 // handful of Python-level torch calls (3-4 us each on a CPU) for every tensor.
@@ -141,6 +151,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("sparse_unpack", &sparse_unpack<Device>);
   m.impl("sparse_unpack_into", &sparse_unpack_into<Device>);
   m.impl("random_k_indices", &random_k_indices<Device>);
+  m.impl("momentum_step", &momentum_step<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_columns", &wire_columns<Device>);
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);

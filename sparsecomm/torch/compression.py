@@ -11,8 +11,6 @@ them to parameters, keeps per-parameter state and runs the kernels (ops) and the
 `pack` hook; DGC also overrides `dense_payload`.
 """
 import copy
-import functools
-import math
 import time
 from typing import Iterable, Optional, Tuple
 
@@ -484,15 +482,6 @@ class Threshold(_PerRank):
         return _sampled(self, tensor, state, density)
 
 
-@functools.lru_cache(maxsize=None)
-def _infinity(device):
-    """The threshold no finite value reaches (DGC's dense route: the momentum pass alone), made
-    once per device: a torch.tensor per call cost 4 us, a third of a small tensor's dense route.
-    (Cached here, for the compressors' eager hooks, not in ops: a tensor made under a tracing
-    mode must not outlive it.)"""
-    return torch.tensor(math.inf, device=device)
-
-
 class DGC(_PerRank):
     """Deep Gradient Compression (Lin et al. 2017): sampled-threshold sparsification of the
     momentum-corrected accumulation, per parameter and rank:
@@ -546,12 +535,10 @@ class DGC(_PerRank):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
         and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
         momentum = state.momentum_for(tensor)
-        ops.accumulate_candidates(self._clipped(tensor, state), None, _infinity(tensor.device), momentum=momentum,
-                                  momentum_factor=self.method.momentum)
-        if not tensor.is_contiguous():
-            return momentum.to(tensor.dtype, copy=True).view(tensor.shape)
-        tensor.view(-1).copy_(momentum)  # Horovod reduces in place: into the gradient
-        return tensor
+        grad = self._clipped(tensor, state)
+        grad = grad if grad.is_contiguous() else grad.contiguous()  # (a strided one: a copy, reduced instead)
+        ops.momentum_step(grad, momentum, self.method.momentum)  # one pass, u into the gradient Horovod reduces
+        return grad
 
     def pack(self, tensor, state, density):
         return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum_for(tensor),

@@ -71,6 +71,11 @@ def _sparse_unpack_into(values, index, scale, out):
     return None
 
 
+@_fake("momentum_step")
+def _momentum_step(grad, momentum, momentum_factor):
+    return None
+
+
 @_fake("wire_rows")
 def _wire_rows(values, index):
     return values.new_empty((index.numel(), 4 + values.element_size()), dtype=torch.uint8)

@@ -103,6 +103,12 @@ def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     return out
 
 
+def momentum_step(grad, momentum, momentum_factor):
+    """DGC's dense route, one pass, in place: momentum <- momentum_factor * momentum + grad, and
+    grad <- that, rounded to grad's dtype (contiguous)."""
+    _ops.momentum_step(grad, momentum, momentum_factor)
+
+
 def wire_rows(values, index):
     """The (index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
     return _ops.wire_rows(values, index)

@@ -439,6 +439,21 @@ void check_send_selected() {
   });
 }
 
+void check_momentum_step() {  // DGC's dense route: the momentum and the gradient, element by element
+  for_each_dtype([]<typename T>(T) {
+    for (int64_t n : kSizes) {
+      Rng r{uint64_t(n) * 59 + sizeof(T)};
+      set_case("momentum_step<%s> numel=%lld", type_name<T>(), (long long)n);
+      std::vector<T> cuda_grad = random_vector<T>(n, r), cpu_grad = cuda_grad;
+      FeedbackBuffers state(kFeedback[3], n, r);  // momentum in place, no residual
+      sc::cuda::momentum_step<T>(cuda_grad.data(), state.cuda(), n, nullptr);
+      sc::cpu::momentum_step<T>(cpu_grad.data(), state.cpu(), n);
+      same("grad", cuda_grad, cpu_grad);
+      state.compare();
+    }
+  });
+}
+
 void check_send_quantized() {
   const int64_t counts[] = {0, 1, 33, 511, 513, 4097};  // the kernel is one block of 512 threads
   for (int bits : {1, 2})
@@ -626,6 +641,7 @@ constexpr Group kGroups[] = {
     {"sample_threshold", check_sample_threshold},
     {"candidates", check_candidates},
     {"send_selected", check_send_selected},
+    {"momentum_step", check_momentum_step},
     {"send_quantized", check_send_quantized},
     {"dequantize", check_dequantize},
     {"sparse_unpack_sorted", check_sparse_unpack},
