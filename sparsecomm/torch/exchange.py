@@ -149,7 +149,7 @@ def _unpacked_rows(output, ctx, rows, value_dtype):
 
 def _unpacked(output, ctx, values, index):
     """The gathered (value, index) pairs added, in order, into the result and scaled by the op
-    (values may travel in 16 bits, or quantized: first cast to the gradient's dtype)."""
+    (the dequantized float32 values of 1-/2-bit codes: first cast to the gradient's dtype)."""
     return ops.sparse_unpack(values.to(ctx.wire.dtype), index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
                              out=ctx.wire.output()).view(ctx.wire.shape)
 
