@@ -32,8 +32,8 @@ build_driver = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_driver)
 
 VARIANTS = ("tsan", "asan")
-GROUPS = ["block_pack", "block_unpack", "sample_threshold", "candidates", "send_selected", "momentum_step",
-          "send_quantized", "dequantize", "sparse_unpack_sorted", "random_k_indices", "launch_check"]
+GROUPS = ["block_pack", "block_unpack", "sample_threshold", "candidates", "send_selected", "accumulate",
+          "momentum_step", "send_quantized", "dequantize", "sparse_unpack_sorted", "random_k_indices", "launch_check"]
 ENV = dict(os.environ,
            TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1",
            ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 detect_stack_use_after_return=1",

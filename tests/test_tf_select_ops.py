@@ -85,6 +85,31 @@ def test_tf_pack_equals_torch_pack(torch_dtype, tf_dtype, case, kind, graph):
         _same(mom_out, t_mom)
 
 
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_tf_dense_state_passes_equal_torch(torch_dtype, tf_dtype, graph):
+    """accumulate (random-k's pass; here with both states) and momentum_step (DGC's dense route,
+    a 2-D gradient: the payload keeps its shape and dtype, the momentum stays flat)."""
+    grad, residual, mom = _inputs(5003 * 2, torch_dtype, momentum=True)
+    grad[:2] = torch.tensor([float("inf"), -float("inf")])  # (NaN: its payload bits differ once through _tf)
+    wrap = tf.function if graph else (lambda f: f)
+    res_out, mom_out = wrap(lambda g, r, m: tf_ops.accumulate(g, r, momentum=m, momentum_factor=0.9))(
+        _tf(grad, tf_dtype), _tf(residual), _tf(mom))
+    t_res, t_mom = residual.clone(), mom.clone()
+    torch_ops.accumulate(grad, t_res, momentum=t_mom, momentum_factor=0.9)
+    _same(res_out, t_res)
+    _same(mom_out, t_mom)
+    assert tf_ops.accumulate(_tf(grad, tf_dtype), None, momentum=_tf(mom), momentum_factor=0.9)[0] is None
+
+    payload, mom_out = wrap(lambda g, m: tf_ops.momentum_step(g, m, 0.9))(
+        tf.reshape(_tf(grad, tf_dtype), [2, 5003]), _tf(mom))
+    t_grad, t_mom = grad.clone(), mom.clone()
+    torch_ops.momentum_step(t_grad, t_mom, 0.9)
+    assert payload.dtype == tf_dtype and payload.shape == (2, 5003) and mom_out.shape == (10_006,)
+    _same(tf.reshape(payload, [-1]), t_grad)
+    _same(mom_out, t_mom)
+
+
 @pytest.mark.parametrize("bits", [1, 2])
 def test_tf_quantize_and_unpack_equal_torch(bits):
     gen = torch.Generator().manual_seed(0)
@@ -126,6 +151,10 @@ def test_tf_threshold_rank_uses_the_double_ratio(ratio):
 def test_tf_errors_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="residual should have 10 elements"):
         tf_ops.pack_above(tf.zeros(10), tf.zeros(9), 1.0)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="momentum should have 10 elements like grad, got 9"):
+        tf_ops.momentum_step(tf.zeros(10), tf.zeros(9), 0.9)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"momentum should have 10 elements \(or 0: absent\)"):
+        tf_ops.accumulate(tf.zeros(10), None, momentum=tf.zeros(9))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"index should be in \[0, 5\)"):
         tf_ops.sparse_unpack(tf.ones(1), tf.constant([5], tf.int32), 5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="bits should be 1 or 2, got 3"):

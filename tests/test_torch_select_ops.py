@@ -257,6 +257,43 @@ def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
     assert got is out and torch.equal(out.cpu(), want)
 
 
+def _same_bits(got, want):
+    """Equal bit for bit, every NaN matching a NaN."""
+    nan, bits = want.isnan(), {4: torch.int32, 2: torch.int16}[want.element_size()]
+    return torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(bits), want[~nan].view(bits))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", [0, 1, 1000, 70_001, 300_007])
+@pytest.mark.parametrize("state", ["residual", "momentum", "both"])
+def test_accumulate_keeps_acc_and_u_for_every_element(device, dtype, numel, state):
+    """Random-k's pass before its gather: the residual takes acc and the momentum u for every
+    element (reference.accumulate's rounding), nothing else is written; NaN (a candidate of
+    accumulate_candidates at any threshold) and inf go through like any value."""
+    grad = _grad(numel, dtype, "cpu", seed=5)
+    grad[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])[:numel]
+    residual, momentum = _state(numel, "cpu", seed=6, with_momentum=state != "residual")
+    residual = None if state == "momentum" else residual
+    acc, u = reference.accumulate(grad, residual, momentum, 0.9)
+    got_residual, got_momentum = [None if x is None else x.to(device) for x in (residual, momentum)]
+    grad_before = grad.clone()
+    got_grad = grad.to(device)
+    assert ops.accumulate(got_grad, got_residual, momentum=got_momentum, momentum_factor=0.9) is None
+    assert _same_bits(got_grad.cpu(), grad_before)
+    if got_residual is not None:
+        assert _same_bits(got_residual.cpu(), acc)
+    if got_momentum is not None:
+        assert _same_bits(got_momentum.cpu(), u)
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_accumulate_passes_opcheck_and_names_bad_arguments():
+    torch.library.opcheck(ops._ops.accumulate.default, (torch.randn(30), torch.randn(30), torch.randn(30), 0.9))
+    torch.library.opcheck(ops._ops.accumulate.default, (torch.randn(30), None, torch.randn(30), 0.9))
+    with pytest.raises(RuntimeError, match=r"accumulate: residual should have numel 24 like grad, got 23"):
+        ops.accumulate(torch.randn(24), torch.zeros(23))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("numel", [0, 1, 1000, 70_001])
 def test_momentum_step_writes_the_momentum_into_the_gradient(device, dtype, numel):
@@ -268,9 +305,7 @@ def test_momentum_step_writes_the_momentum_into_the_gradient(device, dtype, nume
     _, u = reference.accumulate(grad, None, momentum, 0.9)
     got_grad, got_momentum = grad.to(device), momentum.to(device)
     assert ops.momentum_step(got_grad, got_momentum, 0.9) is None
-    for got, want in ((got_momentum.cpu(), u), (got_grad.cpu(), u.to(dtype))):
-        nan, bits = want.isnan(), {4: torch.int32, 2: torch.int16}[want.element_size()]
-        assert torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(bits), want[~nan].view(bits))
+    assert _same_bits(got_momentum.cpu(), u) and _same_bits(got_grad.cpu(), u.to(dtype))
 
 
 @pytest.mark.usefixtures("host_binding")

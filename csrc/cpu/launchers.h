@@ -61,10 +61,14 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
 template <typename T>
 void sparse_unpack(const T* values, const int32_t* index, int64_t count, float scale, int64_t numel, T* dense);
 
-// DGC's dense route: u = fb.momentum * momentum_in + grad into momentum_out and grad (feedback.h's
-// momentum_into_grad), one pass; fb has no residual.
+// The state takes acc for every element, nothing is selected (feedback.h's keep): one pass.
 template <typename T>
-void momentum_step(T* grad, const Feedback& fb, int64_t numel);
+void accumulate(const T* grad, const Feedback& fb, int64_t numel);
+
+// DGC's dense route: u = fb.momentum * momentum_in + grad into momentum_out and out (feedback.h's
+// momentum_element), one pass; fb has no residual; out may be grad.
+template <typename T>
+void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out);
 
 // The wire rows of sparsecomm/core/wire.py, [count, 4 + value_bytes]: each index, then its
 // value's bytes; and back.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <cstdint>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
@@ -457,9 +458,22 @@ void sparse_unpack(const T* values, const int32_t* index, int64_t count, float s
 }
 
 template <typename T>
-void momentum_step(T* grad, const Feedback& fb, int64_t numel) {
+void accumulate(const T* grad, const Feedback& fb, int64_t numel) {
+  // The candidates' vectorized pass, with nothing above the threshold but NaNs; their lists are
+  // this thread's and dropped.
+  static thread_local std::vector<float> acc;
+  static thread_local std::vector<int32_t> index;
+  acc.clear();
+  index.clear();
+  accumulate_candidates(grad, fb, numel, std::numeric_limits<float>::infinity(), acc, index);
+  kept_capacity(acc);
+  kept_capacity(index);
+}
+
+template <typename T>
+void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out) {
   for_chunks(numel, pass_threads(numel), 64, [&](int, int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) momentum_into_grad(grad, fb, i);
+    for (int64_t i = lo; i < hi; ++i) momentum_element(grad, fb, i, out);
   });
 }
 
@@ -507,7 +521,8 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {
                                          std::vector<int32_t>&);                                             \
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*);                  \
   template void sparse_unpack<T>(const T*, const int32_t*, int64_t, float, int64_t, T*);                     \
-  template void momentum_step<T>(T*, const Feedback&, int64_t);
+  template void accumulate<T>(const T*, const Feedback&, int64_t);                                            \
+  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)
 SC_INSTANTIATE(bfloat16)

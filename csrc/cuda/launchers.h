@@ -45,9 +45,14 @@ template <typename T>
 void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values,
                    cudaStream_t stream);
 
-// DGC's dense route: feedback.h's momentum_into_grad on every element (fb has no residual).
+// The state takes acc for every element, nothing selected: feedback.h's accumulate_element.
 template <typename T>
-void momentum_step(T* grad, const Feedback& fb, int64_t numel, cudaStream_t stream);
+void accumulate(const T* grad, const Feedback& fb, int64_t numel, cudaStream_t stream);
+
+// DGC's dense route: feedback.h's momentum_element on every element (fb has no residual; out may
+// be grad).
+template <typename T>
+void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out, cudaStream_t stream);
 
 void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
                     uint8_t* codes, float* scales, cudaStream_t stream);

@@ -115,9 +115,15 @@ __global__ void send_selected_kernel(const float* acc, const int32_t* index, int
 }
 
 template <typename T>
-__global__ void momentum_step_kernel(T* grad, Feedback fb, int64_t numel) {
+__global__ void accumulate_kernel(const T* grad, Feedback fb, int64_t numel) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x)
-    momentum_into_grad(grad, fb, i);
+    accumulate_element(grad, fb, i);
+}
+
+template <typename T>
+__global__ void momentum_step_kernel(const T* grad, Feedback fb, int64_t numel, T* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x)
+    momentum_element(grad, fb, i, out);
 }
 
 // One block, fixed reduction order: the scales are the same on every run.
@@ -230,9 +236,16 @@ void send_selected(const float* acc, const int32_t* index, int64_t count, const 
 }
 
 template <typename T>
-void momentum_step(T* grad, const Feedback& fb, int64_t numel, cudaStream_t stream) {
+void accumulate(const T* grad, const Feedback& fb, int64_t numel, cudaStream_t stream) {
   if (numel == 0) return;
-  momentum_step_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, fb, numel);
+  accumulate_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, fb, numel);
+  check_launch("accumulate_kernel");
+}
+
+template <typename T>
+void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out, cudaStream_t stream) {
+  if (numel == 0) return;
+  momentum_step_kernel<T><<<grid_for(numel), kThreads, 0, stream>>>(grad, fb, numel, out);
   check_launch("momentum_step_kernel");
 }
 
@@ -271,7 +284,8 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
   template void compact_candidates<T>(const T*, int64_t, const float*, const int64_t*, float*, int32_t*,        \
                                       cudaStream_t);                                                           \
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);     \
-  template void momentum_step<T>(T*, const Feedback&, int64_t, cudaStream_t);                                 \
+  template void accumulate<T>(const T*, const Feedback&, int64_t, cudaStream_t);                              \
+  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*, cudaStream_t);                                 \
   template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, float, T*, cudaStream_t);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)

@@ -45,14 +45,23 @@ SC_HOST_DEVICE void keep(const Feedback& fb, int64_t i, float acc, float u) {
   if (fb.momentum_out) fb.momentum_out[i] = u;
 }
 
-// DGC's dense route (momentum SGD, nothing selected): u as `accumulated` computes it, kept as the
-// momentum and written into the gradient (rounded once to T), which is what is reduced.
+// The state of an element when nothing is selected (random-k's pass before its gather): acc
+// and u as `accumulated` computes them, kept.
 template <typename T>
-SC_HOST_DEVICE void momentum_into_grad(T* grad, const Feedback& fb, int64_t i) {
+SC_HOST_DEVICE void accumulate_element(const T* grad, const Feedback& fb, int64_t i) {
+  float u;
+  const float acc = accumulated(grad, fb, i, &u);
+  keep(fb, i, acc, u);
+}
+
+// DGC's dense route (momentum SGD, nothing selected): u as `accumulated` computes it, kept as the
+// momentum and written to out (rounded once to T), which is what is reduced. out may be grad.
+template <typename T>
+SC_HOST_DEVICE void momentum_element(const T* grad, const Feedback& fb, int64_t i, T* out) {
   float u;
   accumulated(grad, fb, i, &u);
   fb.momentum_out[i] = u;
-  grad[i] = from_float<T>(u);
+  out[i] = from_float<T>(u);
 }
 
 // What stays of a sent element: its rounding error, or 0 where that is not finite (acc NaN or

@@ -35,6 +35,14 @@ class CpuDevice {
     cpu::send_selected(args...);
     return absl::OkStatus();
   }
+  template <typename... Args> absl::Status accumulate(Args... args) const {
+    cpu::accumulate(args...);
+    return absl::OkStatus();
+  }
+  template <typename... Args> absl::Status momentum_step(Args... args) const {
+    cpu::momentum_step(args...);
+    return absl::OkStatus();
+  }
   template <typename... Args> absl::Status send_quantized(Args... args) const {
     cpu::send_quantized(args...);
     return absl::OkStatus();

@@ -49,6 +49,14 @@ class GpuDevice {
     cuda::send_selected(args..., stream_);
     return launched();
   }
+  template <typename... Args> absl::Status accumulate(Args... args) const {
+    cuda::accumulate(args..., stream_);
+    return launched();
+  }
+  template <typename... Args> absl::Status momentum_step(Args... args) const {
+    cuda::momentum_step(args..., stream_);
+    return launched();
+  }
   template <typename... Args> absl::Status send_quantized(Args... args) const {
     cuda::send_quantized(args..., stream_);
     return launched();

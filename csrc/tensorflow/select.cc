@@ -104,6 +104,80 @@ class AccumulateCandidatesOp : public OpKernel {
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_CPU), "T", AccumulateCandidatesOp,
                           CpuDevice);
 
+// ---- SparsecommAccumulate ----
+// AccumulateCandidates with nothing selected (random-k's pass before its gather): no output whose
+// size depends on the data, so the GPU is not waited for.
+REGISTER_OP("SparsecommAccumulate")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("momentum_factor: float = 0.0")
+    .Input("grad: T")
+    .Input("residual: float")
+    .Input("momentum: float")
+    .Output("residual_out: float")
+    .Output("momentum_out: float")
+    .SetShapeFn([](InferenceContext* c) { return same_as_input(c, 0, 1, 2); });
+
+template <typename Device, typename T>
+class AccumulateOp : public OpKernel {
+ public:
+  explicit AccumulateOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& grad = c->input(0);
+    const int64_t numel = grad.NumElements();
+    OP_REQUIRES_OK(c, check_indexable(numel));
+    const Device dev(c);
+    Feedback fb;
+    OP_REQUIRES_OK(c, state_io(c, dev, 1, 0, numel, "residual", false, &fb.residual_in, &fb.residual_out));
+    OP_REQUIRES_OK(c, state_io(c, dev, 2, 1, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
+    fb.momentum = momentum_factor_;
+    OP_REQUIRES_OK(c, dev.accumulate(raw<T>(grad), fb, numel));
+  }
+
+ private:
+  float momentum_factor_;
+};
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_CPU), "T", AccumulateOp, CpuDevice);
+
+// ---- SparsecommMomentumStep ----
+// DGC's dense route, one pass: u = momentum_factor * momentum + grad is the new momentum and,
+// rounded to T, what is reduced (in grad's buffer when TF can forward it).
+REGISTER_OP("SparsecommMomentumStep")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("momentum_factor: float")
+    .Input("grad: T")
+    .Input("momentum: float")
+    .Output("payload: T")
+    .Output("momentum_out: float")
+    .SetShapeFn([](InferenceContext* c) { return same_as_input(c, 0, 0, 2); });
+
+template <typename Device, typename T>
+class MomentumStepOp : public OpKernel {
+ public:
+  explicit MomentumStepOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& grad = c->input(0);
+    const int64_t numel = grad.NumElements();
+    OP_REQUIRES_OK(c, check_indexable(numel));
+    OP_REQUIRES(c, c->input(1).NumElements() == numel,
+                invalid("momentum should have ", numel, " elements like grad, got ", c->input(1).NumElements()));
+    const Device dev(c);
+    Feedback fb;
+    OP_REQUIRES_OK(c, state_io(c, dev, 1, 1, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
+    fb.momentum = momentum_factor_;
+    Tensor* payload = nullptr;
+    OP_REQUIRES_OK(c, c->forward_input_or_allocate_output({0}, 0, grad.shape(), &payload));
+    OP_REQUIRES_OK(c, dev.momentum_step(raw<T>(grad), fb, numel, raw<T>(payload)));
+  }
+
+ private:
+  float momentum_factor_;
+};
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_CPU), "T", MomentumStepOp, CpuDevice);
+
 // ---- SparsecommSelectTop ----
 REGISTER_OP("SparsecommSelectTop")
     .Input("acc: float")
@@ -245,6 +319,8 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSampleThreshold")
                           "T", SampleThresholdOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_GPU), "T", AccumulateCandidatesOp,
                           GpuDevice);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_GPU), "T", AccumulateOp, GpuDevice);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_GPU), "T", MomentumStepOp, GpuDevice);
 REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_GPU).HostMemory("k"), SelectTopOp<GpuDevice>);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_GPU), "dtype", SendSelectedOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_GPU), "T", SparseUnpackOp, GpuDevice);

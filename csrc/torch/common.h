@@ -7,7 +7,8 @@
 //   Guard                               constructed from an at::Device (CUDA: selects it)
 //   check_index_range(op, index, numel) (a no-op on CUDA: it would need a host synchronisation)
 //   the launchers with csrc/cpu/launchers.h's signatures (CUDA: on torch's current stream):
-//     block_pack<T>, block_unpack<T>, send_selected<T>, momentum_step<T>, send_quantized, dequantize
+//     block_pack<T>, block_unpack<T>, send_selected<T>, accumulate<T>, momentum_step<T>, send_quantized,
+//     dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
 //     wire_rows(values, index, rows), wire_columns(rows, values, index)

@@ -22,6 +22,7 @@ struct CpuDevice {
   template <typename T, typename... Args> static void block_pack(Args... args) { cpu::block_pack<T>(args...); }
   template <typename T, typename... Args> static void block_unpack(Args... args) { cpu::block_unpack<T>(args...); }
   template <typename T, typename... Args> static void send_selected(Args... args) { cpu::send_selected<T>(args...); }
+  template <typename T, typename... Args> static void accumulate(Args... args) { cpu::accumulate<T>(args...); }
   template <typename T, typename... Args> static void momentum_step(Args... args) { cpu::momentum_step<T>(args...); }
   template <typename... Args> static void send_quantized(Args... args) { cpu::send_quantized(args...); }
   template <typename... Args> static void dequantize(Args... args) { cpu::dequantize(args...); }

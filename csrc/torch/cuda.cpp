@@ -31,6 +31,9 @@ struct CudaDevice {
   template <typename T, typename... Args> static void send_selected(Args... args) {
     cuda::send_selected<T>(args..., stream());
   }
+  template <typename T, typename... Args> static void accumulate(Args... args) {
+    cuda::accumulate<T>(args..., stream());
+  }
   template <typename T, typename... Args> static void momentum_step(Args... args) {
     cuda::momentum_step<T>(args..., stream());
   }

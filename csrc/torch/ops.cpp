@@ -40,6 +40,8 @@ SC_TORCH_LIBRARY {
   // candidates |acc| >= threshold (NaN included) as (acc float32, index int32) in index order.
   m.def("accumulate_candidates(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor, "
         "Tensor threshold) -> (Tensor, Tensor)");
+  // The same pass with nothing selected: the state takes acc for every element.
+  m.def("accumulate(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor) -> ()");
   // The k candidates of largest |acc| (ties: lower index), in index order.
   m.def("select_top(Tensor acc, Tensor index, int k) -> (Tensor, Tensor)");
   // Sends the selected candidates as `dtype` values; their residual keeps only the rounding

@@ -77,13 +77,26 @@ at::Tensor sparse_unpack(const at::Tensor& values, const at::Tensor& index, int6
   return dense;
 }
 
+// The state's pass with nothing selected (random-k before its gather): no candidates, so no
+// output whose size depends on the data (on CUDA, no host synchronisation).
+template <typename Device>
+void accumulate(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
+                const c10::optional<at::Tensor>& momentum, double momentum_factor) {
+  const typename Device::Guard guard(grad.device());
+  FeedbackArgs a("accumulate", grad, residual, momentum, momentum_factor);
+  SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate", [&] {
+    Device::template accumulate<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel());
+  });
+}
+
 template <typename Device>
 void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double momentum_factor) {
   const typename Device::Guard guard(grad.device());
   TORCH_CHECK(grad.is_contiguous(), "momentum_step: grad should be contiguous (it is written in place)");
   FeedbackArgs a("momentum_step", grad, c10::nullopt, momentum, momentum_factor);
   SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "momentum_step", [&] {
-    Device::template momentum_step<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel());
+    Device::template momentum_step<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel(),
+                                             data_as<scalar_t>(a.grad));
   });
 }
 
@@ -151,6 +164,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("sparse_unpack", &sparse_unpack<Device>);
   m.impl("sparse_unpack_into", &sparse_unpack_into<Device>);
   m.impl("random_k_indices", &random_k_indices<Device>);
+  m.impl("accumulate", &accumulate<Device>);
   m.impl("momentum_step", &momentum_step<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_columns", &wire_columns<Device>);

@@ -84,8 +84,7 @@ def pack_indices(K, grad, residual, index, *, momentum=None, momentum_factor=0.0
     """The elements at `index` (int32, distinct, ascending): one pass to accumulate the state
     (none without state), then an O(k) gather."""
     if residual is not None or momentum is not None:
-        _, _, residual, momentum = K.accumulate_candidates(grad, residual, float("inf"), momentum=momentum,
-                                                           momentum_factor=momentum_factor)
+        residual, momentum = K.accumulate(grad, residual, momentum=momentum, momentum_factor=momentum_factor)
     acc = K.gather_float(_accumulated(grad, residual, momentum), index)
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
 

@@ -377,10 +377,9 @@ class DGC(Compressor):
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced."""
-        _, _, _, momentum = ops.accumulate_candidates(self._clipped(tensor, state), None, float("inf"),
-                                                      momentum=state.momentum.read_value(),
-                                                      momentum_factor=self.method.momentum)
-        return Packed(tf.reshape(tf.cast(momentum, tensor.dtype), tensor.shape), momentum=momentum)
+        payload, momentum = ops.momentum_step(self._clipped(tensor, state), state.momentum.read_value(),
+                                              self.method.momentum)
+        return Packed(payload, momentum=momentum)
 
     def pack(self, tensor, state, density):
         return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum.read_value(),

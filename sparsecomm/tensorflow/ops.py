@@ -90,6 +90,20 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
     return acc, index, _given(res, residual), _given(mom, momentum)
 
 
+def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
+    """(residual, momentum): accumulate_candidates with nothing selected, one pass; no output
+    depends on the data, so a GPU need not be waited for."""
+    res, mom = _lib.sparsecomm_accumulate(_flat(grad), _state(residual), _state(momentum),
+                                          momentum_factor=float(momentum_factor))
+    return _given(res, residual), _given(mom, momentum)
+
+
+def momentum_step(grad, momentum, momentum_factor):
+    """(payload, momentum): DGC's dense route in one pass. momentum_factor * momentum + grad is
+    the new momentum (float32, flat) and, rounded to grad's dtype, the payload (grad's shape)."""
+    return tuple(_lib.sparsecomm_momentum_step(grad, _flat(momentum), momentum_factor=float(momentum_factor)))
+
+
 def select_top(acc, index, k):
     """The k candidates of largest |acc| (ties: lower index first), in index order."""
     return tuple(_lib.sparsecomm_select_top(acc, index, _i64(k)))
@@ -128,6 +142,7 @@ class _Kernels:
     """These ops as sparsecomm.core.packing uses them."""
     sample_threshold = staticmethod(sample_threshold)
     accumulate_candidates = staticmethod(accumulate_candidates)
+    accumulate = staticmethod(accumulate)
     select_top = staticmethod(select_top)
     send_selected = staticmethod(send_selected)
     send_quantized = staticmethod(send_quantized)

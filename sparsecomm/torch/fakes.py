@@ -71,6 +71,11 @@ def _sparse_unpack_into(values, index, scale, out):
     return None
 
 
+@_fake("accumulate")
+def _accumulate(grad, residual, momentum, momentum_factor):
+    return None
+
+
 @_fake("momentum_step")
 def _momentum_step(grad, momentum, momentum_factor):
     return None

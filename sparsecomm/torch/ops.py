@@ -70,6 +70,12 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
     return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold)
 
 
+def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
+    """accumulate_candidates with nothing selected: one pass, the state takes acc for every
+    element. No output depends on the data, so a GPU need not be waited for."""
+    _ops.accumulate(grad, residual, momentum, momentum_factor)
+
+
 def select_top(acc, index, k):
     """The k candidates of largest |acc| (ties: lower index first), in index order."""
     return _ops.select_top(acc, index, k)
@@ -147,6 +153,11 @@ class _Kernels:
         acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum,
                                            momentum_factor=momentum_factor)
         return acc, index, residual, momentum
+
+    @staticmethod
+    def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
+        accumulate(grad, residual, momentum=momentum, momentum_factor=momentum_factor)
+        return residual, momentum
 
     @staticmethod
     def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):

@@ -439,16 +439,34 @@ void check_send_selected() {
   });
 }
 
-void check_momentum_step() {  // DGC's dense route: the momentum and the gradient, element by element
+void check_accumulate() {  // the state's pass with nothing selected (random-k before its gather)
+  int k = 0;
+  for_each_dtype([&]<typename T>(T) {
+    for (int64_t n : kSizes) {
+      Rng r{uint64_t(n) * 61 + sizeof(T)};
+      const FeedbackCase& fc = kFeedback[size_t(k++) % std::size(kFeedback)];  // rotates (ThreadSanitizer's time)
+      set_case("accumulate<%s> numel=%lld feedback=%s", type_name<T>(), (long long)n, fc.name);
+      const std::vector<T> grad = random_vector<T>(n, r);
+      FeedbackBuffers state(fc, n, r);
+      sc::cuda::accumulate<T>(grad.data(), state.cuda(), n, nullptr);
+      sc::cpu::accumulate<T>(grad.data(), state.cpu(), n);
+      state.compare();
+    }
+  });
+}
+
+void check_momentum_step() {  // DGC's dense route: the momentum and the payload, element by element
   for_each_dtype([]<typename T>(T) {
     for (int64_t n : kSizes) {
       Rng r{uint64_t(n) * 59 + sizeof(T)};
-      set_case("momentum_step<%s> numel=%lld", type_name<T>(), (long long)n);
-      std::vector<T> cuda_grad = random_vector<T>(n, r), cpu_grad = cuda_grad;
+      const bool in_place = n % 2 == 0;  // torch writes the gradient; TF writes another buffer
+      set_case("momentum_step<%s> numel=%lld %s", type_name<T>(), (long long)n, in_place ? "in place" : "grad -> out");
+      const std::vector<T> grad = random_vector<T>(n, r);
+      std::vector<T> cuda_out = in_place ? grad : random_vector<T>(n, r), cpu_out = cuda_out;
       FeedbackBuffers state(kFeedback[3], n, r);  // momentum in place, no residual
-      sc::cuda::momentum_step<T>(cuda_grad.data(), state.cuda(), n, nullptr);
-      sc::cpu::momentum_step<T>(cpu_grad.data(), state.cpu(), n);
-      same("grad", cuda_grad, cpu_grad);
+      sc::cuda::momentum_step<T>(in_place ? cuda_out.data() : grad.data(), state.cuda(), n, cuda_out.data(), nullptr);
+      sc::cpu::momentum_step<T>(in_place ? cpu_out.data() : grad.data(), state.cpu(), n, cpu_out.data());
+      same("out", cuda_out, cpu_out);
       state.compare();
     }
   });
@@ -641,6 +659,7 @@ constexpr Group kGroups[] = {
     {"sample_threshold", check_sample_threshold},
     {"candidates", check_candidates},
     {"send_selected", check_send_selected},
+    {"accumulate", check_accumulate},
     {"momentum_step", check_momentum_step},
     {"send_quantized", check_send_quantized},
     {"dequantize", check_dequantize},
