@@ -3,6 +3,7 @@
 runs and cleans up after itself."""
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -363,3 +364,20 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
     assert "**Where a step's time goes**" in report._phase_block(records)
     older = [{k: v for k, v in r.items() if k != "phases_ms"} for r in records]
     assert report._phase_rows(older) == [] and report._phase_block(older) == ""
+
+
+def test_reused_convergence_records_name_the_run_that_trained_them():
+    """Reused records keep naming the run that trained them, however many runs reuse them in
+    turn (each reuse once named only the run before it), and the page says so."""
+    from sparsecomm.bench import report
+    trained = {"command": "python -m sparsecomm.bench all", "commit": "abc1234", "convergence": []}
+    assert report.convergence_source(trained, "a.json") == "`python -m sparsecomm.bench all` on abc1234"
+    first_reuse = {"command": "python -m sparsecomm.bench all --convergence-from a.json", "commit": "def5678",
+                   "convergence_from": report.convergence_source(trained, "a.json")}
+    assert report.convergence_source(first_reuse, "b.json") == "`python -m sparsecomm.bench all` on abc1234"
+    assert report.convergence_source({"convergence": []}, "old.json") == "old.json"  # neither command nor commit
+    assert "trained by an earlier run (`python -m sparsecomm.bench all` on abc1234), not by this one" in \
+        report._reused(first_reuse)
+    assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
+    if os.path.isdir(os.path.join(os.path.dirname(__file__), os.pardir, ".git")):  # a checkout (CI: a fresh clone)
+        assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", report.code_version())

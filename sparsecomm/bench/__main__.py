@@ -158,14 +158,15 @@ def main():
         from . import report
         os.makedirs(args.out, exist_ok=True)
         command = "python -m sparsecomm.bench " + " ".join(sys.argv[1:])
-        results = {"machine": report.machine(), "command": command, "kernels": _kernels(args)}
+        results = {"machine": report.machine(), "command": command, "commit": report.code_version(),
+                   "kernels": _kernels(args)}
         results["e2e"] = _e2e(args)
         args.methods = args.conv_methods
         if args.convergence_from:
             with open(args.convergence_from) as f:
                 earlier = json.load(f)
             results["convergence"] = earlier["convergence"]
-            results["convergence_from"] = earlier.get("command", args.convergence_from)
+            results["convergence_from"] = report.convergence_source(earlier, args.convergence_from)
         else:
             results["convergence"] = _convergence(args)
         results["minutes"] = (time.time() - started) / 60
