@@ -20,7 +20,7 @@ BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "TopK_allgather": {PLACEHOLDER: 1},
     "RTopK_allgather": {PLACEHOLDER: 1},
     "Threshold_allgather": {PLACEHOLDER: 1},
-    "Threshold_2bit": {PLACEHOLDER: 1, ("__int__", "torch/exchange.py:_from_segments"): 2},  # each rank's count
+    "Threshold_2bit": {PLACEHOLDER: 1},  # each rank's count: read inside sparse_unpack_segments (C++)
     "DGC_allgather_clipped": {PLACEHOLDER: 1},  # the clipping factor stays on the device
     "DGC_spardl": {PLACEHOLDER: 1, ("tolist", "torch/exchange.py:start"): 1,  # the alltoall's splits
                    ("tolist", "torch/exchange.py:advance"): 1},                # what arrived from each rank

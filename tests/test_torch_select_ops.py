@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import reference
+from sparsecomm.core import wire
 from sparsecomm.torch import ops
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -372,6 +373,77 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
         ops.wire_rows(values.double(), index)
     with pytest.raises(ValueError, match=r"sparse_unpack_rows: out should have numel 41, got 40"):
         ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
+
+
+def _reference_segment(codes, scales, index):
+    """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
+    little-endian), the scales' and the indices' bytes, the codes, zeros to a multiple of 8."""
+    parts = [np.array([index.size], "<i8").view(np.uint8), scales.astype("<f4").view(np.uint8),
+             index.astype("<i4").view(np.uint8), codes]
+    data = np.concatenate(parts)
+    return np.concatenate([data, np.zeros(-data.size % 8, np.uint8)])
+
+
+def _quantized_ranks(numel, counts, bits, seed):
+    """Each rank's (codes, scales, decoded, index) from reference.quantize of random values at
+    sorted distinct indices."""
+    gen = torch.Generator().manual_seed(seed)
+    ranks = []
+    for count in counts:
+        acc = torch.randn(count, generator=gen)
+        codes, scales, decoded = reference.quantize(acc, bits)
+        index = torch.randperm(numel, generator=gen)[:count].sort().values.int().numpy()
+        ranks.append((codes, scales, decoded, index))
+    return ranks
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("count", [0, 1, 5, 257])
+def test_quantized_segment_holds_count_scales_index_codes_and_padding(device, bits, count):
+    ((codes, scales, _, index),) = _quantized_ranks(1000, [count], bits, seed=count)
+    got = ops.quantized_segment(*(torch.from_numpy(x).to(device) for x in (codes, scales, index)), bits)
+    assert got.dtype == torch.uint8 and np.array_equal(got.cpu().numpy(), _reference_segment(codes, scales, index))
+    assert got.numel() == wire.Segment(count, scales.size, bits).size
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, dtype):
+    """3 ranks' segments (overlapping indices; one rank sent nothing) gathered in rank order, into
+    a stale out: each rank's codes decoded with its own scales, cast to out's dtype, summed in
+    rank order and scaled."""
+    ranks = _quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
+    gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i) for c, s, _, i in ranks]))
+    want = torch.zeros(70_000)
+    for _, _, decoded, index in ranks:
+        want.index_add_(0, torch.from_numpy(index).long(), torch.from_numpy(decoded).to(dtype).float())
+    want = (want * (1 / 3)).to(dtype)
+    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
+    assert ops.sparse_unpack_segments(gathered.to(device), bits, 3, 70_000, 1 / 3, out=out) is out
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_segment_ops_pass_opcheck_and_name_bad_segments():
+    ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
+    codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
+    segment = ops.quantized_segment(codes, scales, index, 2)
+    torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2))
+    torch.library.opcheck(ops._ops.sparse_unpack_segments_into.default, (segment, 2, 1, 0.5, torch.empty(100)))
+    with pytest.raises(RuntimeError, match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
+                                           r"got 4"):
+        ops.quantized_segment(codes[:4], scales, index, 2)
+    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: gathered \(\d+ bytes\) should hold 2 segments, "
+                                           r"got 1"):
+        ops.sparse_unpack_segments(segment, 2, 2, 100, out=torch.empty(100))
+    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: 1 segments should fill gathered \(\d+ bytes\), "
+                                           r"got \d+ bytes"):
+        ops.sparse_unpack_segments(torch.cat([segment, segment[:8]]), 2, 1, 100, out=torch.empty(100))
+    broken = segment.clone()
+    broken[:8] = torch.tensor([2**40], dtype=torch.int64).view(torch.uint8)
+    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: segment 0 at byte 0 has a count of "
+                                           r"1099511627776, which does not fit"):
+        ops.sparse_unpack_segments(broken, 2, 1, 100, out=torch.empty(100))
 
 
 MERGED_RUNS = 1024  # csrc/cpu/select.cpp: kMaxMergedRuns, past which the CPU unpack sums in a dense scratch

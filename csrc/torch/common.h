@@ -12,6 +12,8 @@
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
 //     wire_rows(values, index, rows), wire_columns(rows, values, index)
+//   raw bytes for quantize.h's segments: copy_bytes(from, to), zero_bytes(t), write_count(segment,
+//     count), read_count(gathered, at) (CUDA: a read back)
 #pragma once
 #include <torch/library.h>
 #include <ATen/ATen.h>
@@ -161,16 +163,18 @@ inline void check_bits(const char* op, int64_t bits) {
   TORCH_CHECK(bits == 1 || bits == 2, op, ": bits should be 1 or 2, got ", bits);
 }
 
-inline void check_dequantize_args(const at::Tensor& codes, const at::Tensor& scales, int64_t count, int64_t bits) {
-  check_bits("dequantize", bits);
-  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 1, "dequantize: codes should be a 1-D uint8 tensor, "
-              "got ", codes.dim(), "-D ", codes.scalar_type());
-  TORCH_CHECK(count >= 0 && codes.numel() == quantized_bytes(count, int(bits)), "dequantize: codes should have ",
+// codes and scales of `count` values of `bits` bits (send_quantized's outputs).
+inline void check_quantized(const char* op, const at::Tensor& codes, const at::Tensor& scales, int64_t count,
+                            int64_t bits) {
+  check_bits(op, bits);
+  TORCH_CHECK(codes.scalar_type() == at::kByte && codes.dim() == 1, op, ": codes should be a 1-D uint8 tensor, got ",
+              codes.dim(), "-D ", codes.scalar_type());
+  TORCH_CHECK(count >= 0 && codes.numel() == quantized_bytes(count, int(bits)), op, ": codes should have ",
               quantized_bytes(count, int(bits)), " bytes for ", count, " values of ", bits, " bits, got ",
               codes.numel());
-  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == quantized_scales(int(bits)),
-              "dequantize: scales should be ", quantized_scales(int(bits)), " float32 values, got ", scales.numel(),
-              " ", scales.scalar_type());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.numel() == quantized_scales(int(bits)), op,
+              ": scales should be ", quantized_scales(int(bits)), " float32 values, got ", scales.numel(), " ",
+              scales.scalar_type());
 }
 
 }  // namespace torch_binding

@@ -1,6 +1,7 @@
 // CPU registration of the sparsecomm torch ops: the device policy over csrc/cpu's launchers,
 // and the op bodies of block.h, select.h and quantize.h instantiated with it.
 #include <algorithm>
+#include <cstring>
 #include <vector>
 
 #include "block.h"
@@ -26,6 +27,20 @@ struct CpuDevice {
   template <typename T, typename... Args> static void momentum_step(Args... args) { cpu::momentum_step<T>(args...); }
   template <typename... Args> static void send_quantized(Args... args) { cpu::send_quantized(args...); }
   template <typename... Args> static void dequantize(Args... args) { cpu::dequantize(args...); }
+
+  // Raw bytes on the host (quantize.h's segments): a few small copies, each a memcpy.
+  static void copy_bytes(const at::Tensor& from, const at::Tensor& to) {
+    std::memcpy(to.data_ptr(), from.data_ptr(), size_t(from.nbytes()));
+  }
+  static void zero_bytes(const at::Tensor& t) { std::memset(t.data_ptr(), 0, size_t(t.nbytes())); }
+  static void write_count(const at::Tensor& segment, int64_t count) {
+    std::memcpy(segment.data_ptr(), &count, sizeof(count));
+  }
+  static int64_t read_count(const at::Tensor& gathered, int64_t at) {
+    int64_t count;
+    std::memcpy(&count, gathered.data_ptr<uint8_t>() + at, sizeof(count));
+    return count;
+  }
 
   static void wire_rows(const at::Tensor& values, const at::Tensor& index, const at::Tensor& rows) {
     cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(),

@@ -2,7 +2,9 @@
 // (on torch's current stream), and the op bodies of block.h, select.h and quantize.h
 // instantiated with it. Compiled only into CUDA builds (setup.py); syntax-checked without a
 // GPU by the tests. Host synchronisation happens only where a size is needed (the candidate
-// count, to allocate the output).
+// count, to allocate the output; each rank's count in gathered 1-/2-bit segments).
+#include <cstring>
+
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include "block.h"
@@ -39,6 +41,22 @@ struct CudaDevice {
   }
   template <typename... Args> static void send_quantized(Args... args) { cuda::send_quantized(args..., stream()); }
   template <typename... Args> static void dequantize(Args... args) { cuda::dequantize(args..., stream()); }
+
+  // Raw bytes (quantize.h's segments) by torch's copies and fills on the stream; a count is read
+  // back to the host (a synchronisation: the walk over the segments needs each one).
+  static void copy_bytes(const at::Tensor& from, const at::Tensor& to) {
+    if (from.nbytes() > 0) to.view(at::kByte).copy_(from.view(at::kByte));  // (an empty one's stride may be 0)
+  }
+  static void zero_bytes(const at::Tensor& t) { t.zero_(); }
+  static void write_count(const at::Tensor& segment, int64_t count) {
+    segment.narrow(0, 0, sizeof(count)).view(at::kLong).fill_(count);
+  }
+  static int64_t read_count(const at::Tensor& gathered, int64_t at) {
+    const at::Tensor bytes = gathered.narrow(0, at, sizeof(int64_t)).to(at::kCPU);
+    int64_t count;
+    std::memcpy(&count, bytes.data_ptr<uint8_t>(), sizeof(count));
+    return count;
+  }
 
   // The wire rows by torch's strided copies on the stream: each column viewed in the widest
   // integer unit that tiles a row (int32 for 4-byte values, int16 for 2-byte ones).

@@ -54,6 +54,10 @@ SC_TORCH_LIBRARY {
         "int bits) -> (Tensor, Tensor)");
   // The float32 values of `count` codes.
   m.def("dequantize(Tensor codes, Tensor scales, int count, int bits) -> Tensor");
+  // One rank's 1-/2-bit segment of sparsecomm/core/wire.py (uint8): count, scales, index, codes.
+  m.def("quantized_segment(Tensor codes, Tensor scales, Tensor index, int bits) -> Tensor");
+  // sparse_unpack_into of every rank's segment, gathered in rank order (values cast to out's dtype).
+  m.def("sparse_unpack_segments_into(Tensor gathered, int bits, int ranks, float scale, Tensor(a!) out) -> ()");
   // k distinct indices of [0, like.numel()) from (seed, tensor_id, step), sorted, int32 on
   // like's device: the same on every rank (csrc/kernels/permutation.h).
   m.def("random_k_indices(Tensor like, int seed, int tensor_id, int step, int k) -> Tensor");

@@ -1,9 +1,11 @@
 """What one rank puts on the wire for a gathered tensor: ONE buffer per tensor and step, so
 one allgather carries it (not one per part). Written once here; the TF exchange builds and
 reads it with views and bitcasts, torch with the ops wire_rows, wire_columns and
-sparse_unpack_rows (csrc/torch/select.h: the same views and copies, one op each instead of a
-handful of Python-level torch calls per tensor). No arithmetic: the same bytes on every
-framework (tests/test_torch_select_ops.py checks torch's against rows built in numpy).
+sparse_unpack_rows (csrc/torch/select.h), quantized_segment and sparse_unpack_segments
+(csrc/torch/quantize.h, whose QuantizedSegment mirrors Segment below): the same views and
+copies, one op each instead of a handful of Python-level torch calls per tensor. No
+arithmetic: the same bytes on every framework (tests/test_torch_select_ops.py checks torch's
+against rows and segments built in numpy).
 
 Values and indices (exchange="allgather"): uint8 rows of ``4 + value_bytes``, one row per
 sent element: its int32 index, then its value's bytes (the gradient's dtype, or the method's

@@ -23,7 +23,6 @@ from typing import Optional
 import torch
 
 from . import ops
-from ..core import wire as wire_format
 from ..core.plan import SparDLLayout
 
 
@@ -125,7 +124,8 @@ class Allgather:
     allgather; each rank adds all contributions, in rank order, into the result."""
 
     def start(self, packed, wire):
-        buffer = _segment(packed) if packed.bits is not None else ops.wire_rows(packed.values, packed.index)
+        buffer = ops.wire_rows(packed.values, packed.index) if packed.bits is None else \
+            ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
         handle = _hvd().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
         pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)
         return _placeholder(buffer.device), Context(self, wire, packed.index.numel(), buffer.numel(), pending=pending)
@@ -134,52 +134,19 @@ class Allgather:
         handle, value_dtype, bits = ctx.pending
         gathered = _hvd().synchronize(handle)
         ctx.received_bytes = gathered.numel() - ctx.sent_bytes
-        if bits is not None:
-            return _unpacked(output, ctx, *_from_segments(gathered, bits, ctx.wire.ranks))
-        return _unpacked_rows(output, ctx, gathered, value_dtype)
+        if bits is None:
+            return _unpacked_rows(output, ctx, gathered, value_dtype)
+        ops.sparse_unpack_segments(gathered, bits, ctx.wire.ranks, ctx.wire.shape.numel(),
+                                   _scale(output, ctx.wire.ranks), out=ctx.wire.output())
+        return ctx.wire.out
 
 
 def _unpacked_rows(output, ctx, rows, value_dtype):
-    """_unpacked of gathered wire rows (sparsecomm.core.wire), in one op; the result is the buffer
-    `out` itself, in the gradient's shape."""
+    """Gathered wire rows (sparsecomm.core.wire) added, in rank order, into the result and scaled
+    by the op, in one op; the result is the buffer `out` itself, in the gradient's shape."""
     ops.sparse_unpack_rows(rows, value_dtype, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
                            out=ctx.wire.output())
     return ctx.wire.out
-
-
-def _unpacked(output, ctx, values, index):
-    """The gathered (value, index) pairs added, in order, into the result and scaled by the op
-    (the dequantized float32 values of 1-/2-bit codes: first cast to the gradient's dtype)."""
-    return ops.sparse_unpack(values.to(ctx.wire.dtype), index, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
-                             out=ctx.wire.output()).view(ctx.wire.shape)
-
-
-def _segment(packed):
-    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D)."""
-    layout = wire_format.Segment(packed.index.numel(), packed.scales.numel(), packed.bits)
-    segment = torch.zeros(layout.size, dtype=torch.uint8, device=packed.index.device)
-    segment[:layout.scales].view(torch.int64)[0] = layout.count
-    segment[layout.scales:layout.index].view(torch.float32).copy_(packed.scales)
-    segment[layout.index:layout.codes].view(torch.int32).copy_(packed.index)
-    segment[layout.codes:layout.codes + packed.codes.numel()].copy_(packed.codes)
-    return segment
-
-
-def _from_segments(gathered, bits, ranks):
-    """Every rank's codes decoded with that rank's scales, in rank order, and the indices. The
-    segments' lengths differ: each count is read on the host (a small read per rank)."""
-    values, indices, start = [], [], 0
-    n_scales = wire_format.scale_count(bits)
-    for _ in range(ranks):
-        count = int(gathered[start:start + wire_format.COUNT_BYTES].view(torch.int64)[0])
-        layout = wire_format.Segment(count, n_scales, bits)
-        part = gathered[start:start + layout.size]
-        scales = part[layout.scales:layout.index].view(torch.float32)
-        codes = part[layout.codes:layout.codes + wire_format.code_bytes(count, bits)]
-        values.append(ops.dequantize(codes, scales, count, bits))
-        indices.append(part[layout.index:layout.codes].view(torch.int32))
-        start += layout.size
-    return torch.cat(values), torch.cat(indices)
 
 
 # --- SparDL (Zhao et al. 2023): sparse reduce-scatter + sparse all-gather -----------------

@@ -8,6 +8,7 @@ Meta kernel. Outputs whose size depends on the data (the candidates) get a dynam
 import torch
 
 from .. import _C  # noqa: F401  (loads the extension: the ops must exist before their fakes)
+from ..core import wire
 
 
 FAKES = {}  # op name -> fake kernel (the emulated CUDA test build registers them for its namespace too)
@@ -78,6 +79,17 @@ def _accumulate(grad, residual, momentum, momentum_factor):
 
 @_fake("momentum_step")
 def _momentum_step(grad, momentum, momentum_factor):
+    return None
+
+
+@_fake("quantized_segment")
+def _quantized_segment(codes, scales, index, bits):
+    layout = wire.Segment(index.numel(), scales.numel(), bits)
+    return codes.new_empty(layout.size)
+
+
+@_fake("sparse_unpack_segments_into")
+def _sparse_unpack_segments_into(gathered, bits, ranks, scale, out):
     return None
 
 

@@ -99,6 +99,18 @@ def dequantize(codes, scales, count, bits):
     return _ops.dequantize(codes, scales, count, bits)
 
 
+def quantized_segment(codes, scales, index, bits):
+    """This rank's 1-/2-bit segment of sparsecomm.core.wire (uint8): count, scales, index, codes."""
+    return _ops.quantized_segment(codes, scales, index, bits)
+
+
+def sparse_unpack_segments(gathered, bits, ranks, numel, scale=1.0, *, out):
+    """sparse_unpack of `ranks` quantized segments gathered in rank order (each decoded with its
+    rank's scales, the values cast to out's dtype), into `out` (contiguous). Returns out."""
+    _ops.sparse_unpack_segments_into(gathered, bits, ranks, scale, _checked_out("sparse_unpack_segments", out, numel))
+    return out
+
+
 def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     """Dense 1-D tensor: scale * (sum of the values at each index, in float32); duplicates add
     (e.g. the concatenated contributions of several ranks). With `out` (contiguous, values'
