@@ -376,7 +376,7 @@ def test_reused_convergence_records_name_the_run_that_trained_them():
                    "convergence_from": report.convergence_source(trained, "a.json")}
     assert report.convergence_source(first_reuse, "b.json") == "`python -m sparsecomm.bench all` on abc1234"
     assert report.convergence_source({"convergence": []}, "old.json") == "old.json"  # neither command nor commit
-    assert "trained by an earlier run (`python -m sparsecomm.bench all` on abc1234), not by this one" in \
+    assert "trained by another run (`python -m sparsecomm.bench all` on abc1234), not by this one" in \
         report._reused(first_reuse)
     assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
     if os.path.isdir(os.path.join(os.path.dirname(__file__), os.pardir, ".git")):  # a checkout (CI: a fresh clone)

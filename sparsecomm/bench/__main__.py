@@ -127,7 +127,7 @@ def _parser():
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
     a.add_argument("--results-md", default="docs/results.md")
     a.add_argument("--convergence-from", metavar="RESULTS_JSON",
-                   help="take the convergence records of an earlier run's results.json instead of training again "
+                   help="take the convergence records of another run's results.json instead of training again "
                         "(results.md says so)")
     return parser
 

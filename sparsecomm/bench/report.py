@@ -390,7 +390,7 @@ def _of_code(results):
 def _reused(results):
     if "convergence_from" not in results:
         return ""
-    return (f"\nThese convergence records were trained by an earlier run ({results['convergence_from']}), "
+    return (f"\nThese convergence records were trained by another run ({results['convergence_from']}), "
             f"not by this one: training was not repeated.\n")
 
 
