@@ -29,10 +29,13 @@ struct CpuDevice {
   template <typename... Args> static void dequantize(Args... args) { cpu::dequantize(args...); }
 
   // Raw bytes on the host (quantize.h's segments): a few small copies, each a memcpy.
+  // (An empty tensor's data pointer may be null, which memcpy and memset must not be given.)
   static void copy_bytes(const at::Tensor& from, const at::Tensor& to) {
-    std::memcpy(to.data_ptr(), from.data_ptr(), size_t(from.nbytes()));
+    if (from.nbytes() > 0) std::memcpy(to.data_ptr(), from.data_ptr(), size_t(from.nbytes()));
   }
-  static void zero_bytes(const at::Tensor& t) { std::memset(t.data_ptr(), 0, size_t(t.nbytes())); }
+  static void zero_bytes(const at::Tensor& t) {
+    if (t.nbytes() > 0) std::memset(t.data_ptr(), 0, size_t(t.nbytes()));
+  }
   static void write_count(const at::Tensor& segment, int64_t count) {
     std::memcpy(segment.data_ptr(), &count, sizeof(count));
   }
