@@ -59,9 +59,9 @@ class Settings:
         a Network, a LocalCost or None, and where the backward was watched, its windows averaged
         over the ranks): measured here (once, collectively) when `measure`; a predicate
         (measure=False) starts nothing and routes as on one rank (the policy and the dense
-        fallback only). While the planner
-        watches the backward (an adapter that times Horovod's hooks), nothing is measured yet:
-        auto sends dense, and measures at the first compress after the watched steps."""
+        fallback only). While the planner watches the backward (an adapter that times Horovod's
+        hooks), nothing is measured yet: auto sends dense, and measures at the first compress
+        after the watched steps."""
         if self.planner.needs_network(ranks):
             if not measure:
                 return 1
