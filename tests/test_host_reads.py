@@ -13,19 +13,17 @@ import pytest
 
 from launch import horovodrun
 
-PLACEHOLDER = ("item", "torch/exchange.py:_scale")  # Horovod's reduced placeholder -> the op's scale
 BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "RandomBlock": {},
     "RandomK": {},
-    "TopK_allgather": {PLACEHOLDER: 1},
-    "RTopK_allgather": {PLACEHOLDER: 1},
-    "Threshold_allgather": {PLACEHOLDER: 1},
-    "Threshold_2bit": {PLACEHOLDER: 1},  # each rank's count: read inside sparse_unpack_segments (C++)
-    "DGC_allgather_clipped": {PLACEHOLDER: 1},  # the clipping factor stays on the device
-    "DGC_spardl": {PLACEHOLDER: 1, ("tolist", "torch/exchange.py:start"): 1,  # the alltoall's splits
-                   ("tolist", "torch/exchange.py:advance"): 1},                # what arrived from each rank
-    "TopK_spardl": {PLACEHOLDER: 1, ("tolist", "torch/exchange.py:start"): 1,
-                    ("tolist", "torch/exchange.py:advance"): 1},
+    "TopK_allgather": {},  # the op's scale (Horovod's reduced placeholder) is read by the unpack op
+    "RTopK_allgather": {},
+    "Threshold_allgather": {},
+    "Threshold_2bit": {},  # each rank's count: read inside sparse_unpack_segments (C++)
+    "DGC_allgather_clipped": {},  # the clipping factor stays on the device
+    "DGC_spardl": {("tolist", "torch/exchange.py:start"): 1,    # the alltoall's splits
+                   ("tolist", "torch/exchange.py:advance"): 1},  # what arrived from each rank
+    "TopK_spardl": {("tolist", "torch/exchange.py:start"): 1, ("tolist", "torch/exchange.py:advance"): 1},
 }
 
 

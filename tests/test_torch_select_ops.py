@@ -343,17 +343,34 @@ def test_wire_rows_hold_each_index_then_its_value_bytes_and_split_back_exactly(d
     assert torch.equal(got_index.cpu(), index)
 
 
+# (scale, divisor) of the unpack ops: a number, or a 1-element tensor read where the op runs
+# (Horovod's reduced placeholder: 1.0 for Average, the ranks for Sum) over the ranks.
+UNPACK_SCALES = [(1 / 3, 1), (1.0, 3), (3.0, 3), (5.0, 2)]
+
+
+def _unpack_scale(scale, divisor, scale_form, device):
+    """(the scale argument in the form asked, the factor it means: scale / divisor in double,
+    rounded to float32 as the kernels do)."""
+    given = torch.tensor([scale], device=device) if scale_form == "tensor" else scale
+    return given, float(torch.tensor(float(torch.tensor(scale)) / divisor))
+
+
+@pytest.mark.parametrize("scale_form", ["tensor", "number"])
+@pytest.mark.parametrize("scale,divisor", UNPACK_SCALES)
 @pytest.mark.parametrize("value_dtype,dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
                                                (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
                                                (torch.bfloat16, torch.float32)])
-def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype):
+def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype, scale, divisor,
+                                                                 scale_form):
     """Gathered rows of 3 ranks (overlapping index-ordered selections, values in value_dtype:
-    fp16/bf16 values of a float32 gradient too) into a stale out: the sum, cast, scaled."""
+    fp16/bf16 values of a float32 gradient too) into a stale out: the sum, cast, scaled by
+    scale / divisor."""
     values, index = _gathered_selections(70_000, 2000, 3, value_dtype, seed=6)
     rows = torch.from_numpy(_reference_rows(values, index))
-    want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * (1 / 3)).to(dtype)
+    given, factor = _unpack_scale(scale, divisor, scale_form, device)
+    want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * factor).to(dtype)
     out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
-    assert ops.sparse_unpack_rows(rows.to(device), value_dtype, 70_000, 1 / 3, out=out) is out
+    assert ops.sparse_unpack_rows(rows.to(device), value_dtype, 70_000, given, divisor, out=out) is out
     assert torch.equal(out.cpu(), want)
 
 
@@ -363,7 +380,8 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
     rows = ops.wire_rows(values, index)
     torch.library.opcheck(ops._ops.wire_rows.default, (values, index))
     torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
-    torch.library.opcheck(ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, 0.5, torch.empty(40)))
+    torch.library.opcheck(ops._ops.sparse_unpack_rows_into.default,
+                          (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40)))
     with pytest.raises(RuntimeError, match=r"wire_columns: rows should be a 2-D uint8 tensor of 6 columns \(an "
                                            r"int32 index, then a Half value\), got 2-D Byte of shape \[20, 8\]"):
         ops.sparse_unpack_rows(rows, torch.float16, 40, out=torch.empty(40, dtype=torch.float16))
@@ -373,6 +391,17 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
         ops.wire_rows(values.double(), index)
     with pytest.raises(ValueError, match=r"sparse_unpack_rows: out should have numel 41, got 40"):
         ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
+    for op, args in (("sparse_unpack_rows", (rows, torch.float32, 40)), ("sparse_unpack_segments", None)):
+        if args is None:
+            ((codes, scales, _, idx),) = _quantized_ranks(40, [5], 2, seed=2)
+            args = (ops.quantized_segment(*(torch.from_numpy(x) for x in (codes, scales, idx)), 2), 2, 1, 40)
+        unpack = getattr(ops, op)
+        with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 2 Float"):
+            unpack(*args, torch.ones(2), out=torch.empty(40))
+        with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 1 Double"):
+            unpack(*args, torch.ones(1, dtype=torch.float64), out=torch.empty(40))
+        with pytest.raises(RuntimeError, match=op + r": divisor should be >= 1, got 0"):
+            unpack(*args, torch.ones(1), 0, out=torch.empty(40))
 
 
 def _reference_segment(codes, scales, index):
@@ -406,20 +435,23 @@ def test_quantized_segment_holds_count_scales_index_codes_and_padding(device, bi
     assert got.numel() == wire.Segment(count, scales.size, bits).size
 
 
+@pytest.mark.parametrize("scale_form", ["tensor", "number"])
+@pytest.mark.parametrize("scale,divisor", UNPACK_SCALES[:2])
 @pytest.mark.parametrize("bits", [1, 2])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, dtype):
+def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, dtype, scale, divisor, scale_form):
     """3 ranks' segments (overlapping indices; one rank sent nothing) gathered in rank order, into
     a stale out: each rank's codes decoded with its own scales, cast to out's dtype, summed in
-    rank order and scaled."""
+    rank order and scaled by scale / divisor."""
     ranks = _quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
     gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i) for c, s, _, i in ranks]))
+    given, factor = _unpack_scale(scale, divisor, scale_form, device)
     want = torch.zeros(70_000)
     for _, _, decoded, index in ranks:
         want.index_add_(0, torch.from_numpy(index).long(), torch.from_numpy(decoded).to(dtype).float())
-    want = (want * (1 / 3)).to(dtype)
+    want = (want * factor).to(dtype)
     out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
-    assert ops.sparse_unpack_segments(gathered.to(device), bits, 3, 70_000, 1 / 3, out=out) is out
+    assert ops.sparse_unpack_segments(gathered.to(device), bits, 3, 70_000, given, divisor, out=out) is out
     assert torch.equal(out.cpu(), want)
 
 
@@ -429,7 +461,8 @@ def test_segment_ops_pass_opcheck_and_name_bad_segments():
     codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
     segment = ops.quantized_segment(codes, scales, index, 2)
     torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2))
-    torch.library.opcheck(ops._ops.sparse_unpack_segments_into.default, (segment, 2, 1, 0.5, torch.empty(100)))
+    torch.library.opcheck(ops._ops.sparse_unpack_segments_into.default,
+                          (segment, 2, 1, torch.tensor([0.5]), 1, torch.empty(100)))
     with pytest.raises(RuntimeError, match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
                                            r"got 4"):
         ops.quantized_segment(codes[:4], scales, index, 2)

@@ -62,10 +62,11 @@ void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bi
 
 // Deterministic scatter-add: sorted_index ascending (a stable sort of the indices) with
 // order[p] the input position of sorted_index[p]. Each run of equal indices is summed in
-// input order; dense must be zero beforehand.
+// input order, then multiplied by the scale (a device pointer's value may be the factor:
+// UnpackScale); dense must be zero beforehand.
 template <typename T>
 void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const int64_t* order, int64_t count,
-                          float scale, T* dense, cudaStream_t stream);
+                          UnpackScale scale, T* dense, cudaStream_t stream);
 
 // The first k indices of the permutation, unsorted.
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream);

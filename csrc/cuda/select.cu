@@ -179,12 +179,13 @@ __global__ void dequantize_kernel(const uint8_t* codes, const float* scales, int
 
 template <typename T>
 __global__ void sparse_unpack_sorted_kernel(const T* values, const int32_t* sorted_index, const int64_t* order,
-                                            int64_t count, float scale, T* dense) {
+                                            int64_t count, UnpackScale scale, T* dense) {
+  const float factor = scale.value();
   for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < count; p += int64_t(gridDim.x) * blockDim.x) {
     if (p > 0 && sorted_index[p - 1] == sorted_index[p]) continue;  // not the head of its run
     float sum = 0.0f;
     for (int64_t q = p; q < count && sorted_index[q] == sorted_index[p]; ++q) sum += to_float(values[order[q]]);
-    dense[sorted_index[p]] = from_float<T>(scale * sum);
+    dense[sorted_index[p]] = from_float<T>(factor * sum);
   }
 }
 
@@ -264,7 +265,7 @@ void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bi
 
 template <typename T>
 void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const int64_t* order, int64_t count,
-                          float scale, T* dense, cudaStream_t stream) {
+                          UnpackScale scale, T* dense, cudaStream_t stream) {
   if (count == 0) return;
   sparse_unpack_sorted_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(values, sorted_index, order, count, scale,
                                                                           dense);
@@ -286,7 +287,8 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);     \
   template void accumulate<T>(const T*, const Feedback&, int64_t, cudaStream_t);                              \
   template void momentum_step<T>(const T*, const Feedback&, int64_t, T*, cudaStream_t);                                 \
-  template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, float, T*, cudaStream_t);
+  template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, UnpackScale, T*,  \
+                                        cudaStream_t);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)
 SC_INSTANTIATE(bfloat16)

@@ -80,4 +80,21 @@ template <> SC_HOST_DEVICE half16 from_float<half16>(float x) {
   return half16{uint16_t(sign | (a >> 13))};
 }
 
+// The factor sparse_unpack multiplies each sum by: a number the host knows, or *numerator /
+// divisor read where the kernel runs. Horovod's reduced placeholder (the op's scaling times the
+// ranks) stays on the GPU that way: the host never reads it, so decompress does not wait for
+// the device. The division is in double, then rounded to float, as the host's would be.
+struct UnpackScale {
+  float factor = 1.0f;
+  const float* numerator = nullptr;
+  int64_t divisor = 1;
+
+  UnpackScale(float f) : factor(f) {}  // NOLINT(google-explicit-constructor): a plain number is a scale
+  UnpackScale(const float* n, int64_t d) : numerator(n), divisor(d) {}
+
+  SC_HOST_DEVICE float value() const {
+    return numerator ? float(double(*numerator) / double(divisor)) : factor;
+  }
+};
+
 }  // namespace sparsecomm

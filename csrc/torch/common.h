@@ -139,6 +139,16 @@ inline void check_unpack_args(const at::Tensor& values, const at::Tensor& index,
   check_indexable("sparse_unpack", out.numel());
 }
 
+// The scale of the unpack ops that take it as a tensor: *scale / divisor, read where the op runs.
+inline UnpackScale unpack_scale(const char* op, const at::Tensor& scale, int64_t divisor, const at::Tensor& out) {
+  TORCH_CHECK(scale.scalar_type() == at::kFloat && scale.numel() == 1, op,
+              ": scale should be a 1-element float32 tensor, got ", scale.numel(), " ", scale.scalar_type());
+  TORCH_CHECK(scale.device() == out.device(), op, ": scale should be on out's device (", out.device(), "), got ",
+              scale.device());
+  TORCH_CHECK(divisor >= 1, op, ": divisor should be >= 1, got ", divisor);
+  return UnpackScale(scale.data_ptr<float>(), divisor);
+}
+
 inline void check_stream_args(const char* op, int64_t tensor_id, int64_t step) {
   TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL, op, ": tensor_id should be a uint32, got ", tensor_id);
   TORCH_CHECK(step >= 0, op, ": step should be >= 0, got ", step);

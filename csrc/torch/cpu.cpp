@@ -88,8 +88,9 @@ struct CpuDevice {
 
   // Sums duplicates in input order directly (CUDA sorts the indices first).
   template <typename T>
-  static void sparse_unpack(const at::Tensor& values, const at::Tensor& index, float scale, const at::Tensor& out) {
-    cpu::sparse_unpack<T>(data_as<T>(values), index.data_ptr<int32_t>(), values.numel(), scale, out.numel(),
+  static void sparse_unpack(const at::Tensor& values, const at::Tensor& index, UnpackScale scale,
+                            const at::Tensor& out) {
+    cpu::sparse_unpack<T>(data_as<T>(values), index.data_ptr<int32_t>(), values.numel(), scale.value(), out.numel(),
                           data_as<T>(out));
   }
 

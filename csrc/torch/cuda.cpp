@@ -129,7 +129,8 @@ struct CudaDevice {
   // Duplicates add in input order, deterministically: a stable sort groups them (threads
   // cannot add in input order as the CPU loop does).
   template <typename T>
-  static void sparse_unpack(const at::Tensor& values, const at::Tensor& index, float scale, const at::Tensor& out) {
+  static void sparse_unpack(const at::Tensor& values, const at::Tensor& index, UnpackScale scale,
+                            const at::Tensor& out) {
     out.zero_();
     const auto [sorted_index, order] = index.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
     cuda::sparse_unpack_sorted<T>(data_as<T>(values), sorted_index.data_ptr<int32_t>(), order.data_ptr<int64_t>(),

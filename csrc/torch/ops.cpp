@@ -56,8 +56,11 @@ SC_TORCH_LIBRARY {
   m.def("dequantize(Tensor codes, Tensor scales, int count, int bits) -> Tensor");
   // One rank's 1-/2-bit segment of sparsecomm/core/wire.py (uint8): count, scales, index, codes.
   m.def("quantized_segment(Tensor codes, Tensor scales, Tensor index, int bits) -> Tensor");
-  // sparse_unpack_into of every rank's segment, gathered in rank order (values cast to out's dtype).
-  m.def("sparse_unpack_segments_into(Tensor gathered, int bits, int ranks, float scale, Tensor(a!) out) -> ()");
+  // sparse_unpack_into of every rank's segment, gathered in rank order (values cast to out's
+  // dtype), the sums scaled by scale[0] / divisor: a factor the host need not read (scale: a
+  // 1-element float32 tensor on out's device, such as Horovod's reduced placeholder).
+  m.def("sparse_unpack_segments_into(Tensor gathered, int bits, int ranks, Tensor scale, int divisor, "
+        "Tensor(a!) out) -> ()");
   // k distinct indices of [0, like.numel()) from (seed, tensor_id, step), sorted, int32 on
   // like's device: the same on every rank (csrc/kernels/permutation.h).
   m.def("random_k_indices(Tensor like, int seed, int tensor_id, int step, int k) -> Tensor");
@@ -72,8 +75,10 @@ SC_TORCH_LIBRARY {
   m.def("wire_rows(Tensor values, Tensor index) -> Tensor");
   // The columns of wire rows whose values are `value_dtype`: (values, index int32).
   m.def("wire_columns(Tensor rows, ScalarType value_dtype) -> (Tensor, Tensor)");
-  // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's dtype).
-  m.def("sparse_unpack_rows_into(Tensor rows, ScalarType value_dtype, float scale, Tensor(a!) out) -> ()");
+  // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's
+  // dtype), the sums scaled by scale[0] / divisor, as sparse_unpack_segments_into's.
+  m.def("sparse_unpack_rows_into(Tensor rows, ScalarType value_dtype, Tensor scale, int divisor, "
+        "Tensor(a!) out) -> ()");
 }
 
 }  // namespace sparsecomm

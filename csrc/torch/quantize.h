@@ -79,10 +79,11 @@ at::Tensor quantized_segment(const at::Tensor& codes_in, const at::Tensor& scale
 // their rank's scales, cast to out's dtype. The segments' lengths differ, so each count is read
 // where it lies (on CUDA: a read back per rank, as the walk needs it).
 template <typename Device>
-void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, int64_t ranks, double scale,
-                                 const at::Tensor& out) {
+void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, int64_t ranks, const at::Tensor& scale,
+                                 int64_t divisor, const at::Tensor& out) {
   const typename Device::Guard guard(out.device());
   check_bits("sparse_unpack_segments", bits);
+  const UnpackScale factor = unpack_scale("sparse_unpack_segments", scale, divisor, out);
   TORCH_CHECK(ranks >= 1, "sparse_unpack_segments: ranks should be >= 1, got ", ranks);
   TORCH_CHECK(gathered_in.scalar_type() == at::kByte && gathered_in.dim() == 1,
               "sparse_unpack_segments: gathered should be a 1-D uint8 tensor, got ", gathered_in.dim(), "-D ",
@@ -118,7 +119,7 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
                        index.narrow(0, filled, s.count));
     filled += s.count;
   }
-  sparse_unpack_into<Device>(values.to(out.scalar_type()), index, scale, out);
+  unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
 }
 
 template <typename Device>

@@ -58,15 +58,19 @@ at::Tensor send_selected(const at::Tensor& acc_in, const at::Tensor& index_in,
 }
 
 template <typename Device>
-void sparse_unpack_into(const at::Tensor& values_in, const at::Tensor& index_in, double scale,
-                        const at::Tensor& out) {
+void unpack_into(const at::Tensor& values_in, const at::Tensor& index_in, UnpackScale scale, const at::Tensor& out) {
   const typename Device::Guard guard(out.device());
   check_unpack_args(values_in, index_in, out);
   const at::Tensor values = values_in.contiguous(), index = index_in.contiguous();
   Device::check_index_range("sparse_unpack", index, out.numel());
   SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "sparse_unpack", [&] {
-    Device::template sparse_unpack<scalar_t>(values, index, float(scale), out);
+    Device::template sparse_unpack<scalar_t>(values, index, scale, out);
   });
+}
+
+template <typename Device>
+void sparse_unpack_into(const at::Tensor& values, const at::Tensor& index, double scale, const at::Tensor& out) {
+  unpack_into<Device>(values, index, UnpackScale(float(scale)), out);
 }
 
 template <typename Device>
@@ -140,12 +144,13 @@ std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::Scal
 }
 
 // sparse_unpack_into of gathered wire rows (each rank's, in rank order), their values cast to
-// out's dtype.
+// out's dtype, the sums scaled by scale / divisor (unpack_scale).
 template <typename Device>
-void sparse_unpack_rows_into(const at::Tensor& rows, at::ScalarType value_dtype, double scale,
-                             const at::Tensor& out) {
+void sparse_unpack_rows_into(const at::Tensor& rows, at::ScalarType value_dtype, const at::Tensor& scale,
+                             int64_t divisor, const at::Tensor& out) {
+  const UnpackScale factor = unpack_scale("sparse_unpack_rows", scale, divisor, out);
   const auto [values, index] = wire_columns<Device>(rows, value_dtype);
-  sparse_unpack_into<Device>(values.to(out.scalar_type()), index, scale, out);
+  unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
 }
 
 template <typename Device>

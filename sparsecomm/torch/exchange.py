@@ -84,11 +84,6 @@ def _placeholder(device):
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
-def _scale(output, ranks):
-    """The op's scaling: Horovod returned the placeholder 1.0 summed and scaled."""
-    return output.item() / ranks
-
-
 class Dense:
     """Horovod's own allreduce of the whole tensor (the ring's 2 (N-1)/N of it received)."""
 
@@ -136,16 +131,17 @@ class Allgather:
         ctx.received_bytes = gathered.numel() - ctx.sent_bytes
         if bits is None:
             return _unpacked_rows(output, ctx, gathered, value_dtype)
-        ops.sparse_unpack_segments(gathered, bits, ctx.wire.ranks, ctx.wire.shape.numel(),
-                                   _scale(output, ctx.wire.ranks), out=ctx.wire.output())
+        ops.sparse_unpack_segments(gathered, bits, ctx.wire.ranks, ctx.wire.shape.numel(), output, ctx.wire.ranks,
+                                   out=ctx.wire.output())
         return ctx.wire.out
 
 
 def _unpacked_rows(output, ctx, rows, value_dtype):
     """Gathered wire rows (sparsecomm.core.wire) added, in rank order, into the result and scaled
-    by the op, in one op; the result is the buffer `out` itself, in the gradient's shape."""
-    ops.sparse_unpack_rows(rows, value_dtype, ctx.wire.shape.numel(), _scale(output, ctx.wire.ranks),
-                           out=ctx.wire.output())
+    by the op, in one op; the result is the buffer `out` itself, in the gradient's shape. The op's
+    scaling is Horovod's reduced placeholder (1.0 summed and scaled) over the ranks, read by the
+    op where it runs: the host never reads it."""
+    ops.sparse_unpack_rows(rows, value_dtype, ctx.wire.shape.numel(), output, ctx.wire.ranks, out=ctx.wire.output())
     return ctx.wire.out
 
 

@@ -89,7 +89,7 @@ def _quantized_segment(codes, scales, index, bits):
 
 
 @_fake("sparse_unpack_segments_into")
-def _sparse_unpack_segments_into(gathered, bits, ranks, scale, out):
+def _sparse_unpack_segments_into(gathered, bits, ranks, scale, divisor, out):
     return None
 
 
@@ -105,7 +105,7 @@ def _wire_columns(rows, value_dtype):
 
 
 @_fake("sparse_unpack_rows_into")
-def _sparse_unpack_rows_into(rows, value_dtype, scale, out):
+def _sparse_unpack_rows_into(rows, value_dtype, scale, divisor, out):
     return None
 
 

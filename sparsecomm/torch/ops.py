@@ -104,10 +104,18 @@ def quantized_segment(codes, scales, index, bits):
     return _ops.quantized_segment(codes, scales, index, bits)
 
 
-def sparse_unpack_segments(gathered, bits, ranks, numel, scale=1.0, *, out):
+def _unpack_scale(scale, out):
+    """The unpack ops' scale tensor: `scale` itself, or a number made one on out's device."""
+    return scale if isinstance(scale, torch.Tensor) else torch.full((1,), scale, dtype=torch.float32, device=out.device)
+
+
+def sparse_unpack_segments(gathered, bits, ranks, numel, scale=1.0, divisor=1, *, out):
     """sparse_unpack of `ranks` quantized segments gathered in rank order (each decoded with its
-    rank's scales, the values cast to out's dtype), into `out` (contiguous). Returns out."""
-    _ops.sparse_unpack_segments_into(gathered, bits, ranks, scale, _checked_out("sparse_unpack_segments", out, numel))
+    rank's scales, the values cast to out's dtype), into `out` (contiguous), the sums multiplied by
+    scale / divisor. `scale` may be a 1-element float32 tensor on out's device, read where the op
+    runs: on a GPU the host never waits for it. Returns out."""
+    out = _checked_out("sparse_unpack_segments", out, numel)
+    _ops.sparse_unpack_segments_into(gathered, bits, ranks, _unpack_scale(scale, out), divisor, out)
     return out
 
 
@@ -137,10 +145,12 @@ def wire_columns(rows, value_dtype):
     return _ops.wire_columns(rows, value_dtype)
 
 
-def sparse_unpack_rows(rows, value_dtype, numel, scale=1.0, *, out):
+def sparse_unpack_rows(rows, value_dtype, numel, scale=1.0, divisor=1, *, out):
     """sparse_unpack of gathered wire rows whose values are `value_dtype` (each rank's rows, in
-    rank order), into `out` (contiguous; the values are cast to its dtype). Returns out."""
-    _ops.sparse_unpack_rows_into(rows, value_dtype, scale, _checked_out("sparse_unpack_rows", out, numel))
+    rank order), into `out` (contiguous; the values are cast to its dtype), the sums multiplied by
+    scale / divisor (scale: a number, or a tensor as sparse_unpack_segments takes). Returns out."""
+    out = _checked_out("sparse_unpack_rows", out, numel)
+    _ops.sparse_unpack_rows_into(rows, value_dtype, _unpack_scale(scale, out), divisor, out)
     return out
 
 

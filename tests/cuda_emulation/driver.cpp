@@ -529,9 +529,11 @@ void check_dequantize() {
 }
 
 // The values of 3 ranks, concatenated: duplicates add in input order. CUDA's glue (as in
-// csrc/torch/cuda.cpp): zero the output, stable-sort the indices, then the kernel.
+// csrc/torch/cuda.cpp): zero the output, stable-sort the indices, then the kernel. The second
+// case of each size reads its scale where the kernel runs (Horovod's reduced placeholder / ranks).
 void check_sparse_unpack() {
   const float scales[] = {1.0f, 0.5f, 1.0f / 3.0f};
+  const float reduced[] = {1.0f, 3.0f, 6.0f};
   for_each_dtype([&]<typename T>(T) {
     for (int64_t numel : kSizes) {
       Rng r{uint64_t(numel) * 61 + sizeof(T)};
@@ -541,9 +543,10 @@ void check_sparse_unpack() {
         for (int rank = 0; rank < 3; ++rank)
           for (int32_t i : distinct_sorted(per_rank, numel, r)) index.push_back(i);
         const int64_t count = int64_t(index.size());
-        const float scale = scales[size_t(numel + s) % std::size(scales)];
-        set_case("sparse_unpack_sorted<%s> numel=%lld count=%lld (3 ranks) scale=%g", type_name<T>(),
-                 (long long)numel, (long long)count, scale);
+        const sc::UnpackScale scale = s == 0 ? sc::UnpackScale(scales[size_t(numel) % std::size(scales)])
+                                             : sc::UnpackScale(&reduced[size_t(numel) % std::size(reduced)], 3);
+        set_case("sparse_unpack_sorted<%s> numel=%lld count=%lld (3 ranks) scale=%g (%s)", type_name<T>(),
+                 (long long)numel, (long long)count, scale.value(), s == 0 ? "a number" : "read by the kernel");
         const std::vector<T> values = random_vector<T>(count, r);
         std::vector<int64_t> order(static_cast<size_t>(count));
         std::iota(order.begin(), order.end(), 0);
@@ -553,7 +556,7 @@ void check_sparse_unpack() {
         std::vector<T> cuda_dense(size_t(numel), sc::from_float<T>(0.0f)), cpu_dense = random_vector<T>(numel, r);
         sc::cuda::sparse_unpack_sorted<T>(values.data(), sorted_index.data(), order.data(), count, scale,
                                           cuda_dense.data(), nullptr);
-        sc::cpu::sparse_unpack<T>(values.data(), index.data(), count, scale, numel, cpu_dense.data());
+        sc::cpu::sparse_unpack<T>(values.data(), index.data(), count, scale.value(), numel, cpu_dense.data());
         same("dense", cuda_dense, cpu_dense);
       }
     }
