@@ -63,6 +63,9 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert 0 < e2e["DDP PowerSGD"]["received_bytes"] < e2e["DDP dense"]["received_bytes"] / 5
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
     assert all(0 <= r["final"] <= 1 for r in results["convergence"])
+    data = results["convergence"][0]["data"]  # the data each record was trained on
+    assert data["source"].startswith("scikit-learn ") and re.fullmatch(r"[0-9a-f]{64}", data["sha256"])
+    assert all(r["data"] == data for r in results["convergence"])
     for figure in ("e2e_speedup.png", "convergence.png"):
         assert (tmp_path / "out" / figure).read_bytes()[:4] == b"\x89PNG"
     text = md.read_text()
@@ -70,6 +73,32 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert "| vs dense | vs floor |" in text and "| compute | 2 | unshaped | floor | " in text
     assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
     assert "The compute model's rows were timed in 2 interleaved turns" in text
+    assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
+
+
+def test_the_charlm_corpus_names_its_files_and_hash():
+    """The stdlib corpus differs between Python releases: its record says which text it was."""
+    import hashlib
+    import platform
+    from sparsecomm.bench.convergence_worker import corpus
+    text, data = corpus(limit=50_000)
+    assert text.shape == (50_000,) and 0 <= int(text.min()) and int(text.max()) < 127
+    assert data["sha256"] == hashlib.sha256(bytes(text.tolist())).hexdigest()
+    assert data["source"].startswith(f"Python {platform.python_version()} standard library, __future__.py to ")
+    assert corpus(limit=50_000)[1] == data and corpus(limit=60_000)[1]["sha256"] != data["sha256"]
+
+
+def test_the_results_page_says_which_data_each_task_was_trained_on():
+    from sparsecomm.bench import report
+    a, b = {"source": "corpus A", "sha256": "a" * 64}, {"source": "corpus B", "sha256": "b" * 64}
+    record = lambda task, data: {"task": task, **({"data": data} if data else {})}  # noqa: E731
+    assert report._data_text([record("charlm", a), record("charlm", a)]) == f"- charlm data: corpus A, sha256 {'a' * 16}."
+    assert report._data_text([record("digits", None)]) == \
+        "- digits data: not recorded by the run that trained these records."
+    mixed = report._data_text([record("charlm", a), record("charlm", b), record("digits", a)]).splitlines()
+    assert mixed == [f"- charlm data: corpus A, sha256 {'a' * 16}.", f"- charlm data: corpus B, sha256 {'b' * 16}.",
+                     "- **charlm's methods were not all trained on the same data**: compare them with care.",
+                     f"- digits data: corpus A, sha256 {'a' * 16}."]
 
 
 def test_rows_are_interleaved_in_groups_that_fit_in_memory():

@@ -12,9 +12,11 @@ Each rank trains on its own shard; the curves are rank 0's (the ranks stay ident
 """
 import argparse
 import glob
+import hashlib
 import json
 import math
 import os
+import platform
 
 import horovod.torch as hvd
 import numpy as np
@@ -51,12 +53,16 @@ def methods(task, steps_per_epoch):
 # --- digits -------------------------------------------------------------------------------
 
 def digits_data():
+    """((train x, train y), (test x, test y), the data's provenance)."""
+    import sklearn
     from sklearn.datasets import load_digits
     x, y = load_digits(return_X_y=True)
+    data = {"source": f"scikit-learn {sklearn.__version__} load_digits",
+            "sha256": hashlib.sha256(np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes()).hexdigest()}
     x = torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
     order = np.random.default_rng(0).permutation(len(y))
     test, train = order[:360], order[360:]
-    return (x[train], torch.tensor(y[train])), (x[test], torch.tensor(y[test]))
+    return (x[train], torch.tensor(y[train])), (x[test], torch.tensor(y[test])), data
 
 
 def digits_model():
@@ -69,16 +75,23 @@ def digits_model():
 # --- character-level language model -----------------------------------------------------
 
 def corpus(limit=600_000):
-    """Bytes of the standard library's .py sources (ASCII, tabs/newlines kept), in sorted
-    file order, up to `limit` bytes: a real corpus every Python installation ships."""
+    """(bytes of the standard library's .py sources (ASCII, tabs/newlines kept), in sorted file
+    order, up to `limit` bytes, as a tensor; their provenance): a real corpus every Python
+    installation ships. The files change between Python releases, and so do the losses (RTopK's
+    final loss moved by 12% between two machines' corpora), so every record names its text: the
+    Python, the files read and the text's sha256."""
     stdlib = os.path.dirname(os.__file__)
-    text = bytearray()
+    text, files = bytearray(), []
     for path in sorted(glob.glob(os.path.join(stdlib, "*.py"))):
         with open(path, "rb") as f:
             text += bytes(b if 32 <= b < 127 or b in (9, 10) else 32 for b in f.read())
+        files.append(os.path.basename(path))
         if len(text) >= limit:
             break
-    return torch.tensor(list(text[:limit]), dtype=torch.long)
+    text = bytes(text[:limit])
+    data = {"source": f"Python {platform.python_version()} standard library, {files[0]} to {files[-1]} "
+                      f"({len(files)} files)", "sha256": hashlib.sha256(text).hexdigest()}
+    return torch.tensor(list(text), dtype=torch.long), data
 
 
 class CharGRU(torch.nn.Module):
@@ -113,12 +126,12 @@ def charlm_batches(text, batch, rank, size, epoch):
 def train(task, method, size, rank):
     settings = TASKS[task]
     if task == "digits":
-        (x, y), (x_test, y_test) = digits_data()
+        (x, y), (x_test, y_test), data = digits_data()
         model = digits_model()
         shard = torch.arange(rank, len(y), size)
         steps_per_epoch = len(shard) // settings["batch"]
     else:
-        text = corpus()
+        text, data = corpus()
         split = int(0.9 * len(text))
         train_text, valid_text = text[:split], text[split:]
         model = CharGRU()
@@ -158,7 +171,7 @@ def train(task, method, size, rank):
     sent = stats["sent_bytes"] / max(1, stats["calls"]) * len(list(model.parameters())) if stats else dense
     return {"task": task, "method": method, "ranks": size, "metric": "accuracy" if task == "digits" else "val_loss",
             "curve": curve, "final": curve[-1], "sent_bytes_per_step": sent, "dense_bytes_per_step": dense,
-            "epochs": settings["epochs"]}
+            "epochs": settings["epochs"], "data": data}
 
 
 def main():

@@ -17,9 +17,11 @@ from . import network
 
 NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped
 # Timed steps of each row, each paired with a baseline's step of the same turn. The compute
-# model's steps are short and noisy: 16 pairs give the median ratio a 95% interval from the 4th
-# to the 13th (8 pairs, the comm model's: from the smallest to the largest).
-STEPS = {"comm": 8, "compute": 16}
+# model's steps are short and noisy (4 ranks share 2 cores): 48 pairs give the median ratio a 95%
+# interval from the 17th to the 32nd (16 pairs, from the 4th to the 13th, left it 20% wide, wider
+# than the 3% that exchange="auto" is judged by); 8 pairs, the comm model's, from the smallest to
+# the largest.
+STEPS = {"comm": 8, "compute": 48}
 
 
 # A step's phases, timed apart by the worker: zero_grad and the forward pass; the backward pass

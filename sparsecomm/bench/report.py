@@ -383,6 +383,23 @@ under 1,024 elements dense, the default policy), beside Horovod with no compress
 what each tensor costs besides its elements shows there. Their torch.topk is one per tensor."""
 
 
+def _data_text(conv):
+    """Which data each task's records were trained on, one line per task and data (the worker
+    records it: the stdlib corpus changes between Python releases)."""
+    lines = []
+    for task in dict.fromkeys(r["task"] for r in conv):
+        kinds = []
+        for r in conv:
+            if r["task"] == task and r.get("data") not in kinds:
+                kinds.append(r.get("data"))
+        for d in kinds:
+            lines.append(f"- {task} data: " + (f"{d['source']}, sha256 {d['sha256'][:16]}." if d else
+                                               "not recorded by the run that trained these records."))
+        if len(kinds) > 1:
+            lines.append(f"- **{task}'s methods were not all trained on the same data**: compare them with care.")
+    return "\n".join(lines)
+
+
 def _of_code(results):
     return f", code {results['commit']}" if results.get("commit") else ""
 
@@ -416,6 +433,8 @@ plain SGD (with optimizer momentum it diverges, random_block.md).
 - digits: a small CNN on scikit-learn's digits, 1,437 training / 360 held-out images.
 - charlm: a character-level GRU (64-dim embedding, 192 hidden) on the Python standard
   library's sources (600 kB; the last 10% held out); loss in nats per character.
+
+{_data_text(results["convergence"])}
 
 ![convergence]({rel}/convergence.png)
 
