@@ -261,6 +261,35 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     assert unwatched.steps is None and unwatched.trial is None
 
 
+def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_changes():
+    """The steady state decides nothing again: once the trial is decided, a route is kept per
+    tensor and inputs (a new density or count of ranks decides again). A new world watches again
+    (dense meanwhile), and a new network decides again, whatever was kept."""
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    _watched(planner, {"w": 0.0}, {"w": 10**6})
+    planner.measured(GBIT, None, {"w": 0.0})
+    decided, decide = [], planner._decide
+    planner._decide = lambda *args: decided.append(args[0]) or decide(*args)
+    for step in range(plan.TRIAL_STEPS + 1):  # the measuring step and the trial: decided at every step
+        _step(planner, {"w": 10**6}, 3.0 + step)
+    assert len(decided) == plan.TRIAL_STEPS + 1
+    planner.steps.compressing()
+    planner.tried([1.0, 2.0])  # the model's routes kept
+    decided.clear()
+    assert [planner.route("w", 10**6, 2, 4, 0.001, 2) for _ in range(3)] == ["allgather"] * 3
+    assert decided == ["w"]  # once, then kept
+    assert planner.route("w", 10**6, 2, 4, 0.5, 2) == "dense" and decided == ["w"] * 2  # another density
+    assert planner.route("w", 10**6, 2, 4, 0.001, 3) == "allgather" and decided == ["w"] * 3  # other ranks
+    assert planner.route("w", 10**6, 2, 4, 0.001, 3) == "allgather" and decided == ["w"] * 3
+    planner.forget_measurement()  # a new world of as many ranks: watched again, dense meanwhile
+    assert planner.watching() and planner.route("w", 10**6, 2, 4, 0.001, 3) == "dense"
+    unwatched = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    unwatched.measured(GBIT, None)
+    assert unwatched.route("w", 10**6, 2, 4, 0.001, 2) == "allgather"
+    unwatched.measured(FAST, None)  # copies slower than the link: decided again
+    assert unwatched.route("w", 10**6, 2, 4, 0.001, 2) == "dense"
+
+
 @pytest.mark.parametrize("faster", [plan.MODEL, plan.ALL_SPARSE])
 def test_the_route_trial_keeps_the_faster_side(faster):
     """After the watch (steps 0, 1) and the measuring step (2, all sparse, not counted), steps

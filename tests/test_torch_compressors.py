@@ -139,6 +139,26 @@ def test_stats_count_bytes():
     assert sum(t["compress_seconds"] for t in stats["tensors"].values()) == pytest.approx(stats["compress_seconds"])
 
 
+def test_stats_totals_continue_from_a_loaded_state_dict():
+    """A checkpoint carries the totals: a compressor loaded from it reports them, and counts on."""
+    model = _model()
+    saved = RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters(), **EVERY)
+    for step in range(3):
+        _backward(model, step)
+        for _, p in model.named_parameters():
+            saved.compress(p.grad)
+    totals = {key: value for key, value in saved.stats().items() if key != "tensors"}
+    loaded = RandomBlock(ratio=0.1, seed=1, named_parameters=model.named_parameters(), **EVERY)
+    _backward(model, 3)
+    loaded.compress(next(model.parameters()).grad)  # counted before the load: the load sets the totals
+    loaded.load_state_dict(saved.state_dict())
+    assert {key: value for key, value in loaded.stats().items() if key != "tensors"} == totals
+    first = next(model.parameters())
+    loaded.compress(first.grad)
+    after = loaded.stats()
+    assert after["calls"] == totals["calls"] + 1 and after["dense_bytes"] == totals["dense_bytes"] + 4 * first.numel()
+
+
 @pytest.mark.parametrize("kwargs,error,message", [
     (dict(ratio=0.0), ValueError, r"RandomBlock: ratio should be a number in \(0, 1\], got 0.0"),
     (dict(ratio=1.5), ValueError, r"ratio should be a number in \(0, 1\], got 1.5"),

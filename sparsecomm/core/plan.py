@@ -89,6 +89,7 @@ class Planner:
         self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
         self.steps = None  # StepClock while auto watches and tries its routes (watch_backward)
         self.trial = None  # RouteTrial, once auto chose after watching
+        self._final = {}  # name -> ((numel, ndim, element size, density, ranks), route) once routes are final
 
     def settings(self):
         if self.shared:
@@ -120,6 +121,8 @@ class Planner:
         where it watched the backward, each tensor's window averaged over the ranks."""
         self.network, self.local, self._network_measured = network, local, True
         self._windows, self._hidden = dict(windows or {}), None
+        self._cached.clear()
+        self._final.clear()
 
     def forget_measurement(self):
         """Drops a measured network (not one the user gave) and every route chosen with it:
@@ -131,6 +134,7 @@ class Planner:
             self.backward, self.steps = BackwardWindows(), StepClock()
         self.trial = None
         self._cached.clear()
+        self._final.clear()
 
     def always_dense(self, name, numel, ndim, element_size):
         """Whether the per-layer policy or the dense fallback send this tensor dense at every
@@ -152,7 +156,25 @@ class Planner:
                 f"{MAX_INDEXED_NUMEL} elements.")
 
     def route(self, name, numel, ndim, element_size, density, ranks, record=True):
-        """How this tensor travels at `density` (see the module docstring)."""
+        """How this tensor travels at `density` (see the module docstring). Once routes are final
+        (nothing is watched or tried), a route is decided once per tensor and inputs: the steady
+        state of a training pays a dict lookup per tensor, not the decision."""
+        inputs = (numel, ndim, element_size, density, ranks)
+        final = self._final.get(name)
+        if final is not None and final[0] == inputs:
+            return final[1]
+        route = self._decide(name, numel, ndim, element_size, density, ranks, record)
+        if record and self._routes_final():
+            self._final[name] = (inputs, route)
+        return route
+
+    def _routes_final(self):
+        """Whether a route decided now stands for the same inputs: not while auto watches the
+        backward or tries its routes (they change with the step: nothing is kept before the trial
+        is decided). A new network (measured) or a new world (forget_measurement) drops them."""
+        return not self.watching() and (self.trial is None or self.trial.winner is not None)
+
+    def _decide(self, name, numel, ndim, element_size, density, ranks, record):
         if self.policy.sends_dense(name, numel, ndim):
             self._note(name, numel, element_size, density, by_auto=False)
             return "dense"

@@ -55,37 +55,41 @@ class Compressor(Settings):
     def compress(self, tensor: torch.Tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
-        if self.planner.timing_steps():
-            self.planner.steps.compressing()
+        planner = self.planner
+        if planner.timing_steps():
+            planner.steps.compressing()
         state = self._state_for(tensor)
-        self.planner.check_indexable(state.name, tensor.numel(), tensor.dim(), tensor.element_size())
+        name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
+        planner.check_indexable(name, numel, ndim, element_size)
         self._device = tensor.device  # where a measurement of the sparse path runs
         ranks = self._check_world()
         if self._scaler is not None:  # before the density: a rollback restores the step
             self._follow_loss_scale(state, self._loss_scale())
         density = self.method.density(state.step)
-        route = self._route(state.name, tensor, density, ranks, measure=True)
-        k = selected_count(density, tensor.numel())
+        route = planner.route(name, numel, ndim, element_size, density, self._routing_ranks(ranks, measure=True))
         if self._scaler is None:
             payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         else:
             payload = self._scaled_payload(tensor, state, route, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        # The pack consumes the gradient: the result is written there (a copy only if it is strided;
-        # none for the dense route, which Horovod reduces in place).
-        out = None if route == "dense" else tensor if tensor.is_contiguous() else \
-            torch.empty_like(tensor, memory_format=torch.contiguous_format)
-        wire = Wire(state.name, tensor.shape, tensor.dtype, self._process_set(), ranks, k, state.residual, out)
-        handed, ctx = EXCHANGES[route].start(payload, wire)
-        if getattr(ctx.exchange, "advances", False):
-            self._pending.append(ctx)
-        handed_at = time.perf_counter()
-        self._counters.account(state.name, tensor, ctx, handed_at - started)
-        if self.planner.watching():
-            self.planner.backward.handed(state.name, handed_at)
-        if route == "dense":  # Horovod's own contract for an untouched tensor: no context (or its dtype)
-            return handed, (None if handed.dtype == tensor.dtype else tensor.dtype)
+        if route == "dense":  # Horovod reduces the payload in place: no wire, no context (or the dtype to restore)
+            handed = exchange.to_wire(payload)
+            self._counters.account(name, numel, numel * element_size, *exchange.Dense.traffic(handed, ranks),
+                                   time.perf_counter() - started)
+            ctx = None if handed.dtype == tensor.dtype else tensor.dtype
+        else:
+            # The pack consumed the gradient: the result is written there (a copy only if it is strided).
+            out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+            wire = Wire(name, tensor.shape, tensor.dtype, self._process_set(), ranks, selected_count(density, numel),
+                        state.residual, out)
+            handed, ctx = EXCHANGES[route].start(payload, wire)
+            if getattr(ctx.exchange, "advances", False):
+                self._pending.append(ctx)
+            self._counters.account(name, numel, numel * element_size, ctx.sent_elements, ctx.sent_bytes,
+                                   ctx.received_bytes, time.perf_counter() - started)
+        if planner.watching():
+            planner.backward.handed(name, time.perf_counter())
         return handed, ctx
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
@@ -98,7 +102,7 @@ class Compressor(Settings):
         return result
 
     def _decompressed(self, tensor, ctx):
-        if ctx is None or isinstance(ctx, torch.dtype):
+        if ctx is None or isinstance(ctx, torch.dtype):  # sent dense
             return exchange.Dense.restored(tensor, ctx)
         if getattr(ctx.exchange, "advances", False):
             # Every pending exchange is advanced before any is finished: every rank has started all
@@ -166,12 +170,10 @@ class Compressor(Settings):
         """Whether this parameter's gradient is sent dense at its current step (starts nothing:
         see _routing_ranks)."""
         state = self._states.get(name)
-        return self._route(name, tensor, self.method.density(state.step if state else 0), self._ranks(),
-                           measure=False) == "dense"
+        return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(),
+                                  self.method.density(state.step if state else 0),
+                                  self._routing_ranks(self._ranks(), measure=False)) == "dense"
 
-    def _route(self, name, tensor, density, ranks, measure):
-        return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density,
-                                  self._routing_ranks(ranks, measure))
 
     def _measure_network(self):
         """The network, this compressor's LocalCost and the watched backward's windows of each

@@ -5,7 +5,8 @@ sparsecomm.core.plan, behind one small protocol, in the registry EXCHANGES.
     advance(context)     -> None   (only where `advances`: a second phase, see SparDL)
     finish(output, context) -> the dense gradient    (in decompress)
 
-(Dense is the exception: compress hands Horovod the context None, as for an untouched tensor.)
+(Dense is the exception: compress hands Horovod the payload itself and the context None, as for
+an untouched tensor; `Dense` only counts its traffic and restores its dtype.)
 
 The per-rank-coordinate exchanges start asynchronous collectives named after the parameter
 (so several tensors are in flight at once and the overlap with backward is kept) and hand
@@ -85,12 +86,15 @@ def _placeholder(device):
 
 
 class Dense:
-    """Horovod's own allreduce of the whole tensor (the ring's 2 (N-1)/N of it received)."""
+    """Horovod's own allreduce of the whole tensor: compress hands it the payload itself (in its
+    wire dtype) and no context, so this route has no start/finish, only its traffic."""
 
-    def start(self, payload, wire):
-        handed = to_wire(payload)
+    @staticmethod
+    def traffic(handed, ranks):
+        """(sent elements, sent bytes, received bytes) of one rank: the payload handed to the ring,
+        which receives 2 (N-1)/N of it."""
         size = handed.numel() * handed.element_size()
-        return handed, Context(self, wire, handed.numel(), size, int(2 * (wire.ranks - 1) / wire.ranks * size))
+        return handed.numel(), size, int(2 * (ranks - 1) / ranks * size)
 
     @staticmethod
     def restored(output, dtype):
@@ -254,7 +258,7 @@ class SparDL:
         return _unpacked_rows(output, ctx, gathered, ctx.pending.value_dtype)
 
 
-EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
+EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
 
 
 def measure_network(process_set=None, local=()):

@@ -101,31 +101,43 @@ def _copied(source, buffer):
 
 
 class Counters:
-    """What stats() reports: running totals and per-parameter counters (plain ints: cheap)."""
+    """What stats() reports: per-parameter counters (plain numbers: cheap to add to at every
+    compress), and their totals, summed when read, plus the totals a checkpoint restored."""
+
+    KEYS = ("calls", "dense_bytes", "sent_bytes", "received_bytes", "compress_seconds")
 
     def __init__(self):
-        self.totals = {"calls": 0, "dense_bytes": 0, "sent_bytes": 0, "received_bytes": 0, "compress_seconds": 0.0}
+        self.restored = dict.fromkeys(self.KEYS, 0)  # the totals of a loaded state_dict, before its counters
         self.tensors: Dict[str, dict] = {}
 
-    def account(self, name, tensor, ctx, seconds):
-        """One compress: the tensor handed over, what its exchange context says was sent."""
+    def account(self, name, numel, dense_bytes, sent_elements, sent_bytes, received_bytes, seconds):
+        """One compress of a tensor of `numel` elements: what a dense allreduce would have been
+        handed (dense_bytes), and what its route sent."""
         per = self.tensors.get(name)
         if per is None:
             per = self.tensors[name] = dict({key: 0 for key in report.COUNTERS}, compress_seconds=0.0,
-                                            numel=tensor.numel())
-        per["sent_elements"] += ctx.sent_elements
-        for totals in (self.totals, per):
-            totals["calls"] += 1
-            totals["dense_bytes"] += tensor.numel() * tensor.element_size()
-            totals["sent_bytes"] += ctx.sent_bytes
-            totals["received_bytes"] += ctx.received_bytes
-            totals["compress_seconds"] += seconds
+                                            numel=numel)
+        per["calls"] += 1
+        per["dense_bytes"] += dense_bytes
+        per["sent_elements"] += sent_elements
+        per["sent_bytes"] += sent_bytes
+        per["received_bytes"] += received_bytes
+        per["compress_seconds"] += seconds
 
     def account_later(self, name, sent_bytes, received_bytes):
         """Bytes known only in decompress (what the gathers brought, a second phase's payload)."""
-        for totals in (self.totals, self.tensors[name]):
-            totals["sent_bytes"] += sent_bytes
-            totals["received_bytes"] += received_bytes
+        per = self.tensors[name]
+        per["sent_bytes"] += sent_bytes
+        per["received_bytes"] += received_bytes
+
+    @property
+    def totals(self):
+        return {key: self.restored[key] + sum(per[key] for per in self.tensors.values()) for key in self.KEYS}
+
+    def restore(self, totals):
+        """After load_state_dict: the totals read as the saved ones (new compresses add to them)."""
+        counted = self.totals
+        self.restored = {key: self.restored[key] + totals.get(key, counted[key]) - counted[key] for key in self.KEYS}
 
     def stats(self, choices):
         tensors = {name: report.tensor_stats({k: v for k, v in per.items() if k != "numel"}, per["numel"],
@@ -167,7 +179,7 @@ def load_states(owner, binding, saved, counters):
                                  f"the parameter {param.numel()}")
             setattr(restored, key, None if tensor is None else tensor.to(param.device, torch.float32).clone())
         states[name] = restored
-    counters.totals.update(saved.get("stats", {}))
+    counters.restore(saved.get("stats", {}))
     return states
 
 
