@@ -147,6 +147,9 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
         for baseline in ("floor", "dense"):  # its group's 3 steps of that baseline
             assert row["baselines"][baseline] == by[baseline]["step_times_ms"][3 * group:3 * group + 3]
     assert "baselines" not in by["floor"] and "baselines" not in by["dense"]
+    # our rows' host time in compress a step: a part of the step; Horovod's rows have no such counter
+    assert all(0 < by[m]["compress_ms"] < by[m]["step_ms"] for m in ("DGC 0.1% spardl", "TopK 1%"))
+    assert "compress_ms" not in by["dense"] and "compress_ms" not in by["floor"]
     e2e.add_ratios(records)
     topk, floor = by["TopK 1%"], by["floor"]["step_times_ms"][3:]
     assert topk["vs_floor"] == statistics.median(m / t for m, t in zip(topk["step_times_ms"], floor))
@@ -335,6 +338,9 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     assert report._auto_summary([tried]).endswith(
         "sent by allgather (its route trial, ms a step: model 320, all sparse 256; kept all sparse): within 3% of "
         "dense or faster.")
+    hooks = dict(tried, step_ms=250.0, compress_ms=2.5)  # host time in compress, recorded since this was added
+    assert report._auto_summary([hooks]).endswith(
+        "kept all sparse); its compress hooks took 2.50 ms a step, 1.0% of it: within 3% of dense or faster.")
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():

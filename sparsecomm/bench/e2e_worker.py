@@ -251,7 +251,7 @@ def horovod_row(kind, method, warmup):
                                    process_set=process_set)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
-    counted = ("calls", "sent_bytes", "received_bytes")
+    counted = ("calls", "sent_bytes", "received_bytes", "compress_seconds")
     warmed = dict.fromkeys(counted, 0)
 
     def warmed_up():  # the bytes of the timed steps only (auto's watch and trial send dense at first)
@@ -272,7 +272,11 @@ def horovod_row(kind, method, warmup):
             tried = {} if trial is None else {"route_trial": {
                 "kept": trial["route_trial"],
                 "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()}}}
-            return dict(record(kind, method, "sparsecomm", model, times, sent, received, exchanges), **tried)
+            # host time in compress a timed step (its packs, routes, DGC's momentum), averaged over the ranks
+            compress_ms = hvd.allreduce(torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),
+                                        name=f"bench.compress_ms.{method}").item()
+            return dict(record(kind, method, "sparsecomm", model, times, sent, received, exchanges),
+                        compress_ms=compress_ms, **tried)
         # Horovod's ring allreduce of the (maybe fp16) gradient
         size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
         return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))

@@ -152,9 +152,11 @@ def _auto_summary(e2e):
         trial = r.get("route_trial")
         tried = "" if trial is None else " (its route trial, ms a step: " + ", ".join(
             f"{side} {ms:.0f}" for side, ms in trial["step_ms"].items()) + f"; kept {trial['kept']})"
+        hooks = "" if "compress_ms" not in r else (
+            f"; its compress hooks took {r['compress_ms']:.2f} ms a step, {r['compress_ms'] / r['step_ms']:.1%} of it")
         lines.append(f"- {r['model']} model, {r['ranks']} ranks, {r['network']} ({r['network_model']}): "
                      f"{ratio_text(r['vs_dense'], interval)} of dense's speed, sent by "
-                     f"{', '.join(r['exchanges']) or '-'}{tried}: {verdict}.")
+                     f"{', '.join(r['exchanges']) or '-'}{tried}{hooks}: {verdict}.")
     return "\n".join(lines)
 
 
