@@ -174,7 +174,6 @@ class Compressor(Settings):
                                   self.method.density(state.step if state else 0),
                                   self._routing_ranks(self._ranks(), measure=False)) == "dense"
 
-
     def _measure_network(self):
         """The network, this compressor's LocalCost and the watched backward's windows of each
         bound parameter (0 where it was not watched), all averaged over the ranks."""
