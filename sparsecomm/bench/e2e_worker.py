@@ -272,7 +272,8 @@ def horovod_row(kind, method, warmup):
             tried = {} if trial is None else {"route_trial": {
                 "kept": trial["route_trial"],
                 "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()}}}
-            # host time in compress a timed step (its packs, routes, DGC's momentum), averaged over the ranks
+            # wall time in compress a timed step (its packs, routes, DGC's momentum; time the rank was preempted
+            # included), averaged over the ranks
             compress_ms = hvd.allreduce(torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),
                                         name=f"bench.compress_ms.{method}").item()
             return dict(record(kind, method, "sparsecomm", model, times, sent, received, exchanges),
