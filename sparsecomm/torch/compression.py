@@ -75,8 +75,7 @@ class Compressor(Settings):
             state.step += 1
         if route == "dense":  # Horovod reduces the payload in place: no wire, no context (or the dtype to restore)
             handed = exchange.to_wire(payload)
-            self._counters.account(name, numel, numel * element_size, *exchange.Dense.traffic(handed, ranks),
-                                   time.perf_counter() - started)
+            traffic = exchange.Dense.traffic(handed, ranks)
             ctx = None if handed.dtype == tensor.dtype else tensor.dtype
         else:
             # The pack consumed the gradient: the result is written there (a copy only if it is strided).
@@ -86,8 +85,8 @@ class Compressor(Settings):
             handed, ctx = EXCHANGES[route].start(payload, wire)
             if getattr(ctx.exchange, "advances", False):
                 self._pending.append(ctx)
-            self._counters.account(name, numel, numel * element_size, ctx.sent_elements, ctx.sent_bytes,
-                                   ctx.received_bytes, time.perf_counter() - started)
+            traffic = ctx.sent_elements, ctx.sent_bytes, ctx.received_bytes
+        self._counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
         if planner.watching():
             planner.backward.handed(name, time.perf_counter())
         return handed, ctx

@@ -132,7 +132,8 @@ class Counters:
 
     @property
     def totals(self):
-        return {key: self.restored[key] + sum(per[key] for per in self.tensors.values()) for key in self.KEYS}
+        counted = report.totals(self.tensors, self.KEYS)
+        return {key: self.restored[key] + counted[key] for key in self.KEYS}
 
     def restore(self, totals):
         """After load_state_dict: the totals read as the saved ones (new compresses add to them)."""
