@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "launchers.h"
+#include "scatter.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -22,6 +23,7 @@ void send_quantized(const float* acc, const int32_t* index, int64_t count, const
   for (int c = 0; c < quantized_scales(bits); ++c) scales[c] = counts[c] ? float(sums[c] / double(counts[c])) : 0.0f;
   std::fill(codes, codes + quantized_bytes(count, bits), uint8_t(0));
   for (int64_t j = 0; j < count; ++j) {
+    if (j + kPrefetchAhead < count) prefetch_sent_state(fb, index[j + kPrefetchAhead]);
     const uint32_t code = quantize_code(acc[j], bits, split);
     const int64_t bit = j * bits;
     codes[bit >> 3] |= uint8_t(code << (bit & 7));

@@ -10,6 +10,7 @@
 
 #include "launchers.h"
 #include "parallel.h"
+#include "scatter.h"
 #include "stream.h"
 
 #ifdef __AVX2__
@@ -359,11 +360,15 @@ int64_t select_top(float* acc, int32_t* index, int64_t count, int64_t k) {
 
 template <typename T>
 void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values) {
-  // Each element writes its own state line (scattered, a cache miss each): the misses of
-  // several threads overlap. Indices are distinct, so the chunks never share an element.
+  // Each element writes its own state line (scattered, a cache miss each): the prefetch ahead
+  // (scatter.h) and several threads keep many misses in flight. Indices are distinct, so the
+  // chunks never share an element.
   for_chunks(count, count >= kParallelMinScattered ? pass_threads(kParallelMinElements) : 1, 16,
              [&](int, int64_t begin, int64_t end) {
-               for (int64_t j = begin; j < end; ++j) values[j] = send<T>(fb, index[j], acc[j]);
+               for (int64_t j = begin; j < end; ++j) {
+                 if (j + kPrefetchAhead < end) prefetch_sent_state(fb, index[j + kPrefetchAhead]);
+                 values[j] = send<T>(fb, index[j], acc[j]);
+               }
              });
 }
 
