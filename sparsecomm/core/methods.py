@@ -143,9 +143,6 @@ class DGC(Method):
         stages = self.warmup_stages if self.warmup_steps else 0
         return [self.ratio ** ((s + 1) / (stages + 1)) for s in range(stages)] + [self.ratio]
 
-    def density(self, step):
-        return self.densities()[self.stage(step)]
-
     def clip_limit(self, ranks, loss_scale=1.0):
         """Local gradient clipping: the threshold scaled by 1/sqrt(N) (the paper's rule), or None.
         Under a loss scaler the gradients are multiplied by its scale, and so is the threshold."""
