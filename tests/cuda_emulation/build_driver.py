@@ -34,7 +34,9 @@ COMMON_FLAGS = ["-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", "-ffp-cont
                 "-pthread"]
 VARIANTS = {
     "tsan": ["-fsanitize=thread"],
-    "asan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"],
+    # _GLIBCXX_SANITIZE_VECTOR: a read past a std::vector's size but within its capacity (an
+    # input list cut from a longer one) is an error too, not only one past the allocation.
+    "asan": ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-D_GLIBCXX_SANITIZE_VECTOR"],
 }
 EMULATION_INCLUDE = os.path.join(ROOT, "csrc", "emulation", "include")  # its cuda_runtime_api.h
 
