@@ -341,6 +341,10 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     hooks = dict(tried, step_ms=250.0, compress_ms=2.5)  # host time in compress, recorded since this was added
     assert report._auto_summary([hooks]).endswith(
         "kept all sparse); its compress hooks took 2.50 ms a step, 1.0% of it: within 3% of dense or faster.")
+    paired = dict(tried, route_trial=dict(tried["route_trial"], ratio=0.8123, steps=24))  # recorded since the rounds
+    assert report._auto_summary([paired]).endswith(
+        "(its route trial, ms a step: model 320, all sparse 256; median pair 0.81 over 24 steps; kept all sparse): "
+        "within 3% of dense or faster.")
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():

@@ -270,11 +270,11 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     planner.measured(GBIT, None, {"w": 0.0})
     decided, decide = [], planner._decide
     planner._decide = lambda *args: decided.append(args[0]) or decide(*args)
-    for step in range(plan.TRIAL_STEPS + 1):  # the measuring step and the trial: decided at every step
+    for step in range(2 * plan.TRIAL_PAIRS + 1):  # the measuring step and a round: decided at every step
         _step(planner, {"w": 10**6}, 3.0 + step)
-    assert len(decided) == plan.TRIAL_STEPS + 1
+    assert len(decided) == 2 * plan.TRIAL_PAIRS + 1
     planner.steps.compressing()
-    planner.tried([1.0, 2.0])  # the model's routes kept
+    planner.tried([1.0, 2.0] * plan.TRIAL_PAIRS)  # the model's routes faster in every pair: kept
     decided.clear()
     assert [planner.route("w", 10**6, 2, 4, 0.001, 2) for _ in range(3)] == ["allgather"] * 3
     assert decided == ["w"]  # once, then kept
@@ -290,43 +290,83 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     assert unwatched.route("w", 10**6, 2, 4, 0.001, 2) == "dense"
 
 
-@pytest.mark.parametrize("faster", [plan.MODEL, plan.ALL_SPARSE])
-def test_the_route_trial_keeps_the_faster_side(faster):
-    """After the watch (steps 0, 1) and the measuring step (2, all sparse, not counted), steps
-    3-10 alternate the model's routes and every tensor sparse. Each step is timed from the
-    previous step's end to its own; the medians (here 0.3 s for the faster side, 0.4 s for the
-    other, one outlier each that the median ignores) decide at the first compress of step 11,
-    and the faster side routes from then on."""
+def _trial_planner():
+    """A planner after the watch (steps 0, 1) whose model sends `early` dense and `late` by
+    allgather: its routes are tried against all sparse from step 2, the measuring step."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     planner.measured(GBIT, None, {"early": 0.05, "late": 0.031})
-    by_model = {"early": "dense", "late": "allgather"}
-    all_sparse = {"early": "allgather", "late": "allgather"}
-    ended = 2.0
-    assert _step(planner, EARLY_AND_LATE, ended) == all_sparse
-    seen = []
-    for step in range(3, 11):
-        side = planner.trial.arm(step)
-        seconds = (0.3 if side == faster else 0.4) + (5.0 if step in (3, 4) else 0.0)
-        ended += seconds
-        seen.append(side)
-        assert _step(planner, EARLY_AND_LATE, ended) == (by_model if side == plan.MODEL else all_sparse)
-        assert not planner.trial_ended()
-    assert seen == [plan.MODEL, plan.ALL_SPARSE] * 4
-    planner.steps.compressing()  # step 11
-    assert planner.trial_ended() and planner.timing_steps()
-    medians = planner.trial.medians(planner.steps)
-    assert medians == pytest.approx([0.3, 0.4] if faster == plan.MODEL else [0.4, 0.3])
-    planner.tried(medians)  # as averaged over the ranks
-    assert not planner.trial_ended() and not planner.timing_steps()
+    return planner
+
+
+BY_MODEL, ALL_SPARSE_ROUTES = {"early": "dense", "late": "allgather"}, {"early": "allgather", "late": "allgather"}
+
+
+def _trial_round(planner, ended, seconds):
+    """A round of the trial, each step ending `seconds[side][i]` after the previous one (i: the
+    pair): checks the alternation and the routes of each side, and returns when the last ended."""
+    for i in range(2 * plan.TRIAL_PAIRS):
+        side = (plan.MODEL, plan.ALL_SPARSE)[i % 2]
+        ended += seconds[side][i // 2]
+        assert _step(planner, EARLY_AND_LATE, ended) == (BY_MODEL if side == plan.MODEL else ALL_SPARSE_ROUTES)
+        assert planner.trial.arm(planner.steps.step) == side and planner.choices["early"]["route_trial"] == side
+        assert not planner.trial_round_ended()
+    planner.steps.compressing()  # the first compress after the round
+    assert planner.trial_round_ended() and planner.timing_steps()
+    return ended
+
+
+@pytest.mark.parametrize("faster", [plan.MODEL, plan.ALL_SPARSE])
+def test_the_route_trial_keeps_the_side_faster_in_every_pair_after_one_round(faster):
+    """After the watch (steps 0, 1) and the measuring step (2, all sparse, not counted), steps
+    3-10 alternate the model's routes and every tensor sparse, each timed from the previous
+    step's end to its own. The faster side takes 0.3 s, the other 0.4 s, except in the first
+    pair, where a slow spell makes both ten times slower (its ratio is the same, and the medians
+    ignore it). Every pair agrees, so the trial decides at the first compress of step 11, and
+    the faster side routes from then on."""
+    planner = _trial_planner()
+    assert _step(planner, EARLY_AND_LATE, 2.0) == ALL_SPARSE_ROUTES
+    slower = plan.ALL_SPARSE if faster == plan.MODEL else plan.MODEL
+    seconds = {faster: [3.0, 0.3, 0.3, 0.3], slower: [4.0, 0.4, 0.4, 0.4]}
+    _trial_round(planner, 2.0, seconds)
+    round_seconds = planner.trial.round_seconds(planner.steps)
+    assert round_seconds == pytest.approx([x for pair in zip(seconds[plan.MODEL], seconds[plan.ALL_SPARSE])
+                                           for x in pair])
+    planner.tried(round_seconds)  # as averaged over the ranks
+    assert not planner.trial_round_ended() and not planner.timing_steps()
     for step in range(11, 14):
         if step > 11:
             planner.steps.compressing()
         routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
-        assert routes == (by_model if faster == plan.MODEL else all_sparse)
-    assert planner.choices["early"]["route_trial"] == faster
-    assert planner.choices["early"]["route_trial_seconds"] == dict(zip((plan.MODEL, plan.ALL_SPARSE), medians))
-    assert len(planner.steps.ends) == plan.TRIAL_STEPS + 1  # the clock keeps no more than the trial needs
+        assert routes == (BY_MODEL if faster == plan.MODEL else ALL_SPARSE_ROUTES)
+    shown = planner.choices["early"]
+    assert shown["route_trial"] == faster and shown["route_trial_steps"] == 2 * plan.TRIAL_PAIRS
+    assert shown["route_trial_seconds"] == pytest.approx({faster: 0.3, slower: 0.4})
+    assert shown["route_trial_ratio"] == pytest.approx(0.75 if faster == plan.ALL_SPARSE else 4 / 3)
+    assert len(planner.steps.ends) == 2 * plan.TRIAL_PAIRS + 1  # the clock keeps no more than a round needs
+
+
+@pytest.mark.parametrize("agreeing, kept", [(0.90, plan.ALL_SPARSE), (1.05, plan.MODEL)])
+def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides(agreeing, kept):
+    """Pairs that disagree (all sparse 10% faster in some, 5% slower in others): the trial goes
+    on, still alternating, round after round. The second round's pairs all agree (ratio
+    `agreeing`), but the first round's do not, so it goes on; after TRIAL_ROUNDS rounds the
+    median pair decides: 8 of the 12 ratios are `agreeing`."""
+    planner = _trial_planner()
+    ended = 2.0
+    _step(planner, EARLY_AND_LATE, ended)
+    mixed = {plan.MODEL: [1.0] * 4, plan.ALL_SPARSE: [0.90, 1.05, 0.90, 1.05]}
+    rounds = [mixed, {plan.MODEL: [1.0] * 4, plan.ALL_SPARSE: [agreeing] * 4}, mixed]
+    assert len(rounds) == plan.TRIAL_ROUNDS
+    for i, seconds in enumerate(rounds):
+        ended = _trial_round(planner, ended, seconds)
+        planner.tried(planner.trial.round_seconds(planner.steps))
+        assert planner.trial.rounds == i + 1
+        assert (planner.trial.winner is None) == (i + 1 < plan.TRIAL_ROUNDS)
+    assert planner.trial.winner == kept and planner.trial.ratio() == pytest.approx(agreeing)
+    routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
+    assert routes == (BY_MODEL if kept == plan.MODEL else ALL_SPARSE_ROUTES)
+    assert planner.choices["early"]["route_trial_steps"] == plan.TRIAL_STEPS
 
 
 @pytest.mark.parametrize("model, alternative, kept", [
@@ -337,11 +377,14 @@ def test_the_route_trial_keeps_the_faster_side(faster):
     (0.5, 1.0, plan.MODEL),
 ])
 def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternative, kept):
+    """Every pair alike: decided after one round, by the margin."""
     trial = plan.RouteTrial(2, plan.ALL_SPARSE)
-    trial.decide([model, alternative])
-    assert trial.winner == kept and trial.arm(20) == kept
+    trial.add_round([model, alternative] * plan.TRIAL_PAIRS)
+    assert trial.winner == kept and trial.arm(20) == kept and trial.rounds == 1
     assert trial.shown(20) == {"route_trial": kept, "route_trial_seconds": {plan.MODEL: model,
-                                                                            plan.ALL_SPARSE: alternative}}
+                                                                            plan.ALL_SPARSE: alternative},
+                               "route_trial_ratio": pytest.approx(alternative / model),
+                               "route_trial_steps": 2 * plan.TRIAL_PAIRS}
 
 
 def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():

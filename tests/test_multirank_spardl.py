@@ -222,29 +222,35 @@ def test_simulated_bytes_for_many_ranks(size):
 def test_the_route_trial_alternates_then_every_rank_keeps_the_same_side(tmp_path):
     """exchange="auto" measuring the cluster itself, its measured inputs then set so that the
     model sends the first layer dense (hidden by a long window): its routes are tried against
-    every tensor sparse. Steps 0-1 are watched, step 2 measures (all sparse), steps 3-10
-    alternate the model's routes and all sparse, and from step 11 every rank routes alike, by
-    all sparse if its median step time, averaged over the ranks, was shorter than the model's
-    by more than plan.TRIAL_MARGIN, else the model (the same seconds on every rank)."""
+    every tensor sparse. Steps 0-1 are watched, step 2 measures (all sparse), then the steps
+    alternate the model's routes and all sparse, in rounds of plan.TRIAL_PAIRS pairs, until the
+    trial decides (after 1 to plan.TRIAL_ROUNDS rounds); from then on every rank routes alike,
+    by all sparse if the median pair's ratio of step times (averaged over the ranks) is below
+    1 - plan.TRIAL_MARGIN, else by the model (the same seconds and ratio on every rank)."""
     out = tmp_path / "trial"
     out.mkdir()
-    horovodrun(2, "torch_route_trial.py", "--out", out, "--steps", 14)
+    steps = plan.SETTLING_STEPS + 3
+    horovodrun(2, "torch_route_trial.py", "--out", out, "--steps", steps)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
     first = ranks[0]["choices"]
     for step in range(plan.OBSERVED_STEPS):
         assert first[step]["0.weight"] == {"exchange": "dense", "watching_backward": True}
-    sides = [first[step]["0.weight"]["route_trial"] for step in range(2, 11)]
-    assert sides == [plan.ALL_SPARSE] + [plan.MODEL, plan.ALL_SPARSE] * 4
-    for step, side in zip(range(2, 11), sides):
+    decided_at = next(step for step in range(steps) if "route_trial_seconds" in first[step]["0.weight"])
+    counted = decided_at - plan.OBSERVED_STEPS - 1
+    assert counted in [2 * plan.TRIAL_PAIRS * r for r in range(1, plan.TRIAL_ROUNDS + 1)]
+    sides = [first[step]["0.weight"]["route_trial"] for step in range(2, decided_at)]
+    assert sides == [plan.ALL_SPARSE] + [plan.MODEL, plan.ALL_SPARSE] * (counted // 2)
+    for step, side in zip(range(2, decided_at), sides):
         assert first[step]["0.weight"]["exchange"] == ("dense" if side == plan.MODEL else "allgather")
         if side == plan.ALL_SPARSE:
             assert all(choice["exchange"] != "dense" for choice in first[step].values())
-    decided = first[11]["0.weight"]
+    decided = first[decided_at]["0.weight"]
     seconds = decided["route_trial_seconds"]
     assert set(seconds) == {plan.MODEL, plan.ALL_SPARSE} and all(s > 0 for s in seconds.values())
-    winner = plan.ALL_SPARSE if seconds[plan.ALL_SPARSE] < seconds[plan.MODEL] * (1 - plan.TRIAL_MARGIN) else plan.MODEL
+    assert decided["route_trial_steps"] == counted
+    winner = plan.ALL_SPARSE if decided["route_trial_ratio"] < 1 - plan.TRIAL_MARGIN else plan.MODEL
     assert decided["route_trial"] == winner
     assert decided["exchange"] == ("dense" if winner == plan.MODEL else "allgather")
-    for step in range(11, 14):
+    for step in range(decided_at, steps):
         assert first[step]["0.weight"] == decided
-    assert ranks[1]["choices"] == first  # every step's routes, the trial's seconds and its decision
+    assert ranks[1]["choices"] == first  # every step's routes, the trial's seconds, ratio and decision

@@ -271,7 +271,8 @@ def horovod_row(kind, method, warmup):
             trial = next((t for t in stats["tensors"].values() if "route_trial_seconds" in t), None)
             tried = {} if trial is None else {"route_trial": {
                 "kept": trial["route_trial"],
-                "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()}}}
+                "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
+                "ratio": trial["route_trial_ratio"], "steps": trial["route_trial_steps"]}}
             # wall time in compress a timed step (its packs, routes, DGC's momentum; time the rank was preempted
             # included), averaged over the ranks
             compress_ms = hvd.allreduce(torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),

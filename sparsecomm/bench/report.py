@@ -151,7 +151,9 @@ def _auto_summary(e2e):
             verdict = "**slower than dense by more than 3%**"
         trial = r.get("route_trial")
         tried = "" if trial is None else " (its route trial, ms a step: " + ", ".join(
-            f"{side} {ms:.0f}" for side, ms in trial["step_ms"].items()) + f"; kept {trial['kept']})"
+            f"{side} {ms:.0f}" for side, ms in trial["step_ms"].items()) + (
+            f"; median pair {trial['ratio']:.2f} over {trial['steps']} steps" if "ratio" in trial else "") + (
+            f"; kept {trial['kept']})")
         hooks = "" if "compress_ms" not in r else (
             f"; its compress hooks took {r['compress_ms']:.2f} ms a step, {r['compress_ms'] / r['step_ms']:.1%} of it")
         lines.append(f"- {r['model']} model, {r['ranks']} ranks, {r['network']} ({r['network_model']}): "

@@ -67,8 +67,9 @@ class Settings:
                 return 1
             if not self.planner.watching():
                 self.planner.measured(*self._measure_network())
-        if measure and self.planner.trial_ended():  # every rank decides alike, on the same step times
-            self.planner.tried(self._mean_over_ranks(self.planner.trial.medians(self.planner.steps), "route_trial"))
+        if measure and self.planner.trial_round_ended():  # every rank decides alike, on the same step times
+            self.planner.tried(self._mean_over_ranks(self.planner.trial.round_seconds(self.planner.steps),
+                                                     "route_trial"))
         return ranks
 
     def density(self, step: int) -> float:

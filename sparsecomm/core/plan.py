@@ -11,9 +11,11 @@ framework adapter (`needs_network`) and handed in. An adapter that can time Horo
 (PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto sends
 dense for OBSERVED_STEPS steps while it records when each gradient is handed over, and then
 chooses with the overlap of each exchange and the backward (cost.hidden_times). It then tries
-its choice on the training (RouteTrial): it times TRIAL_STEPS steps, alternately routed by the
-model and by the other extreme (every tensor sparse where the model sent some dense, else every
-tensor dense), and keeps the other extreme only if it is faster by more than TRIAL_MARGIN.
+its choice on the training (RouteTrial): it times pairs of steps, one routed by the model and
+the next by the other extreme (every tensor sparse where the model sent some dense, else every
+tensor dense), in rounds of TRIAL_PAIRS pairs, until every pair agrees on whether the other
+extreme is faster by more than TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median pair
+decides; the model's routes stand unless the other extreme wins.
 """
 import collections
 import fnmatch
@@ -27,17 +29,28 @@ from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
 # Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
 # (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
 OBSERVED_STEPS = 2
-# Steps of the route trial, alternately routed by the model and by the alternative (half each).
-# The step after the watch, which measures the network, is routed by the sparser side and not
-# counted: it also pays what a route pays on its first use (Horovod's first negotiation of a
-# name, first buffers), so that neither side pays it in the counted steps.
-TRIAL_STEPS = 8
+# The route trial's schedule. The step after the watch, which measures the network, is routed by
+# the sparser side and not counted: it also pays what a route pays on its first use (Horovod's
+# first negotiation of a name, first buffers), so that neither side pays it in the counted steps.
+# Then pairs of steps, the model's routes and then the alternative's, each pair's ratio
+# (alternative / model) compared with 1 - TRIAL_MARGIN. Adjacent steps see the machine alike
+# (here the same routes ran at 205-230 ms a step for six steps and 290-330 around them), so a
+# pair's ratio is steadier than two sides' medians. After each round of TRIAL_PAIRS pairs the
+# trial decides if every pair so far agrees; else it goes on, and after TRIAL_ROUNDS rounds the
+# median pair decides. Clear cases (dense on a slow link) cost one round; close ones, where the
+# sides' difference is within a step's noise, take the most steps, and there either side is
+# about as fast.
+TRIAL_PAIRS = 4
+TRIAL_ROUNDS = 3
+TRIAL_STEPS = 2 * TRIAL_PAIRS * TRIAL_ROUNDS  # the most counted steps
 MODEL, ALL_SPARSE, ALL_DENSE = "model", "all sparse", "all dense"  # the sides of a RouteTrial
-# How much faster than the model's routes the alternative must be in the trial to be kept. Four
-# steps a side tell apart no finer than a few percent: in the run of record before this margin,
-# sides that timed 0.5-2.3% apart in the trial came out in the other order in the timed steps.
-# Within it the model's routes stand (they rest on measurements of their own), and where the
-# model sends every tensor sparse, it keeps them only when dense is at most that much faster.
+# How much faster than the model's routes the alternative must be to be kept. Within it the
+# model's routes stand (they rest on measurements of their own), and where the model sends
+# every tensor sparse, it keeps them when dense is at most that much faster. In the run of
+# record on 424baa9 the trial decided on 4 steps a side by their medians: all sparse, 8% and
+# 14% faster than the model's all dense there, came out at 0.89 and 0.95x dense's speed in the
+# timed steps (compute model, 4 ranks unshaped and 2 ranks at 10 Gbit/s): the pairs and rounds
+# above are for that.
 TRIAL_MARGIN = 0.03
 # The most steps before auto's routes are final where it watches: the watch, the measuring step
 # and the trial (a benchmark warms up this long before it times auto).
@@ -198,15 +211,16 @@ class Planner:
         if self.watching():
             self._shapes[name] = (numel, element_size, density, by_auto)
 
-    def trial_ended(self):
-        """Whether the route trial has timed its steps and waits for `tried` (the adapter
-        averages its step times over the ranks first)."""
-        return self.trial is not None and self.trial.winner is None and self.trial.timed(self.steps)
+    def trial_round_ended(self):
+        """Whether a round of the route trial has ended and waits for `tried` (the adapter
+        averages its step times, RouteTrial.round_seconds, over the ranks first)."""
+        return self.trial is not None and self.trial.round_ended(self.steps)
 
     def tried(self, seconds):
-        """The route trial's median step seconds (MODEL's, the alternative's), averaged over the
-        ranks: the side RouteTrial.decide keeps routes from now on."""
-        self.trial.decide(seconds)
+        """A round's step seconds, averaged over the ranks (RouteTrial.add_round): once the trial
+        decides, its side routes from then on (and stats() shows the decision: nothing cached
+        while trying stands)."""
+        self.trial.add_round(seconds)
         self._cached.clear()
 
     def _auto(self, name, numel, k, element_size, ranks, record):
@@ -294,11 +308,12 @@ class StepClock:
     """Training steps as Horovod's hooks show them: a step begins at its first compress after a
     decompress, and ends at its last decompress. From one end to the next is a whole step (the
     optimizer's update, the forward, the backward with its packs, the wait and the unpacks).
-    `ends` holds when the last TRIAL_STEPS + 1 ended steps ended (perf_counter seconds), the
-    last one that of step `step - 1`: what the trial needs, and no more however long it runs."""
+    `ends` holds when the last 2 TRIAL_PAIRS + 1 ended steps ended (perf_counter seconds), the
+    last one that of step `step - 1`: what a round of the trial needs, and no more however
+    long it runs."""
 
     def __init__(self):
-        self.step, self.ends = 0, collections.deque(maxlen=TRIAL_STEPS + 1)
+        self.step, self.ends = 0, collections.deque(maxlen=2 * TRIAL_PAIRS + 1)
         self._last = None  # the last decompress of the step under way
 
     def compressing(self):
@@ -307,7 +322,7 @@ class StepClock:
             self.step, self._last = self.step + 1, None
 
     def ended(self, step):
-        """When `step` ended (one of the last TRIAL_STEPS + 1 ended steps)."""
+        """When `step` ended (one of the last 2 TRIAL_PAIRS + 1 ended steps)."""
         return self.ends[len(self.ends) - (self.step - step)]
 
     def decompressing(self, now):
@@ -319,13 +334,15 @@ class RouteTrial:
     ALL_DENSE (the model rests on estimates: how much of each exchange the backward hides, and
     a network measured in a few collectives, both of which the training can prove wrong). From
     `first`, the step that measured: that step routes by the sparser side and is not counted;
-    then TRIAL_STEPS steps alternate MODEL and the alternative, each timed by the StepClock;
-    then the alternative is kept if it is faster by more than TRIAL_MARGIN, else MODEL."""
+    then the steps alternate MODEL and the alternative, each timed by the StepClock, in rounds
+    of TRIAL_PAIRS pairs (see TRIAL_PAIRS for when it decides)."""
 
     def __init__(self, first, alternative):
         self.first, self.alternative = first, alternative
         self.winner = None  # MODEL or the alternative, once decided
-        self.seconds = None  # {side: median step seconds, averaged over the ranks}, once decided
+        self.rounds = 0  # rounds whose step times were added
+        self.seconds = {MODEL: [], alternative: []}  # each counted step's seconds, averaged over the ranks
+        self.ratios = []  # each pair's alternative / model
 
     def arm(self, step):
         """How `step` routes."""
@@ -335,30 +352,43 @@ class RouteTrial:
             return ALL_SPARSE if self.alternative == ALL_SPARSE else MODEL
         return (MODEL, self.alternative)[(step - self.first - 1) % 2]
 
-    def timed(self, clock):
-        """Whether every counted step has ended (checked at every compress: true first at the
-        first compress after them, while the clock still holds their ends)."""
-        return clock.step > self.first + TRIAL_STEPS
+    def round_ended(self, clock):
+        """Whether the round under way has ended (checked at every compress: true first at the
+        first compress after its last step, while the clock still holds its steps' ends)."""
+        return self.winner is None and clock.step > self.first + 2 * TRIAL_PAIRS * (self.rounds + 1)
 
-    def medians(self, clock):
-        """[MODEL's, the alternative's] median step seconds on this rank."""
-        counted = range(self.first + 1, self.first + 1 + TRIAL_STEPS)  # the StepClock keeps their ends
-        times = {MODEL: [], self.alternative: []}
-        for step in counted:
-            times[self.arm(step)].append(clock.ended(step) - clock.ended(step - 1))
-        return [statistics.median(times[MODEL]), statistics.median(times[self.alternative])]
+    def round_seconds(self, clock):
+        """This rank's step seconds of the round just ended, in step order (MODEL, the
+        alternative, MODEL, ...)."""
+        start = self.first + 1 + 2 * TRIAL_PAIRS * self.rounds  # the StepClock keeps their ends
+        return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + 2 * TRIAL_PAIRS)]
 
-    def decide(self, seconds):
-        model, alternative = seconds
-        self.seconds = {MODEL: model, self.alternative: alternative}
-        self.winner = self.alternative if alternative < model * (1 - TRIAL_MARGIN) else MODEL
+    def add_round(self, seconds):
+        """The round's step seconds (round_seconds, averaged over the ranks: the same on every
+        rank, and so is the decision). Decides when every pair so far agrees on whether the
+        alternative beats the model by more than TRIAL_MARGIN, or after TRIAL_ROUNDS rounds; by
+        the median pair either way."""
+        self.rounds += 1
+        model, alternative = seconds[0::2], seconds[1::2]
+        self.seconds[MODEL] += model
+        self.seconds[self.alternative] += alternative
+        self.ratios += [a / m for m, a in zip(model, alternative)]
+        beats = [ratio < 1 - TRIAL_MARGIN for ratio in self.ratios]
+        if all(beats) or not any(beats) or self.rounds == TRIAL_ROUNDS:
+            self.winner = self.alternative if self.ratio() < 1 - TRIAL_MARGIN else MODEL
+
+    def ratio(self):
+        """The median pair's alternative / model."""
+        return statistics.median(self.ratios)
 
     def shown(self, step):
-        """What stats() shows of the trial: the side of this step while trying, then the one kept
-        and both sides' step times."""
+        """What stats() shows of the trial: the side of this step while trying; then the one
+        kept, each side's median step seconds, the median pair's ratio and the steps counted."""
         if self.winner is None:
             return {"route_trial": self.arm(step)}
-        return {"route_trial": self.winner, "route_trial_seconds": dict(self.seconds)}
+        return {"route_trial": self.winner,
+                "route_trial_seconds": {side: statistics.median(s) for side, s in self.seconds.items()},
+                "route_trial_ratio": self.ratio(), "route_trial_steps": 2 * len(self.ratios)}
 
 
 @dataclass(frozen=True)

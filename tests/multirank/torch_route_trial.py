@@ -16,7 +16,7 @@ from sparsecomm.torch import TopK
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=14)
+parser.add_argument("--steps", type=int, required=True)
 args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
