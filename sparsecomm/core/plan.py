@@ -34,7 +34,7 @@ OBSERVED_STEPS = 2
 # first negotiation of a name, first buffers), so that neither side pays it in the counted steps.
 # Then pairs of steps, the model's routes and then the alternative's, each pair's ratio
 # (alternative / model) compared with 1 - TRIAL_MARGIN. Adjacent steps see the machine alike
-# (here the same routes ran at 205-230 ms a step for six steps and 290-330 around them), so a
+# (here the same routes ran at 205-245 ms a step for six steps and 285-335 around them), so a
 # pair's ratio is steadier than two sides' medians. After each round of TRIAL_PAIRS pairs the
 # trial decides if every pair so far agrees; else it goes on, and after TRIAL_ROUNDS rounds the
 # median pair decides. Clear cases (dense on a slow link) cost one round; close ones, where the
