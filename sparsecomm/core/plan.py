@@ -42,7 +42,8 @@ OBSERVED_STEPS = 2
 # about as fast.
 TRIAL_PAIRS = 4
 TRIAL_ROUNDS = 3
-TRIAL_STEPS = 2 * TRIAL_PAIRS * TRIAL_ROUNDS  # the most counted steps
+ROUND_STEPS = 2 * TRIAL_PAIRS
+TRIAL_STEPS = ROUND_STEPS * TRIAL_ROUNDS  # the most counted steps
 MODEL, ALL_SPARSE, ALL_DENSE = "model", "all sparse", "all dense"  # the sides of a RouteTrial
 # How much faster than the model's routes the alternative must be to be kept. Within it the
 # model's routes stand (they rest on measurements of their own), and where the model sends
@@ -308,12 +309,12 @@ class StepClock:
     """Training steps as Horovod's hooks show them: a step begins at its first compress after a
     decompress, and ends at its last decompress. From one end to the next is a whole step (the
     optimizer's update, the forward, the backward with its packs, the wait and the unpacks).
-    `ends` holds when the last 2 TRIAL_PAIRS + 1 ended steps ended (perf_counter seconds), the
+    `ends` holds when the last ROUND_STEPS + 1 ended steps ended (perf_counter seconds), the
     last one that of step `step - 1`: what a round of the trial needs, and no more however
     long it runs."""
 
     def __init__(self):
-        self.step, self.ends = 0, collections.deque(maxlen=2 * TRIAL_PAIRS + 1)
+        self.step, self.ends = 0, collections.deque(maxlen=ROUND_STEPS + 1)
         self._last = None  # the last decompress of the step under way
 
     def compressing(self):
@@ -322,7 +323,7 @@ class StepClock:
             self.step, self._last = self.step + 1, None
 
     def ended(self, step):
-        """When `step` ended (one of the last 2 TRIAL_PAIRS + 1 ended steps)."""
+        """When `step` ended (one of the last ROUND_STEPS + 1 ended steps)."""
         return self.ends[len(self.ends) - (self.step - step)]
 
     def decompressing(self, now):
@@ -340,9 +341,13 @@ class RouteTrial:
     def __init__(self, first, alternative):
         self.first, self.alternative = first, alternative
         self.winner = None  # MODEL or the alternative, once decided
-        self.rounds = 0  # rounds whose step times were added
         self.seconds = {MODEL: [], alternative: []}  # each counted step's seconds, averaged over the ranks
         self.ratios = []  # each pair's alternative / model
+
+    @property
+    def rounds(self):
+        """Rounds whose step times were added."""
+        return len(self.ratios) // TRIAL_PAIRS
 
     def arm(self, step):
         """How `step` routes."""
@@ -355,20 +360,19 @@ class RouteTrial:
     def round_ended(self, clock):
         """Whether the round under way has ended (checked at every compress: true first at the
         first compress after its last step, while the clock still holds its steps' ends)."""
-        return self.winner is None and clock.step > self.first + 2 * TRIAL_PAIRS * (self.rounds + 1)
+        return self.winner is None and clock.step > self.first + ROUND_STEPS * (self.rounds + 1)
 
     def round_seconds(self, clock):
         """This rank's step seconds of the round just ended, in step order (MODEL, the
         alternative, MODEL, ...)."""
-        start = self.first + 1 + 2 * TRIAL_PAIRS * self.rounds  # the StepClock keeps their ends
-        return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + 2 * TRIAL_PAIRS)]
+        start = self.first + 1 + ROUND_STEPS * self.rounds  # the StepClock keeps their ends
+        return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + ROUND_STEPS)]
 
     def add_round(self, seconds):
         """The round's step seconds (round_seconds, averaged over the ranks: the same on every
         rank, and so is the decision). Decides when every pair so far agrees on whether the
         alternative beats the model by more than TRIAL_MARGIN, or after TRIAL_ROUNDS rounds; by
         the median pair either way."""
-        self.rounds += 1
         model, alternative = seconds[0::2], seconds[1::2]
         self.seconds[MODEL] += model
         self.seconds[self.alternative] += alternative
