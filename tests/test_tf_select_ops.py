@@ -148,6 +148,30 @@ def test_tf_threshold_rank_uses_the_double_ratio(ratio):
               torch_ops.pack_sampled(grad, residual.clone(), ratio, **kw)[1])
 
 
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_tf_grad_scale_equals_torch(torch_dtype, tf_dtype, graph):
+    """DGC's clipping factor as grad_scale: the sampled pack (sample_threshold and
+    accumulate_candidates) and momentum_step give the torch ops' bits."""
+    grad, residual, mom = _inputs(5003, torch_dtype, momentum=True)
+    scale = torch.tensor(0.37)
+    wrap = tf.function if graph else (lambda f: f)
+    values, index, res_out, mom_out = wrap(lambda g, r, m, s: tf_ops.pack_sampled(
+        g, r, 0.01, momentum=m, momentum_factor=0.9, grad_scale=s, **KW))(
+        _tf(grad, tf_dtype), _tf(residual), _tf(mom), tf.constant(0.37))
+    t_res, t_mom = residual.clone(), mom.clone()
+    want_values, want_index = torch_ops.pack_sampled(grad, t_res, 0.01, momentum=t_mom, momentum_factor=0.9,
+                                                     grad_scale=scale, **KW)
+    for got, want in ((values, want_values), (index, want_index), (res_out, t_res), (mom_out, t_mom)):
+        _same(got, want)
+    payload, mom_out = wrap(lambda g, m, s: tf_ops.momentum_step(g, m, 0.9, grad_scale=s))(
+        _tf(grad, tf_dtype), _tf(mom), tf.constant(0.37))
+    t_grad, t_mom = grad.clone(), mom.clone()
+    torch_ops.momentum_step(t_grad, t_mom, 0.9, grad_scale=scale)
+    _same(payload, t_grad)
+    _same(mom_out, t_mom)
+
+
 def test_tf_errors_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="residual should have 10 elements"):
         tf_ops.pack_above(tf.zeros(10), tf.zeros(9), 1.0)
@@ -155,6 +179,10 @@ def test_tf_errors_are_named():
         tf_ops.momentum_step(tf.zeros(10), tf.zeros(9), 0.9)
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"momentum should have 10 elements \(or 0: absent\)"):
         tf_ops.accumulate(tf.zeros(10), None, momentum=tf.zeros(9))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"grad_scale needs a residual or a momentum, got neither"):
+        tf_ops.accumulate_candidates(tf.zeros(10), None, 1.0, grad_scale=tf.constant(0.5))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"grad_scale should have 1 element \(or 0: none\), got 2"):
+        tf_ops.momentum_step(tf.zeros(10), tf.zeros(10), 0.9, grad_scale=tf.ones(2))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"index should be in \[0, 5\)"):
         tf_ops.sparse_unpack(tf.ones(1), tf.constant([5], tf.int32), 5)
     with pytest.raises(tf.errors.InvalidArgumentError, match="bits should be 1 or 2, got 3"):

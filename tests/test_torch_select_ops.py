@@ -309,6 +309,72 @@ def test_momentum_step_writes_the_momentum_into_the_gradient(device, dtype, nume
     assert _same_bits(got_momentum.cpu(), u) and _same_bits(got_grad.cpu(), u.to(dtype))
 
 
+GRAD_SCALES = [0.3, 1.0, 2.5]
+
+
+def _scaled_case(dtype, device, scale):
+    """A gradient over three 64-element blocks and a tail (the CPU's vectorized float32 loop, its
+    generic loop, CUDA's), NaN, infinities and -0 among its values, the same gradient scaled in
+    place as DGC's clipping did before its factor rode the kernels (float32 multiply, one
+    rounding), residual and momentum, and the scale as the ops take it."""
+    numel = 3 * 64 + 13
+    grad = _grad(numel, dtype, "cpu", seed=8) * 3
+    grad[[3, 9, 30, 70, 200]] = torch.tensor([float("nan"), float("inf"), -0.0, -float("inf"), 0.0], dtype=dtype)
+    factor = torch.tensor(scale, dtype=torch.float32)
+    scaled = grad.clone().mul_(factor)
+    residual, momentum = _state(numel, "cpu", seed=9, with_momentum=True)
+    return grad.to(device), scaled.to(device), residual.to(device), momentum.to(device), factor.to(device)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("scale", GRAD_SCALES)
+def test_grad_scale_reads_the_gradient_as_if_it_were_scaled_first(device, dtype, scale):
+    """DGC's clipping factor as a grad_scale: sample_threshold, accumulate_candidates and
+    momentum_step give the bits the same op gives on the gradient scaled in place, and leave the
+    gradient itself as it was (the scale is read where the op runs: nothing scales it first)."""
+    grad, scaled, residual, momentum, factor = _scaled_case(dtype, device, scale)
+    before = grad.clone()
+    for sample_count in (8, grad.numel()):  # runs of a scattered sample; the tensor sampled whole
+        want = ops._ops.sample_threshold(scaled, residual, momentum, 0.9, 0.1, sample_count, 3, 4, 5)
+        got = ops._ops.sample_threshold(grad, residual, momentum, 0.9, 0.1, sample_count, 3, 4, 5, factor)
+        assert _same_bits(got.cpu().reshape(1), want.cpu().reshape(1))
+    for state in ("residual", "momentum", "both"):
+        r = None if state == "momentum" else residual.clone()
+        m = None if state == "residual" else momentum.clone()
+        want_r, want_m = [None if x is None else x.clone() for x in (r, m)]
+        want = ops.accumulate_candidates(scaled, want_r, 1.0, momentum=want_m, momentum_factor=0.9)
+        got = ops.accumulate_candidates(grad, r, 1.0, momentum=m, momentum_factor=0.9, grad_scale=factor)
+        assert torch.equal(got[1].cpu(), want[1].cpu()) and _same_bits(got[0].cpu(), want[0].cpu())
+        for got_state, want_state in ((r, want_r), (m, want_m)):
+            assert got_state is None or _same_bits(got_state.cpu(), want_state.cpu())
+    assert _same_bits(grad.cpu(), before.cpu())
+    want_m = momentum.clone()
+    ops.momentum_step(scaled, want_m, 0.9)
+    ops.momentum_step(grad, momentum, 0.9, grad_scale=factor)
+    assert _same_bits(momentum.cpu(), want_m.cpu()) and _same_bits(grad.cpu(), scaled.cpu())
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_grad_scale_passes_opcheck_and_names_bad_arguments():
+    grad, s = torch.randn(300), torch.tensor(0.5)
+    torch.library.opcheck(ops._ops.sample_threshold.default,
+                          (grad, torch.zeros(300), torch.zeros(300), 0.9, 0.01, 64, 1, 2, 3, s))
+    torch.library.opcheck(ops._ops.accumulate_candidates.default,
+                          (grad, None, torch.zeros(300), 0.9, torch.tensor(1.0), s))
+    torch.library.opcheck(ops._ops.momentum_step.default, (grad, torch.zeros(300), 0.9, s))
+    acc, index = ops.accumulate_candidates(torch.empty(0), None, 1.0, momentum=torch.empty(0), grad_scale=s)
+    assert acc.numel() == index.numel() == 0  # (an empty tensor's state has no data to point at)
+    with pytest.raises(RuntimeError, match=r"accumulate_candidates: grad_scale needs a residual or a momentum, "
+                                           r"got neither"):
+        ops.accumulate_candidates(grad, None, 1.0, grad_scale=s)
+    with pytest.raises(RuntimeError, match=r"momentum_step: grad_scale should be a 1-element float32 tensor, "
+                                           r"got 2 Float"):
+        ops.momentum_step(grad, torch.zeros(300), 0.9, grad_scale=torch.ones(2))
+    with pytest.raises(RuntimeError, match=r"sample_threshold: grad_scale should be a 1-element float32 tensor, "
+                                           r"got 1 Double"):
+        ops.sample_threshold(grad, None, 0.1, grad_scale=torch.tensor(0.5, dtype=torch.float64))
+
+
 @pytest.mark.usefixtures("host_binding")
 def test_momentum_step_passes_opcheck_and_names_bad_arguments():
     torch.library.opcheck(ops._ops.momentum_step.default, (torch.randn(30), torch.randn(30), 0.9))

@@ -142,7 +142,10 @@ void magnitudes_of_run(const T* grad, const Feedback& fb, int64_t first, int64_t
   const float* r = fb.residual_in ? fb.residual_in + first : nullptr;
   const float* u = fb.momentum_in ? fb.momentum_in + first : nullptr;
   const float m = fb.momentum;
-  if (r && u) {
+  if (fb.grad_scale) {  // (DGC's clipping: element by element, as accumulated() reads it)
+    float unused;
+    for (int64_t q = 0; q < n; ++q) out[q] = magnitude(accumulated(grad, fb, first + q, &unused));
+  } else if (r && u) {
     for (int64_t q = 0; q < n; ++q) out[q] = magnitude(r[q] + (m * u[q] + to_float(g[q])));
   } else if (u) {
     for (int64_t q = 0; q < n; ++q) out[q] = magnitude(m * u[q] + to_float(g[q]));
@@ -228,6 +231,8 @@ void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t
   const float* momentum_in = fb.momentum_in;
   float* momentum_out = fb.momentum_out;
   const float m = fb.momentum;
+  const bool scaled_grad = fb.grad_scale != nullptr;
+  const float s = scaled_grad ? *fb.grad_scale : 1.0f;
   float acc[kBlock];
   for (int64_t first = begin; first < end; first += kBlock) {
     const int64_t n = std::min(kBlock, end - first);
@@ -235,6 +240,7 @@ void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t
     for (int64_t j = 0; j < n; ++j) {
       const int64_t i = first + j;
       float u = to_float(grad[i]);
+      if (scaled_grad) u = scaled<T>(u, s);
       if (kMomentum) {
         u = m * momentum_in[i] + u;
         momentum_out[i] = u;
@@ -263,13 +269,15 @@ void accumulate_blocks_avx2(const float* grad, const Feedback& fb, int64_t begin
                             CandidateLists& out) {
   const __m256 t = _mm256_set1_ps(threshold), m = _mm256_set1_ps(fb.momentum);
   const __m256 sign = _mm256_set1_ps(-0.0f);
+  // g * 1 is g exactly (NaN, infinities and -0 included): one loop with or without a scale.
+  const __m256 s = _mm256_set1_ps(fb.grad_scale ? *fb.grad_scale : 1.0f);
   const float* acc = kResidual ? fb.residual_out : kMomentum ? fb.momentum_out : grad;  // where acc lands
   int64_t first = begin;
   for (; first + kBlock <= end; first += kBlock) {
     uint64_t mask = 0;
     for (int v = 0; v < kBlock / 8; ++v) {
       const int64_t i = first + 8 * v;
-      __m256 u = _mm256_loadu_ps(grad + i);
+      __m256 u = _mm256_mul_ps(_mm256_loadu_ps(grad + i), s);
       if (kMomentum) {
         u = _mm256_add_ps(_mm256_mul_ps(m, _mm256_loadu_ps(fb.momentum_in + i)), u);
         _mm256_storeu_ps(fb.momentum_out + i, u);
@@ -296,6 +304,9 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
   const bool residual = fb.residual_in && fb.residual_out, momentum = fb.momentum_in && fb.momentum_out;
   if ((fb.residual_in || fb.residual_out) != residual || (fb.momentum_in || fb.momentum_out) != momentum)
     throw std::invalid_argument("accumulate_candidates: residual and momentum need both an input and an output");
+  // The candidates' acc is read back from the state. (An empty tensor's state may have no data.)
+  if (fb.grad_scale && !residual && !momentum && numel > 0)
+    throw std::invalid_argument("accumulate_candidates: a grad_scale needs a residual or a momentum");
   auto pass = residual && momentum ? accumulate_blocks<T, true, true>
             : residual             ? accumulate_blocks<T, true, false>
             : momentum             ? accumulate_blocks<T, false, true>

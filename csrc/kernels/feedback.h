@@ -1,6 +1,7 @@
 // Error feedback and DGC momentum correction, element by element. Every per-rank-coordinate
 // method (threshold, top-k, DGC, rTop-k) reads and writes its state through these.
 //
+//   g   = T(grad * grad_scale)       (DGC's local clipping factor, when given; rounded once to T)
 //   u   = momentum * u_in + g        (momentum correction, DGC; u = g without momentum state)
 //   acc = residual_in + u            (error feedback; acc = u without a residual)
 // Before selection the state is written as if nothing were sent:
@@ -28,12 +29,20 @@ struct Feedback {
   float* momentum_out = nullptr;
   float momentum = 0.0f;
   bool masking = true;
+  // nullptr: 1. One float read where the kernel runs (DGC's local clipping factor stays on the
+  // device), so clipping rides the state's pass instead of scaling the gradient in place first.
+  const float* grad_scale = nullptr;
 };
+
+// g times a gradient scale, rounded once to T: what scaling the gradient in place leaves.
+template <typename T>
+SC_HOST_DEVICE float scaled(float g, float scale) { return to_float(from_float<T>(g * scale)); }
 
 // acc of element i, and the momentum term u, without writing anything.
 template <typename T>
 SC_HOST_DEVICE float accumulated(const T* grad, const Feedback& fb, int64_t i, float* u_out) {
   float u = to_float(grad[i]);
+  if (fb.grad_scale) u = scaled<T>(u, *fb.grad_scale);
   if (fb.momentum_in) u = fb.momentum * fb.momentum_in[i] + u;
   *u_out = u;
   return fb.residual_in ? fb.residual_in[i] + u : u;  // not 0 + u: that would turn -0 into +0

@@ -85,6 +85,16 @@ inline absl::Status state_input(const Tensor& t, int64_t numel, const char* name
   return absl::OkStatus();
 }
 
+// The optional gradient scale (feedback.h's grad_scale): 1 float32 element, read where the
+// kernel runs, or 0 for none.
+inline absl::Status grad_scale_input(const Tensor& t, const float** scale) {
+  *scale = nullptr;
+  if (t.NumElements() == 0) return absl::OkStatus();
+  if (t.NumElements() != 1) return invalid("grad_scale should have 1 element (or 0: none), got ", t.NumElements());
+  *scale = t.flat<float>().data();
+  return absl::OkStatus();
+}
+
 // An optional float32 state (input `input`, output `output`; absent: empty output, nullptr).
 // The output reuses the input's buffer when TF can forward it. copy: the output must start as
 // the input (the op writes only some elements).

@@ -24,6 +24,7 @@ REGISTER_OP("SparsecommSampleThreshold")
     .Input("tensor_id: int64")
     .Input("step: int64")
     .Input("ratio: double")  // an input, not an attr: attrs are float32, and ceil(ratio * count) needs the double
+    .Input("grad_scale: float")  // 1 element: grad is read times it (DGC's clipping factor); 0: none
     .Output("threshold: float")
     .SetShapeFn(shape_inference::ScalarShape);
 
@@ -41,6 +42,7 @@ class SampleThresholdOp : public OpKernel {
     OP_REQUIRES_OK(c, state_input(c->input(1), numel, "residual", &fb.residual_in));
     OP_REQUIRES_OK(c, state_input(c->input(2), numel, "momentum", &fb.momentum_in));
     fb.momentum = momentum_factor_;
+    OP_REQUIRES_OK(c, grad_scale_input(c->input(7), &fb.grad_scale));
     int64_t seed, tensor_id, step;
     OP_REQUIRES_OK(c, scalar_inputs(c, 3, {"seed", "tensor_id", "step"}, {&seed, &tensor_id, &step}));
     OP_REQUIRES_OK(c, check_stream(tensor_id, step));
@@ -69,6 +71,7 @@ REGISTER_OP("SparsecommAccumulateCandidates")
     .Input("residual: float")
     .Input("momentum: float")
     .Input("threshold: float")
+    .Input("grad_scale: float")  // as SparsecommSampleThreshold's; needs a residual or a momentum
     .Output("acc: float")
     .Output("index: int32")
     .Output("residual_out: float")
@@ -95,6 +98,10 @@ class AccumulateCandidatesOp : public OpKernel {
     OP_REQUIRES_OK(c, state_io(c, dev, 1, 2, numel, "residual", false, &fb.residual_in, &fb.residual_out));
     OP_REQUIRES_OK(c, state_io(c, dev, 2, 3, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
     fb.momentum = momentum_factor_;
+    OP_REQUIRES_OK(c, grad_scale_input(c->input(4), &fb.grad_scale));
+    // (the candidates' acc is read back from the state the pass wrote, not from grad)
+    OP_REQUIRES(c, !fb.grad_scale || fb.residual_out || fb.momentum_out,
+                invalid("grad_scale needs a residual or a momentum, got neither"));
     OP_REQUIRES_OK(c, dev.template accumulate_candidates<T>(grad, fb, c->input(3)));
   }
 
@@ -148,6 +155,7 @@ REGISTER_OP("SparsecommMomentumStep")
     .Attr("momentum_factor: float")
     .Input("grad: T")
     .Input("momentum: float")
+    .Input("grad_scale: float")  // as SparsecommSampleThreshold's
     .Output("payload: T")
     .Output("momentum_out: float")
     .SetShapeFn([](InferenceContext* c) { return same_as_input(c, 0, 0, 2); });
@@ -168,6 +176,7 @@ class MomentumStepOp : public OpKernel {
     Feedback fb;
     OP_REQUIRES_OK(c, state_io(c, dev, 1, 1, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
     fb.momentum = momentum_factor_;
+    OP_REQUIRES_OK(c, grad_scale_input(c->input(2), &fb.grad_scale));
     Tensor* payload = nullptr;
     OP_REQUIRES_OK(c, c->forward_input_or_allocate_output({0}, 0, grad.shape(), &payload));
     OP_REQUIRES_OK(c, dev.momentum_step(raw<T>(grad), fb, numel, raw<T>(payload)));

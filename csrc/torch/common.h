@@ -79,17 +79,27 @@ inline void check_candidates(const char* op, const at::Tensor& acc, const at::Te
               " and ", index.numel());
 }
 
-// The error-feedback state of an op call: grad made contiguous, residual/momentum checked.
+// The error-feedback state of an op call: grad made contiguous, residual/momentum and the
+// gradient's scale checked.
 struct FeedbackArgs {
   at::Tensor grad;
   Feedback fb;
   FeedbackArgs(const char* op, const at::Tensor& grad_in, const c10::optional<at::Tensor>& residual,
-               const c10::optional<at::Tensor>& momentum, double momentum_factor)
+               const c10::optional<at::Tensor>& momentum, double momentum_factor,
+               const c10::optional<at::Tensor>& grad_scale)
       : grad(grad_in.contiguous()) {
     check_indexable(op, grad.numel());
     fb.residual_in = fb.residual_out = state_ptr(op, "residual", grad, residual);
     fb.momentum_in = fb.momentum_out = state_ptr(op, "momentum", grad, momentum);
     fb.momentum = float(momentum_factor);
+    if (grad_scale.has_value()) {
+      const at::Tensor& s = *grad_scale;
+      TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1, op,
+                  ": grad_scale should be a 1-element float32 tensor, got ", s.numel(), " ", s.scalar_type());
+      TORCH_CHECK(s.device() == grad.device(), op, ": grad_scale should be on ", grad.device(),
+                  " like grad, got ", s.device());
+      fb.grad_scale = s.data_ptr<float>();
+    }
   }
 };
 

@@ -32,14 +32,17 @@ SC_TORCH_LIBRARY {
   m.def("block_unpack_into(Tensor values, int start, float scale, Tensor(a!) out) -> ()");
 
   // Selection with error feedback (csrc/kernels/feedback.h): acc = residual + (m * momentum + grad).
+  // grad_scale (sample_threshold, accumulate_candidates, momentum_step): a 1-element float32
+  // tensor on grad's device that grad is read times, rounded once to its dtype (DGC's clipping
+  // factor, not read by the host).
   // The magnitude threshold (0-d float32) such that about `ratio` of a strided sample of |acc|
   // passes (rank ceil(ratio * count) of sample_count positions; csrc/kernels/sample.h).
   m.def("sample_threshold(Tensor grad, Tensor? residual, Tensor? momentum, float momentum_factor, float ratio, "
-        "int sample_count, int seed, int tensor_id, int step) -> Tensor");
+        "int sample_count, int seed, int tensor_id, int step, Tensor? grad_scale=None) -> Tensor");
   // One pass: residual <- acc, momentum <- m * momentum + grad for every element; returns the
   // candidates |acc| >= threshold (NaN included) as (acc float32, index int32) in index order.
   m.def("accumulate_candidates(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor, "
-        "Tensor threshold) -> (Tensor, Tensor)");
+        "Tensor threshold, Tensor? grad_scale=None) -> (Tensor, Tensor)");
   // The same pass with nothing selected: the state takes acc for every element.
   m.def("accumulate(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor) -> ()");
   // The k candidates of largest |acc| (ties: lower index), in index order.
@@ -69,7 +72,7 @@ SC_TORCH_LIBRARY {
   // The same into an existing buffer (e.g. the gradient itself): no allocation, no page faults.
   m.def("sparse_unpack_into(Tensor values, Tensor index, float scale, Tensor(a!) out) -> ()");
   // DGC's dense route, one pass: momentum <- m * momentum + grad, and grad <- that (rounded to its dtype).
-  m.def("momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor) -> ()");
+  m.def("momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor, Tensor? grad_scale=None) -> ()");
   // The wire rows of sparsecomm/core/wire.py, uint8 [k, 4 + value bytes]: each index (int32),
   // then its value's bytes.
   m.def("wire_rows(Tensor values, Tensor index) -> Tensor");

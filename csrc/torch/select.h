@@ -10,9 +10,10 @@ namespace torch_binding {
 template <typename Device>
 at::Tensor sample_threshold(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                             const c10::optional<at::Tensor>& momentum, double momentum_factor, double ratio,
-                            int64_t sample_count, int64_t seed, int64_t tensor_id, int64_t step) {
+                            int64_t sample_count, int64_t seed, int64_t tensor_id, int64_t step,
+                            const c10::optional<at::Tensor>& grad_scale) {
   const typename Device::Guard guard(grad.device());
-  FeedbackArgs a("sample_threshold", grad, residual, momentum, momentum_factor);
+  FeedbackArgs a("sample_threshold", grad, residual, momentum, momentum_factor, grad_scale);
   const SamplePlan plan = checked_sample_plan(a.grad.numel(), ratio, sample_count, seed, tensor_id, step);
   return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "sample_threshold", [&] {
     return Device::template sample_threshold<scalar_t>(a, plan);
@@ -23,11 +24,15 @@ template <typename Device>
 std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
                                                          const c10::optional<at::Tensor>& residual,
                                                          const c10::optional<at::Tensor>& momentum,
-                                                         double momentum_factor, const at::Tensor& threshold) {
+                                                         double momentum_factor, const at::Tensor& threshold,
+                                                         const c10::optional<at::Tensor>& grad_scale) {
   const typename Device::Guard guard(grad.device());
   TORCH_CHECK(threshold.numel() == 1, "accumulate_candidates: threshold should have one element, got ",
               threshold.numel());
-  FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor);
+  // (the candidates' acc is read back from the state the pass wrote, not from grad)
+  TORCH_CHECK(!grad_scale.has_value() || residual.has_value() || momentum.has_value(),
+              "accumulate_candidates: grad_scale needs a residual or a momentum, got neither");
+  FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor, grad_scale);
   return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates", [&] {
     return Device::template accumulate_candidates<scalar_t>(a, threshold);
   });
@@ -87,17 +92,18 @@ template <typename Device>
 void accumulate(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                 const c10::optional<at::Tensor>& momentum, double momentum_factor) {
   const typename Device::Guard guard(grad.device());
-  FeedbackArgs a("accumulate", grad, residual, momentum, momentum_factor);
+  FeedbackArgs a("accumulate", grad, residual, momentum, momentum_factor, c10::nullopt);
   SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate", [&] {
     Device::template accumulate<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel());
   });
 }
 
 template <typename Device>
-void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double momentum_factor) {
+void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double momentum_factor,
+                   const c10::optional<at::Tensor>& grad_scale) {
   const typename Device::Guard guard(grad.device());
   TORCH_CHECK(grad.is_contiguous(), "momentum_step: grad should be contiguous (it is written in place)");
-  FeedbackArgs a("momentum_step", grad, c10::nullopt, momentum, momentum_factor);
+  FeedbackArgs a("momentum_step", grad, c10::nullopt, momentum, momentum_factor, grad_scale);
   SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "momentum_step", [&] {
     Device::template momentum_step<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel(),
                                              data_as<scalar_t>(a.grad));

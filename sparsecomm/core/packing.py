@@ -98,21 +98,24 @@ def pack_randomk(K, grad, residual, k, *, seed, tensor_id, step, momentum=None, 
 
 
 def pack_sampled(K, grad, residual, ratio, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
-                 seed=0, tensor_id=0, step=0, value_dtype=None, bits=None):
+                 seed=0, tensor_id=0, step=0, value_dtype=None, bits=None, grad_scale=None):
     """Sampled threshold with bounded correction (gradient dropping, DGC): about
     k = ratio * numel elements, always between BAND[0] k and BAND[1] k (above the band, the
     exact top k of the candidates; below it, a second, read-only pass takes the exact top k).
     Values in `value_dtype` (default grad's; the rounding stays in the residual), or with bits
-    (1 or 2) as (codes, scales), the quantization error in the residual."""
+    (1 or 2) as (codes, scales), the quantization error in the residual. grad_scale: a factor
+    (0-d float32 tensor) the gradient is read times, DGC's clipping (a state is needed: the
+    second pass reads acc from it)."""
     numel = K.numel(grad)
     k = selected_count(ratio, numel)
     if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
         threshold = 0.0
     else:
         threshold = K.sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
-                                       sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+                                       sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step,
+                                       grad_scale=grad_scale)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                             momentum_factor=momentum_factor)
+                                                             momentum_factor=momentum_factor, grad_scale=grad_scale)
     count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
     too_many, too_few = math.floor(BAND[1] * k), math.ceil(BAND[0] * k)
     acc, index = K.cond(count > too_many, lambda: K.select_top(acc, index, k),

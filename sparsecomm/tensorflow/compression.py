@@ -321,14 +321,14 @@ class RTopK(Compressor):
         return Packed(values, index, residual=residual)
 
 
-def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True):
+def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True, grad_scale=None):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
     values, index, residual, momentum = ops.pack_sampled(
         tensor, state.read_residual(), density, momentum=momentum, momentum_factor=momentum_factor,
         masking=masking, sample_ratio=method.sample_ratio, tensor_id=state.tensor_id, step=state.step,
-        value_dtype=value_dtype and tf.as_dtype(value_dtype), bits=bits)
+        value_dtype=value_dtype and tf.as_dtype(value_dtype), bits=bits, grad_scale=grad_scale)
     if bits is not None:
         return Packed(index=index, codes=values[0], scales=values[1], bits=bits, residual=residual,
                       momentum=momentum)
@@ -364,23 +364,26 @@ class DGC(Compressor):
                                      warmup_stages, sample_ratio), variables, process_set, loss_scaler,
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
-    def _clipped(self, tensor, state):
+    def _clip_factor(self, tensor, state):
+        """Local gradient clipping: the factor limit / norm (1 below the limit), a float32 scalar
+        the kernels read the gradient times, in the state's own pass (the torch DGC's rule), or None
+        without clipping."""
         limit = self.method.clip_limit(self._ranks())
         if limit is None:
-            return tensor
+            return None
         if self._scaler is not None:  # the gradient is times the loss scale, and so is the threshold
             limit = limit * tf.cast(state.loss_scale.read_value(), tf.float64)
         norm = tf.cast(tf.norm(tf.cast(tensor, tf.float32)), tf.float64)
-        scale = tf.cast(limit / tf.maximum(norm, 1e-300), tf.float32)
-        return tf.cond(norm > limit, lambda: tf.cast(tf.cast(tensor, tf.float32) * scale, tensor.dtype),
-                       lambda: tensor)
+        factor = tf.where(norm > limit, limit / tf.maximum(norm, 1e-300), tf.constant(1.0, tf.float64))
+        return tf.cast(factor, tf.float32)
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced."""
-        payload, momentum = ops.momentum_step(self._clipped(tensor, state), state.momentum.read_value(),
-                                              self.method.momentum)
+        payload, momentum = ops.momentum_step(tensor, state.momentum.read_value(), self.method.momentum,
+                                              grad_scale=self._clip_factor(tensor, state))
         return Packed(payload, momentum=momentum)
 
     def pack(self, tensor, state, density):
-        return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum.read_value(),
-                        momentum_factor=self.method.momentum, masking=self.method.momentum_masking)
+        return _sampled(self, tensor, state, density, momentum=state.momentum.read_value(),
+                        momentum_factor=self.method.momentum, masking=self.method.momentum_masking,
+                        grad_scale=self._clip_factor(tensor, state))

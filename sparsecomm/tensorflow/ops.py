@@ -73,19 +73,22 @@ def _i64(x):
 
 
 def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,
-                     seed=0, tensor_id=0, step=0):
-    """0-d float32 threshold that about `ratio` of a strided sample of |acc| passes."""
+                     seed=0, tensor_id=0, step=0, grad_scale=None):
+    """0-d float32 threshold that about `ratio` of a strided sample of |acc| passes. grad_scale
+    (a float32 scalar, or None): grad is read times it, rounded once to its dtype, as if scaled
+    first (DGC's clipping factor)."""
     return _lib.sparsecomm_sample_threshold(
         _flat(grad), _state(residual), _state(momentum), _i64(seed_as_int64(seed)), _i64(tensor_id), _i64(step),
-        tf.constant(float(ratio), tf.float64), momentum_factor=float(momentum_factor),
+        tf.constant(float(ratio), tf.float64), _state(grad_scale), momentum_factor=float(momentum_factor),
         sample_count=sample_count(_numel(grad), ratio, sample_ratio))
 
 
-def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0):
+def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
     """(acc, index, residual, momentum): the state takes acc for every element; the candidates
-    are the elements with |acc| >= threshold (NaN included), in index order."""
+    are the elements with |acc| >= threshold (NaN included), in index order. grad_scale: as
+    sample_threshold's (it needs a residual or a momentum)."""
     acc, index, res, mom = _lib.sparsecomm_accumulate_candidates(
-        _flat(grad), _state(residual), _state(momentum), tf.cast(threshold, tf.float32),
+        _flat(grad), _state(residual), _state(momentum), tf.cast(threshold, tf.float32), _state(grad_scale),
         momentum_factor=float(momentum_factor))
     return acc, index, _given(res, residual), _given(mom, momentum)
 
@@ -98,10 +101,12 @@ def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
     return _given(res, residual), _given(mom, momentum)
 
 
-def momentum_step(grad, momentum, momentum_factor):
+def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
     """(payload, momentum): DGC's dense route in one pass. momentum_factor * momentum + grad is
-    the new momentum (float32, flat) and, rounded to grad's dtype, the payload (grad's shape)."""
-    return tuple(_lib.sparsecomm_momentum_step(grad, _flat(momentum), momentum_factor=float(momentum_factor)))
+    the new momentum (float32, flat) and, rounded to grad's dtype, the payload (grad's shape).
+    grad_scale: as sample_threshold's."""
+    return tuple(_lib.sparsecomm_momentum_step(grad, _flat(momentum), _state(grad_scale),
+                                               momentum_factor=float(momentum_factor)))
 
 
 def select_top(acc, index, k):

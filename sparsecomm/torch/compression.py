@@ -443,12 +443,12 @@ class RTopK(_PerRank):
                                       selected_count(density, numel), seed=method.seed, **_pack_args(state)))
 
 
-def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True):
+def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True, grad_scale=None):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
     values, index = ops.pack_sampled(tensor, compressor._residual_of(state, tensor), density, momentum=momentum,
-                                     momentum_factor=momentum_factor, masking=masking,
+                                     momentum_factor=momentum_factor, masking=masking, grad_scale=grad_scale,
                                      sample_ratio=method.sample_ratio, value_dtype=value_dtype and getattr(
                                          torch, value_dtype), bits=bits, **_pack_args(state))
     if bits is not None:
@@ -519,27 +519,29 @@ class DGC(_PerRank):
                                      warmup_stages, sample_ratio), named_parameters, process_set, loss_scaler,
                          dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
 
-    def _clipped(self, tensor, state):
-        """Local gradient clipping to clip_norm / sqrt(N), in place (the gradient is consumed by
-        the pack), the factor computed on the device (no host read): the gradient times
-        limit / norm in float32, rounded once to its dtype; times 1 (unchanged) below the limit.
-        Under a loss scaler the limit is times the state's scale, as the gradient is."""
+    def _clip_factor(self, tensor, state):
+        """Local gradient clipping to clip_norm / sqrt(N): the factor limit / norm (1 below the
+        limit) as a 0-d float32 tensor on the gradient's device (no host read), or None without
+        clipping. The kernels read the gradient times it, rounded once to its dtype, in the state's
+        own pass: no pass that scales the gradient first. Under a loss scaler the limit is times the
+        state's scale, as the gradient is."""
         if self.method.clip_norm is None:  # (before reading the ranks: compress calls this for every tensor)
-            return tensor
+            return None
         scale = (state.loss_scale or 1.0) if self._scaler is not None else 1.0
         limit = self.method.clip_limit(self._ranks(), scale)
         norm = tensor.float().norm().double()
-        return tensor.mul_(torch.where(norm > limit, limit / norm, 1.0).float())
+        return torch.where(norm > limit, limit / norm, 1.0).float()
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
         and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
         momentum = state.momentum_for(tensor)
-        grad = self._clipped(tensor, state)
-        grad = grad if grad.is_contiguous() else grad.contiguous()  # (a strided one: a copy, reduced instead)
-        ops.momentum_step(grad, momentum, self.method.momentum)  # one pass, u into the gradient Horovod reduces
+        grad = tensor if tensor.is_contiguous() else tensor.contiguous()  # (a strided one: a copy, reduced instead)
+        # one pass, u into the gradient Horovod reduces
+        ops.momentum_step(grad, momentum, self.method.momentum, grad_scale=self._clip_factor(tensor, state))
         return grad
 
     def pack(self, tensor, state, density):
-        return _sampled(self, self._clipped(tensor, state), state, density, momentum=state.momentum_for(tensor),
-                        momentum_factor=self.method.momentum, masking=self.method.momentum_masking)
+        return _sampled(self, tensor, state, density, momentum=state.momentum_for(tensor),
+                        momentum_factor=self.method.momentum, masking=self.method.momentum_masking,
+                        grad_scale=self._clip_factor(tensor, state))

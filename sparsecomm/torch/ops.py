@@ -54,20 +54,23 @@ def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.
 # (float32, grad's numel) are updated in place; None means that state is absent.
 
 def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,
-                     seed=0, tensor_id=0, step=0) -> torch.Tensor:
+                     seed=0, tensor_id=0, step=0, grad_scale=None) -> torch.Tensor:
     """0-d float32 magnitude threshold that about `ratio` of a strided sample of |acc| passes.
-    The sample offset comes from the (seed, tensor_id, step) selection stream."""
+    The sample offset comes from the (seed, tensor_id, step) selection stream. grad_scale (a
+    1-element float32 tensor on grad's device, or None): grad is read times it, rounded once to
+    its dtype, as if scaled in place first (DGC's clipping factor, never read by the host)."""
     return _ops.sample_threshold(grad, residual, momentum, momentum_factor, ratio,
                                  sample_count(grad.numel(), ratio, sample_ratio), seed_as_int64(seed), tensor_id,
-                                 step)
+                                 step, grad_scale)
 
 
-def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0):
+def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
     """One pass: the state takes acc for every element; returns (acc, index int32) of the
-    elements with |acc| >= threshold (NaN included), in index order."""
+    elements with |acc| >= threshold (NaN included), in index order. grad_scale: as
+    sample_threshold's (it needs a residual or a momentum)."""
     if not isinstance(threshold, torch.Tensor):
         threshold = torch.tensor(float(threshold))
-    return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold)
+    return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold, grad_scale)
 
 
 def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
@@ -129,10 +132,10 @@ def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     return out
 
 
-def momentum_step(grad, momentum, momentum_factor):
+def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
     """DGC's dense route, one pass, in place: momentum <- momentum_factor * momentum + grad, and
-    grad <- that, rounded to grad's dtype (contiguous)."""
-    _ops.momentum_step(grad, momentum, momentum_factor)
+    grad <- that, rounded to grad's dtype (contiguous). grad_scale: as sample_threshold's."""
+    _ops.momentum_step(grad, momentum, momentum_factor, grad_scale)
 
 
 def wire_rows(values, index):
@@ -171,9 +174,9 @@ class _Kernels:
         return random_k_indices(like, min(k, like.numel()), seed=seed, tensor_id=tensor_id, step=step)
 
     @staticmethod
-    def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0):
+    def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
         acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                           momentum_factor=momentum_factor)
+                                           momentum_factor=momentum_factor, grad_scale=grad_scale)
         return acc, index, residual, momentum
 
     @staticmethod

@@ -266,9 +266,11 @@ void check_block_unpack() {
 }
 
 // Residual and momentum of the selection ops (DGC: both; gradient dropping: residual only).
+// scaled: the gradient read times a grad_scale (DGC's clipping factor; it needs a state).
 struct FeedbackCase {
   const char* name;
   State residual, momentum;
+  bool scaled = false;
 };
 constexpr FeedbackCase kFeedback[] = {
     {"none", State::none, State::none},
@@ -276,13 +278,19 @@ constexpr FeedbackCase kFeedback[] = {
     {"residual in->out", State::in_out, State::none},
     {"momentum in-place", State::none, State::in_place},
     {"residual+momentum in-place", State::in_place, State::in_place},
+    {"momentum in-place, gradient scaled", State::none, State::in_place, true},
+    {"residual+momentum in-place, gradient scaled", State::in_place, State::in_place, true},
 };
 
 struct FeedbackBuffers {
   StateBuffers residual, momentum;
-  FeedbackBuffers(const FeedbackCase& c, int64_t n, Rng& r) : residual(c.residual, n, r), momentum(c.momentum, n, r) {}
+  bool scaled;
+  float scale = 0.37f;  // (rounds: not a power of two)
+  FeedbackBuffers(const FeedbackCase& c, int64_t n, Rng& r)
+      : residual(c.residual, n, r), momentum(c.momentum, n, r), scaled(c.scaled) {}
   Feedback cuda() {
     Feedback fb;
+    fb.grad_scale = scaled ? &scale : nullptr;
     fb.residual_in = residual.cuda_in();
     fb.residual_out = residual.cuda();
     fb.momentum_in = momentum.cuda_in();
@@ -460,10 +468,12 @@ void check_momentum_step() {  // DGC's dense route: the momentum and the payload
     for (int64_t n : kSizes) {
       Rng r{uint64_t(n) * 59 + sizeof(T)};
       const bool in_place = n % 2 == 0;  // torch writes the gradient; TF writes another buffer
-      set_case("momentum_step<%s> numel=%lld %s", type_name<T>(), (long long)n, in_place ? "in place" : "grad -> out");
+      const FeedbackCase& fc = kFeedback[n % 3 == 0 ? 5 : 3];  // momentum in place, no residual; scaled or not
+      set_case("momentum_step<%s> numel=%lld %s feedback=%s", type_name<T>(), (long long)n,
+               in_place ? "in place" : "grad -> out", fc.name);
       const std::vector<T> grad = random_vector<T>(n, r);
       std::vector<T> cuda_out = in_place ? grad : random_vector<T>(n, r), cpu_out = cuda_out;
-      FeedbackBuffers state(kFeedback[3], n, r);  // momentum in place, no residual
+      FeedbackBuffers state(fc, n, r);
       sc::cuda::momentum_step<T>(in_place ? cuda_out.data() : grad.data(), state.cuda(), n, cuda_out.data(), nullptr);
       sc::cpu::momentum_step<T>(in_place ? cpu_out.data() : grad.data(), state.cpu(), n, cpu_out.data());
       same("out", cuda_out, cpu_out);
