@@ -136,6 +136,7 @@ SIMULATIONS = {
     "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
     "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
     "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
+    "dgc_0.1_default_policy_clip": dict(dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))),
     "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
 }
 

@@ -78,6 +78,9 @@ CONFIGS = {
     "dgc_1.0_no_masking": (lambda m: DGC(exchange="allgather", ratio=1.0, momentum=0.9, momentum_masking=False, dense_fallback=False,
                                          variables=m, **EVERY), {}),
     "dgc_0.1_default_policy": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, variables=m), {}),
+    # the same with clipping: the dense route's momentum pass reads the clipping factor too
+    "dgc_0.1_default_policy_clip": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, clip_norm=0.2, variables=m),
+                                    {}),
     # every method bound to a plain list of unnamed variables: TF names them all "Variable"
     "plain_random_block_0.1": (lambda m: RandomBlock(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),
     "plain_randomk_0.1": (lambda m: RandomK(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),

@@ -52,6 +52,9 @@ CONFIGS = {
     # the default policy sends 0.bias, 2.weight (320 elements) and 2.bias dense, with DGC's momentum
     "dgc_0.1_default_policy": (lambda model: DGC(exchange="allgather", ratio=0.1, momentum=0.9, named_parameters=model.named_parameters()),
                                {}),
+    # the same with clipping: the dense route's momentum pass reads the clipping factor too
+    "dgc_0.1_default_policy_clip": (lambda model: DGC(exchange="allgather", ratio=0.1, momentum=0.9, clip_norm=0.2,
+                                                      named_parameters=model.named_parameters()), {}),
     # warm-up stage 0 has density 0.55: sparse would be larger, so it goes dense (momentum SGD)
     "dgc_0.3_warmup_dense_stage": (lambda model: DGC(exchange="allgather", ratio=0.3, momentum=0.9, warmup_steps=2, warmup_stages=1,
                                                      named_parameters=model.named_parameters(), **EVERY), {}),
