@@ -27,6 +27,14 @@ BUDGET = {  # per tensor and step: {(read, "file:function"): count}
 }
 
 
+# Under a GradScaler: its scale, read once per step (after the scale changed, as scaler.update()
+# changes it), not once per tensor. Per step: {(read, "file:function"): count}.
+PER_STEP = {
+    "DGC_loss_scaled": {("item", "torch/compression.py:_loss_scale"): 1},
+    "Threshold_loss_scaled": {("item", "torch/compression.py:_loss_scale"): 1},
+}
+
+
 @pytest.fixture(scope="module")
 def reads(tmp_path_factory):
     out = tmp_path_factory.mktemp("host_reads")
@@ -41,4 +49,13 @@ def test_host_reads_stay_within_the_documented_budget(reads, config):
         calls = run["tensors"] * run["steps"]
         got = collections.Counter(tuple(read) for read in run["reads"])
         want = {site: count * calls for site, count in BUDGET[config].items()}
+        assert dict(got) == want, f"rank {rank}, {config}: host reads {dict(got)}, documented {want}"
+
+
+@pytest.mark.parametrize("config", sorted(PER_STEP))
+def test_the_loss_scale_is_read_once_a_step(reads, config):
+    for rank in range(2):
+        run = reads[rank][config]
+        got = collections.Counter(tuple(read) for read in run["reads"])
+        want = {site: count * run["steps"] for site, count in PER_STEP[config].items()}
         assert dict(got) == want, f"rank {rank}, {config}: host reads {dict(got)}, documented {want}"

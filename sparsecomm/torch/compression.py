@@ -43,6 +43,7 @@ class Compressor(Settings):
         self._name = method.owner
         self.process_set = process_set  # the optimizer's (None: all ranks); the settings check runs over it
         self._scaler = _checked_scaler(self._name, loss_scaler)  # None: gradients are not loss-scaled
+        self._scale_seen = None  # (the scaler's scale tensor, its version, its value) when last read
         self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
         self._states = {}
         self._counters = Counters()
@@ -120,10 +121,19 @@ class Compressor(Settings):
     # -- loss scaling (mixed precision; sparsecomm.core.loss_scale) --------------------------
 
     def _loss_scale(self) -> float:
-        """The scaler's current scale (a host read: one sync on CUDA), its factors checked again
-        (set_backoff_factor/set_growth_factor may have changed them)."""
+        """The scaler's current scale, its factors checked again (set_backoff_factor /
+        set_growth_factor may have changed them). The scale tensor is read on the host (one sync on
+        CUDA) only when it is another tensor or its version counter has moved since the last read:
+        every write to it (update(), load_state_dict) is in place and moves it. So a step reads it
+        once, after the scaler's update, not once per tensor."""
         loss_scale.check_factors(self._name, self._scaler.get_backoff_factor(), self._scaler.get_growth_factor())
-        return self._scaler.get_scale()
+        tensor = self._scaler._get_scale_async()  # (None until the first scale(): the initial scale, no read)
+        if tensor is None:
+            return self._scaler.get_scale()
+        seen = self._scale_seen
+        if seen is None or seen[0] is not tensor or seen[1] != tensor._version:
+            self._scale_seen = seen = (tensor, tensor._version, self._scaler.get_scale())
+        return seen[2]
 
     @staticmethod
     def _follow_loss_scale(state: ParameterState, scale: float):

@@ -1,7 +1,8 @@
 """Worker (2 ranks under horovodrun): every host read of tensor data (item, float(), int(),
 bool(), tolist, numpy) that a compress + decompress makes, per compressor configuration, with
 the innermost sparsecomm function that made it. Saves {config: [(read, "file:function"), ...]}
-for the steps after the first (the first step also runs the one-off settings check)."""
+for the steps after the first (the first step also runs the one-off settings check). The
+configurations under a GradScaler change its scale between steps, as scaler.update() does."""
 import argparse
 import json
 import os
@@ -50,16 +51,24 @@ CONFIGS = {
     "DGC_allgather_clipped": lambda m: DGC(ratio=0.05, clip_norm=1e-3, exchange="allgather", **named(m)),
     "DGC_spardl": lambda m: DGC(ratio=0.05, exchange="spardl", **named(m)),
     "TopK_spardl": lambda m: TopK(ratio=0.05, exchange="spardl", **named(m)),
+    "DGC_loss_scaled": lambda m: DGC(ratio=0.05, exchange="allgather", loss_scaler=scaler, **named(m)),
+    "Threshold_loss_scaled": lambda m: Threshold(ratio=0.05, exchange="allgather", loss_scaler=scaler, **named(m)),
 }
 results = {}
 for config, make in CONFIGS.items():
     model = common.torch_model()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) if "loss_scaled" in config else None
     compression = make(model)
     mode = HostReads()
     for step in range(3):
         model.zero_grad()
         idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
-        torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])).backward()
+        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx]))
+        if scaler is not None:
+            if step:  # a new scale, as scaler.update() sets between steps
+                scaler.update(new_scale=2.0 ** (10 + step))
+            loss = scaler.scale(loss)
+        loss.backward()
         params = list(model.parameters())
         if step == 0:  # the settings check runs once, on the first step: not the hot path
             handed = [compression.compress(p.grad) for p in params]
