@@ -155,7 +155,7 @@ class Compressor(Settings):
         state.back_up(tensors=route != "dense" or self.method.keeps_momentum)
         if route == "dense":
             return self.dense_payload(tensor, state)
-        overflow = _non_finite(tensor)  # before the pack (DGC clips the gradient in place)
+        overflow = _non_finite(tensor)
         payload = self.pack(tensor, state, density)
         if overflow is not None:
             if payload.bits is not None:
