@@ -11,6 +11,38 @@ import numpy as np
 _M32 = 0xFFFFFFFF
 
 
+def sum_of_squares(x, lanes=256, rows=16):
+    """The sum of the squares of x (float32 values) in float64, in sparsecomm's fixed order:
+    tiles of rows * lanes elements; in a tile, lane j adds the squares of elements j, j + lanes,
+    ... in turn, then the lanes are added pairwise (lane j += lane j + h, h = lanes / 2, ..., 1);
+    the tiles' sums the same way (lane j takes tiles j, j + lanes, ...). Written with numpy
+    arrays of lanes: every addition is one float64 addition, in that order."""
+    def pairwise(a):  # a: [n, lanes] -> [n]
+        a = a.copy()
+        h = lanes // 2
+        while h:
+            a[:, :h] += a[:, h:2 * h]
+            h //= 2
+        return a[:, 0]
+
+    def in_lanes(values, per_row):  # [n, per_row * lanes] -> [n, lanes], rows added in turn
+        acc = np.zeros((values.shape[0], lanes))
+        for r in range(per_row):
+            acc += values[:, r * lanes:(r + 1) * lanes]
+        return acc
+
+    squares = np.asarray(x, dtype=np.float64).reshape(-1) ** 2  # exact: a float's square fits a double
+    tile = rows * lanes
+    tiles = -(-squares.size // tile)
+    padded = np.zeros(tiles * tile)  # (zeros add nothing: every lane starts at +0)
+    padded[:squares.size] = squares
+    tile_sums = pairwise(in_lanes(padded.reshape(tiles, tile), rows))
+    per_row = -(-tiles // lanes)
+    padded = np.zeros(max(per_row, 1) * lanes)
+    padded[:tiles] = tile_sums
+    return float(pairwise(in_lanes(padded.reshape(1, -1), max(per_row, 1)))[0])
+
+
 def philox4x32_10(counter, key):
     """Philox4x32-10 (Salmon et al., SC'11) on 4 uint32 counter words and 2 key words."""
     c0, c1, c2, c3 = counter

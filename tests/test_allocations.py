@@ -11,7 +11,8 @@ import pytest
 from launch import horovodrun
 
 CONFIGS = ("RandomBlock", "RandomK", "TopK_allgather", "RTopK_allgather", "Threshold_allgather", "Threshold_fp16",
-           "Threshold_2bit", "DGC_allgather_clipped", "DGC_dense", "DGC_spardl", "TopK_spardl")
+           "Threshold_2bit", "DGC_allgather_clipped", "DGC_allgather_clipped_bfloat16", "DGC_dense_clipped_float16",
+           "DGC_dense", "DGC_spardl", "TopK_spardl")
 LIMIT = 0.1  # of the gradient's dense bytes: the O(k) buffers of 2 ranks at 1% stay well below
 
 

@@ -33,7 +33,8 @@ _spec.loader.exec_module(build_driver)
 
 VARIANTS = ("tsan", "asan")
 GROUPS = ["block_pack", "block_unpack", "sample_threshold", "candidates", "send_selected", "accumulate",
-          "momentum_step", "send_quantized", "dequantize", "sparse_unpack_sorted", "random_k_indices", "launch_check"]
+          "momentum_step", "sum_of_squares", "send_quantized", "dequantize", "sparse_unpack_sorted",
+          "random_k_indices", "launch_check"]
 ENV = dict(os.environ,
            TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1",
            ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 detect_stack_use_after_return=1",

@@ -172,6 +172,18 @@ def test_tf_grad_scale_equals_torch(torch_dtype, tf_dtype, graph):
     _same(mom_out, t_mom)
 
 
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
+def test_tf_sum_of_squares_equals_torch(torch_dtype, tf_dtype, graph):
+    """DGC's clipping norm, squared: a float64 scalar with the torch op's bits, for any shape."""
+    wrap = tf.function if graph else (lambda f: f)
+    for shape in ((0,), (4097,), (3, 70001)):
+        grad = (torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 5).to(torch_dtype)
+        got = wrap(tf_ops.sum_of_squares)(_tf(grad, tf_dtype))
+        assert got.dtype == tf.float64 and got.shape == ()
+        assert float(got.numpy()) == torch_ops.sum_of_squares(grad).item(), shape
+
+
 def test_tf_errors_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="residual should have 10 elements"):
         tf_ops.pack_above(tf.zeros(10), tf.zeros(9), 1.0)

@@ -1,6 +1,8 @@
 """Selection with error feedback (sample_threshold, accumulate_candidates, select_top,
 send_selected, sparse_unpack, the wire rows and the pack_* composites) against plain torch and
 numpy references."""
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -382,6 +384,62 @@ def test_momentum_step_passes_opcheck_and_names_bad_arguments():
         ops.momentum_step(torch.randn(4, 6).t(), torch.zeros(24), 0.9)
     with pytest.raises(RuntimeError, match=r"momentum_step: momentum should have numel 24 like grad, got 23"):
         ops.momentum_step(torch.randn(24), torch.zeros(23), 0.9)
+
+
+SQUARE_SIZES = [0, 1, 255, 4096, 4097, 3 * 4096 + 5, 257 * 4096 + 3]  # tiles of 4,096; 256 lanes of tiles
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", SQUARE_SIZES)
+def test_sum_of_squares_is_the_float64_sum_in_its_fixed_order(device, dtype, numel):
+    """DGC's clipping norm, squared: exactly the reference's float64 sum in the documented order
+    (tiles, lanes, pairwise), and within 1e-12 of the exactly rounded sum (math.fsum)."""
+    x = _grad(numel, dtype, device, seed=numel) * 3
+    got = ops.sum_of_squares(x)
+    assert got.dtype == torch.float64 and got.shape == () and got.device == x.device
+    values = x.cpu().float().numpy().astype(np.float64)
+    assert got.item() == reference.sum_of_squares(values)
+    assert math.isclose(got.item(), math.fsum(values ** 2), rel_tol=1e-12)
+
+
+def test_sum_of_squares_bits_do_not_depend_on_threads_or_layout(device):
+    """A fixed order: the same bits with 1 thread and with several (the CPU splits tensors of 1M
+    elements and more over its cores), and for a strided view as for its contiguous copy."""
+    x = _grad(0, torch.float32, device, seed=5, shape=(1200, 1001)) * 1e3
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = ops.sum_of_squares(x).item()
+        torch.set_num_threads(max(threads, 2))
+        several = ops.sum_of_squares(x).item()
+    finally:
+        torch.set_num_threads(threads)
+    assert one == several == reference.sum_of_squares(x.cpu().numpy().astype(np.float64))
+    assert ops.sum_of_squares(x.t()).item() == ops.sum_of_squares(x.t().contiguous()).item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sum_of_squares_of_non_finite_values_and_extremes(device, dtype):
+    """NaN anywhere gives NaN; an infinity (and no NaN) +inf; -0 adds +0; float32's largest
+    squares do not overflow in float64; a 16-bit gradient is read as its own values."""
+    base = torch.zeros(5000, dtype=dtype)
+    base[4999] = -0.0
+    for at, value, want in ((17, float("nan"), "nan"), (4500, float("-inf"), "inf"), (3, -2.0, 4.0)):
+        x = base.clone()
+        x[at] = value
+        got = ops.sum_of_squares(x.to(device)).item()
+        assert (math.isnan(got) if want == "nan" else got == float(want)), (at, value, got)
+    big = torch.finfo(dtype).max
+    x = torch.full((10,), big, dtype=dtype).to(device)
+    assert ops.sum_of_squares(x).item() == 10 * float(big) ** 2
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_sum_of_squares_passes_opcheck_and_names_bad_arguments():
+    for dtype in DTYPES:
+        torch.library.opcheck(ops._ops.sum_of_squares.default, (torch.randn(4, 1100).to(dtype),))
+    with pytest.raises(RuntimeError, match=r"sum_of_squares: expected a float32, float16 or bfloat16 tensor, got Int"):
+        ops.sum_of_squares(torch.ones(3, dtype=torch.int32))
 
 
 def _reference_rows(values, index):

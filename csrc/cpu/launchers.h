@@ -22,6 +22,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 #include "../kernels/sample.h"
 #include "../kernels/permutation.h"
 #include "../kernels/quantize.h"
+#include "../kernels/squares.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -69,6 +70,11 @@ void accumulate(const T* grad, const Feedback& fb, int64_t numel);
 // momentum_element), one pass; fb has no residual; out may be grad.
 template <typename T>
 void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out);
+
+// *out = the sum of the squares of x[0, numel) in float64, in squares.h's order; tile_sums is
+// scratch for square_tiles(numel) doubles.
+template <typename T>
+void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out);
 
 // The wire rows of sparsecomm/core/wire.py, [count, 4 + value_bytes]: each index, then its
 // value's bytes; and back.

@@ -493,6 +493,26 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out) {
   });
 }
 
+template <typename T>
+void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out) {
+  const int64_t tiles = square_tiles(numel);
+  for_chunks(tiles, pass_threads(numel), 1, [&](int, int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const T* tile = x + t * kSquareTile;
+      const int64_t n = std::min(kSquareTile, numel - t * kSquareTile);
+      double lanes[kSquareLanes] = {};
+      int64_t i = 0;
+      for (; i + kSquareLanes <= n; i += kSquareLanes)  // whole rows: every lane, a vector loop
+        for (int j = 0; j < kSquareLanes; ++j) lanes[j] += square(to_float(tile[i + j]));
+      for (int j = 0; i + j < n; ++j) lanes[j] += square(to_float(tile[i + j]));
+      tile_sums[t] = pairwise_lanes(lanes);
+    }
+  });
+  double lanes[kSquareLanes] = {};
+  for (int64_t t = 0; t < tiles; ++t) lanes[t % kSquareLanes] += tile_sums[t];
+  *out = pairwise_lanes(lanes);
+}
+
 namespace {
 
 // A row's parts copied with sizes known at compile time: plain loads and stores, no memcpy call.
@@ -538,7 +558,8 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*);                  \
   template void sparse_unpack<T>(const T*, const int32_t*, int64_t, float, int64_t, T*);                     \
   template void accumulate<T>(const T*, const Feedback&, int64_t);                                            \
-  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*);
+  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*);                                     \
+  template void sum_of_squares<T>(const T*, int64_t, double*, double*);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)
 SC_INSTANTIATE(bfloat16)

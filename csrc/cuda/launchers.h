@@ -7,6 +7,7 @@
 #include "../kernels/feedback.h"
 #include "../kernels/sample.h"
 #include "../kernels/permutation.h"
+#include "../kernels/squares.h"
 
 namespace sparsecomm {
 namespace cuda {
@@ -53,6 +54,12 @@ void accumulate(const T* grad, const Feedback& fb, int64_t numel, cudaStream_t s
 // be grad).
 template <typename T>
 void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out, cudaStream_t stream);
+
+// *out (device) = the sum of the squares of x[0, numel) in float64, in squares.h's order (the
+// CPU launcher's bits): a block per tile writes its sum to tile_sums (square_tiles(numel)
+// doubles of scratch), then one block adds them.
+template <typename T>
+void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out, cudaStream_t stream);
 
 void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
                     uint8_t* codes, float* scales, cudaStream_t stream);

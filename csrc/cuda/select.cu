@@ -141,6 +141,28 @@ __device__ double block_sum(double v, double* scratch) {
   return total;
 }
 
+// squares.h's order: thread j is lane j (blocks of kSquareLanes threads), block_sum adds the
+// lanes pairwise. Each tile's sum goes to tile_sums[t], whichever block took it.
+template <typename T>
+__global__ void tile_squares_kernel(const T* x, int64_t numel, double* tile_sums) {
+  __shared__ double scratch[kSquareLanes];
+  for (int64_t t = blockIdx.x; t < square_tiles(numel); t += gridDim.x) {  // (the same t for the whole block)
+    const int64_t end = (t + 1) * kSquareTile < numel ? (t + 1) * kSquareTile : numel;
+    double lane = 0.0;
+    for (int64_t i = t * kSquareTile + threadIdx.x; i < end; i += kSquareLanes) lane += square(to_float(x[i]));
+    const double total = block_sum(lane, scratch);
+    if (threadIdx.x == 0) tile_sums[t] = total;
+  }
+}
+
+__global__ void sum_tiles_kernel(const double* tile_sums, int64_t tiles, double* out) {
+  __shared__ double scratch[kSquareLanes];
+  double lane = 0.0;
+  for (int64_t t = threadIdx.x; t < tiles; t += kSquareLanes) lane += tile_sums[t];
+  const double total = block_sum(lane, scratch);
+  if (threadIdx.x == 0) *out = total;
+}
+
 __global__ void send_quantized_kernel(const float* acc, const int32_t* index, int64_t count, Feedback fb, int bits,
                                       uint8_t* codes, float* scales) {
   __shared__ double scratch[kQuantThreads];
@@ -250,6 +272,18 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out, cud
   check_launch("momentum_step_kernel");
 }
 
+template <typename T>
+void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out, cudaStream_t stream) {
+  const int64_t tiles = square_tiles(numel);
+  if (tiles > 0) {
+    tile_squares_kernel<T><<<grid_for(tiles, 1), kSquareLanes, 0, stream>>>(x, numel, tile_sums);
+    check_launch("tile_squares_kernel");
+  }
+  // (an empty tensor: 0)
+  sum_tiles_kernel<<<1, kSquareLanes, 0, stream>>>(tile_sums, tiles, out);
+  check_launch("sum_tiles_kernel");
+}
+
 void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
                     uint8_t* codes, float* scales, cudaStream_t stream) {
   send_quantized_kernel<<<1, kQuantThreads, 0, stream>>>(acc, index, count, fb, bits, codes, scales);
@@ -287,6 +321,7 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
   template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);     \
   template void accumulate<T>(const T*, const Feedback&, int64_t, cudaStream_t);                              \
   template void momentum_step<T>(const T*, const Feedback&, int64_t, T*, cudaStream_t);                                 \
+  template void sum_of_squares<T>(const T*, int64_t, double*, double*, cudaStream_t);                                  \
   template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, UnpackScale, T*,  \
                                         cudaStream_t);
 SC_INSTANTIATE(float)

@@ -8,7 +8,8 @@
 //   check_index(index, numel, name)  (a no-op on the GPU: it would need a host synchronisation)
 //   copy(from, n, to)                float32 state, within the device
 //   the launchers with csrc/cpu/launchers.h's arguments (GPU: on TF's stream):
-//     block_pack, block_unpack, send_selected, accumulate, momentum_step, send_quantized, dequantize
+//     block_pack, block_unpack, send_selected, accumulate, momentum_step, sum_of_squares, send_quantized,
+//     dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T> (allocates outputs 0 and 1), select_top
 //     (likewise), sparse_unpack<T>, random_k_indices

@@ -43,6 +43,10 @@ class CpuDevice {
     cpu::momentum_step(args...);
     return absl::OkStatus();
   }
+  template <typename... Args> absl::Status sum_of_squares(Args... args) const {
+    cpu::sum_of_squares(args...);
+    return absl::OkStatus();
+  }
   template <typename... Args> absl::Status send_quantized(Args... args) const {
     cpu::send_quantized(args...);
     return absl::OkStatus();

@@ -57,6 +57,10 @@ class GpuDevice {
     cuda::momentum_step(args..., stream_);
     return launched();
   }
+  template <typename... Args> absl::Status sum_of_squares(Args... args) const {
+    cuda::sum_of_squares(args..., stream_);
+    return launched();
+  }
   template <typename... Args> absl::Status send_quantized(Args... args) const {
     cuda::send_quantized(args..., stream_);
     return launched();

@@ -187,6 +187,32 @@ class MomentumStepOp : public OpKernel {
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_CPU), "T", MomentumStepOp, CpuDevice);
 
+// ---- SparsecommSumOfSquares ----
+// The sum of the squares of x in float64, one read, in csrc/kernels/squares.h's fixed order:
+// DGC's clipping norm squared, without a float32 copy of a 16-bit gradient.
+REGISTER_OP("SparsecommSumOfSquares")
+    .Attr("T: {float, half, bfloat16}")
+    .Input("x: T")
+    .Output("sum: double")
+    .SetShapeFn(shape_inference::ScalarShape);
+
+template <typename Device, typename T>
+class SumOfSquaresOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* c) override {
+    const Tensor& x = c->input(0);
+    const int64_t numel = x.NumElements();
+    Tensor tile_sums;
+    OP_REQUIRES_OK(c, c->allocate_temp(DT_DOUBLE, TensorShape({square_tiles(numel)}), &tile_sums));
+    Tensor* sum = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &sum));
+    OP_REQUIRES_OK(c, Device(c).sum_of_squares(raw<T>(x), numel, tile_sums.flat<double>().data(),
+                                               sum->flat<double>().data()));
+  }
+};
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSumOfSquares").Device(DEVICE_CPU), "T", SumOfSquaresOp, CpuDevice);
+
 // ---- SparsecommSelectTop ----
 REGISTER_OP("SparsecommSelectTop")
     .Input("acc: float")
@@ -330,6 +356,7 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_G
                           GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_GPU), "T", AccumulateOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_GPU), "T", MomentumStepOp, GpuDevice);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSumOfSquares").Device(DEVICE_GPU), "T", SumOfSquaresOp, GpuDevice);
 REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_GPU).HostMemory("k"), SelectTopOp<GpuDevice>);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_GPU), "dtype", SendSelectedOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_GPU), "T", SparseUnpackOp, GpuDevice);

@@ -7,8 +7,8 @@
 //   Guard                               constructed from an at::Device (CUDA: selects it)
 //   check_index_range(op, index, numel) (a no-op on CUDA: it would need a host synchronisation)
 //   the launchers with csrc/cpu/launchers.h's signatures (CUDA: on torch's current stream):
-//     block_pack<T>, block_unpack<T>, send_selected<T>, accumulate<T>, momentum_step<T>, send_quantized,
-//     dequantize
+//     block_pack<T>, block_unpack<T>, send_selected<T>, accumulate<T>, momentum_step<T>, sum_of_squares<T>,
+//     send_quantized, dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
 //     wire_rows(values, index, rows), wire_columns(rows, values, index)
@@ -23,6 +23,7 @@
 #include "../kernels/permutation.h"
 #include "../kernels/quantize.h"
 #include "../kernels/sample.h"
+#include "../kernels/squares.h"
 
 namespace sparsecomm {
 namespace torch_binding {

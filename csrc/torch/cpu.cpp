@@ -25,6 +25,7 @@ struct CpuDevice {
   template <typename T, typename... Args> static void send_selected(Args... args) { cpu::send_selected<T>(args...); }
   template <typename T, typename... Args> static void accumulate(Args... args) { cpu::accumulate<T>(args...); }
   template <typename T, typename... Args> static void momentum_step(Args... args) { cpu::momentum_step<T>(args...); }
+  template <typename T, typename... Args> static void sum_of_squares(Args... args) { cpu::sum_of_squares<T>(args...); }
   template <typename... Args> static void send_quantized(Args... args) { cpu::send_quantized(args...); }
   template <typename... Args> static void dequantize(Args... args) { cpu::dequantize(args...); }
 

@@ -39,6 +39,9 @@ struct CudaDevice {
   template <typename T, typename... Args> static void momentum_step(Args... args) {
     cuda::momentum_step<T>(args..., stream());
   }
+  template <typename T, typename... Args> static void sum_of_squares(Args... args) {
+    cuda::sum_of_squares<T>(args..., stream());
+  }
   template <typename... Args> static void send_quantized(Args... args) { cuda::send_quantized(args..., stream()); }
   template <typename... Args> static void dequantize(Args... args) { cuda::dequantize(args..., stream()); }
 

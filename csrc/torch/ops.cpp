@@ -73,6 +73,10 @@ SC_TORCH_LIBRARY {
   m.def("sparse_unpack_into(Tensor values, Tensor index, float scale, Tensor(a!) out) -> ()");
   // DGC's dense route, one pass: momentum <- m * momentum + grad, and grad <- that (rounded to its dtype).
   m.def("momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor, Tensor? grad_scale=None) -> ()");
+  // The sum of the squares of x (float32, float16 or bfloat16) as a 0-d float64 tensor on x's
+  // device, in one read of x and in a fixed order (csrc/kernels/squares.h): DGC's clipping norm
+  // squared, without a float32 copy of a 16-bit gradient.
+  m.def("sum_of_squares(Tensor x) -> Tensor");
   // The wire rows of sparsecomm/core/wire.py, uint8 [k, 4 + value bytes]: each index (int32),
   // then its value's bytes.
   m.def("wire_rows(Tensor values, Tensor index) -> Tensor");

@@ -110,6 +110,20 @@ void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double mo
   });
 }
 
+// The launchers take the tiles' scratch from torch's allocator (a double per 4,096 elements).
+template <typename Device>
+at::Tensor sum_of_squares(const at::Tensor& x_in) {
+  const typename Device::Guard guard(x_in.device());
+  const at::Tensor x = x_in.contiguous();
+  at::Tensor tile_sums = at::empty({square_tiles(x.numel())}, x.options().dtype(at::kDouble));
+  at::Tensor out = at::empty({}, x.options().dtype(at::kDouble));
+  SC_DISPATCH_FLOAT_TYPES(x.scalar_type(), "sum_of_squares", [&] {
+    Device::template sum_of_squares<scalar_t>(data_as<scalar_t>(x), x.numel(), tile_sums.data_ptr<double>(),
+                                              out.data_ptr<double>());
+  });
+  return out;
+}
+
 // The (index, value) rows of sparsecomm/core/wire.py: row j is index[j] (int32), then the bytes of
 // values[j]. Built and split by one op each (Device::wire_rows, Device::wire_columns), not by a
 // handful of Python-level torch calls (3-4 us each on a CPU) for every tensor.
@@ -177,6 +191,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("random_k_indices", &random_k_indices<Device>);
   m.impl("accumulate", &accumulate<Device>);
   m.impl("momentum_step", &momentum_step<Device>);
+  m.impl("sum_of_squares", &sum_of_squares<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_columns", &wire_columns<Device>);
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);

@@ -373,7 +373,7 @@ class DGC(Compressor):
             return None
         if self._scaler is not None:  # the gradient is times the loss scale, and so is the threshold
             limit = limit * tf.cast(state.loss_scale.read_value(), tf.float64)
-        norm = tf.cast(tf.norm(tf.cast(tensor, tf.float32)), tf.float64)
+        norm = tf.sqrt(ops.sum_of_squares(tensor))  # one read, float64; tf.norm would write x * x first
         factor = tf.where(norm > limit, limit / tf.maximum(norm, 1e-300), tf.constant(1.0, tf.float64))
         return tf.cast(factor, tf.float32)
 

@@ -109,6 +109,12 @@ def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
                                                momentum_factor=float(momentum_factor)))
 
 
+def sum_of_squares(x):
+    """The sum of the squares of x (float32, float16 or bfloat16) as a float64 scalar: one read,
+    no float32 copy, the torch op's bits (a fixed order of addition, csrc/kernels/squares.h)."""
+    return _lib.sparsecomm_sum_of_squares(x)
+
+
 def select_top(acc, index, k):
     """The k candidates of largest |acc| (ties: lower index first), in index order."""
     return tuple(_lib.sparsecomm_select_top(acc, index, _i64(k)))

@@ -83,6 +83,11 @@ def _momentum_step(grad, momentum, momentum_factor, grad_scale=None):
     return None
 
 
+@_fake("sum_of_squares")
+def _sum_of_squares(x):
+    return x.new_empty((), dtype=torch.float64)
+
+
 @_fake("quantized_segment")
 def _quantized_segment(codes, scales, index, bits):
     layout = wire.Segment(index.numel(), scales.numel(), bits)

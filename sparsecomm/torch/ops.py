@@ -138,6 +138,13 @@ def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
     _ops.momentum_step(grad, momentum, momentum_factor, grad_scale)
 
 
+def sum_of_squares(x):
+    """The sum of the squares of ``x`` (float32, float16 or bfloat16, any shape) as a 0-d
+    float64 tensor on x's device: one read of x, no float32 copy, the same bits on CPU and CUDA
+    and on every run (a fixed order of addition, csrc/kernels/squares.h)."""
+    return _ops.sum_of_squares(x)
+
+
 def wire_rows(values, index):
     """The (index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
     return _ops.wire_rows(values, index)

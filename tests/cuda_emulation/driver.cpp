@@ -482,6 +482,41 @@ void check_momentum_step() {  // DGC's dense route: the momentum and the payload
   });
 }
 
+void check_sum_of_squares() {  // one fixed order: the CPU's bits for every tile and lane count
+  for_each_dtype([]<typename T>(T) {
+    // a lane's first row, part and whole tiles, a tail tile, and 4 tiles on the test build's 3
+    // blocks (the grid-stride loop). More tiles than lanes (the second level's rows) for float32
+    // and under ASan only: it takes seconds under TSan, and adds no new barrier pattern.
+    std::vector<int64_t> sizes = {0, 1, 255, 257, 4096, 4097, 12289};
+#if !defined(__SANITIZE_THREAD__)
+    if (std::is_same_v<T, float>) sizes.push_back(257 * sc::kSquareTile + 3);
+#endif
+    for (int64_t n : sizes)
+      for (bool with_nan : {false, true}) {
+        if (with_nan && !(std::is_same_v<T, float> && n == 12289)) continue;
+        Rng r{uint64_t(n) * 61 + sizeof(T) + with_nan};
+        set_case("sum_of_squares<%s> numel=%lld%s", type_name<T>(), (long long)n, with_nan ? " with a NaN" : "");
+        std::vector<T> x(static_cast<size_t>(n));
+        for (T& v : x)  // finite: NaN and infinities would hide every other bit
+          v = sc::from_float<T>(float(std::ldexp(r.below(2) ? 1.0 + r.uniform() : -1.0 - r.uniform(),
+                                                 int(r.below(25)) - 12)));
+        if (with_nan) x[size_t(r.below(n))] = sc::from_float<T>(std::nanf(""));
+        // one more slot than the tiles, whose -1 must stay: nothing is written past them
+        std::vector<double> cuda_tiles(size_t(sc::square_tiles(n) + 1), -1.0), cpu_tiles = cuda_tiles;
+        double cuda_sum = -1.0, cpu_sum = -2.0;
+        sc::cuda::sum_of_squares<T>(x.data(), n, cuda_tiles.data(), &cuda_sum, nullptr);
+        sc::cpu::sum_of_squares<T>(x.data(), n, cpu_tiles.data(), &cpu_sum);
+        if (with_nan) {
+          if (!std::isnan(cuda_sum) || !std::isnan(cpu_sum)) fail("sum: cuda %g, cpu %g, want NaN", cuda_sum, cpu_sum);
+        } else {
+          same("sum", std::vector<double>{cuda_sum}, std::vector<double>{cpu_sum});
+          same("tile_sums", cuda_tiles, cpu_tiles);
+        }
+        if (cuda_tiles.back() != -1.0 || cpu_tiles.back() != -1.0) fail("a write past the tiles' sums");
+      }
+  });
+}
+
 void check_send_quantized() {
   const int64_t counts[] = {0, 1, 33, 511, 513, 4097};  // the kernel is one block of 512 threads
   for (int bits : {1, 2})
@@ -674,6 +709,7 @@ constexpr Group kGroups[] = {
     {"send_selected", check_send_selected},
     {"accumulate", check_accumulate},
     {"momentum_step", check_momentum_step},
+    {"sum_of_squares", check_sum_of_squares},
     {"send_quantized", check_send_quantized},
     {"dequantize", check_dequantize},
     {"sparse_unpack_sorted", check_sparse_unpack},

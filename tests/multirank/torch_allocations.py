@@ -49,19 +49,24 @@ CONFIGS = {
     "Threshold_fp16": lambda m: Threshold(ratio=0.01, quantize="fp16", exchange="allgather", **named(m)),
     "Threshold_2bit": lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather", **named(m)),
     "DGC_allgather_clipped": lambda m: DGC(ratio=0.01, clip_norm=1e-3, exchange="allgather", **named(m)),
+    # 16-bit gradients: the clipping norm reads them as they are (no float32 copy), both routes
+    "DGC_allgather_clipped_bfloat16": lambda m: DGC(ratio=0.01, clip_norm=1e-3, exchange="allgather", **named(m)),
+    "DGC_dense_clipped_float16": lambda m: DGC(ratio=0.01, clip_norm=1e-3, dense=["*"], **named(m)),
     "DGC_dense": lambda m: DGC(ratio=0.01, dense=["*"], **named(m)),  # momentum SGD, routed dense
     "DGC_spardl": lambda m: DGC(ratio=0.01, exchange="spardl", **named(m)),
     "TopK_spardl": lambda m: TopK(ratio=0.01, exchange="spardl", **named(m)),
 }
+DTYPES = {"DGC_allgather_clipped_bfloat16": torch.bfloat16, "DGC_dense_clipped_float16": torch.float16}
 results = {}
 for config, make in CONFIGS.items():
     torch.manual_seed(hvd.rank())
-    model = torch.nn.Linear(512, 256, bias=False)  # one 131,072-element gradient
+    dtype = DTYPES.get(config, torch.float32)
+    model = torch.nn.Linear(512, 256, bias=False).to(dtype)  # one 131,072-element gradient
     compression = make(model)
     largest, largest_op, in_place = 0, None, True
     for step in range(WARMUP + STEPS):
         model.zero_grad()
-        model(torch.randn(16, 512)).square().mean().backward()
+        model(torch.randn(16, 512, dtype=dtype)).square().mean().backward()
         grad = model.weight.grad
         mode = Allocations()
         with mode:
