@@ -43,18 +43,21 @@ def test_there_are_cuda_sources():
 @pytest.mark.parametrize("source", TF_FAMILIES, ids=os.path.basename)
 def test_every_tf_op_has_a_gpu_kernel(source):
     """Read from the source (no GPU build here): every REGISTER_OP has a DEVICE_GPU kernel whose
-    HostMemory args exist, and every int64 or double arg (a scalar the kernel reads on the host)
-    is among them. TF itself would only notice either on a GPU."""
+    HostMemory args exist, and every int64 or double input (a scalar the kernel reads on the
+    host) and int64 output (random_block_start's, computed on the host) is among them; a double
+    output stays on the device (sum_of_squares). TF itself would only notice either on a GPU."""
     with open(source) as f:
         text = f.read()
-    ops = {name: dict(re.findall(r'\.(?:Input|Output)\("(\w+): (\w+)"\)', chain))
+    host_types = {"Input": ("int64", "double"), "Output": ("int64",)}
+    ops = {name: {arg: dtype in host_types[kind]
+                  for kind, arg, dtype in re.findall(r'\.(Input|Output)\("(\w+): (\w+)"\)', chain)}
            for name, chain in re.findall(r'REGISTER_OP\("(\w+)"\)(.*?);', text, re.S)}
     gpu = {name: set(re.findall(r'"(\w+)"', host)) for name, host in
            re.findall(r'Name\("(\w+)"\)\s*\.Device\(DEVICE_GPU\)((?:\s*\.HostMemory\("\w+"\))*)', text)}
     assert ops and set(gpu) == set(ops), f"ops without a GPU kernel: {sorted(set(ops) - set(gpu))}"
     for name, args in ops.items():
         assert gpu[name] <= set(args), f"{name}: HostMemory of no such arg: {sorted(gpu[name] - set(args))}"
-        scalars = {arg for arg, dtype in args.items() if dtype in ("int64", "double")}
+        scalars = {arg for arg, on_host in args.items() if on_host}
         assert scalars <= gpu[name], f"{name}: read on the host but not HostMemory: {sorted(scalars - gpu[name])}"
 
 

@@ -1,4 +1,4 @@
-// CUDA launchers for selection with error feedback (feedback.h, sample.h, permutation.h,
+// CUDA launchers for selection with error feedback (feedback.h, sample.h, permutation.h, squares.h,
 // quantize.h). Everything runs on the caller's stream; nothing here synchronises with the host.
 #include "grid.cuh"
 #include "launchers.h"

@@ -1,4 +1,4 @@
-// The select family's torch ops (csrc/kernels/feedback.h, sample.h, permutation.h; launchers
+// The select family's torch ops (csrc/kernels/feedback.h, sample.h, permutation.h, squares.h; launchers
 // in csrc/cpu/select.cpp, csrc/cuda/select.cu), each body written once over a device policy
 // (common.h). Where a device computes differently, the body calls the policy's step.
 #pragma once
