@@ -13,7 +13,7 @@
 #include "scatter.h"
 #include "stream.h"
 
-#ifdef __AVX2__
+#if defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -493,6 +493,43 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out) {
   });
 }
 
+namespace {
+
+// kGroup consecutive elements as floats. float16 goes through F16C where there is one (to_float
+// decodes bit by bit, about 10x slower here; only a NaN's payload may differ, and a sum with a NaN
+// is NaN either way).
+constexpr int kGroup = 16;
+
+template <typename T>
+inline void group_as_floats(const T* x, float* f) {
+#if defined(__F16C__)
+  if constexpr (std::is_same_v<T, half16>) {
+    for (int j = 0; j < kGroup; j += 8)
+      _mm256_storeu_ps(f + j, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x + j))));
+    return;
+  }
+#endif
+  for (int j = 0; j < kGroup; ++j) f[j] = to_float(x[j]);
+}
+
+// A whole tile's lanes, kGroup lanes at a time down all its rows: each lane still adds its rows
+// in turn (squares.h's order), with its sum held in a register instead of memory.
+template <typename T>
+void whole_tile_lanes(const T* tile, double* lanes) {
+  constexpr int rows = int(kSquareTile / kSquareLanes);
+  for (int j0 = 0; j0 < kSquareLanes; j0 += kGroup) {
+    double acc[kGroup] = {};
+    for (int r = 0; r < rows; ++r) {
+      float f[kGroup];
+      group_as_floats(tile + r * kSquareLanes + j0, f);
+      for (int j = 0; j < kGroup; ++j) acc[j] += square(f[j]);
+    }
+    for (int j = 0; j < kGroup; ++j) lanes[j0 + j] = acc[j];
+  }
+}
+
+}  // namespace
+
 template <typename T>
 void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out) {
   const int64_t tiles = square_tiles(numel);
@@ -501,10 +538,11 @@ void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out) {
       const T* tile = x + t * kSquareTile;
       const int64_t n = std::min(kSquareTile, numel - t * kSquareTile);
       double lanes[kSquareLanes] = {};
-      int64_t i = 0;
-      for (; i + kSquareLanes <= n; i += kSquareLanes)  // whole rows: every lane, a vector loop
-        for (int j = 0; j < kSquareLanes; ++j) lanes[j] += square(to_float(tile[i + j]));
-      for (int j = 0; i + j < n; ++j) lanes[j] += square(to_float(tile[i + j]));
+      if (n == kSquareTile) {
+        whole_tile_lanes(tile, lanes);
+      } else {  // the last tile: row by row
+        for (int64_t i = 0; i < n; ++i) lanes[i % kSquareLanes] += square(to_float(tile[i]));
+      }
       tile_sums[t] = pairwise_lanes(lanes);
     }
   });
