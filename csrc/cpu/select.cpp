@@ -496,8 +496,8 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out) {
 namespace {
 
 // kGroup consecutive elements as floats. float16 goes through F16C where there is one (to_float
-// decodes bit by bit, about 10x slower here; only a NaN's payload may differ, and a sum with a NaN
-// is NaN either way).
+// decodes bit by bit: this sum took 3.5x as long with it, 16 vs 4.7 ms for 25.6M halves; only a
+// NaN's payload may differ, and a sum with a NaN is NaN either way).
 constexpr int kGroup = 16;
 
 template <typename T>
