@@ -11,7 +11,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 # horovodrun's own entry point (horovod.runner.launch.run_commandline, what the horovodrun script
 # runs) without its check that Gloo is built: the check starts a process that imports every
-# framework's Horovod extension, 4-9 s per launch on this machine, about 44 launches a suite.
+# framework's Horovod extension, 4-9 s per launch on this machine, 46 launches a suite.
 # tests/test_build.py runs `horovodrun --check-build` once instead.
 HOROVODRUN = [sys.executable, "-c", "import horovod.runner.launch as launch; "
               "launch.gloo_built = lambda verbose=False: True; launch.run_commandline()"]
