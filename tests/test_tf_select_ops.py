@@ -128,6 +128,26 @@ def test_tf_quantize_and_unpack_equal_torch(bits):
           torch_ops.sparse_unpack(vals, dup, 1000, 0.5))
 
 
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES)
+@pytest.mark.parametrize("ranks,numerator", [(1, 1.0), (3, 1.0), (3, 3.0), (4, 0.37)])
+def test_tf_unpack_scaled_by_a_tensor_equals_torch_rows(torch_dtype, tf_dtype, ranks, numerator):
+    """decompress's one op: every rank's values added at their indices (duplicates in rank order),
+    times Horovod's reduced placeholder over the ranks, rounded once to the gradient's dtype: the
+    bits of the torch unpack of the same rows with the same scale tensor and divisor."""
+    gen = torch.Generator().manual_seed(ranks)
+    numel = 5_000
+    index = torch.cat([torch.randperm(numel, generator=gen)[:700].sort().values.int() for _ in range(ranks)])
+    values = (torch.randn(index.numel(), generator=gen) * 100).to(torch_dtype)
+    values[:3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    expected = torch_ops.sparse_unpack_rows(torch_ops.wire_rows(values, index), torch_dtype, numel,
+                                            torch.tensor([numerator]), ranks, out=torch.empty(numel, dtype=torch_dtype))
+    unpack = lambda v, i, s: tf_ops.sparse_unpack(v, i, numel, s, divisor=ranks)  # noqa: E731
+    same_bits = values.view(torch.int16 if values.element_size() == 2 else torch.int32).numpy()  # NaN's too
+    args = (tf.bitcast(tf.constant(same_bits), tf_dtype), tf.constant(index.numpy()), tf.constant([numerator]))
+    for run in (unpack, tf.function(unpack)):
+        _same(run(*args), expected)
+
+
 def test_tf_random_k_and_threshold_equal_torch():
     _same(tf_ops.random_k_indices(10_007, 99, **KW), torch_ops.random_k_indices(torch.empty(10_007), 99, **KW))
     grad, residual, _ = _inputs(100_000, torch.float32)
@@ -197,6 +217,10 @@ def test_tf_errors_are_named():
         tf_ops.momentum_step(tf.zeros(10), tf.zeros(10), 0.9, grad_scale=tf.ones(2))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"index should be in \[0, 5\)"):
         tf_ops.sparse_unpack(tf.ones(1), tf.constant([5], tf.int32), 5)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="scale should have 1 element, got 2"):
+        tf_ops.sparse_unpack(tf.ones(1), tf.constant([0], tf.int32), 5, tf.ones(2))
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="divisor"):
+        tf_ops.sparse_unpack(tf.ones(1), tf.constant([0], tf.int32), 5, divisor=0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="bits should be 1 or 2, got 3"):
         tf_ops.send_quantized(tf.ones(1), tf.constant([0], tf.int32), None, 3)
     with pytest.raises(ValueError, match="shape should be static"):

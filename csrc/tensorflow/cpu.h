@@ -90,8 +90,8 @@ class CpuDevice {
 
   // Sums duplicates in input order directly (the GPU sorts the indices first).
   template <typename T>
-  absl::Status sparse_unpack(const Tensor& values, const Tensor& index, float scale, Tensor* dense) const {
-    cpu::sparse_unpack(raw<T>(values), index.flat<int32_t>().data(), values.NumElements(), scale,
+  absl::Status sparse_unpack(const Tensor& values, const Tensor& index, UnpackScale scale, Tensor* dense) const {
+    cpu::sparse_unpack(raw<T>(values), index.flat<int32_t>().data(), values.NumElements(), scale.value(),
                        dense->NumElements(), raw<T>(dense));
     return absl::OkStatus();
   }

@@ -120,7 +120,7 @@ class GpuDevice {
   // Duplicates add in input order, deterministically: a stable sort groups them (threads
   // cannot add in input order as the CPU loop does).
   template <typename T>
-  absl::Status sparse_unpack(const Tensor& values, const Tensor& index, float scale, Tensor* dense) const {
+  absl::Status sparse_unpack(const Tensor& values, const Tensor& index, UnpackScale scale, Tensor* dense) const {
     const int64_t count = values.NumElements();
     TF_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(raw<T>(dense), 0, dense->TotalBytes(), stream_), "zeroing"));
     Tensor sorted_index, order;

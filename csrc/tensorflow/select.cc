@@ -278,12 +278,16 @@ class SendSelectedOp : public OpKernel {
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_CPU), "dtype", SendSelectedOp, CpuDevice);
 
 // ---- SparsecommSparseUnpack ----
+// dense = T(scale / divisor * the sum of the values at each index, in float32). scale is a
+// 1-element tensor read where the kernel runs (Horovod's reduced placeholder stays on the GPU),
+// divided by divisor in double (csrc/kernels/common.h: UnpackScale), as the torch ops do.
 REGISTER_OP("SparsecommSparseUnpack")
     .Attr("T: {float, half, bfloat16}")
     .Attr("numel: int >= 0")
-    .Attr("scale: float = 1.0")
+    .Attr("divisor: int >= 1 = 1")
     .Input("values: T")
     .Input("index: int32")
+    .Input("scale: float")
     .Output("dense: T")
     .SetShapeFn([](InferenceContext* c) { return vector_of_attr(c, 0, "numel"); });
 
@@ -292,23 +296,26 @@ class SparseUnpackOp : public OpKernel {
  public:
   explicit SparseUnpackOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("numel", &numel_));
-    OP_REQUIRES_OK(c, c->GetAttr("scale", &scale_));
+    OP_REQUIRES_OK(c, c->GetAttr("divisor", &divisor_));
     OP_REQUIRES_OK(c, check_indexable(numel_));
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& values = c->input(0);
     const Tensor& index = c->input(1);
+    const Tensor& scale = c->input(2);
     const Device dev(c);
     OP_REQUIRES_OK(c, check_pair(values, index, "values", "index"));
+    OP_REQUIRES(c, scale.NumElements() == 1, invalid("scale should have 1 element, got ", scale.NumElements()));
     OP_REQUIRES_OK(c, dev.check_index(index, numel_, "index"));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));
-    OP_REQUIRES_OK(c, dev.template sparse_unpack<T>(values, index, scale_, dense));
+    OP_REQUIRES_OK(c, dev.template sparse_unpack<T>(values, index, UnpackScale(scale.flat<float>().data(), divisor_),
+                                                    dense));
   }
 
  private:
   int64_t numel_;
-  float scale_;
+  int64_t divisor_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_CPU), "T", SparseUnpackOp, CpuDevice);
 

@@ -115,31 +115,43 @@ class Compressor(Settings, tf.Module):
         """The per-rank-coordinate exchanges run here, in the graph, one branch per stage of the
         method's schedule; Horovod gets a placeholder (sparsecomm/tensorflow/exchange.py)."""
         densities = self.method.densities()
-        stages = [self._stage(tensor, state, density, overflow) for density in densities]
+        wire = self._wire(state, tensor)
+        routes = []  # each stage's, as it is traced
+        stages = [self._stage(tensor, state, density, routes, overflow) for density in densities]
         if len(stages) == 1:
             outcome = stages[0]()
         else:
             stage = self.method.stage(state.step.read_value(), minimum=tf.minimum)
             outcome = tf.switch_case(tf.cast(stage, tf.int32), stages)
-        summed, residual, momentum, count, sent, received = outcome
+        values, index, dense, residual, momentum, count, sent, received = outcome
         with tf.control_dependencies(state.updates(residual, momentum, True)):
             placeholder = exchange.placeholder(state.variable_name)
         placeholder = state.counted(placeholder, count, sent, received)
-        wire = self._wire(state, tensor)
-        return placeholder, lambda output: exchange.finish(output, summed, wire)
+        if "dense" not in routes:
+            dense = None
+        elif routes.count("dense") == len(routes):
+            values = index = None
+        return placeholder, lambda output: exchange.finish(output, values, index, dense, wire)
 
-    def _stage(self, tensor, state, density, overflow=None):
+    def _stage(self, tensor, state, density, routes, overflow=None):
         """One stage of the schedule as a branch: its route at that density (a warm-up stage may
-        go dense), pack and exchange, returning tensors only, the same structure in every branch."""
+        go dense; appended to `routes`), pack and exchange, returning tensors only, the same
+        structure in every branch (a stage's values and index, or its dense sum, 0 elements where
+        the other kind ran)."""
         def run():
             route = self._route(state, tensor, density, record=False)
+            routes.append(route)
             packed = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
             if route != "dense" and overflow is not None:
                 packed = _nan_first(packed, overflow)
             wire = self._wire(state, tensor, selected_count(density, state.numel))
             outcome = EXCHANGES[route].run(packed, wire)
             residual = outcome.residual if outcome.residual is not None else state.read_residual()
-            return outcome.summed, residual, packed.momentum, outcome.count, outcome.sent, outcome.received
+            values = tf.zeros([0], tensor.dtype) if outcome.values is None else outcome.values
+            index = tf.zeros([0], tf.int32) if outcome.index is None else outcome.index
+            dense = tf.zeros([0], tf.float32) if outcome.dense is None else outcome.dense
+            return (values, index, dense, residual, packed.momentum, outcome.count, outcome.sent,
+                    outcome.received)
         return run
 
     # -- loss scaling (mixed precision; sparsecomm.core.loss_scale) --------------------------

@@ -4,13 +4,14 @@ sparsecomm.core.plan, in the registry EXCHANGES, as in sparsecomm.torch.exchange
 In TF the graph executor runs every collective as soon as its inputs are ready, so the
 per-rank-coordinate exchanges run inside `compress`:
 
-    run(packed, wire) -> Outcome   (float32 sum over the ranks, the residual after the
-                                    exchange, elements, bytes sent and received: all tensors)
+    run(packed, wire) -> Outcome   (every rank's values and indices, or a stage's dense float32
+                                    sum; the residual after the exchange; elements, bytes sent
+                                    and received: all tensors)
 
 and compress hands Horovod's allreduce a 1-element placeholder holding 1.0 (named after the
 variable). It comes back as 1 under op=Average and as the process set's size M under op=Sum,
-so decompress (`finish`) scales the sum by output / M: the optimizer's semantics, without
-being told the op (as in torch). The routes Horovod itself carries ("dense", "shared")
+so decompress (`finish`) adds the values at their indices scaled by output / M, in one op: the
+optimizer's semantics, without being told the op (as in torch). The routes Horovod itself carries ("dense", "shared")
 implement start(payload, wire) -> Handed (the tensor for Horovod, the decompress function and
 the counts) instead.
 
@@ -97,19 +98,34 @@ class Handed:
 
 @dataclass
 class Outcome:
-    """What a per-rank exchange leaves in the graph (int64 counters)."""
-    summed: tf.Tensor
+    """What a per-rank exchange leaves in the graph (int64 counters): every rank's values (in the
+    gradient's dtype) and indices, in rank order, for decompress to add up; or, for a stage sent
+    dense, the float32 sum itself (`dense`)."""
+    values: Optional[tf.Tensor]
+    index: Optional[tf.Tensor]
+    dense: Optional[tf.Tensor]
     residual: Optional[tf.Tensor]
     count: tf.Tensor
     sent: tf.Tensor
     received: tf.Tensor
 
 
-def finish(output, summed, wire):
-    """decompress: the gathered float32 sum scaled by output / M, in the gradient's dtype.
-    (Sum, then one multiplication, then one rounding: the torch sparse_unpack's arithmetic.)"""
-    scale = tf.reshape(output, [-1])[0] / float(wire.ranks)
-    return tf.reshape(tf.cast(summed * scale, wire.dtype), wire.shape)
+def finish(output, values, index, dense, wire):
+    """decompress: the result scaled by output / M, in the gradient's dtype and shape. Sparse
+    (values and index): sparse_unpack reads output as its scale, so the zeroing, the adds and
+    the scaling are one pass, as torch's. A dense stage's float32 sum: times the scale, rounded
+    once (the same arithmetic). `dense` None: every stage is sparse; `values` None: every
+    stage is dense; both given: the stage that ran says (a 0-element dense: sparse)."""
+    scale = tf.reshape(output, [-1])[:1]
+    sparse = lambda: ops.sparse_unpack(values, index, wire.numel, scale, divisor=wire.ranks)  # noqa: E731
+    summed = lambda: tf.cast(dense * (scale[0] / float(wire.ranks)), wire.dtype)  # noqa: E731
+    if dense is None:
+        flat = sparse()
+    elif values is None:
+        flat = summed()
+    else:
+        flat = tf.cond(tf.size(dense) > 0, summed, sparse)
+    return tf.reshape(flat, wire.shape)
 
 
 def _i64(x):
@@ -133,7 +149,7 @@ class Dense:
         count = tf.constant(wire.numel, tf.int64)
         size = count * wire_bytes(wire.dtype)
         ranks = wire.ranks
-        return Outcome(tf.cast(tf.cast(summed, wire.dtype), tf.float32), packed.residual, count, size,
+        return Outcome(None, None, tf.cast(tf.cast(summed, wire.dtype), tf.float32), packed.residual, count, size,
                        tf.cast(2 * (ranks - 1) * size // ranks, tf.int64))
 
 
@@ -156,7 +172,7 @@ class Shared:
 
 class Allgather:
     """Every rank's (index, value) rows, or its quantized segment (sparsecomm.core.wire), in ONE
-    allgather; each rank adds all contributions, in rank order, in float32."""
+    allgather; decompress adds all contributions, in rank order, in float32."""
 
     def run(self, packed, wire):
         quantized = packed.bits is not None
@@ -166,10 +182,10 @@ class Allgather:
             values, index = _from_segments(gathered, packed.bits, wire.ranks)
         else:
             values, index = _from_rows(gathered, packed.values.dtype)
-        values = tf.cast(tf.cast(values, wire.dtype), tf.float32)  # values may travel in 16 bits (or quantized)
+        values = tf.cast(values, wire.dtype)  # values may travel in 16 bits (or quantized)
         sent = tf.size(buffer, out_type=tf.int64)
-        return Outcome(ops.sparse_unpack(values, index, wire.numel), packed.residual,
-                       tf.size(packed.index, out_type=tf.int64), sent, tf.size(gathered, out_type=tf.int64) - sent)
+        return Outcome(values, index, None, packed.residual, tf.size(packed.index, out_type=tf.int64), sent,
+                       tf.size(gathered, out_type=tf.int64) - sent)
 
 
 def _bytes(tensor, shape):
@@ -264,12 +280,12 @@ class SparDL:
         final = _rows(reduced, owned)
         gathered = hvd.allgather(final, name=collective_name(wire.name, "gather"), process_set=ps)
         values, index = _from_rows(gathered, value_dtype)
-        values = tf.cast(tf.cast(values, wire.dtype), tf.float32)  # as the allgather exchange
+        values = tf.cast(values, wire.dtype)  # as the allgather exchange
         sent_pairs = _i64(tf.shape(payload)[0] + tf.shape(final)[0])
         sent = tf.size(payload, out_type=tf.int64) + tf.size(final, out_type=tf.int64)
         received_bytes = tf.size(received, out_type=tf.int64) + tf.size(gathered, out_type=tf.int64) - \
             tf.size(final, out_type=tf.int64)
-        return Outcome(ops.sparse_unpack(values, index, wire.numel), residual, sent_pairs, sent, received_bytes)
+        return Outcome(values, index, None, residual, sent_pairs, sent, received_bytes)
 
     @staticmethod
     def _scatter_rows(packed, layout, rank):

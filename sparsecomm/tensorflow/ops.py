@@ -138,9 +138,14 @@ def dequantize(codes, scales, count, bits):
     return _lib.sparsecomm_dequantize(codes, scales, _i64(count), bits=int(bits))
 
 
-def sparse_unpack(values, index, numel, scale=1.0):
-    """Dense 1-D tensor: scale * (sum of the values at each index, in float32); duplicates add."""
-    return _lib.sparsecomm_sparse_unpack(values, index, numel=int(numel), scale=float(scale))
+def sparse_unpack(values, index, numel, scale=1.0, divisor=1):
+    """Dense 1-D tensor in values' dtype: scale / divisor * (sum of the values at each index, in
+    float32; duplicates add), rounded once. `scale` may be a 1-element float32 tensor (Horovod's
+    reduced placeholder): the kernel reads it where it runs, so a GPU is not waited for."""
+    if not isinstance(scale, (tf.Tensor, tf.Variable)):
+        scale = tf.constant([scale], tf.float32)
+    return _lib.sparsecomm_sparse_unpack(values, index, tf.reshape(scale, [-1]), numel=int(numel),
+                                         divisor=int(divisor))
 
 
 def random_k_indices(numel, k, *, seed, tensor_id, step):
