@@ -11,9 +11,9 @@ per-rank-coordinate exchanges run inside `compress`:
 and compress hands Horovod's allreduce a 1-element placeholder holding 1.0 (named after the
 variable). It comes back as 1 under op=Average and as the process set's size M under op=Sum,
 so decompress (`finish`) adds the values at their indices scaled by output / M, in one op: the
-optimizer's semantics, without being told the op (as in torch). The routes Horovod itself carries ("dense", "shared")
-implement start(payload, wire) -> Handed (the tensor for Horovod, the decompress function and
-the counts) instead.
+optimizer's semantics, without being told the op (as in torch). The routes Horovod itself
+carries ("dense", "shared") implement start(payload, wire) -> Handed (the tensor for Horovod,
+the decompress function and the counts) instead.
 
 Adding an exchange: a class here with `run`, an entry in EXCHANGES, its cost in
 sparsecomm/core/cost.py.
