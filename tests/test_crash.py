@@ -12,8 +12,8 @@ from launch import horovodrun_outcome
 
 # Seconds from the death to the end of the job. horovodrun ends the other ranks as soon as one
 # exits non-zero (SIGTERM, SIGKILL 5 s later); Gloo sees the dead peer's closed connections
-# at once. Measured: 0.1-0.2 s in each of the five cases (2026-11-25). Start-up is not counted: a TF rank takes 15-60 s to start on
-# a busy 2-core machine.
+# at once. Measured: 0.1-0.2 s in each of the five cases (2026-11-25). Start-up is not counted:
+# a TF rank takes 15-60 s to start on a busy 2-core machine.
 AFTER_DEATH = 30
 
 
