@@ -19,15 +19,17 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x memcpy" in proc.stdout and "topk / op" in proc.stdout
     records = json.loads(out.read_text())["records"]
-    # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%); then on
-    # ResNet-50's 161 tensors, the same paths and Horovod with no compression
-    assert len(records) == 13
-    assert [r["op"].split()[0] for r in records[8:]] == ["TopK", "Threshold", "TopK", "Threshold", "Horovod,"]
+    # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%), torch's and
+    # TF's; then on ResNet-50's 161 tensors, torch's paths and Horovod with no compression
+    assert len(records) == 15
+    assert [r["op"] for r in records[8:12]] == [f"{prefix}{name} whole path (1 rank)" for prefix in ("", "TF ")
+                                                for name in ("TopK", "Threshold")]
+    assert [r["op"].split()[0] for r in records[12:]] == ["TopK", "Threshold", "Horovod,"]
     for r in records:
         assert {"op", "numel", "density", "dtype", "device", "median_ms", "memcpy_ms", "topk_ms"} <= set(r)
         assert r["dtype"] == "float32" and r["density"] == 0.01 and r["median_ms"] > 0
-    assert [r["numel"] for r in records] == [20000] * 10 + [25_557_032] * 3
-    assert all(r["tensors"] == 161 and "ResNet-50's 161 tensors" in r["op"] for r in records[10:])
+    assert [r["numel"] for r in records] == [20000] * 12 + [25_557_032] * 3
+    assert all(r["tensors"] == 161 and "ResNet-50's 161 tensors" in r["op"] for r in records[12:])
 
 
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):

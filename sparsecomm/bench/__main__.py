@@ -22,7 +22,7 @@ from . import kernels, network
 
 
 def _kernels(args):
-    total = sum(kernels.count(d) * len(args.sizes) + kernels.model_count(d) * len(args.kernel_models)
+    total = sum(kernels.count(d, args.device) * len(args.sizes) + kernels.model_count(d) * len(args.kernel_models)
                 for d in args.densities)
     records = kernels.run(args.device, getattr(torch, args.dtype), args.sizes, args.densities, args.repeats,
                           _progress("kernels", total, lambda r: f"{r['op']} {r['numel']:,}"), args.kernel_models)

@@ -2,13 +2,18 @@
 in the same run (memcpy of the same float32 buffer and torch.topk(x.abs(), k)), so the
 ratios carry to other machines; and the whole path of TopK, Threshold and DGC (at densities
 up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against the same memcpy:
-on one tensor of each size, and on a model's many (`MODELS`: ResNet-50's 161 gradients, the
-same 25.6M elements in tensors of 64 to 2.4M, where what a tensor costs besides its elements
-shows), beside Horovod with no compression and a torch.topk per tensor on the same tensors.
+on one tensor of each size (the TensorFlow compressors' too, on the CPU: tf_paths.py), and on
+a model's many (`MODELS`: ResNet-50's 161 gradients, the same 25.6M elements in tensors of 64 to
+2.4M, where what a tensor costs besides its elements shows), beside Horovod with no compression and a torch.topk per tensor on the same tensors.
 Medians of repeated runs after a warm-up. Each op's memcpy is timed in turn with the op
 itself, call for call, so a machine whose speed drifts (a shared host) moves both alike."""
+import importlib.util
+import json
 import math
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -103,7 +108,7 @@ def _path_cases(x, density):
     grad = torch.empty_like(x)
     makers = _compressor_classes()
     cases = []
-    for name in _path_methods(density):
+    for name in path_methods(density):
         make = makers[name]
         compressor = make(ratio=density, exchange="allgather", named_parameters=[("w", param)], min_numel=0,
                           dense_1d=False)
@@ -117,6 +122,25 @@ def _path_cases(x, density):
             return ()
         cases.append((f"{name} whole path (1 rank)", path, refill))
     return cases
+
+
+def _tf_paths(device):
+    """Whether the TF compressors' whole path is timed: on the CPU, where TensorFlow is installed
+    (the TF GPU kernels have not run on a GPU yet)."""
+    return torch.device(device).type == "cpu" and importlib.util.find_spec("tensorflow") is not None
+
+
+def _tf_path_timings(numel, density, dtype, repeats):
+    """(name, median ms, its memcpy's median ms) of each TF compressor's whole path at this size
+    and density, timed by sparsecomm.bench.tf_paths in a process of its own: horovod.tensorflow
+    and horovod.torch both initialised in one process without horovodrun (MPI) crash there, as
+    their two libraries share the controller's symbols."""
+    command = [sys.executable, "-m", "sparsecomm.bench.tf_paths", "--numel", str(numel), "--density", str(density),
+               "--dtype", str(dtype).replace("torch.", ""), "--repeats", str(repeats)]
+    proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _model_gradients(device, dtype, shapes):
@@ -153,7 +177,7 @@ def _model_path_cases(params, refill, label, density):
     makers = _compressor_classes()
     cases = [(f"{name} whole path, {label} (1 rank)",
               lambda c=makers[name](ratio=density, exchange="allgather", named_parameters=params): path(c), refill)
-             for name in _path_methods(density)]
+             for name in path_methods(density)]
     return cases + [(f"Horovod, no compression, {label} (1 rank)", lambda: path(hvd.Compression.none), refill)]
 
 
@@ -163,20 +187,32 @@ def _compressor_classes():
     return {"TopK": TopK, "Threshold": Threshold, "DGC": DGC}
 
 
-def _path_methods(density):
+def path_methods(density):
     """The compressors whose whole path is timed at this density (DGC's only at its own
     densities, up to 0.1%)."""
     return ("TopK", "Threshold") + (("DGC",) if density <= 0.001 else ())
 
 
-def count(density):
-    """Records per size at this density: the 8 kernels, then the whole paths."""
-    return 8 + len(_path_methods(density))
+def count(density, device="cpu"):
+    """Records per size at this density: the 8 kernels, then the whole paths (torch's, then TF's)."""
+    return 8 + len(path_methods(density)) * (2 if _tf_paths(device) else 1)
 
 
 def model_count(density):
     """Records per model at this density: the whole paths, then the baseline."""
-    return len(_path_methods(density)) + 1
+    return len(path_methods(density)) + 1
+
+
+def gradient(numel, dtype=torch.float32, device="cpu"):
+    """The benchmark's gradient of `numel` elements (the same in every process that times it)."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(dtype).to(device)
+
+
+def memcpy_of(numel, device="cpu"):
+    """The baseline: a copy of a float32 buffer of `numel` elements."""
+    src = torch.randn(numel, generator=torch.Generator().manual_seed(1)).to(device)
+    dst = torch.empty_like(src)
+    return lambda: dst.copy_(src)
 
 
 def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print,
@@ -184,16 +220,16 @@ def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, rep
     device = torch.device(device)
     records = []
     for numel in sizes:
-        gen = torch.Generator().manual_seed(0)
-        x = torch.randn(numel, generator=gen).to(dtype).to(device)
-        src = torch.randn(numel, generator=gen).to(device)  # memcpy baseline: float32, same numel
-        dst = torch.empty_like(src)
-        memcpy = lambda: dst.copy_(src)  # noqa: E731
+        x = gradient(numel, dtype, device)
+        memcpy = memcpy_of(numel, device)
         for density in densities:
             k = selected_count(density, numel)
             topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
-            for name, fn, setup in cases(x, density) + _path_cases(x, density):
-                ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
+            timings = [(name, *paired_median_ms(fn, memcpy, device, repeats, setup))
+                       for name, fn, setup in cases(x, density) + _path_cases(x, density)]
+            if _tf_paths(device):
+                timings += _tf_path_timings(numel, density, dtype, repeats)
+            for name, ms, memcpy_ms in timings:
                 record = {"op": name, "numel": numel, "density": density, "dtype": str(dtype).replace("torch.", ""),
                           "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms}
                 records.append(record)
@@ -241,7 +277,7 @@ def table(records):
     lines.append("baselines in the same run: memcpy = float32 copy of the same numel, timed in turn with each op "
                  "(its ratio is to that memcpy); topk = torch.topk(x.abs(), k) (a model's rows: one per tensor)")
     lines.append("whole path: compress -> Horovod allreduce of what it hands over -> decompress, one rank, as "
-                 "hvd.DistributedOptimizer runs it")
+                 "hvd.DistributedOptimizer runs it (TF: horovod.tensorflow's allreduce in a tf.function)")
     for numel, density, tensors in sorted({(r["numel"], r["density"], r.get("tensors", 1)) for r in records}):
         mine = [r for r in records if (r["numel"], r["density"], r.get("tensors", 1)) == (numel, density, tensors)]
         copies = [r["memcpy_ms"] for r in mine]

@@ -452,7 +452,9 @@ Ratios against a float32 memcpy of the same numel, and torch.topk(x.abs(), k), i
 
 A "whole path (1 rank)" row is a compressor as hvd.DistributedOptimizer runs it: compress ->
 Horovod's allreduce of what it hands over -> decompress, on one rank (its exchange's
-collectives on one rank included).{_model_rows_text(results["kernels"])}
+collectives on one rank included). A "TF ..." row is the TensorFlow compressor's, through
+horovod.tensorflow's allreduce in a tf.function (timed in a process of its own, on the same
+gradient, each call in turn with the same memcpy).{_model_rows_text(results["kernels"])}
 
 {scaling.section(results, out, rel)}
 """
