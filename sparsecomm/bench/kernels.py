@@ -5,8 +5,9 @@ up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against th
 on one tensor of each size (the TensorFlow compressors' too, on the CPU: tf_paths.py), and on
 a model's many (`MODELS`: ResNet-50's 161 gradients, the same 25.6M elements in tensors of 64 to
 2.4M, where what a tensor costs besides its elements shows), beside Horovod with no compression
-and a torch.topk per tensor on the same tensors. Medians of repeated runs after a warm-up. Each op's memcpy is timed in turn with the op
-itself, call for call, so a machine whose speed drifts (a shared host) moves both alike."""
+and a torch.topk per tensor on the same tensors. Medians of repeated runs after a warm-up.
+Each op's memcpy is timed in turn with the op itself, call for call, so a machine whose speed
+drifts (a shared host) moves both alike."""
 import importlib.util
 import json
 import math
