@@ -1,26 +1,49 @@
-"""Build sparsecomm: the Python package, one torch extension (sparsecomm._C) and, when
-TensorFlow is installed, one TF op library (sparsecomm/tensorflow/_ops*.so), both from csrc/.
+"""Build sparsecomm against the torch and/or TensorFlow installed in this environment:
 
-Environment switches:
-  SPARSECOMM_WITH_CUDA=1|0   force the CUDA kernels on/off in both libraries (default: on in
-                             each whose framework has CUDA, when a CUDA toolkit is found; TF
-                             has CUDA when built with it and it sees a GPU)
+    pip install --no-build-isolation .            (a checkout, or sparsecomm-X.tar.gz)
+
+Builds the torch extension sparsecomm._C when torch imports and the TF op library
+sparsecomm/tensorflow/_ops*.so when TensorFlow imports, both from csrc/, and writes
+sparsecomm/_build_info.json (the versions built against, checked at import). A build that sees
+neither framework (pip's default isolated build) stops and names the command above.
+
+Environment switches (docs/install.md):
+  SPARSECOMM_WITH_TORCH=1|0  force the torch extension on/off (default: on when torch imports)
   SPARSECOMM_WITH_TF=1|0     force the TF op library on/off (default: on when TF imports)
-  SPARSECOMM_CPU_ARCH=...    -march for the CPU kernels (default: native; empty: none)
-  SPARSECOMM_CUDA_ARCH=...   nvcc -arch for the TF library's CUDA kernels (default: native,
-                             the build machine's GPU; the torch extension follows torch's
-                             TORCH_CUDA_ARCH_LIST rule)
+  SPARSECOMM_WITH_CUDA=1|0   force the CUDA kernels on/off (default: on for a CUDA torch when a
+                             CUDA toolkit is found; for TF, when it also sees a GPU)
+  SPARSECOMM_CPU_ARCH=...    -march of the CPU kernels (default x86-64-v3 on x86-64: AVX2,
+                             FMA, F16C; "native" for this machine's CPU; empty: none)
+  TORCH_CUDA_ARCH_LIST=...   GPU architectures of the torch extension (default: the visible
+                             GPUs', or with none visible, those torch itself was built for)
+  SPARSECOMM_CUDA_ARCH=...   nvcc -arch of the TF library (default native, or all-major
+                             without a visible GPU)
+  CUDA_HOME=...              the CUDA toolkit (default: that of the nvcc on the PATH)
 """
-import glob
 import json
 import os
+import platform
+import re
+import shutil
 import subprocess
 import sys
+from glob import glob
 
 from setuptools import Extension, find_packages, setup
-from torch.utils import cpp_extension
+from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+VERSION = "0.1.0"
+HOW_TO_BUILD = ("sparsecomm compiles against the torch and/or TensorFlow of your environment, and this "
+                "build sees neither (pip builds in an isolated environment unless told otherwise). "
+                "Install the framework first, then:\n    pip install --no-build-isolation sparsecomm-*.tar.gz"
+                "   (or `pip install --no-build-isolation .` in a checkout)")
+# -march macros -> /proc/cpuinfo flags: what a build may execute, checked at import (build_info.py).
+CPU_FEATURES = {"__SSE4_2__": "sse4_2", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c",
+                "__BMI2__": "bmi2", "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
+                "__AVX512DQ__": "avx512dq", "__AVX512CD__": "avx512cd", "__AVX512FP16__": "avx512_fp16",
+                "__AVX512BF16__": "avx512_bf16", "__AVX512VNNI__": "avx512_vnni", "__AVX512VBMI__": "avx512vbmi",
+                "__AVX512VBMI2__": "avx512_vbmi2", "__AMX_TILE__": "amx_tile"}
 
 
 def _switch(name):
@@ -31,115 +54,201 @@ def _switch(name):
 
 
 def _sources(pattern):
-    return sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, pattern)))
+    return sorted(os.path.relpath(p, ROOT) for p in glob(os.path.join(ROOT, pattern)))
 
 
-def _cpu_flags():
-    arch = os.environ.get("SPARSECOMM_CPU_ARCH", "native")
-    # No floating-point contraction (FMA): kernels compute in the written order with one rounding
-    # per operation, so CPU, CUDA, torch, TF and a plain numpy reference agree bit for bit.
-    # The C++ standard comes from torch / TF.
-    # OpenMP splits the memory-bound passes over the cores (the runtime torch already uses).
-    return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}"] if arch else [])
+def find_cuda_home():
+    """$CUDA_HOME (or $CUDA_PATH) when it has nvcc, else the toolkit of the nvcc on the PATH, asked
+    with --dryrun so that a wrapper script (/usr/local/bin/nvcc) is seen through. None: no nvcc."""
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+        return home
+    nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
+    if nvcc is None:
+        return None
+    proc = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                          capture_output=True, text=True)
+    here = re.search(r"^#\$ _HERE_=(.+)$", proc.stderr + proc.stdout, re.M)
+    return os.path.realpath(os.path.join(here.group(1).strip() if here else os.path.dirname(nvcc), ".."))
 
 
-def _no_avx512fp16():
-    return ["-mno-avx512fp16"] if os.environ.get("SPARSECOMM_CPU_ARCH", "native") else []
+def cpu_arch():
+    default = "x86-64-v3" if platform.machine() in ("x86_64", "AMD64") else ""
+    return os.environ.get("SPARSECOMM_CPU_ARCH", default).strip()
 
 
-def torch_extension():
+def cpu_flags():
+    # No floating-point contraction (FMA): kernels round once per operation, so CPU, CUDA, torch,
+    # TF and a numpy reference agree bit for bit. OpenMP splits the memory-bound passes.
+    arch = cpu_arch()
+    return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}", "-mno-avx512fp16"] if arch else [])
+
+
+def cpu_features(compiler="c++"):
+    """The instruction-set extensions -march lets the compiler use (what the build needs to run)."""
+    arch = cpu_arch()
+    if not arch or shutil.which(compiler) is None:
+        return []
+    proc = subprocess.run([compiler, f"-march={arch}", "-mno-avx512fp16", "-dM", "-E", "-x", "c++", os.devnull],
+                          capture_output=True, text=True)
+    macros = set(re.findall(r"#define (\w+) 1", proc.stdout))
+    return sorted(flag for macro, flag in CPU_FEATURES.items() if macro in macros)
+
+
+def torch_cuda_arch_list(torch):
+    """torch's extension builder picks the visible GPUs' architectures, and fails without one
+    (a login node): then build for every architecture torch itself was built for."""
+    if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.is_available():
+        return os.environ.get("TORCH_CUDA_ARCH_LIST", "the visible GPUs'")
+    archs = sorted({int(a.split("_")[1]) for a in torch.cuda.get_arch_list() or torch._C._cuda_getArchFlags().split()
+                    if a.startswith("sm_")})
+    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a // 10}.{a % 10}" for a in archs)
+    return os.environ["TORCH_CUDA_ARCH_LIST"]
+
+
+def torch_extension(info):
+    """sparsecomm._C for the installed torch, or None where torch is absent or switched off."""
+    if _switch("SPARSECOMM_WITH_TORCH") is False:
+        return None
+    try:
+        import torch
+        from torch.utils import cpp_extension
+    except ImportError:
+        if _switch("SPARSECOMM_WITH_TORCH"):
+            sys.exit("setup.py: SPARSECOMM_WITH_TORCH=1 but torch does not import\n" + HOW_TO_BUILD)
+        return None
     with_cuda = _switch("SPARSECOMM_WITH_CUDA")
     if with_cuda is None:
-        import torch
         with_cuda = torch.version.cuda is not None and cpp_extension.CUDA_HOME is not None
-    # The CUDA side (csrc/torch/cuda*.cpp, csrc/cuda/*.cu) is compiled only into CUDA builds.
-    cuda_bindings = _sources("csrc/torch/cuda*.cpp")
+    info["torch"] = {"version": torch.__version__, "cuda": torch.version.cuda, "cuda_kernels": with_cuda}
+    cuda_bindings = _sources("csrc/torch/cuda*.cpp")  # compiled only into CUDA builds
     sources = [s for s in _sources("csrc/torch/*.cpp") if s not in cuda_bindings] + _sources("csrc/cpu/*.cpp")
     if not with_cuda:
-        return cpp_extension.CppExtension("sparsecomm._C", sources, extra_compile_args={"cxx": _cpu_flags()},
+        return cpp_extension.CppExtension("sparsecomm._C", sources, extra_compile_args={"cxx": cpu_flags()},
                                           extra_link_args=["-fopenmp"])
-    sources += cuda_bindings + _sources("csrc/cuda/*.cu")
+    info["torch"]["cuda_arch_list"] = torch_cuda_arch_list(torch)
     return cpp_extension.CUDAExtension(
-        "sparsecomm._C", sources,
-        extra_compile_args={"cxx": _cpu_flags(), "nvcc": ["-O3", "--fmad=false"]}, extra_link_args=["-fopenmp"])
+        "sparsecomm._C", sources + cuda_bindings + _sources("csrc/cuda/*.cu"),
+        extra_compile_args={"cxx": cpu_flags(), "nvcc": ["-O3", "--fmad=false"]}, extra_link_args=["-fopenmp"])
 
 
-def _cuda_home():
-    """The CUDA toolkit: torch's, else $CUDA_HOME, $CUDA_PATH or /usr/local/cuda (None: not found)."""
-    homes = [cpp_extension.CUDA_HOME, os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
-    return next((h for h in homes if h and os.path.exists(os.path.join(h, "bin", "nvcc"))), None)
+# TF is probed in a child process: its import is slow and must not leak into the build. Its Linux
+# wheels are all built with CUDA (a CPU install lacks the libraries): "TF has CUDA" means a GPU too.
+TF_PROBE = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, tf.sysconfig.get_compile_flags(), "
+            "tf.sysconfig.get_link_flags(), tf.test.is_built_with_cuda() and "
+            "bool(tf.config.list_physical_devices('GPU'))]))")
 
 
-def tensorflow_extension():
+def tensorflow_extension(info, cuda_home):
+    """The TF op library for the installed TensorFlow, or None where TF is absent or switched off."""
     with_tf = _switch("SPARSECOMM_WITH_TF")
     if with_tf is False:
         return None
-    # TF is imported in a child process: its import is slow and must not leak into the build.
-    # TF's Linux wheels are all built with CUDA (a CPU install just lacks the CUDA libraries), so
-    # "TF has CUDA" means: built with it and a GPU visible to it.
-    probe = ("import json, tensorflow as tf; print(json.dumps([tf.sysconfig.get_compile_flags(), "
-             "tf.sysconfig.get_link_flags(), tf.test.is_built_with_cuda() and "
-             "bool(tf.config.list_physical_devices('GPU'))]))")
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-c", TF_PROBE], capture_output=True, text=True,
                             env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     if result.returncode != 0:
         if with_tf:
             sys.exit("setup.py: SPARSECOMM_WITH_TF=1 but tensorflow does not import:\n" + result.stderr)
-        print("setup.py: tensorflow not importable; building without the TF op library")
         return None
-    compile_flags, link_flags, tf_has_cuda = json.loads(result.stdout.strip().splitlines()[-1])
+    version, compile_flags, link_flags, tf_has_cuda = json.loads(result.stdout.strip().splitlines()[-1])
     lib_dirs = [f[2:] for f in link_flags if f.startswith("-L")]
     sources = _sources("csrc/tensorflow/*.cc") + _sources("csrc/cpu/*.cpp")
-    # TF's bundled Eigen does not compile with AVX512-FP16 (-march=native on Sapphire Rapids and
-    # later: "predux_half_dowto4 is not a function template"); our kernels do not use it.
-    cxx_flags = compile_flags + _cpu_flags() + _no_avx512fp16() + ["-Wno-deprecated-declarations"]  # TF headers
+    # -mno-avx512fp16 (in cpu_flags): TF's bundled Eigen does not compile with it.
+    cxx_flags = compile_flags + cpu_flags() + ["-Wno-deprecated-declarations"]  # TF headers
     link_args = link_flags + ["-fopenmp"] + [f"-Wl,-rpath,{d}" for d in lib_dirs]
-    with_cuda, cuda_home = _switch("SPARSECOMM_WITH_CUDA"), _cuda_home()
-    if with_cuda is None:
-        with_cuda = tf_has_cuda and cuda_home is not None
+    with_cuda = _switch("SPARSECOMM_WITH_CUDA")
+    with_cuda = tf_has_cuda and cuda_home is not None if with_cuda is None else with_cuda
+    info["tensorflow"] = {"version": version, "gpu_kernels": with_cuda}
     if not with_cuda:
         return Extension("sparsecomm.tensorflow._ops", sources, language="c++", extra_compile_args=cxx_flags,
                          extra_link_args=link_args)
     if cuda_home is None:
-        sys.exit("setup.py: SPARSECOMM_WITH_CUDA=1 but no CUDA toolkit was found (set CUDA_HOME)")
-    # GPU kernels: GOOGLE_CUDA turns on the families' GPU registrations (tensorflow/gpu.h), and
-    # csrc/cuda/*.cu are compiled by BuildExt. The CUDA runtime of that nvcc is linked in
-    # statically, ahead of TF's library (which exports a cuda* stub over TF's own runtime, of
-    # another version maybe), and kept private.
+        sys.exit("setup.py: SPARSECOMM_WITH_CUDA=1 but no CUDA toolkit was found (put nvcc on the PATH or set CUDA_HOME)")
+    # GPU kernels: GOOGLE_CUDA turns on the GPU registrations; csrc/cuda/*.cu go through nvcc
+    # (BuildExt). nvcc's CUDA runtime is linked in statically and kept private, ahead of TF's.
     cudart = [f"-L{os.path.join(cuda_home, 'lib64')}", "-l:libcudart_static.a",
               "-Wl,--exclude-libs,libcudart_static.a", "-ldl", "-lrt", "-lpthread"]
     ext = Extension("sparsecomm.tensorflow._ops", sources, language="c++",
                     include_dirs=[os.path.join(cuda_home, "include")],
                     extra_compile_args=cxx_flags + ["-DGOOGLE_CUDA=1"], extra_link_args=cudart + link_args)
     ext.nvcc, ext.nvcc_sources = os.path.join(cuda_home, "bin", "nvcc"), _sources("csrc/cuda/*.cu")
+    default_arch = "native" if tf_has_cuda else "all-major"
+    ext.nvcc_arch = os.environ.get("SPARSECOMM_CUDA_ARCH", default_arch)
+    info["tensorflow"]["cuda_arch"] = ext.nvcc_arch
     return ext
 
 
-class BuildExt(cpp_extension.BuildExtension):
-    """torch's BuildExtension, plus nvcc for an extension's `nvcc_sources` (the TF library's
-    CUDA kernels): torch compiles .cu sources only when it has CUDA itself, and a CUDA TF build
-    must not depend on that."""
+# torch's BuildExtension (its nvcc rules and ABI flags) where torch is installed; setuptools'
+# otherwise (a TF-only build). CUDA_HOME is set first: torch reads it once, on import.
+CUDA_HOME = find_cuda_home()
+if CUDA_HOME and "CUDA_HOME" not in os.environ:
+    os.environ["CUDA_HOME"] = CUDA_HOME
+try:
+    from torch.utils.cpp_extension import BuildExtension as _BaseBuildExt
+except ImportError:
+    _BaseBuildExt = build_ext
+
+
+class BuildExt(_BaseBuildExt):
+    """Decides what to build for the frameworks present (when the command is set up, before
+    setuptools prepares its extensions), records it in _build_info.json beside the package,
+    and compiles the TF library's .cu sources. An sdist never runs it."""
+
+    def finalize_options(self):
+        self.build_info = {"sparsecomm": VERSION, "python": platform.python_version(), "cpu_arch": cpu_arch() or None,
+                           "cpu_features": cpu_features(), "cuda_home": CUDA_HOME}
+        built = [e for e in (torch_extension(self.build_info), tensorflow_extension(self.build_info, CUDA_HOME))
+                 if e is not None]
+        if built:  # else the placeholders stay, and run() stops with the message
+            self.distribution.ext_modules = built
+        super().finalize_options()
+
+    def run(self):
+        if "torch" not in self.build_info and "tensorflow" not in self.build_info:
+            sys.exit("setup.py: " + HOW_TO_BUILD)
+        super().run()
+        with open(self._info_path(), "w") as f:
+            json.dump(self.build_info, f, indent=1)
+
+    def _info_path(self):
+        return os.path.join(os.path.dirname(self.get_ext_fullpath("sparsecomm._C")), "_build_info.json")
+
+    def get_outputs(self):
+        return super().get_outputs() + [self._info_path()]
 
     def build_extension(self, ext):
         for source in getattr(ext, "nvcc_sources", []):  # always recompiled: their headers are not tracked
             obj = os.path.join(self.build_temp, "nvcc", os.path.basename(source) + ".o")
             os.makedirs(os.path.dirname(obj), exist_ok=True)
-            self.spawn([ext.nvcc, "-c", f"-arch={os.environ.get('SPARSECOMM_CUDA_ARCH', 'native')}", "-std=c++17",
-                        "-O3", "--fmad=false", "-Xcompiler", "-fPIC", os.path.join(ROOT, source), "-o", obj])
+            self.spawn([ext.nvcc, "-c", f"-arch={ext.nvcc_arch}", "-std=c++17", "-O3", "--fmad=false",
+                        "-Xcompiler", "-fPIC", os.path.join(ROOT, source), "-o", obj])
             ext.extra_objects.append(obj)
         super().build_extension(ext)
 
 
-extensions = [e for e in (torch_extension(), tensorflow_extension()) if e is not None]
+def read(name):
+    with open(os.path.join(ROOT, name)) as f:
+        return f.read()
+
 
 setup(
     name="sparsecomm",
-    version="0.1.0",
+    version=VERSION,
     description="Sparse gradient compression (DGC, gradient dropping, rTop-k, random-block, SparDL) "
                 "for Horovod with PyTorch and TensorFlow",
+    long_description=read("README.md"),
+    long_description_content_type="text/markdown",
     packages=find_packages(include=["sparsecomm", "sparsecomm.*"]),
     python_requires=">=3.10",
-    ext_modules=extensions,
+    install_requires=["numpy>=1.26,<3"],
+    extras_require={
+        "torch": ["torch>=2.1"],
+        "tensorflow": ["tensorflow>=2.16", "tf-keras"],
+        "bench": ["matplotlib>=3.8,<4", "tqdm>=4.66,<5", "scikit-learn>=1.5,<2"],
+        "test": ["pytest>=8,<10", "scikit-learn>=1.5,<2", "mpi4py>=3"],
+    },
+    # Placeholders: BuildExt.run decides what to build. They make the wheel platform-specific.
+    ext_modules=[Extension("sparsecomm._C", []), Extension("sparsecomm.tensorflow._ops", [])],
     cmdclass={"build_ext": BuildExt},
     zip_safe=False,
 )

@@ -46,51 +46,14 @@ deps)
   ;;
 
 horovod)
-  # Horovod 0.28.1 is source-only and does not build as published against torch 2.13 / TF 2.21.
-  # We build a wheel once, with two CMake fixes, and cache it OUTSIDE the clone keyed by every
-  # version it was compiled against, so fresh clones (and CI) just install the cached wheel.
-  export TF_CPP_MIN_LOG_LEVEL=3  # TF's start-up logs say nothing useful here
-  versions=$("$PY" - <<'PYEOF'
-import sys, torch, tensorflow as tf
-print(f"cp{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__.split('+')[0]}-tf{tf.__version__}")
-PYEOF
-) || fail "importing torch and tensorflow" "run 'make env' again; the deps step may not have finished"
-  wheel_dir="$CACHE/wheels/horovod-$HOROVOD_VERSION-$versions"
-  wheel=$(ls "$wheel_dir"/horovod-*.whl 2>/dev/null | head -1 || true)
-  if [ -z "$wheel" ]; then
-    say "no cached wheel in $wheel_dir: building Horovod $HOROVOD_VERSION from source (about 8-10 minutes on 2 cores)"
-    work=$(mktemp -d)
-    trap 'rm -rf "$work"' EXIT
-    pip_ download -q --no-deps --no-binary :all: "horovod==$HOROVOD_VERSION" -d "$work" \
-      || fail "downloading the horovod==$HOROVOD_VERSION sdist" "check access to the package registry"
-    tar -xzf "$work"/horovod-$HOROVOD_VERSION.tar.gz -C "$work"
-    src="$work/horovod-$HOROVOD_VERSION"
-    # Fix 1: torch >= 2.1 headers need C++17 ("C++17 or later compatible compiler is required").
-    sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
-    # Fix 2: the TF 2.21 wheel lacks highwayhash headers needed by the XLA ops (GPU XLA only).
-    sed -i '/xla_mpi_ops.cc/d' "$src/horovod/tensorflow/CMakeLists.txt"
-    grep -q 'CMAKE_CXX_STANDARD 14' "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt" \
-      && fail "patching Horovod's CMake files to C++17" "the sdist layout changed; see ENVIRONMENT notes in docs/install.md"
-    say "compiling (log: $CACHE/horovod-build.log)"
-    mkdir -p "$CACHE"
-    if ! (cd "$src" && HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
-          HOROVOD_WITH_GLOO=1 HOROVOD_WITH_MPI=1 HOROVOD_GPU_OPERATIONS= \
-          MAKEFLAGS="-j$(nproc)" \
-          "$PY" -m pip wheel -v --no-deps --no-build-isolation . -w "$work/dist") > "$CACHE/horovod-build.log" 2>&1; then
-      tail -30 "$CACHE/horovod-build.log" >&2
-      fail "building Horovod $HOROVOD_VERSION" "read $CACHE/horovod-build.log; MPI headers (step system) and torch/TF (step deps) must be installed"
-    fi
-    mkdir -p "$wheel_dir"
-    cp "$work"/dist/horovod-*.whl "$wheel_dir/"
-    wheel=$(ls "$wheel_dir"/horovod-*.whl | head -1)
-  else
-    say "using cached wheel $wheel"
-  fi
-  pip_ install -q --no-deps --force-reinstall "$wheel" || fail "pip install $wheel" "delete $wheel_dir and re-run make env to rebuild it"
-  out=$(PATH="$VENV/bin:$PATH" "$VENV/bin/horovodrun" --check-build 2>&1) || true
-  echo "$out" | sed 's/^/    /'
+  # The same script a user runs in their own environment (docs/install.md): it builds Horovod
+  # 0.28.1 for the installed torch and TF with the edits it needs, caching the wheel OUTSIDE the
+  # clone keyed by every version it was compiled against, so fresh clones (and CI) just install it.
+  "$PY" sparsecomm/install_horovod.py --cache "$CACHE" \
+    || fail "building or installing Horovod $HOROVOD_VERSION" "read the message above; MPI headers (step system) and torch/TF (step deps) must be installed"
+  out=$(PATH="$VENV/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>&1) || true
   for fw in TensorFlow PyTorch MPI Gloo; do
-    echo "$out" | grep -q "\[X\] $fw" || fail "horovodrun --check-build does not list $fw" "delete $wheel_dir and re-run make env; read $CACHE/horovod-build.log"
+    echo "$out" | grep -q "\[X\] $fw" || fail "horovodrun --check-build does not list $fw" "delete the wheel cache under $CACHE/wheels and re-run make env"
   done
   ;;
 

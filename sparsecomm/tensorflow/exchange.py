@@ -25,6 +25,7 @@ from typing import Optional
 import tensorflow as tf
 
 from . import ops
+from .. import prerequisites
 from ..core import wire as wire_format
 from ..core.plan import SparDLLayout
 
@@ -34,8 +35,7 @@ _WIRE = {tf.bfloat16: tf.float32}
 
 
 def _hvd():
-    import horovod.tensorflow as hvd  # imported on first use: the ops work without Horovod
-    return hvd
+    return prerequisites.horovod("tensorflow")
 
 
 def collective_name(name, part):

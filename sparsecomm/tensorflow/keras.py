@@ -23,10 +23,11 @@ compressors work there as they are.
 import keras
 import tensorflow as tf
 
+from .. import prerequisites
+
 
 def _hvd():
-    import horovod.tensorflow as hvd
-    return hvd
+    return prerequisites.horovod("tensorflow")
 
 
 def _reduce(grads, variables, compression, op, process_set):

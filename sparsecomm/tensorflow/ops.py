@@ -8,16 +8,18 @@ import os
 
 import tensorflow as tf
 
+from .. import build_info
 from ..core import packing
 from ..core.selection import sample_count, seed_as_int64
 
 
 def _load():
-    here = os.path.dirname(os.path.abspath(__file__))
-    found = sorted(glob.glob(os.path.join(here, "_ops*.so")))
+    """The op library, after checking it was built for this TensorFlow and CPU."""
+    build_info.require("tensorflow", tf.__version__)
+    found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ops*.so")))
     if not found:
-        raise ImportError(f"sparsecomm's TensorFlow op library is not built (no _ops*.so in {here}); "
-                          f"run `make build` (or pip install -e . with TensorFlow installed)")
+        raise build_info.BuildMismatch("sparsecomm's TensorFlow op library is missing; rebuild with:\n    "
+                                       + build_info.rebuild_command())
     return tf.load_op_library(found[0])
 
 

@@ -24,12 +24,12 @@ from typing import Optional
 import torch
 
 from . import ops
+from .. import prerequisites
 from ..core.plan import SparDLLayout
 
 
 def _hvd():
-    import horovod.torch as hvd  # imported on first use: sparsecomm.torch works without Horovod initialised
-    return hvd
+    return prerequisites.horovod("torch")
 
 
 def to_wire(tensor):

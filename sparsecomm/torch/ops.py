@@ -7,8 +7,11 @@ from typing import Optional
 
 import torch
 
-from .. import _C  # noqa: F401  (loads the extension, registering torch.ops.sparsecomm)
-from . import fakes  # noqa: F401  (registers the ops' fake kernels)
+from .. import build_info
+
+build_info.require("torch", torch.__version__)  # before loading: a mismatch says which versions
+from .. import _C  # noqa: F401,E402  (loads the extension, registering torch.ops.sparsecomm)
+from . import fakes  # noqa: F401,E402  (registers the ops' fake kernels)
 from ..core import packing
 from ..core.selection import sample_count, seed_as_int64
 

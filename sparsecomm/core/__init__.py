@@ -1,0 +1,1 @@
+"""The framework-free rules shared by the torch and TensorFlow front ends."""

@@ -1,0 +1,182 @@
+"""sparsecomm installed as a user installs it: the sdist of this checkout, installed (not
+editable) with the command docs/install.md gives, into fresh virtual environments that hold
+only a framework and Horovod: torch 2.13 (CPU), TensorFlow without torch, and the CUDA build of
+torch 2.14.1 (its CUDA kernels compile here; nothing runs them without a GPU). Each runs from a
+folder outside the checkout, so only the installed package can be imported.
+
+About 12-15 minutes, most of it the CUDA build (one architecture, TORCH_CUDA_ARCH_LIST=9.0)."""
+import glob
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+from setuptools import find_packages
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_SCRIPTS = os.path.join(ROOT, "tests", "install")
+HOROVOD_DEPS = ["cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
+INSTALL = ["install", "--no-build-isolation"]  # docs/install.md's command, before the sdist's path
+
+
+def run(cmd, *, cwd, env=None, timeout=1200, check=True):
+    """Runs a command outside the checkout; fails the test with its output's end when check is set."""
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{(proc.stdout + proc.stderr)[-6000:]}")
+    return proc
+
+
+def venv_env(venv):
+    """The environment of a user who activated `venv`: its bin first, nothing of this one's."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    path = [p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(os.path.dirname(sys.executable))]
+    env.update(PATH=os.pathsep.join([os.path.join(venv, "bin")] + path), VIRTUAL_ENV=str(venv),
+               TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    return env
+
+
+def checkout_files(*folders):
+    """Every file of the checkout under `folders` (git's list where there is one)."""
+    if os.path.isdir(os.path.join(ROOT, ".git")):  # tracked files and new ones not ignored
+        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", *folders], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        return {line for line in out.stdout.splitlines() if os.path.exists(os.path.join(ROOT, line))}
+    return {os.path.relpath(os.path.join(d, f), ROOT) for folder in folders
+            for d, _, files in os.walk(os.path.join(ROOT, folder)) for f in files}
+
+
+@pytest.fixture(scope="module")
+def sdist(tmp_path_factory):
+    """The sdist, built from a copy of the checkout's files: a checkout's build leftovers
+    (an egg-info's SOURCES.txt) would add files the MANIFEST.in leaves out."""
+    tree, out = tmp_path_factory.mktemp("tree"), tmp_path_factory.mktemp("sdist")
+    for name in checkout_files("."):
+        os.makedirs(tree / os.path.dirname(name), exist_ok=True)
+        shutil.copy2(os.path.join(ROOT, name), tree / name)
+    run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", out, tree], cwd=out, timeout=300)
+    (found,) = glob.glob(str(out / "sparsecomm-*.tar.gz"))
+    return found
+
+
+def test_every_package_folder_is_packaged():
+    """A folder of sparsecomm/ with Python files but no __init__.py is left out of every wheel."""
+    wanted = {os.path.relpath(d, ROOT).replace(os.sep, ".") for d, _, files in os.walk(os.path.join(ROOT, "sparsecomm"))
+              if any(f.endswith(".py") for f in files) and "__pycache__" not in d}
+    assert wanted - set(find_packages(ROOT, include=["sparsecomm", "sparsecomm.*"])) == set()
+
+
+def test_the_sdist_holds_every_file_the_build_reads(sdist):
+    with tarfile.open(sdist) as tar:
+        names = {name.split("/", 1)[1] for name in tar.getnames() if "/" in name}
+    wanted = checkout_files("csrc", "sparsecomm") | {"setup.py", "pyproject.toml", "MANIFEST.in", "README.md"}
+    assert sorted(wanted - names) == []
+
+
+def horovod_wheel():
+    """The Horovod wheel `make env` built for this environment (tests/install_horovod's cache)."""
+    sys.path.insert(0, os.path.join(ROOT, "sparsecomm"))
+    try:
+        import install_horovod
+    finally:
+        sys.path.pop(0)
+    cache = os.environ.get("SPARSECOMM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparsecomm")
+    wheels = glob.glob(os.path.join(cache, "wheels", install_horovod.cache_key(install_horovod.probe_frameworks()),
+                                    "horovod-*.whl"))
+    if not wheels:
+        pytest.skip(f"no Horovod wheel cached under {cache}/wheels (make env builds it)")
+    return wheels[0]
+
+
+def fresh_venv(path, *packages):
+    """A new virtual environment at `path` with `packages`; returns its python."""
+    run([sys.executable, "-m", "venv", path], cwd=path.parent)
+    python = str(path / "bin" / "python")
+    run([python, "-m", "pip", "install", "-q", "setuptools>=69", "wheel", *packages], cwd=path, env=venv_env(path))
+    return python
+
+
+def install_sdist(python, venv, sdist, **extra_env):
+    return run([python, "-m", "pip", *INSTALL, sdist], cwd=venv, env=dict(venv_env(venv), **extra_env))
+
+
+@pytest.fixture(scope="module")
+def torch_venv(tmp_path_factory, sdist):
+    venv = tmp_path_factory.mktemp("torch-venv")
+    python = fresh_venv(venv, "torch==2.13.0", horovod_wheel(), *HOROVOD_DEPS)
+    install_sdist(python, venv, sdist)
+    return venv, python
+
+
+@pytest.fixture(scope="module")
+def tf_venv(tmp_path_factory, sdist):
+    venv = tmp_path_factory.mktemp("tf-venv")
+    python = fresh_venv(venv, "tensorflow==2.21.0", horovod_wheel(), *HOROVOD_DEPS)
+    install_sdist(python, venv, sdist)
+    return venv, python
+
+
+def horovodrun_2(venv, python, script):
+    horovodrun = os.path.join(os.path.dirname(python), "horovodrun")
+    out = run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", python, os.path.join(USER_SCRIPTS, script)],
+              cwd=venv, env=venv_env(venv), timeout=600).stdout
+    assert out.count(": in sync") == 2 and str(venv) in out, out
+    return out
+
+
+def test_a_torch_user_trains_dgc_on_2_ranks_in_sync(torch_venv):
+    horovodrun_2(*torch_venv, "user_torch.py")
+
+
+def test_a_tensorflow_user_without_torch_trains_dgc_on_2_ranks_in_sync(tf_venv):
+    venv, python = tf_venv
+    assert run([python, "-c", "import torch"], cwd=venv, check=False).returncode != 0  # no torch there at all
+    horovodrun_2(venv, python, "user_tf.py")
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_info_reports_the_build_and_its_self_test_passes(framework, torch_venv, tf_venv):
+    venv, python = torch_venv if framework == "torch" else tf_venv
+    out = run([python, "-m", "sparsecomm.info"], cwd=venv, env=venv_env(venv)).stdout
+    assert "(installed)" in out and f"{framework} kernels (cpu)  PASS" in out and "verdict: OK" in out, out
+
+
+def test_a_plain_isolated_install_stops_early_naming_the_command(torch_venv, sdist):
+    venv, python = torch_venv
+    proc = run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", sdist], cwd=venv, env=venv_env(venv),
+               check=False)
+    assert proc.returncode != 0 and "pip install --no-build-isolation" in proc.stdout + proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cuda_venv(tmp_path_factory, sdist):
+    """torch 2.14.1's CUDA build (on this machine kind's disk) and the sdist built against it
+    with nvcc: CUDA_HOME comes from the nvcc found; one architecture keeps the build short."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc on the PATH: the CUDA build needs the CUDA toolkit")
+    venv = tmp_path_factory.mktemp("cuda-venv")
+    python = fresh_venv(venv, "torch==2.14.1", "pytest>=8,<10")
+    install_sdist(python, venv, sdist, TORCH_CUDA_ARCH_LIST="9.0")
+    return venv, python
+
+
+def test_the_cuda_build_reports_cuda_kernels_and_passes_the_cpu_op_tests(cuda_venv):
+    venv, python = cuda_venv
+    info = run([python, "-m", "sparsecomm.info"], cwd=venv, env=venv_env(venv)).stdout
+    assert "CUDA kernels yes (9.0)" in info and "torch kernels (cpu)  PASS" in info, info
+    tests = [os.path.join(ROOT, "tests", name) for name in ("test_torch_select_ops.py", "test_torch_block_ops.py")]
+    out = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not cuda", *tests], cwd=venv,
+              env=venv_env(venv)).stdout
+    assert " passed" in out and " failed" not in out, out
+
+
+def test_a_build_for_another_torch_names_both_versions(cuda_venv, torch_venv, tmp_path):
+    """The torch 2.13 build, imported beside torch 2.14.1: an ImportError naming both."""
+    built = glob.glob(os.path.join(torch_venv[0], "lib", "python*", "site-packages", "sparsecomm"))[0]
+    shutil.copytree(built, tmp_path / "sparsecomm")
+    venv, python = cuda_venv
+    proc = run([python, "-c", "import sparsecomm.torch"], cwd=tmp_path, env=venv_env(venv), check=False)
+    assert proc.returncode != 0 and "built for torch 2.13.0+cpu, but torch 2.14.1" in proc.stderr, proc.stderr
