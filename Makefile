@@ -32,7 +32,7 @@ $(VENV)/.stamp-deps: requirements.txt $(VENV)/.stamp-venv
 	@scripts/setup_env.sh deps
 	@touch $@
 
-$(VENV)/.stamp-horovod: scripts/setup_env.sh sparsecomm/install_horovod.py $(VENV)/.stamp-deps
+$(VENV)/.stamp-horovod: scripts/setup_env.sh sparsecomm/install_horovod.py sparsecomm/cuda_toolkit.py $(VENV)/.stamp-deps
 	@scripts/setup_env.sh horovod
 	@touch $@
 

@@ -20,6 +20,7 @@ Environment switches (docs/install.md):
                              without a visible GPU)
   CUDA_HOME=...              the CUDA toolkit (default: that of the nvcc on the PATH)
 """
+import importlib.util
 import json
 import os
 import platform
@@ -57,19 +58,12 @@ def _sources(pattern):
     return sorted(os.path.relpath(p, ROOT) for p in glob(os.path.join(ROOT, pattern)))
 
 
-def find_cuda_home():
-    """$CUDA_HOME (or $CUDA_PATH) when it has nvcc, else the toolkit of the nvcc on the PATH, asked
-    with --dryrun so that a wrapper script (/usr/local/bin/nvcc) is seen through. None: no nvcc."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-        return home
-    nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
-    if nvcc is None:
-        return None
-    proc = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-                          capture_output=True, text=True)
-    here = re.search(r"^#\$ _HERE_=(.+)$", proc.stderr + proc.stdout, re.M)
-    return os.path.realpath(os.path.join(here.group(1).strip() if here else os.path.dirname(nvcc), ".."))
+def load_file(path):
+    """A module of the package, loaded by path: setup.py runs before the package is built."""
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def cpu_arch():
@@ -180,7 +174,7 @@ def tensorflow_extension(info, cuda_home):
 
 # torch's BuildExtension (its nvcc rules and ABI flags) where torch is installed; setuptools'
 # otherwise (a TF-only build). CUDA_HOME is set first: torch reads it once, on import.
-CUDA_HOME = find_cuda_home()
+CUDA_HOME = load_file("sparsecomm/cuda_toolkit.py").find_cuda_home()
 if CUDA_HOME and "CUDA_HOME" not in os.environ:
     os.environ["CUDA_HOME"] = CUDA_HOME
 try:

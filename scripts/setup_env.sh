@@ -49,7 +49,7 @@ horovod)
   # The same script a user runs in their own environment (docs/install.md): it builds Horovod
   # 0.28.1 for the installed torch and TF with the edits it needs, caching the wheel OUTSIDE the
   # clone keyed by every version it was compiled against, so fresh clones (and CI) just install it.
-  "$PY" sparsecomm/install_horovod.py --cache "$CACHE" \
+  "$PY" -m sparsecomm.install_horovod --cache "$CACHE" \
     || fail "building or installing Horovod $HOROVOD_VERSION" "read the message above; MPI headers (step system) and torch/TF (step deps) must be installed"
   out=$(PATH="$VENV/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>&1) || true
   for fw in TensorFlow PyTorch MPI Gloo; do

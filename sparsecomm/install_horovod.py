@@ -14,7 +14,7 @@ isolation: Horovod must compile against the frameworks you run):
 
 The wheel is cached under DIR (default ~/.cache/sparsecomm), keyed by every version it was
 compiled against, so a second environment with the same versions installs it in seconds.
-Runs as a plain file too (python sparsecomm/install_horovod.py): it imports nothing of sparsecomm.
+It imports nothing of sparsecomm but cuda_toolkit, so a checkout runs it before any build.
 """
 import argparse
 import glob
@@ -26,6 +26,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+
+from .cuda_toolkit import find_cuda_home
 
 HOROVOD_VERSION = "0.28.1"
 RUNTIME_DEPS = ["cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
@@ -78,22 +80,6 @@ def cxx_standard(torch_include):
         if asked:
             return max(17, int(asked[0]))
     return 17
-
-
-def find_cuda_home():
-    """The CUDA toolkit: $CUDA_HOME when it has nvcc, else the toolkit of the nvcc on the PATH
-    (asked with --dryrun, so a wrapper script such as /usr/local/bin/nvcc is seen through)."""
-    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
-        return home
-    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if os.path.exists("/usr/local/cuda/bin/nvcc") else None)
-    if nvcc is None:
-        return None
-    proc = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-                          capture_output=True, text=True)
-    here = re.search(r"^#\$ _HERE_=(.+)$", proc.stderr + proc.stdout, re.M)
-    bin_dir = here.group(1).strip() if here else os.path.dirname(os.path.realpath(nvcc))
-    return os.path.realpath(os.path.join(bin_dir, ".."))
 
 
 def find_nccl(work):

@@ -15,7 +15,7 @@ hvd.init()
 tf.random.set_seed(0)
 w, b = tf.Variable(tf.random.normal([256, 10], stddev=0.1)), tf.Variable(tf.zeros([10]))
 hvd.broadcast_variables([w, b], root_rank=0)
-compression = sctf.DGC(ratio=0.01, momentum=0.9, variables=[w, b])
+compression = sctf.DGC(ratio=0.01, momentum=0.9, exchange="allgather", variables=[w, b])  # auto: dense here
 
 
 @tf.function

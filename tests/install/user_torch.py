@@ -11,7 +11,8 @@ import sparsecomm.torch as sct
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-compression = sct.DGC(ratio=0.01, momentum=0.9, named_parameters=model.named_parameters())
+compression = sct.DGC(ratio=0.01, momentum=0.9, exchange="allgather",  # auto may pick dense on loopback
+                      named_parameters=model.named_parameters())
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                named_parameters=model.named_parameters(), compression=compression)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
