@@ -20,6 +20,7 @@ Environment switches (docs/install.md):
                              without a visible GPU)
   CUDA_HOME=...              the CUDA toolkit (default: that of the nvcc on the PATH)
 """
+import functools
 import importlib.util
 import json
 import os
@@ -71,22 +72,30 @@ def cpu_arch():
     return os.environ.get("SPARSECOMM_CPU_ARCH", default).strip()
 
 
-def cpu_flags():
-    # No floating-point contraction (FMA): kernels round once per operation, so CPU, CUDA, torch,
-    # TF and a numpy reference agree bit for bit. OpenMP splits the memory-bound passes.
-    arch = cpu_arch()
-    return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}", "-mno-avx512fp16"] if arch else [])
-
-
-def cpu_features(compiler="c++"):
-    """The instruction-set extensions -march lets the compiler use (what the build needs to run)."""
+@functools.lru_cache(maxsize=None)
+def march_macros(compiler="c++"):
+    """The macros -march defines (__AVX2__, ...): what the compiler may use. Empty: no -march."""
     arch = cpu_arch()
     if not arch or shutil.which(compiler) is None:
-        return []
-    proc = subprocess.run([compiler, f"-march={arch}", "-mno-avx512fp16", "-dM", "-E", "-x", "c++", os.devnull],
+        return frozenset()
+    proc = subprocess.run([compiler, f"-march={arch}", "-dM", "-E", "-x", "c++", os.devnull],
                           capture_output=True, text=True)
-    macros = set(re.findall(r"#define (\w+) 1", proc.stdout))
-    return sorted(flag for macro, flag in CPU_FEATURES.items() if macro in macros)
+    return frozenset(re.findall(r"#define (\w+) 1", proc.stdout))
+
+
+def cpu_flags():
+    # No floating-point contraction (FMA): kernels round once per operation, so CPU, CUDA, torch,
+    # TF and a numpy reference agree bit for bit. OpenMP splits the memory-bound passes. TF's
+    # bundled Eigen does not compile with AVX512-FP16 (a native build on Sapphire Rapids).
+    arch = cpu_arch()
+    no_fp16 = ["-mno-avx512fp16"] if "__AVX512FP16__" in march_macros() else []
+    return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}"] + no_fp16 if arch else [])
+
+
+def cpu_features():
+    """The instruction-set extensions the build may execute (AVX512-FP16 is switched off)."""
+    return sorted(flag for macro, flag in CPU_FEATURES.items()
+                  if macro in march_macros() and macro != "__AVX512FP16__")
 
 
 def torch_cuda_arch_list(torch):
@@ -94,10 +103,11 @@ def torch_cuda_arch_list(torch):
     (a login node): then build for every architecture torch itself was built for."""
     if os.environ.get("TORCH_CUDA_ARCH_LIST") or torch.cuda.is_available():
         return os.environ.get("TORCH_CUDA_ARCH_LIST", "the visible GPUs'")
-    archs = sorted({int(a.split("_")[1]) for a in torch.cuda.get_arch_list() or torch._C._cuda_getArchFlags().split()
-                    if a.startswith("sm_")})
-    os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a // 10}.{a % 10}" for a in archs)
-    return os.environ["TORCH_CUDA_ARCH_LIST"]
+    built_for = torch.cuda.get_arch_list() or getattr(torch._C, "_cuda_getArchFlags", str)().split()
+    archs = sorted({int(a.split("_")[1]) for a in built_for if a.startswith("sm_")})
+    if archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(f"{a // 10}.{a % 10}" for a in archs)
+    return os.environ.get("TORCH_CUDA_ARCH_LIST", "torch's default")
 
 
 def torch_extension(info):
@@ -147,7 +157,6 @@ def tensorflow_extension(info, cuda_home):
     version, compile_flags, link_flags, tf_has_cuda = json.loads(result.stdout.strip().splitlines()[-1])
     lib_dirs = [f[2:] for f in link_flags if f.startswith("-L")]
     sources = _sources("csrc/tensorflow/*.cc") + _sources("csrc/cpu/*.cpp")
-    # -mno-avx512fp16 (in cpu_flags): TF's bundled Eigen does not compile with it.
     cxx_flags = compile_flags + cpu_flags() + ["-Wno-deprecated-declarations"]  # TF headers
     link_args = link_flags + ["-fopenmp"] + [f"-Wl,-rpath,{d}" for d in lib_dirs]
     with_cuda = _switch("SPARSECOMM_WITH_CUDA")

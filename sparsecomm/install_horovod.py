@@ -30,7 +30,7 @@ import tempfile
 from .cuda_toolkit import find_cuda_home
 
 HOROVOD_VERSION = "0.28.1"
-RUNTIME_DEPS = ["cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
+RUNTIME_DEPS = ["cffi>=1.4", "cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
 PROBE = """
 import json, os, sys
 found = {"python": f"cp{sys.version_info.major}{sys.version_info.minor}"}
@@ -113,6 +113,9 @@ def build_env(found, work):
             raise InstallError(f"torch {found['torch']} is a CUDA {found['torch_cuda']} build, and Horovod's build then "
                                "needs the CUDA toolkit: put its nvcc on the PATH or set CUDA_HOME")
         env.update(CUDA_HOME=cuda_home, HOROVOD_CUDA_HOME=cuda_home)
+        if os.environ.get("TORCH_CUDA_ARCH_LIST"):  # "8.0;9.0+PTX" -> "80,90"; unset: every arch nvcc has
+            archs = re.findall(r"(\d+)\.(\d+)", os.environ["TORCH_CUDA_ARCH_LIST"])
+            env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(major + minor for major, minor in archs)
         nccl = find_nccl(work)
         if nccl:
             env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_HOME=nccl, HOROVOD_NCCL_LINK="SHARED")

@@ -18,7 +18,7 @@ from setuptools import find_packages
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_SCRIPTS = os.path.join(ROOT, "tests", "install")
-HOROVOD_DEPS = ["cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
+HOROVOD_DEPS = ["cffi>=1.4", "cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
 INSTALL = ["install", "--no-build-isolation"]  # docs/install.md's command, before the sdist's path
 
 
@@ -141,6 +141,14 @@ def test_info_reports_the_build_and_its_self_test_passes(framework, torch_venv, 
     venv, python = torch_venv if framework == "torch" else tf_venv
     out = run([python, "-m", "sparsecomm.info"], cwd=venv, env=venv_env(venv)).stdout
     assert "(installed)" in out and re.search(rf"{framework} kernels \(cpu\) +PASS", out) and "verdict: OK" in out, out
+
+
+def test_the_self_check_runs_from_an_installed_package(torch_venv):
+    """No tests/ beside the package (its op tests are the self-test) and no bench extra (tqdm)."""
+    venv, python = torch_venv
+    out = run([python, "-m", "sparsecomm.check", "--quick"], cwd=venv, env=venv_env(venv), timeout=600).stdout
+    assert re.search(r"op tests \(cpu\) +PASS .*sparsecomm.selftest", out), out
+    assert re.search(r"2-rank training \(cpu\) +PASS", out) and "verdict: OK" in out, out
 
 
 def test_a_plain_isolated_install_stops_early_naming_the_command(torch_venv, sdist):

@@ -31,8 +31,11 @@ def _kernels(args):
 
 
 def _progress(what, total, describe):
-    """A progress bar (tqdm) advanced once per record."""
-    from tqdm import tqdm
+    """A progress bar (tqdm) advanced once per record; a line per record without the bench extra."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return lambda record: print(f"[{what}] {describe(record)}", flush=True)
     bar = tqdm(total=total, desc=what, unit="run", file=sys.stdout, dynamic_ncols=True)
 
     def advance(record):
