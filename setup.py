@@ -166,7 +166,8 @@ def tensorflow_extension(info, cuda_home):
         return Extension("sparsecomm.tensorflow._ops", sources, language="c++", extra_compile_args=cxx_flags,
                          extra_link_args=link_args)
     if cuda_home is None:
-        sys.exit("setup.py: SPARSECOMM_WITH_CUDA=1 but no CUDA toolkit was found (put nvcc on the PATH or set CUDA_HOME)")
+        sys.exit("setup.py: SPARSECOMM_WITH_CUDA=1 but no CUDA toolkit was found "
+                 "(put nvcc on the PATH or set CUDA_HOME)")
     # GPU kernels: GOOGLE_CUDA turns on the GPU registrations; csrc/cuda/*.cu go through nvcc
     # (BuildExt). nvcc's CUDA runtime is linked in statically and kept private, ahead of TF's.
     cudart = [f"-L{os.path.join(cuda_home, 'lib64')}", "-l:libcudart_static.a",

@@ -85,8 +85,9 @@ def describe(info):
     """The build record in a few short lines."""
     if info is None:
         return ["not built"]
+    features = ", ".join(info.get("cpu_features", [])) or "no extensions"
     lines = [f"sparsecomm {info['sparsecomm']} for Python {info['python']}, CPU target "
-             f"{info.get('cpu_arch') or 'the compiler default'} ({', '.join(info.get('cpu_features', [])) or 'no extensions'})"]
+             f"{info.get('cpu_arch') or 'the compiler default'} ({features})"]
     torch = info.get("torch")
     lines.append("torch: " + (f"{torch['version']} (CUDA {torch['cuda'] or 'none'}), CUDA kernels "
                               + (f"yes ({torch.get('cuda_arch_list')})" if torch["cuda_kernels"] else "no")

@@ -110,8 +110,8 @@ def build_env(found, work):
     if found.get("torch_cuda"):
         cuda_home = find_cuda_home()
         if cuda_home is None:
-            raise InstallError(f"torch {found['torch']} is a CUDA {found['torch_cuda']} build, and Horovod's build then "
-                               "needs the CUDA toolkit: put its nvcc on the PATH or set CUDA_HOME")
+            raise InstallError(f"torch {found['torch']} is a CUDA {found['torch_cuda']} build, and Horovod's "
+                               "build then needs the CUDA toolkit: put its nvcc on the PATH or set CUDA_HOME")
         env.update(CUDA_HOME=cuda_home, HOROVOD_CUDA_HOME=cuda_home)
         if os.environ.get("TORCH_CUDA_ARCH_LIST"):  # "8.0;9.0+PTX" -> "80,90"; unset: every arch nvcc has
             archs = re.findall(r"(\d+)\.(\d+)", os.environ["TORCH_CUDA_ARCH_LIST"])
@@ -137,7 +137,8 @@ def patch_sources(src, standard, with_tf):
         with open(cmake) as f:
             text = f.read()
         if "set(CMAKE_CXX_STANDARD 14)" not in text:
-            raise InstallError(f"{cmake} has no 'set(CMAKE_CXX_STANDARD 14)' to raise: not Horovod {HOROVOD_VERSION}'s layout")
+            raise InstallError(f"{cmake} has no 'set(CMAKE_CXX_STANDARD 14)' to raise: "
+                               f"not Horovod {HOROVOD_VERSION}'s layout")
         with open(cmake, "w") as f:
             f.write(text.replace("set(CMAKE_CXX_STANDARD 14)", f"set(CMAKE_CXX_STANDARD {standard})"))
     if with_tf:
@@ -183,7 +184,8 @@ def build_wheel(found, wheel_dir):
 def check_build(found):
     """horovodrun --check-build must list every installed framework."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PATH=path)
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, env=env).stdout
     print("\n".join("    " + line for line in out.splitlines() if line.strip()))
     wanted = [name for key, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")) if key in found] + ["Gloo"]

@@ -31,7 +31,8 @@ class TorchOps:
 
     def accumulate_candidates(self, grad, residual, threshold):
         state = self._t(residual)
-        acc, index = self.ops.accumulate_candidates(self._t(grad), state, self.torch.tensor(threshold, device=self.device))
+        threshold = self.torch.tensor(threshold, device=self.device)
+        acc, index = self.ops.accumulate_candidates(self._t(grad), state, threshold)
         return self._np(acc), self._np(index), self._np(state)
 
     def select_top(self, acc, index, k):

@@ -96,7 +96,8 @@ def packaged_self_test(device, timeout):
     code, output = run_command([sys.executable, "-m", "sparsecomm.selftest", "--framework", "torch",
                                 "--device", device], timeout)
     counts = re.findall(r"^(\d+ passed, \d+ failed)$", output, re.M)
-    detail = f"{counts[-1] if counts else 'no summary'} (python -m sparsecomm.selftest: no tests/ in an installed package)"
+    summary = counts[-1] if counts else "no summary"
+    detail = f"{summary} (python -m sparsecomm.selftest: no tests/ in an installed package)"
     if code != 0:
         show_tail(output)
     return (PASS if code == 0 else FAIL), detail
