@@ -185,7 +185,7 @@ def tensorflow_extension(info, cuda_home):
 # torch's BuildExtension (its nvcc rules and ABI flags) where torch is installed; setuptools'
 # otherwise (a TF-only build). CUDA_HOME is set first: torch reads it once, on import.
 CUDA_HOME = load_file("sparsecomm/cuda_toolkit.py").find_cuda_home()
-if CUDA_HOME and "CUDA_HOME" not in os.environ:
+if CUDA_HOME:  # a $CUDA_HOME without the headers (e.g. /usr/local) could not build anything
     os.environ["CUDA_HOME"] = CUDA_HOME
 try:
     from torch.utils.cpp_extension import BuildExtension as _BaseBuildExt
@@ -196,7 +196,7 @@ except ImportError:
 class BuildExt(_BaseBuildExt):
     """Decides what to build for the frameworks present (when the command is set up, before
     setuptools prepares its extensions), records it in _build_info.json beside the package,
-    and compiles the TF library's .cu sources. An sdist never runs it."""
+    and compiles the TF library's .cu sources. An sdist at most sets it up, never runs it."""
 
     def finalize_options(self):
         self.build_info = {"sparsecomm": VERSION, "python": platform.python_version(), "cpu_arch": cpu_arch() or None,

@@ -7,10 +7,12 @@ import subprocess
 
 
 def find_cuda_home():
-    """$CUDA_HOME (or $CUDA_PATH) when it has nvcc, else the toolkit of the nvcc on the PATH, asked
-    with --dryrun so that a wrapper script (/usr/local/bin/nvcc) is seen through. None: no nvcc."""
+    """$CUDA_HOME (or $CUDA_PATH) when it holds nvcc and the headers, else the toolkit of the nvcc
+    on the PATH, asked with --dryrun so that a wrapper script (/usr/local/bin/nvcc, which makes
+    torch guess /usr/local) is seen through. None: no nvcc."""
     home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
-    if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+    if home and all(os.path.exists(os.path.join(home, *part)) for part in (("bin", "nvcc"),
+                                                                           ("include", "cuda_runtime.h"))):
         return home
     nvcc = shutil.which("nvcc") or next((p for p in ["/usr/local/cuda/bin/nvcc"] if os.path.exists(p)), None)
     if nvcc is None:

@@ -3,12 +3,13 @@ user gets without Horovod (sparsecomm.prerequisites). The real mismatch, a torch
 imported beside torch 2.14.1, is in test_install.py."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from sparsecomm import build_info
+from sparsecomm import build_info, cuda_toolkit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILT = {"sparsecomm": "0.1.0", "python": "3.11.7", "cpu_arch": "x86-64-v3", "cpu_features": ["avx2", "f16c"],
@@ -85,3 +86,12 @@ def test_horovod_without_the_framework_says_so(tmp_path):
             "from sparsecomm import prerequisites\nprerequisites.horovod('torch')")
     proc = _import_horovod_in_child(code)
     assert "built without PyTorch" in proc.stderr and "has not been built" in proc.stderr, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="no nvcc on the PATH")
+def test_the_cuda_toolkit_is_the_one_of_the_nvcc_found(monkeypatch):
+    """/usr/local/bin/nvcc here is a wrapper script: torch guesses /usr/local, which has no headers."""
+    monkeypatch.setenv("CUDA_HOME", os.path.dirname(os.path.dirname(shutil.which("nvcc"))))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    home = cuda_toolkit.find_cuda_home()
+    assert os.path.exists(os.path.join(home, "include", "cuda_runtime.h")), home
