@@ -44,14 +44,19 @@ def horovod_line():
     return f"{importlib.metadata.version('horovod')}, built with {', '.join(has) or 'no framework'}"
 
 
-def selftest(framework, device):
-    """One child's self-test, as a Result."""
+def selftest(framework, device, timeout=600):
+    """One child's self-test, as a Result (the self-check's op tests in an installed package too)."""
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.selftest", "--framework", framework, "--device", device],
-                          capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    name = f"{framework} kernels ({device})"
+    try:
+        proc = subprocess.run([sys.executable, "-m", "sparsecomm.selftest", "--framework", framework,
+                               "--device", device], capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    except subprocess.TimeoutExpired:
+        return Result(name, FAIL, f"timed out after {timeout}s", time.monotonic() - started)
     output = proc.stdout + proc.stderr
     counts = re.findall(r"^(\d+ passed, \d+ failed)$", proc.stdout, re.M)
-    name, seconds = f"{framework} kernels ({device})", time.monotonic() - started
+    seconds = time.monotonic() - started
     if proc.returncode == 0 and counts:
         return Result(name, PASS, counts[-1], seconds)
     if "sees no" in output and not counts:

@@ -195,12 +195,15 @@ def check_build(found):
                            "and run again, then read its build.log")
 
 
+def default_cache():
+    return os.environ.get("SPARSECOMM_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparsecomm")
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m sparsecomm.install_horovod", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    default_cache = os.environ.get("SPARSECOMM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparsecomm")
-    parser.add_argument("--cache", default=default_cache, help="where built wheels are kept (default: %(default)s)")
+    parser.add_argument("--cache", default=default_cache(), help="where built wheels are kept (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be built, build nothing")
     args = parser.parse_args(argv)
     try:

@@ -16,9 +16,10 @@ import tarfile
 import pytest
 from setuptools import find_packages
 
+from sparsecomm import install_horovod
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_SCRIPTS = os.path.join(ROOT, "tests", "install")
-HOROVOD_DEPS = ["cffi>=1.4", "cloudpickle>=2", "psutil>=5", "pyyaml>=6", "packaging>=23"]
 INSTALL = ["install", "--no-build-isolation"]  # docs/install.md's command, before the sdist's path
 
 
@@ -78,9 +79,7 @@ def test_the_sdist_holds_every_file_the_build_reads(sdist):
 
 def horovod_wheel():
     """The Horovod wheel `make env` built for this environment (install_horovod's cache)."""
-    from sparsecomm import install_horovod
-    cache = os.environ.get("SPARSECOMM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparsecomm")
+    cache = install_horovod.default_cache()
     wheels = glob.glob(os.path.join(cache, "wheels", install_horovod.cache_key(install_horovod.probe_frameworks()),
                                     "horovod-*.whl"))
     if not wheels:
@@ -103,7 +102,7 @@ def install_sdist(python, venv, sdist, **extra_env):
 def framework_venv(tmp_path_factory, sdist, framework_pin):
     """A fresh environment with one framework, the Horovod wheel and the sdist installed."""
     venv = tmp_path_factory.mktemp(framework_pin.split("=")[0] + "-venv")
-    python = fresh_venv(venv, framework_pin, horovod_wheel(), *HOROVOD_DEPS)
+    python = fresh_venv(venv, framework_pin, horovod_wheel(), *install_horovod.RUNTIME_DEPS)
     install_sdist(python, venv, sdist)
     return venv, python
 

@@ -93,14 +93,9 @@ def op_tests(env, device, quick):
 
 def packaged_self_test(device, timeout):
     """An installed package has no tests/: its own self-test (sparsecomm.selftest) instead."""
-    code, output = run_command([sys.executable, "-m", "sparsecomm.selftest", "--framework", "torch",
-                                "--device", device], timeout)
-    counts = re.findall(r"^(\d+ passed, \d+ failed)$", output, re.M)
-    summary = counts[-1] if counts else "no summary"
-    detail = f"{summary} (python -m sparsecomm.selftest: no tests/ in an installed package)"
-    if code != 0:
-        show_tail(output)
-    return (PASS if code == 0 else FAIL), detail
+    from ..info import selftest
+    result = selftest("torch", device, timeout)
+    return result.status, f"{result.detail} (python -m sparsecomm.selftest: no tests/ in an installed package)"
 
 
 def kernel_bench(env, device, quick):
