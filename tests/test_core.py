@@ -85,32 +85,6 @@ def test_a_new_world_measures_the_network_again_but_keeps_a_given_one():
     assert given.network is SLOW and not given.needs_network(3)
 
 
-def test_the_settings_are_checked_again_whenever_the_world_changes():
-    from sparsecomm.core.compressor import Settings
-
-    class World(Settings):
-        def __init__(self):
-            self._configure(methods.TopK("TopK", 0.001))
-            self.ranks, self.checks = 2, []
-
-        def _ranks(self):
-            return self.ranks
-
-        def _allgather_ints(self, ints, name):
-            self.checks.append((self.ranks, name.rsplit(".", 1)[-1]))
-            return list(ints) * self.ranks  # every rank with the same settings
-
-    world = World()
-    world.planner.measured(SLOW, None)
-    for ranks in (2, 2, 3, 3, 2):  # a join, then a shrink seen only as a new count
-        world.ranks = ranks
-        world._check_world()
-    assert [ranks for ranks, _ in world.checks][::2] == [2, 3, 2] and world.planner.network is None
-    world._forget_world()  # a reset into a world of the same size (elastic sync)
-    world._check_world()
-    assert [ranks for ranks, _ in world.checks][::2] == [2, 3, 2, 2]
-
-
 def test_the_auto_choice_is_recorded_for_stats_and_recomputed_when_k_changes():
     planner = Planner("DGC", methods.DGC("DGC", 0.001), Policy(), "auto", SLOW, dense_fallback=False)
     assert planner.route("w", 10**6, 2, 4, 0.6, 4) == "dense"  # a warm-up density: the pairs cost more
@@ -160,19 +134,6 @@ def test_spardl_layout_splits_the_tensor_into_one_block_per_rank():
     assert layout.bounds() == [0, 4, 8, 12]
     assert [layout.owned(r) for r in range(3)] == [(0, 4), (4, 4), (8, 2)]
     assert SparDLLayout.of(2**31 + 10, 100, 2).bounds()[-1] == 2**31 - 1  # int32-safe
-
-
-def test_settings_check_raises_the_same_error_listing_every_rank():
-    texts = ["TopK(ratio=0.1)", "TopK(ratio=0.2)"]
-
-    def allgather(ints, part):  # what two ranks' collective would return
-        encoded = [list(t.encode()) for t in texts]
-        return [len(e) for e in encoded] if part == "length" else sum(encoded, [])
-    with pytest.raises(ValueError, match=r"TopK: compressor settings differ across ranks \(rank 0: TopK\(ratio=0.1\); "
-                                         r"rank 1: TopK\(ratio=0.2\)\)"):
-        report.check_same_settings("TopK", texts[0], allgather)
-    texts[1] = texts[0]
-    report.check_same_settings("TopK", texts[0], allgather)  # equal: no error
 
 
 def test_tensor_stats_density():

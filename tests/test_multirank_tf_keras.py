@@ -2,6 +2,7 @@
 (sparsecomm.tensorflow.keras) with DGC on real data, tf.train.Checkpoint round trips, and
 the torch and TF compressors giving the same bits through real Horovod."""
 import json
+import re
 
 import numpy as np
 import pytest
@@ -64,10 +65,16 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
         assert str(torch_out["topk_auto_slow/exchange/a.weight"]) == ("allgather" if size == 2 else "spardl")
 
 
-def test_settings_that_differ_across_ranks_raise_the_same_error_everywhere():
+def test_settings_or_checkpoints_that_differ_across_ranks_raise_the_same_error_everywhere():
     output = horovodrun(2, "tf_settings.py", timeout=180)
     assert output.count(": trained") == 2, output[-3000:]  # equal settings: both ranks train
     errors = [line.split("ValueError: ", 1)[1] for line in output.splitlines()
               if "ValueError: TopK: compressor settings differ across ranks" in line]
     assert len(errors) == 2 and errors[0] == errors[1], output[-3000:]
     assert "rank 0: TopK(" in errors[0] and "ratio=0.1" in errors[0] and "ratio=0.2" in errors[0]
+    # Checkpoints of different steps, restored before the step is traced: RandomBlock would pick different blocks.
+    for case, steps in (("different steps", "rank 0: 1, rank 1: 3"), ("one rank", "rank 0: 0, rank 1: 3")):
+        for rank in range(2):  # (TF puts the trace's "in user code" lines between the two)
+            assert f"[{rank}]<stdout>:rank {rank}: {case}: ValueError" in output, output[-3000:]
+            assert re.search(rf"\[{rank}\]<stdout>:\s*ValueError: RandomBlock: the ranks' compressor state differs: "
+                             rf"tensor 'w', step: {steps}\.", output), output[-3000:]

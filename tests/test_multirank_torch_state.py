@@ -36,10 +36,16 @@ def test_load_state_dict_refuses_states_that_do_not_fit():
         dgc.load_state_dict([1, 2])
 
 
-def test_settings_that_differ_across_ranks_raise_the_same_error_everywhere():
+def test_settings_or_checkpoints_that_differ_across_ranks_raise_the_same_error_everywhere():
     output = horovodrun(2, "torch_settings.py", timeout=180)
     assert output.count(": trained") == 2, output[-3000:]  # equal settings: both ranks train
     errors = [line for line in output.splitlines() if "ValueError: TopK: compressor settings differ across ranks" in line]
     assert len(errors) == 2, output[-3000:]
     for line in errors:
         assert "ratio=0.1" in line and "ratio=0.2" in line and "rank 0:" in line and "rank 1:" in line
+    # Checkpoints of different steps: RandomBlock would pick different blocks on each rank.
+    for case, steps in (("mid-run", "rank 0: 2, rank 1: 4"), ("first step", "rank 0: 0, rank 1: 4")):
+        errors = [line for line in output.splitlines() if f": {case}: ValueError: RandomBlock: the ranks' compressor "
+                                                          f"state differs: tensor '0.bias', step: {steps} (and 3 more "
+                                                          f"tensors)" in line]
+        assert len(errors) == 2, output[-3000:]

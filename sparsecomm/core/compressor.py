@@ -3,12 +3,12 @@ of sparsecomm.core.methods), its per-layer policy and its planner (sparsecomm.co
 
 The torch and TF compressors inherit Settings and add only their framework: binding to the
 model's parameters, state tensors, kernels and collectives (and `_ranks`, `_measure_network`,
-`_allgather_ints`; the torch one also `_mean_over_ranks`, for auto's route trial). Each method's compressor class
-declares its hooks (see sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py):
+`_allgather_ints`, `_shared_state`, `_adopt_shared_state`; the torch one also `_mean_over_ranks`, for auto's
+route trial). Each method's compressor class declares its hooks (see sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py):
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
 """
-from . import report
+from . import agreement, report
 from .plan import Planner, Policy
 
 
@@ -22,7 +22,8 @@ class Settings:
         self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
         self.planner = Planner(method.owner, method, self.policy, **exchange)
         self._instance = report.next_instance()  # names the settings check (same on every rank)
-        self._world = None  # the number of ranks the settings were checked for (None: not yet)
+        self._world = None  # the number of ranks the settings were checked for (None: check at the next compress)
+        self._reset_seen = False  # an elastic reset happened since the last check: adopt rank 0's shared state
 
     def settings(self) -> str:
         """The settings every rank must share, as text (compared across ranks on the first step)."""
@@ -30,28 +31,46 @@ class Settings:
         return report.settings_text(self.method.owner, fields)
 
     def _check_world(self):
-        """On the first compress, and again whenever the ranks changed (elastic Horovod: a reset
-        calls `_forget_world`, and a shrink is seen here as a new count): every rank's settings
-        text, gathered; different settings raise the same error on every rank, instead of
-        hanging or training wrong. A network measured for other ranks is measured again. Returns
-        the number of ranks (read once per compress: Horovod's process-set size is a few calls)."""
+        """On the first compress, and again whenever the ranks or the shared state may have
+        diverged (an elastic reset, a new number of ranks, load_state_dict): every rank's
+        settings and shared state are compared in one collective (sparsecomm.core.agreement):
+        different settings raise on every rank; a different shared state is adopted from rank 0
+        after a reset and raises otherwise. A network measured for other ranks is measured
+        again. Returns the number of ranks (read once per compress: Horovod's process-set size
+        is a few calls)."""
         ranks = self._ranks()
         if ranks == self._world:
             return ranks
-        if self._world is not None:
+        if self._world is not None:  # the ranks changed under us: an elastic reset we were not told of
+            self._reset_seen = True
             self.planner.forget_measurement()
-        self._world = ranks
         if ranks > 1:
-            name = f"sparsecomm.settings.{self._instance}"
-            report.check_same_settings(self.method.owner, self.settings(),
-                                       lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
+            name = f"sparsecomm.agreement.{self._instance}"
+            adopted = agreement.check(self.method.owner, self.settings(), self._shared_state(), self._reset_seen,
+                                      lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
+            if adopted is not None:
+                self._adopt_shared_state(adopted)
+        self._world, self._reset_seen = ranks, False  # (after the check: one that raised runs again)
         return ranks
 
     def _forget_world(self):
-        """After an elastic reset: the next compress checks the settings and measures again,
-        collectively, with every rank of the new world."""
-        self._world = None
+        """After an elastic reset: the next compress checks the settings and shared state (adopting
+        rank 0's) and measures again, collectively, with every rank of the new world."""
+        self._world, self._reset_seen = None, True
         self.planner.forget_measurement()
+
+    def _check_state_again(self):
+        """After this rank's state was loaded: the next compress compares it with the other ranks'
+        (a difference raises: nothing tells which rank is right)."""
+        self._world = None
+
+    def _shared_state(self) -> dict:
+        """{tensor name: {"step": step}} of every tensor this compressor is bound to (framework)."""
+        raise NotImplementedError
+
+    def _adopt_shared_state(self, shared: dict):
+        """Takes another rank's _shared_state() (framework)."""
+        raise NotImplementedError
 
     def _routing_ranks(self, ranks, measure):
         """The number of ranks to route for, of the `ranks` there are now. exchange="auto" on

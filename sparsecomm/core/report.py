@@ -1,5 +1,5 @@
-"""What a compressor says about itself, written once: its settings text, the cross-rank
-settings check, and stats()."""
+"""What a compressor says about itself, written once: its settings text and stats() (the
+cross-rank check of the settings is sparsecomm.core.agreement)."""
 import itertools
 
 _instances = itertools.count()  # names each compressor's settings check, in construction order (same on every rank)
@@ -15,22 +15,6 @@ def next_instance():
 def settings_text(owner, settings):
     """`Owner(k=v, ...)`, sorted by name: what every rank must share."""
     return f"{owner}({', '.join(f'{k}={v!r}' for k, v in sorted(settings.items()))})"
-
-
-def check_same_settings(owner, text, allgather):
-    """Raises the same error on every rank when the ranks' settings texts differ.
-    allgather(ints, part) -> the ints of every rank, concatenated in rank order (one
-    collective of the framework, named with `part`)."""
-    mine = list(text.encode("utf-8"))
-    lengths = allgather([len(mine)], "length")
-    joined, texts = allgather(mine, "text"), []
-    for length in lengths:
-        texts.append(bytes(joined[:length]).decode("utf-8"))
-        joined = joined[length:]
-    if len(set(texts)) > 1:
-        listed = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-        raise ValueError(f"{owner}: compressor settings differ across ranks ({listed}). "
-                         f"Every rank must construct the compressor with the same arguments.")
 
 
 def tensor_stats(counters, numel, choice):

@@ -232,12 +232,19 @@ class Compressor(Settings, tf.Module):
             variable.assign(value)
 
     def elastic_sync(self):
-        """After a reset (collective): every rank adopts rank 0's steps; the settings are checked
-        and the network measured again on the next trace of compress."""
-        steps = [state.step for state in getattr(self, "state", ())]
-        if steps:
-            exchange._hvd().broadcast_variables(steps, root_rank=0, process_set=self._collective_set())
+        """After a reset (no collective here): the next trace of compress checks the settings,
+        adopts rank 0's steps and measures the network again, with every rank of the new world."""
         self._forget_world()
+
+    def _shared_state(self):
+        with tf.init_scope():  # read eagerly, even inside a trace
+            return {state.variable_name: {"step": int(state.step.numpy())} for state in getattr(self, "state", ())}
+
+    def _adopt_shared_state(self, shared):
+        with tf.init_scope():
+            for state in getattr(self, "state", ()):
+                if state.variable_name in shared:
+                    state.step.assign(shared[state.variable_name]["step"])
 
     def stats(self) -> dict:
         """Since construction (read from the counters): calls, dense_bytes, sent_bytes,

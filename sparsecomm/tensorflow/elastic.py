@@ -1,5 +1,6 @@
-"""Elastic Horovod: a compressor's state alongside ``hvd.elastic.TensorFlowKerasState`` or
-``hvd.elastic.TensorFlowState``.
+"""Elastic Horovod: a compressor's state alongside a Horovod elastic state
+(``hvd.elastic.TensorFlowKerasState``, ``TensorFlowState``, or for Keras 3
+sparsecomm.tensorflow.keras's state).
 
     state = hvd.elastic.TensorFlowKerasState(model, optimizer, batch=0)
     sparsecomm.tensorflow.elastic.track(state, compression)
@@ -7,15 +8,17 @@
     @sparsecomm.tensorflow.elastic.run   # in place of @hvd.elastic.run, see `run`
     def train(state): ...
 
-Horovod's TF states have no handler registry, and their keyword arguments are broadcast from
-rank 0 as plain objects (residuals differ per rank), so `track` chains each compressor to the
-state's own commit, restore and sync:
+Without `track`, a compressor still notices a new number of ranks when compress is traced
+again, and every rank then adopts rank 0's steps (sparsecomm.core.agreement). Horovod's TF
+states have no handler registry, and their keyword arguments are broadcast from rank 0 as
+plain objects (residuals differ per rank), so `track` chains each compressor to the state's
+own commit, restore and sync, which adds:
 
 - commit (save): a copy of this rank's steps, residuals, momenta and counters;
 - restore (after a failure): that copy is assigned back, so residuals roll back with the model;
-- sync (after every reset but a shrink): every rank adopts rank 0's steps, so warm-up
-  schedules and shared-seed coordinates agree again. Survivors keep their residuals; a joining
-  rank starts from zero; a removed rank's residual is lost;
+- sync (after every reset but a shrink): the next trace adopts rank 0's steps even when the
+  number of ranks did not change (a worker replaced). Survivors keep their residuals; a
+  joining rank starts from zero; a removed rank's residual is lost;
 - on any reset the next trace of compress checks the settings again and measures the network
   again, collectively. A step traced before the reset refuses to run (its ranks are stale):
   create the tf.function inside the function decorated by ``hvd.elastic.run``, so each reset

@@ -49,7 +49,7 @@ class Compressor(Settings):
         self._counters = Counters()
         self._pending = []  # contexts of exchanges started in compress that still have a phase to advance
         self.planner.watch_backward()  # auto first times the hooks: how much of each exchange the backward hides
-        elastic.register_handler(Compressor)
+        elastic.register_handlers(Compressor)
 
     # -- Horovod's hooks ---------------------------------------------------------------------
 
@@ -265,8 +265,19 @@ class Compressor(Settings):
         return state_dict(self._name, self._states, self._counters)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores a state_dict() so training continues exactly as if it had not stopped."""
+        """Restores a state_dict() so training continues exactly as if it had not stopped.
+        Collective when called after the first step: the next compress compares the steps with
+        the other ranks' and raises where they differ, so load on every rank (each its own)."""
         self._states = load_states(self._name, self._binding, state, self._counters)
+        self._check_state_again()
+
+    def _shared_state(self):
+        names = self._binding.params if self._binding is not None else ()
+        return {name: {"step": self._states[name].step if name in self._states else 0} for name in names}
+
+    def _adopt_shared_state(self, shared):
+        for name, fields in shared.items():
+            self._states.setdefault(name, ParameterState.fresh(name)).step = fields["step"]
 
     # -- elastic Horovod (sparsecomm.torch.elastic) ----------------------------------------------
 
@@ -281,13 +292,10 @@ class Compressor(Settings):
         self.load_state_dict(snapshot)
 
     def elastic_sync(self) -> None:
-        """After a reset (TorchState's sync, collective): every rank adopts rank 0's steps; the
-        settings are checked and the network measured again on the next compress."""
+        """After a reset (TorchState's sync; no collective here): exchanges in flight are dropped,
+        and the next compress checks the settings, adopts rank 0's steps and measures the network
+        again, with every rank of the new world."""
         self._pending = []
-        steps = exchange._hvd().broadcast_object({name: s.step for name, s in self._states.items()}, root_rank=0,
-                                                 name=f"sparsecomm.elastic.{self._instance}")
-        for name, step in steps.items():
-            self._states.setdefault(name, ParameterState.fresh(name)).step = step
         self._forget_world()
 
     def stats(self) -> dict:

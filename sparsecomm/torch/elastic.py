@@ -1,25 +1,27 @@
 """Elastic Horovod: a compressor's state in ``hvd.elastic.TorchState``.
 
-    state = hvd.elastic.TorchState(model, optimizer, compression=compression, batch=0)
+Horovod's recipe works as its docs write it:
 
-Every sparsecomm compressor passed to TorchState is handled by `CompressorStateHandler`
-(registered in Horovod's handler registry when the first compressor is made), not pickled
-and broadcast as a plain object (residuals differ per rank):
+    optimizer = hvd.DistributedOptimizer(sgd, named_parameters=..., compression=compression)
+    state = hvd.elastic.TorchState(model=model, optimizer=optimizer, batch=0)
 
-- commit (save): a copy of this rank's steps, residuals, momenta and stats;
-- restore (after a failure): that copy is loaded, so residuals roll back with the model;
-- sync (after every reset but a shrink): the steps of rank 0 are adopted by every rank,
-  so warm-up schedules and shared-seed coordinates agree again. Survivors keep their
-  residuals; a joining rank starts from zero; a removed rank's residual is lost;
-- on any reset the next compress checks the settings again and measures the network again
-  (exchange="auto"), collectively, with every rank of the new world.
+The first compressor made registers two handlers in Horovod's elastic handler registry:
+- a DistributedOptimizer that carries a sparsecomm compressor is handled as Horovod handles an
+  optimizer, and its sync also tells the compressor of the reset: the next compress checks the
+  settings and adopts rank 0's steps, collectively (sparsecomm.core.agreement);
+- a compressor passed to the state itself (``compression=compression``) adds commit and
+  rollback of its own state: commit copies this rank's steps, residuals, momenta and stats;
+  restore (after a failure) loads that copy, so residuals roll back with the model.
+A compressor is never pickled and broadcast as a plain object: residuals differ per rank.
+Survivors keep their residuals; a joining rank starts from zero; a removed rank's residual is
+lost. Without either handler, a new number of ranks is still noticed by the next compress.
 """
 _registered = []
 
 
-def register_handler(compressor_class):
-    """Adds `compressor_class` to Horovod's elastic handler registry (once; a no-op without
-    horovod.torch)."""
+def register_handlers(compressor_class):
+    """Adds the handlers for `compressor_class` to Horovod's elastic handler registry (once; a
+    no-op without horovod.torch)."""
     if _registered:
         return
     try:
@@ -41,5 +43,21 @@ def register_handler(compressor_class):
         def sync(self):
             self.value.elastic_sync()
 
-    hvd_state.set_handler_registry(hvd_state.get_handler_registry() + [(compressor_class, CompressorStateHandler)])
+    class CompressingOptimizerHandler(hvd_state.OptimizerStateHandler):
+        def sync(self):
+            super().sync()
+            self.value._compression.elastic_sync()
+
+    class CarriesCompressor(type):
+        # Horovod's DistributedOptimizer is a class made per optimizer type, so it is matched by
+        # what it carries: the `_compression` it was given.
+        def __instancecheck__(cls, value):
+            return isinstance(getattr(value, "_compression", None), compressor_class)
+
+    class CompressingOptimizer(metaclass=CarriesCompressor):
+        pass
+
+    # First: Horovod takes the first entry that matches, and the optimizer is also a torch Optimizer.
+    hvd_state.set_handler_registry([(CompressingOptimizer, CompressingOptimizerHandler)]
+                                   + hvd_state.get_handler_registry() + [(compressor_class, CompressorStateHandler)])
     _registered.append(CompressorStateHandler)

@@ -1,8 +1,8 @@
 """Elastic Horovod with every TF compressor: tests/multirank/torch_elastic.py's scenario (2 ranks
 train, a third joins, then leaves by discovery or dies mid-step) with hvd.DistributedGradientTape
-in a tf.function, the state in hvd.elastic.TensorFlowKerasState (tf-keras) and
-sparsecomm.tensorflow.elastic.track. Every rank checks at every step that all ranks agree; the
-test reads the printed lines. The step function is made inside train(), so each reset traces it
+in a tf.function, the state in hvd.elastic.TensorFlowKerasState (tf-keras), with the compressors
+tracked by sparsecomm.tensorflow.elastic.track or (--recipe horovod) not. Every rank checks at
+every step that all ranks agree; the test reads the printed lines. The step function is made inside train(), so each reset traces it
 for the new number of ranks.
 
 (hvd.elastic.TensorFlowState cannot take a joiner under TF2 in Horovod 0.28.1: its constructor
@@ -58,6 +58,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", required=True)
     parser.add_argument("--fail", action="store_true")
+    parser.add_argument("--recipe", choices=("horovod", "sparsecomm"), default="sparsecomm",
+                        help="horovod: the compressors are not tracked by the state")
     args = parser.parse_args()
     hvd.init()
     x, y = common.digits()
@@ -65,7 +67,8 @@ def main():
     compressors = {m: make(models[m]) for m, make in METHODS.items()}
     state = hvd.elastic.TensorFlowKerasState(Held(v for model in models.values() for _, v in model),
                                              tf_keras.optimizers.SGD(0.1), step=0, phase="grow", mark=0)
-    elastic.track(state, *compressors.values())
+    if args.recipe == "sparsecomm":
+        elastic.track(state, *compressors.values())
     joined = hvd.size() == 3
     scenario = common.ElasticScenario(args.hosts, args.fail)
     state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
@@ -75,13 +78,22 @@ def main():
         return [(s.variable_name, int(s.step.numpy())) for s in compressor.state]
 
     def agreed():
-        steps = [steps_of(c) for c in compressors.values()]
-        if any(step != state.step for per in steps for _, step in per):
-            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} at step {state.step}")
+        """Before a step: every rank's step and parameters are the same."""
         digest = hashlib.sha256(b"".join(v.numpy().tobytes() for m in models.values() for _, v in m)).hexdigest()
-        everyone = hvd.allgather_object((state.step, steps, digest))
-        if any(other != everyone[hvd.rank()] for other in everyone):
-            raise AssertionError(f"ranks disagree at step {state.step}: {everyone}")
+        same_everywhere((state.step, digest), "parameters")
+
+    def counted():
+        """After a step: every rank's compressor steps are the same (a joiner adopts rank 0's when
+        its step is traced); tracked, each compressor counted exactly the committed steps and this one."""
+        steps = [steps_of(c) for c in compressors.values()]
+        if args.recipe == "sparsecomm" and any(step != state.step + 1 for per in steps for _, step in per):
+            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
+        same_everywhere(steps, "compressor steps")
+
+    def same_everywhere(mine, what):
+        everyone = hvd.allgather_object(mine)
+        if any(other != mine for other in everyone):
+            raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
 
     def residual_norm():
         return sum(float(tf.reduce_sum(tf.abs(s.residual))) for c in compressors.values() for s in c.state
@@ -107,6 +119,7 @@ def main():
                 if i == 1:
                     scenario.die_if_due(state, hvd.rank())  # after the first method's step
                 steps[method](tf.constant(x[rows]), tf.constant(y[rows]))
+            counted()
 
     train(state)
     for method, model in models.items():

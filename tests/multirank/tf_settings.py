@@ -1,24 +1,51 @@
-"""Worker: ranks construct TF compressors with different settings; every rank must get the
-same clear error on the first (traced) step, with no hang, and equal settings must train."""
+"""Worker: ranks construct TF compressors with different settings, or restore checkpoints of
+different steps before the step is traced (on every rank, or on one only); every rank must
+get the same clear error on the first (traced) step, with no hang, and equal settings must train."""
+import os
+import tempfile
+
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from sparsecomm.tensorflow import TopK
+from sparsecomm.tensorflow import RandomBlock, TopK
 
 hvd.init()
-for ratio in (0.1, 0.1 if hvd.rank() == 0 else 0.2):
-    w = tf.Variable(tf.ones([64, 32]))
-    compression = TopK(exchange="allgather", ratio=ratio, variables=[w])
 
+
+def stepper(w, compression):
     @tf.function
     def step():
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(w * w)
         (grad,) = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, [w])
         w.assign_sub(0.1 * grad)
+    return step
 
+
+def attempt(case, step):
     try:
         step()
-        print(f"rank {hvd.rank()}: trained")
+        print(f"rank {hvd.rank()}: {case}trained")
     except ValueError as error:
-        print(f"rank {hvd.rank()}: ValueError: {error}")
+        print(f"rank {hvd.rank()}: {case}ValueError: {error}")
+
+
+for ratio in (0.1, 0.1 if hvd.rank() == 0 else 0.2):
+    w = tf.Variable(tf.ones([64, 32]))
+    attempt("", stepper(w, TopK(exchange="allgather", ratio=ratio, variables=[w])))
+
+# Checkpoints of RandomBlock at steps 1 and 3 (each rank its own), restored into a fresh model.
+folder = tempfile.mkdtemp()
+w = tf.Variable(tf.ones([64, 32]))
+compression = RandomBlock(ratio=0.05, seed=7, variables=[("w", w)], min_numel=0)
+checkpoint, step = tf.train.Checkpoint(w=w, compression=compression), stepper(w, compression)
+saved = {}
+for number in range(1, 4):
+    step()
+    saved[number] = checkpoint.write(os.path.join(folder, f"step{number}"))
+for case, restored in (("different steps: ", 1 if hvd.rank() == 0 else 3), ("one rank: ", 3 if hvd.rank() else None)):
+    w = tf.Variable(tf.ones([64, 32]))
+    compression = RandomBlock(ratio=0.05, seed=7, variables=[("w", w)], min_numel=0)
+    if restored is not None:
+        tf.train.Checkpoint(w=w, compression=compression).read(saved[restored]).assert_consumed()
+    attempt(case, stepper(w, compression))

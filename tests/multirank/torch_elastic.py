@@ -1,7 +1,9 @@
 """Elastic Horovod with every torch compressor (run by tests/test_elastic.py under elastic
 horovodrun with a host discovery script that reads a file): 2 ranks train, a third joins
 (rank 0 rewrites the hosts file), then one is removed again (hosts file back to 2 slots), or
-with --fail one rank dies mid-step and the others go on from the last commit.
+with --fail one rank dies mid-step and the others go on from the last commit. The state is
+Horovod's recipe as its docs write it (models and optimizers; --recipe horovod) or
+docs/elastic.md's (the compressors too: their residuals roll back with the model).
 
 Each method trains its own copy of the digits MLP in the same job. Every rank prints one line
 per reset and, at the end, a digest of each model's parameters and each compressor's steps:
@@ -31,6 +33,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", required=True, help="the file the host discovery script prints")
     parser.add_argument("--fail", action="store_true", help="shrink by a rank dying mid-step, not by discovery")
+    parser.add_argument("--recipe", choices=("horovod", "sparsecomm"), default="sparsecomm",
+                        help="horovod: no compression= in the TorchState")
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
@@ -46,7 +50,8 @@ def main():
     state = hvd.elastic.TorchState(step=0, phase="grow", mark=0,
                                    **{f"model_{m}": v for m, v in models.items()},
                                    **{f"optimizer_{m}": v for m, v in optimizers.items()},
-                                   **{f"compression_{m}": v for m, v in compressors.items()})
+                                   **({f"compression_{m}": v for m, v in compressors.items()}
+                                      if args.recipe == "sparsecomm" else {}))
     scenario = common.ElasticScenario(args.hosts, args.fail)
     state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
                                                   flush=True)])
@@ -57,19 +62,28 @@ def main():
         return sum(float(s["residual"].abs().sum()) for c in compressors.values()
                    for s in c.state_dict()["parameters"].values() if s["residual"] is not None)
 
+    def compressor_steps():
+        return [sorted((n, s["step"]) for n, s in c.state_dict()["parameters"].items()) for c in compressors.values()]
+
     def agreed():
-        """Every rank's step, compressor steps and parameters, gathered: they must be the same;
-        and every compressor counted exactly the committed steps (every tensor is compressed
-        each step; a failed step's partial work was rolled back)."""
-        steps = [sorted((n, s["step"]) for n, s in c.state_dict()["parameters"].items()) for c in compressors.values()]
-        if any(step != state.step for per in steps for _, step in per):
-            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} at step {state.step}")
-        mine = (state.step, steps,
-                hashlib.sha256(b"".join(p.detach().numpy().tobytes() for m in models.values()
-                                        for p in m.parameters())).hexdigest())
+        """Before a step: every rank's step and parameters are the same."""
+        mine = (state.step, hashlib.sha256(b"".join(p.detach().numpy().tobytes() for m in models.values()
+                                                    for p in m.parameters())).hexdigest())
+        same_everywhere(mine, "parameters")
+
+    def counted():
+        """After a step: every rank's compressor steps are the same (a joiner adopts rank 0's at its
+        first compress); with the compressors in the state, each counted exactly the committed steps
+        and this one (every tensor is compressed each step; a failed step's partial work was rolled back)."""
+        steps = compressor_steps()
+        if args.recipe == "sparsecomm" and any(step != state.step + 1 for per in steps for _, step in per):
+            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
+        same_everywhere(steps, "compressor steps")
+
+    def same_everywhere(mine, what):
         everyone = hvd.allgather_object(mine)
         if any(other != mine for other in everyone):
-            raise AssertionError(f"ranks disagree at step {state.step}: {everyone}")
+            raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
 
     @hvd.elastic.run
     def train(state):
@@ -80,6 +94,7 @@ def main():
                 torch.nn.functional.cross_entropy(model(x[rows]), y[rows]).backward()
                 scenario.die_if_due(state, hvd.rank())  # after this method's exchanges started
                 optimizers[method].step()
+            counted()
 
     train(state)
     for method, model in models.items():
