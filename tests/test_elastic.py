@@ -4,6 +4,7 @@ host discovery script; every run has a time-out. The workers check at every step
 ranks hold the same parameters and compressor steps, and that each compressor counted exactly
 the committed steps; here: the resets happened, a joiner started with zero residuals while
 the survivors kept theirs, and training went on to the end on every remaining rank."""
+import json
 import os
 import re
 
@@ -74,3 +75,37 @@ def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
     compression._allgather_ints = lambda ints, name: list(ints) * 2
     with pytest.raises(tf.errors.InvalidArgumentError, match="this step was traced for 2 ranks"):
         step()
+
+
+def test_a_reset_by_elastic_run_makes_the_next_tf_trace_adopt_rank_0s_steps(monkeypatch):
+    # A worker replaced at the same number of ranks, without track: only elastic.run's reset says so.
+    import tensorflow as tf
+    import horovod.tensorflow as hvd
+    from sparsecomm.core import agreement
+    from sparsecomm.tensorflow import RandomBlock, elastic
+
+    hvd.init()
+    w = tf.Variable(tf.ones([64, 64]))
+    compression = RandomBlock(ratio=0.1, variables=[("w", w)], min_numel=0)
+    monkeypatch.setattr(type(compression), "_ranks", lambda self: 2)
+    rank0 = {"settings": json.dumps([compression.settings(), agreement.digest({"w": {"step": 5}}), False]),
+             "state": json.dumps({"w": {"step": 5}})}
+    parts = []
+
+    def allgather(ints, name):  # this rank is rank 1; rank 0 is at step 5 (and did not flag a reset)
+        part, what = name.rsplit(".", 2)[1:]
+        parts.append(part)
+        theirs = list(rank0[part].encode())
+        return ([len(theirs)] if what == "length" else theirs) + list(ints)
+    compression._allgather_ints = allgather
+
+    def trace():
+        return tf.function(lambda: compression.compress(tf.ones([64, 64]))[0])()
+    with pytest.raises(ValueError, match="tensor 'w', step: rank 0: 5, rank 1: 0"):
+        trace()  # the first step: rank 0 alone at step 5 is refused
+    assert parts == ["settings"] * 2 + ["state"] * 2
+    monkeypatch.setattr(elastic, "_resets", elastic.resets() + 1)
+    trace()
+    assert parts[4:] == ["settings"] * 2 + ["state"] * 2 and int(compression.state[0].step.numpy()) == 6
+    trace()  # no reset since: no check
+    assert len(parts) == 8

@@ -19,7 +19,7 @@ import tensorflow as tf
 from ..core import loss_scale, methods, report
 from ..core.compressor import Settings
 from ..core.selection import selected_count
-from . import exchange, ops
+from . import elastic, exchange, ops
 from .exchange import EXCHANGES, Packed, Wire
 from .state import VariableBinding, VariableState
 
@@ -44,6 +44,7 @@ class Compressor(Settings, tf.Module):
         self._process_set = process_set
         self._scaler = _checked_scaler(self._name, loss_scaler)
         self._binding = None
+        self._resets_seen = elastic.resets()
         if variables is not None:
             self._bind(variables)
 
@@ -72,6 +73,9 @@ class Compressor(Settings, tf.Module):
     def compress(self, tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         state = self._state_for(tensor)
+        if self._resets_seen != elastic.resets():  # a reset by elastic.run, even into as many ranks
+            self._resets_seen = elastic.resets()
+            self._forget_world()
         self._check_world()
         tensor = tf.convert_to_tensor(tensor)
         overflow = None

@@ -8,8 +8,9 @@ sparsecomm.tensorflow.keras's state).
     @sparsecomm.tensorflow.elastic.run   # in place of @hvd.elastic.run, see `run`
     def train(state): ...
 
-Without `track`, a compressor still notices a new number of ranks when compress is traced
-again, and every rank then adopts rank 0's steps (sparsecomm.core.agreement). Horovod's TF
+Without `track`, a compressor still notices a reset made by `run` (or, under
+``hvd.elastic.run``, a new number of ranks) when compress is traced again, and every rank
+then adopts rank 0's steps (sparsecomm.core.agreement). Horovod's TF
 states have no handler registry, and their keyword arguments are broadcast from rank 0 as
 plain objects (residuals differ per rank), so `track` chains each compressor to the state's
 own commit, restore and sync, which adds:
@@ -52,9 +53,20 @@ def run(func):
             raise
 
     def reset():
+        global _resets
         hvd.shutdown()
         hvd.init()
+        _resets += 1
     return run_fn(wrapper, reset)
+
+
+_resets = 0  # resets made by `run` in this process
+
+
+def resets():
+    """How many resets `run` made in this process: a compressor that saw fewer checks its settings
+    and adopts rank 0's steps at its next trace, even when the number of ranks did not change."""
+    return _resets
 
 
 def track(state, *compressors):
