@@ -16,6 +16,9 @@ it (its broadcast callback and optimizer wrapper expect Keras 2 objects). For Ke
                   loss=..., jit_compile=False)                # Horovod's ops have no XLA kernels
     model.fit(x, y, callbacks=[sckeras.BroadcastInitialVariables(root_rank=0)])
 
+Elastic Horovod (Keras 3): ``ElasticState(model, optimizer, compression, batch=0)`` with
+``sparsecomm.tensorflow.elastic.run`` (sparsecomm/tensorflow/keras_elastic.py).
+
 With tf-keras (``TF_USE_LEGACY_KERAS=1``), use Horovod's own
 ``horovod.tensorflow.keras.DistributedOptimizer(opt, compression=compression)``: the
 compressors work there as they are.
@@ -107,3 +110,12 @@ class BroadcastInitialVariables(keras.callbacks.Callback):
         if optimizer is not None and optimizer.built:
             variables += list(optimizer.variables)
         broadcast_variables(variables, self.root_rank, self.process_set)
+
+
+def __getattr__(name):
+    """``ElasticState`` (sparsecomm/tensorflow/keras_elastic.py), imported on first use: it
+    subclasses Horovod's ObjectState, and this module imports without Horovod."""
+    if name == "ElasticState":
+        from .keras_elastic import ElasticState
+        return ElasticState
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -168,8 +168,11 @@ class ElasticScenario:
     def write_hosts(self, slots):
         # The third slot is on a second "host" (127.0.0.1, also this machine): Horovod blacklists
         # the host of a failed worker, which must not be the host of the others.
-        with open(self.hosts, "w") as f:
+        # Written whole, then renamed: a discovery between truncation and write would see no hosts,
+        # which Horovod takes for every host removed.
+        with open(f"{self.hosts}.new", "w") as f:
             f.write("localhost:2\n" + ("127.0.0.1:1\n" if slots == 3 else ""))
+        os.replace(f"{self.hosts}.new", self.hosts)
 
     def finished(self, state, rank, size):
         """Moves the phase on at the start of a step; True when training is over."""
