@@ -49,6 +49,9 @@ class Rank(Settings):
     def _adopt_shared_state(self, shared):
         self.steps = {name: fields["step"] for name, fields in shared.items()}
 
+    def _measure_network(self):
+        raise AssertionError("nothing routes here")
+
 
 def on_every_rank(ranks, action):
     """Runs action(rank) on every rank at once: what each returned or raised, in rank order."""
@@ -131,15 +134,15 @@ def test_after_an_elastic_reset_every_rank_adopts_rank_0s_steps(told):
 
 
 def test_a_reset_seen_by_one_rank_is_enough_and_a_shrink_is_seen_as_a_new_count():
-    _, ranks = world([{"w": 4}, {"w": 4}, {"w": 4}])
+    _, ranks = world([{"w": 4}, {"w": 4}, {"w": 4}], methods.TopK("TopK", 0.1))  # exchange="auto"
     on_every_rank(ranks, check)
-    ranks[0].planner.measured(SLOW, None)
+    ranks[0].planner.use_measurement(SLOW, None)
     ranks[0].steps["w"], ranks[1].steps["w"] = 5, 4  # rank 2 left in the middle of a step
     collective = Collective(2)
     for rank in ranks[:2]:
         rank.collective = collective
     assert on_every_rank(ranks[:2], check) == [2, 2] and [r.steps for r in ranks[:2]] == [{"w": 5}] * 2
-    assert ranks[0].planner.network is None  # measured again for the new world
+    assert ranks[0].planner.auto.network is None  # measured again for the new world
 
 
 def test_after_load_state_dict_a_difference_raises_and_no_check_runs_otherwise():

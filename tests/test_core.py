@@ -74,11 +74,11 @@ def test_auto_needs_the_network_and_never_measures_it_itself():
 
 def test_a_new_world_measures_the_network_again_but_keeps_a_given_one():
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
-    planner.measured(SLOW, None)
+    planner.use_measurement(SLOW, None)
     assert planner.route("w", 25_000_000, 2, 4, 0.001, 4) == "spardl"
     planner.forget_measurement()  # elastic Horovod: the ranks changed
-    assert planner.network is None and planner.needs_network(3)
-    planner.measured(FAST, None)
+    assert planner.auto.network is None and planner.needs_network(3)
+    planner.use_measurement(FAST, None)
     assert planner.route("w", 25_000_000, 2, 4, 0.001, 3) == "dense"  # chosen again, not the cached route
     given = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", SLOW)
     given.forget_measurement()
@@ -147,40 +147,40 @@ def test_backward_windows_run_from_each_hand_off_to_the_last_one_of_the_step():
     from sparsecomm.core.plan import BackwardWindows
     watched = BackwardWindows(steps=2)
     for name, now in (("fc", 10.0), ("conv2", 10.5), ("conv1", 10.75)):
-        watched.handed(name, now)
+        watched.note_handoff(name, now)
     assert not watched.complete() and watched.windows == {}
-    watched.decompressing()  # Horovod's synchronize, after the backward: the step ends here
-    watched.decompressing()  # the step's other decompresses change nothing
+    watched.note_decompress()  # Horovod's synchronize, after the backward: the step ends here
+    watched.note_decompress()  # the step's other decompresses change nothing
     assert watched.windows == {"fc": 0.75, "conv2": 0.25, "conv1": 0.0} and not watched.complete()
     for name, now in (("fc", 20.0), ("conv2", 20.125), ("conv1", 20.25)):
-        watched.handed(name, now)
-    watched.decompressing()
+        watched.note_handoff(name, now)
+    watched.note_decompress()
     assert watched.windows == {"fc": 0.25, "conv2": 0.125, "conv1": 0.0} and watched.complete()  # the last step's
 
 
 def _step(planner, shapes, ended_at, density=0.001, ranks=2):
     """One step as the torch adapter drives the planner: the StepClock ticks at the first compress,
     each tensor is routed, and the step ends (its last decompress) at `ended_at`. Returns the routes."""
-    planner.steps.compressing()
+    planner.auto.steps.note_compress()
     routes = {name: planner.route(name, numel, 2, 4, density, ranks) for name, numel in shapes.items()}
-    planner.steps.decompressing(ended_at)
+    planner.auto.steps.note_decompress(ended_at)
     return routes
 
 
 def _watched(planner, windows, shapes, density=0.001, ranks=2):
     """Two steps of watching: each tensor routed (dense meanwhile) and handed `windows` seconds before
     the end of the backward."""
-    planner.watch_backward()
+    planner.auto.watch_backward()
     for step in range(2):
-        planner.steps.compressing()
+        planner.auto.steps.note_compress()
         for name, numel in shapes.items():
             assert planner.route(name, numel, 2, 4, density, ranks) == "dense"
             assert planner.choices[name] == {"exchange": "dense", "watching_backward": True}
-            planner.backward.handed(name, 100.0 - windows[name])
-        planner.backward.handed("last", 100.0)  # the first layer's gradient, the end of the backward
-        planner.backward.decompressing()
-        planner.steps.decompressing(float(step))
-    assert not planner.watching() and planner.backward.windows == pytest.approx(dict(windows, last=0.0))
+            planner.auto.backward.note_handoff(name, 100.0 - windows[name])
+        planner.auto.backward.note_handoff("last", 100.0)  # the first layer's gradient, the end of the backward
+        planner.auto.backward.note_decompress()
+        planner.auto.steps.note_decompress(float(step))
+    assert not planner.watching() and planner.auto.backward.windows == pytest.approx(dict(windows, last=0.0))
 
 
 GBIT = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
@@ -199,9 +199,9 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     assert planner.needs_network(2)
-    planner.measured(GBIT, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
+    planner.use_measurement(GBIT, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
     assert _step(planner, EARLY_AND_LATE, 2.0) == {"early": "allgather", "late": "allgather"}
-    assert planner.trial.alternative == plan.ALL_SPARSE
+    assert planner.auto.trial.alternative == plan.ALL_SPARSE
     assert planner.choices["early"]["route_trial"] == plan.ALL_SPARSE
     assert _step(planner, EARLY_AND_LATE, 3.0) == {"early": "dense", "late": "allgather"}
     assert planner.choices["early"]["hidden_seconds"] == pytest.approx(0.05)
@@ -209,17 +209,17 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     assert planner.choices["late"]["route_trial"] == plan.MODEL
     alone = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(alone, {"late": 0.031}, {"late": 10**6})
-    alone.measured(GBIT, None, {"late": 0.031})
+    alone.use_measurement(GBIT, None, {"late": 0.031})
     _step(alone, {"late": 10**6}, 2.0)  # the measuring step, all sparse
     assert _step(alone, {"late": 10**6}, 3.0) == {"late": "dense"}
     planner.forget_measurement()  # a new world watches again
-    assert planner.trial is None and planner.steps.step == 0
+    assert planner.auto.trial is None and planner.auto.steps.step == 0
     assert planner.watching() and planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
     unwatched = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", GBIT)
-    unwatched.watch_backward()  # a network the user gave: nothing measured, nothing watched or tried
+    unwatched.auto.watch_backward()  # a network the user gave: nothing measured, nothing watched or tried
     assert not unwatched.watching() and unwatched.route("early", 10**6, 2, 4, 0.001, 2) == "allgather"
     assert "hidden_seconds" not in unwatched.choices["early"] and "route_trial" not in unwatched.choices["early"]
-    assert unwatched.steps is None and unwatched.trial is None
+    assert unwatched.auto.steps is None and unwatched.auto.trial is None
 
 
 def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_changes():
@@ -228,14 +228,14 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     (dense meanwhile), and a new network decides again, whatever was kept."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"w": 0.0}, {"w": 10**6})
-    planner.measured(GBIT, None, {"w": 0.0})
+    planner.use_measurement(GBIT, None, {"w": 0.0})
     decided, decide = [], planner._decide
     planner._decide = lambda *args: decided.append(args[0]) or decide(*args)
     for step in range(2 * plan.TRIAL_PAIRS + 1):  # the measuring step and a round: decided at every step
         _step(planner, {"w": 10**6}, 3.0 + step)
     assert len(decided) == 2 * plan.TRIAL_PAIRS + 1
-    planner.steps.compressing()
-    planner.tried([1.0, 2.0] * plan.TRIAL_PAIRS)  # the model's routes faster in every pair: kept
+    planner.auto.steps.note_compress()
+    planner.auto.add_trial_round([1.0, 2.0] * plan.TRIAL_PAIRS)  # the model's routes faster in every pair: kept
     decided.clear()
     assert [planner.route("w", 10**6, 2, 4, 0.001, 2) for _ in range(3)] == ["allgather"] * 3
     assert decided == ["w"]  # once, then kept
@@ -245,9 +245,9 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     planner.forget_measurement()  # a new world of as many ranks: watched again, dense meanwhile
     assert planner.watching() and planner.route("w", 10**6, 2, 4, 0.001, 3) == "dense"
     unwatched = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
-    unwatched.measured(GBIT, None)
+    unwatched.use_measurement(GBIT, None)
     assert unwatched.route("w", 10**6, 2, 4, 0.001, 2) == "allgather"
-    unwatched.measured(FAST, None)  # copies slower than the link: decided again
+    unwatched.use_measurement(FAST, None)  # copies slower than the link: decided again
     assert unwatched.route("w", 10**6, 2, 4, 0.001, 2) == "dense"
 
 
@@ -256,7 +256,7 @@ def _trial_planner():
     allgather: its routes are tried against all sparse from step 2, the measuring step."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
-    planner.measured(GBIT, None, {"early": 0.05, "late": 0.031})
+    planner.use_measurement(GBIT, None, {"early": 0.05, "late": 0.031})
     return planner
 
 
@@ -270,10 +270,10 @@ def _trial_round(planner, ended, seconds):
         side = (plan.MODEL, plan.ALL_SPARSE)[i % 2]
         ended += seconds[side][i // 2]
         assert _step(planner, EARLY_AND_LATE, ended) == (BY_MODEL if side == plan.MODEL else ALL_SPARSE_ROUTES)
-        assert planner.trial.arm(planner.steps.step) == side and planner.choices["early"]["route_trial"] == side
-        assert not planner.trial_round_ended()
-    planner.steps.compressing()  # the first compress after the round
-    assert planner.trial_round_ended() and planner.timing_steps()
+        assert planner.auto.trial.arm(planner.auto.steps.step) == side and planner.choices["early"]["route_trial"] == side
+        assert not planner.auto.round_ended()
+    planner.auto.steps.note_compress()  # the first compress after the round
+    assert planner.auto.round_ended() and planner.timing_steps()
     return ended
 
 
@@ -290,21 +290,21 @@ def test_the_route_trial_keeps_the_side_faster_in_every_pair_after_one_round(fas
     slower = plan.ALL_SPARSE if faster == plan.MODEL else plan.MODEL
     seconds = {faster: [3.0, 0.3, 0.3, 0.3], slower: [4.0, 0.4, 0.4, 0.4]}
     _trial_round(planner, 2.0, seconds)
-    round_seconds = planner.trial.round_seconds(planner.steps)
+    round_seconds = planner.auto.trial.round_seconds(planner.auto.steps)
     assert round_seconds == pytest.approx([x for pair in zip(seconds[plan.MODEL], seconds[plan.ALL_SPARSE])
                                            for x in pair])
-    planner.tried(round_seconds)  # as averaged over the ranks
-    assert not planner.trial_round_ended() and not planner.timing_steps()
+    planner.auto.add_trial_round(round_seconds)  # as averaged over the ranks
+    assert not planner.auto.round_ended() and not planner.timing_steps()
     for step in range(11, 14):
         if step > 11:
-            planner.steps.compressing()
+            planner.auto.steps.note_compress()
         routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
         assert routes == (BY_MODEL if faster == plan.MODEL else ALL_SPARSE_ROUTES)
     shown = planner.choices["early"]
     assert shown["route_trial"] == faster and shown["route_trial_steps"] == 2 * plan.TRIAL_PAIRS
     assert shown["route_trial_seconds"] == pytest.approx({faster: 0.3, slower: 0.4})
     assert shown["route_trial_ratio"] == pytest.approx(0.75 if faster == plan.ALL_SPARSE else 4 / 3)
-    assert len(planner.steps.ends) == 2 * plan.TRIAL_PAIRS + 1  # the clock keeps no more than a round needs
+    assert len(planner.auto.steps.ends) == 2 * plan.TRIAL_PAIRS + 1  # the clock keeps no more than a round needs
 
 
 @pytest.mark.parametrize("agreeing, kept", [(0.90, plan.ALL_SPARSE), (1.05, plan.MODEL)])
@@ -321,10 +321,10 @@ def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides
     assert len(rounds) == plan.TRIAL_ROUNDS
     for i, seconds in enumerate(rounds):
         ended = _trial_round(planner, ended, seconds)
-        planner.tried(planner.trial.round_seconds(planner.steps))
-        assert planner.trial.rounds == i + 1
-        assert (planner.trial.winner is None) == (i + 1 < plan.TRIAL_ROUNDS)
-    assert planner.trial.winner == kept and planner.trial.ratio() == pytest.approx(agreeing)
+        planner.auto.add_trial_round(planner.auto.trial.round_seconds(planner.auto.steps))
+        assert planner.auto.trial.rounds == i + 1
+        assert (planner.auto.trial.winner is None) == (i + 1 < plan.TRIAL_ROUNDS)
+    assert planner.auto.trial.winner == kept and planner.auto.trial.ratio() == pytest.approx(agreeing)
     routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
     assert routes == (BY_MODEL if kept == plan.MODEL else ALL_SPARSE_ROUTES)
     assert planner.choices["early"]["route_trial_steps"] == plan.TRIAL_STEPS
@@ -354,9 +354,9 @@ def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
     routes by the model (the sparser side), then the steps alternate."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.0, "late": 0.0}, EARLY_AND_LATE)
-    planner.measured(GBIT, None, {"early": 0.0, "late": 0.0})
+    planner.use_measurement(GBIT, None, {"early": 0.0, "late": 0.0})
     all_sparse, all_dense = {"early": "allgather", "late": "allgather"}, {"early": "dense", "late": "dense"}
-    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.trial.alternative == plan.ALL_DENSE
+    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.auto.trial.alternative == plan.ALL_DENSE
     assert [_step(planner, EARLY_AND_LATE, 3.0 + step) for step in range(4)] == [all_sparse, all_dense] * 2
     assert planner.choices["early"]["route_trial"] == plan.ALL_DENSE
     assert planner.choices["early"]["predicted_seconds"]["allgather"] < planner.choices["early"]["predicted_seconds"][
@@ -368,15 +368,15 @@ def test_tensors_the_settings_send_dense_occupy_the_link_too():
     the link busy until -18 ms: `w`, handed 40 ms before the end, is hidden only 18 ms."""
     gbit = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
-    planner.watch_backward()
+    planner.auto.watch_backward()
     for _ in range(2):
         assert planner.route("bias", 10**6, 1, 4, 0.001, 2) == "dense"
-        planner.backward.handed("bias", 0.0)
+        planner.auto.backward.note_handoff("bias", 0.0)
         planner.route("w", 10**6, 2, 4, 0.001, 2)
-        planner.backward.handed("w", 0.01)
-        planner.backward.handed("last", 0.05)
-        planner.backward.decompressing()
-    planner.measured(gbit, None, planner.backward.windows)
+        planner.auto.backward.note_handoff("w", 0.01)
+        planner.auto.backward.note_handoff("last", 0.05)
+        planner.auto.backward.note_decompress()
+    planner.use_measurement(gbit, None, planner.auto.backward.windows)
     planner.route("w", 10**6, 2, 4, 0.001, 2)
     dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, gbit)["dense"][1]
     assert planner.choices["w"]["hidden_seconds"] == pytest.approx(0.05 - dense_wire)
@@ -388,7 +388,7 @@ def test_the_network_is_measured_only_after_the_watched_steps():
     class Watching(Settings):
         def __init__(self):
             self._configure(methods.TopK("TopK", 0.001))
-            self.planner.watch_backward()
+            self.planner.auto.watch_backward()
             self.measures = 0
 
         def _ranks(self):
@@ -396,13 +396,15 @@ def test_the_network_is_measured_only_after_the_watched_steps():
 
         def _measure_network(self):
             self.measures += 1
-            return SLOW, None, dict(self.planner.backward.windows)
+            return SLOW, None, dict(self.planner.auto.backward.windows)
+
+        _allgather_ints = _shared_state = _adopt_shared_state = None  # no collective here
 
     world = Watching()
     for step in range(4):
         assert world._routing_ranks(2, measure=True) == 2
         world.planner.route("w", 10**6, 2, 4, 0.001, 2)
-        world.planner.backward.handed("w", float(step))
-        world.planner.backward.decompressing()
+        world.planner.auto.backward.note_handoff("w", float(step))
+        world.planner.auto.backward.note_decompress()
         assert world.measures == (1 if step >= 2 else 0)
     assert world.planner.choices["w"]["exchange"] == "allgather"  # 2 ranks on SLOW, nothing hidden

@@ -30,8 +30,8 @@ BUDGET = {  # per tensor and step: {(read, "file:function"): count}
 # Under a GradScaler: its scale, read once per step (after the scale changed, as scaler.update()
 # changes it), not once per tensor. Per step: {(read, "file:function"): count}.
 PER_STEP = {
-    "DGC_loss_scaled": {("item", "torch/compression.py:_loss_scale"): 1},
-    "Threshold_loss_scaled": {("item", "torch/compression.py:_loss_scale"): 1},
+    "DGC_loss_scaled": {("item", "torch/loss_scaling.py:scale"): 1},
+    "Threshold_loss_scaled": {("item", "torch/loss_scaling.py:scale"): 1},
 }
 
 

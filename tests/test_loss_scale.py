@@ -9,6 +9,7 @@ from common import EVERY
 from sparsecomm.core import loss_scale
 from sparsecomm.core.loss_scale import UNSET, decide
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+from sparsecomm.torch.loss_scaling import LossScaling
 
 ALL = [
     lambda **kw: DGC(ratio=0.1, **kw), lambda **kw: Threshold(ratio=0.1, **kw),
@@ -91,7 +92,7 @@ def test_loss_scaler_must_be_a_grad_scaler(make):
     with pytest.raises(TypeError, match=f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales "
                                         f"the loss, got float"):
         make(named_parameters=model.named_parameters(), loss_scaler=1024.0)
-    assert make(loss_scaler=_scaler())._scaler is not None
+    assert make(loss_scaler=_scaler())._loss_scaling is not None
 
 
 def test_a_scaler_that_does_not_lower_its_scale_on_overflow_is_refused():
@@ -114,7 +115,7 @@ def test_a_scaler_that_does_not_lower_its_scale_on_overflow_is_refused():
 
 def test_a_disabled_scaler_scales_nothing_and_is_ignored():
     comp = RandomBlock(ratio=0.1, loss_scaler=torch.amp.GradScaler("cpu", enabled=False))
-    assert comp._scaler is None
+    assert comp._loss_scaling is None
 
 
 # -- compress under a scaler -------------------------------------------------------------------
@@ -151,9 +152,9 @@ def test_scaled_steps_with_an_overflow_equal_unscaled_steps_without_it(make):
     assert not torch.isfinite(got[overflow, "0.weight"]).all()
     for key in want:
         assert torch.equal(got[key], want[key]), key
-    for name, state in scaled._states.items():
-        assert state.step == plain._states[name].step == 5
-        assert torch.equal(state.residual / scales[-1], plain._states[name].residual), name
+    for name, state in scaled._state.parameters.items():
+        assert state.step == plain._state.parameters[name].step == 5
+        assert torch.equal(state.residual / scales[-1], plain._state.parameters[name].residual), name
 
 
 @pytest.mark.parametrize("make", ALL)
@@ -168,8 +169,8 @@ def test_a_non_finite_gradient_sends_a_nan_first(make):
         p.grad = torch.randn(64, 64, generator=generator)
         if bad is not None:
             p.grad[63, 60:] = bad  # 4 elements: more than some of the methods select
-        payload = comp._scaled_payload(p.grad.clone(), comp._state_for(p.grad), "sparse", 0.1)
-        expected = plain.pack(p.grad.clone(), plain._state_for(p.grad), 0.1)
+        payload = LossScaling.payload(comp, p.grad.clone(), comp._state.for_gradient(p.grad), "sparse", 0.1)
+        expected = plain.pack(p.grad.clone(), plain._state.for_gradient(p.grad), 0.1)
         assert payload.start == expected.start and (payload.index is None or torch.equal(payload.index, expected.index))
         if payload.bits is None:
             assert bool(torch.isnan(payload.values[0])) == (bad is not None)
@@ -190,9 +191,9 @@ def test_the_backup_is_copied_into_buffers_allocated_once():
     pointers = []
     for step in range(4):  # the first backup has no residual or momentum yet (the first update makes them)
         _grads(model, step, 1024.0)
-        state = comp._state_for(model[0].weight.grad)
-        comp._follow_loss_scale(state, scaler.get_scale())
-        comp._scaled_payload(model[0].weight.grad, state, "allgather", 0.1)
+        state = comp._state.for_gradient(model[0].weight.grad)
+        LossScaling.follow(state, scaler.get_scale())
+        LossScaling.payload(comp, model[0].weight.grad, state, "allgather", 0.1)
         if step:
             pointers.append((state.backup.residual.data_ptr(), state.backup.momentum.data_ptr()))
     assert pointers[0] == pointers[1] == pointers[2]
@@ -204,7 +205,7 @@ def test_without_a_scaler_nothing_is_backed_up_or_remembered():
     _grads(model, 0, 1.0)
     for _, p in model.named_parameters():
         comp.decompress(*comp.compress(p.grad))
-    assert all(s.backup is None and s.loss_scale == UNSET for s in comp._states.values())
+    assert all(s.backup is None and s.loss_scale == UNSET for s in comp._state.parameters.values())
     assert all(entry["loss_scale"] == UNSET for entry in comp.state_dict()["parameters"].values())
 
 
@@ -217,7 +218,7 @@ def test_a_rollback_restores_the_state_before_a_first_update_as_zeros():
         comp.decompress(*comp.compress(p.grad))
     scaler.update(new_scale=32.0)
     comp.state_dict()  # settles the rollback
-    for state in comp._states.values():
+    for state in comp._state.parameters.values():
         assert state.step == 0 and not state.residual.any() and state.loss_scale == 32.0
 
 
@@ -237,8 +238,8 @@ def test_a_checkpoint_remembers_the_scale_of_its_residuals():
         other = _scaler(scale)
         resumed = RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), loss_scaler=other, **EVERY)
         resumed.load_state_dict(saved)
-        state = resumed._states["0.weight"]
+        state = resumed._state.parameters["0.weight"]
         assert state.loss_scale == 64.0 and not state.backed_up
-        resumed._follow_loss_scale(state, other.get_scale())
+        LossScaling.follow(state, other.get_scale())
         assert torch.equal(state.residual, residual * (scale / 64.0)) and state.step == 1
         assert state.loss_scale == scale

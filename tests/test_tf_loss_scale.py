@@ -13,7 +13,7 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 from common import EVERY  # noqa: E402
 from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, TopK  # noqa: E402
-from sparsecomm.tensorflow.compression import _nan_first  # noqa: E402
+from sparsecomm.tensorflow.loss_scaling import nan_first  # noqa: E402
 from sparsecomm.tensorflow.exchange import Packed  # noqa: E402
 
 
@@ -65,13 +65,13 @@ def test_scaled_steps_with_an_overflow_equal_unscaled_steps_without_it(make, tra
     np.testing.assert_array_equal(state.residual.numpy() / scales[-1], want.residual.numpy())
 
 
-def test_a_non_finite_gradient_sends_a_nan_first():
+def test_a_non_finite_gradient_sends_anan_first():
     values = tf.constant([1.0, -2.0, 3.0], tf.bfloat16)
-    assert np.isnan(_nan_first(Packed(values), tf.constant(True)).values.numpy().astype(np.float32)[0])
-    np.testing.assert_array_equal(_nan_first(Packed(values), tf.constant(False)).values.numpy(), values.numpy())
+    assert np.isnan(nan_first(Packed(values), tf.constant(True)).values.numpy().astype(np.float32)[0])
+    np.testing.assert_array_equal(nan_first(Packed(values), tf.constant(False)).values.numpy(), values.numpy())
     quantized = Packed(codes=tf.constant([1], tf.uint8), scales=tf.constant([0.5, 0.25]), bits=1)
-    assert np.isnan(_nan_first(quantized, tf.constant(True)).scales.numpy()).all()
-    np.testing.assert_array_equal(_nan_first(quantized, tf.constant(False)).scales.numpy(), [0.5, 0.25])
+    assert np.isnan(nan_first(quantized, tf.constant(True)).scales.numpy()).all()
+    np.testing.assert_array_equal(nan_first(quantized, tf.constant(False)).scales.numpy(), [0.5, 0.25])
 
 
 def test_the_loss_scale_and_the_backup_are_checkpointed(tmp_path):

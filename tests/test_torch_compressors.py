@@ -7,6 +7,7 @@ import torch
 import reference
 from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+from sparsecomm.torch import calibration
 
 
 
@@ -55,9 +56,9 @@ def test_error_feedback_conserves_the_gradient(set_to_none):
             values, ctx = comp.compress(p.grad)
             sent[name] += comp.decompress(values, ctx).double()
     for name, p in model.named_parameters():
-        residual = comp._states[name].residual.reshape(p.shape).double()
+        residual = comp._state.parameters[name].residual.reshape(p.shape).double()
         torch.testing.assert_close(sent[name] + residual, total[name], rtol=0, atol=1e-5)
-        assert comp._states[name].step == 20
+        assert comp._state.parameters[name].step == 20
 
 
 def test_ratio_one_sends_everything_and_keeps_nothing():
@@ -69,7 +70,7 @@ def test_ratio_one_sends_everything_and_keeps_nothing():
         values, ctx = comp.compress(p.grad)
         assert values.numel() == p.numel()
         assert torch.equal(comp.decompress(values, ctx), grad)
-        assert not comp._states[name].residual.any()
+        assert not comp._state.parameters[name].residual.any()
 
 
 def test_a_strided_gradient_gets_its_result_in_a_new_contiguous_buffer():
@@ -90,7 +91,7 @@ def test_half_precision_gradients_keep_rounding_error_in_the_residual():
     p.grad = grad.clone()
     values, ctx = comp.compress(p.grad)
     assert values.dtype == torch.float16
-    total = comp.decompress(values, ctx).float() + comp._states["w"].residual
+    total = comp.decompress(values, ctx).float() + comp._state.parameters["w"].residual
     assert torch.equal(total, grad.float())
 
 
@@ -101,10 +102,10 @@ def test_timing_the_sparse_path_for_auto_never_touches_the_global_rng(make):
     """exchange="auto" times the compressor's own pack + unpack on random gradients (its
     LocalCost): those come from a generator of its own, not from the user's RNG stream."""
     comp = make([("w", torch.nn.Parameter(torch.zeros(10)))])
-    comp._device = torch.device("cpu")
+    comp.device = torch.device("cpu")
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    small, large, unpack, memset, pairs = comp._time_sparse_path()
+    small, large, unpack, memset, pairs = calibration.time_sparse_path(comp)
     assert torch.equal(torch.get_rng_state(), before)
     assert 0 < small and 0 < large and 0 <= memset and pairs > 0
 
@@ -258,7 +259,7 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
             assert torch.equal(values, want_values)
             dense = comp.decompress(values, ctx).reshape(-1)
             assert torch.equal(dense[index], want_values) and dense.count_nonzero() <= len(index)
-            assert torch.equal(comp._states[name].residual, residuals[name])
+            assert torch.equal(comp._state.parameters[name].residual, residuals[name])
 
 
 @pytest.mark.parametrize("make,message", [
@@ -297,7 +298,7 @@ def test_dgc_warmup_follows_the_papers_exponential_schedule():
 
 
 def test_rtopk_default_r_is_four_times_ratio_capped_at_one():
-    assert RTopK(ratio=0.01).r == 0.04 and RTopK(ratio=0.5).r == 1.0
+    assert RTopK(ratio=0.01).method.r == 0.04 and RTopK(ratio=0.5).method.r == 1.0
 
 
 def test_the_default_policy_sends_small_and_1d_tensors_dense():
@@ -381,7 +382,7 @@ def test_a_gradient_beyond_int32_indices_is_refused_before_any_collective(make):
             rf"to send it dense through Horovod's allreduce, or split the parameter into tensors of at most "
             rf"2147483647 elements.$")):
         comp.compress(p.grad)
-    assert comp.stats()["calls"] == 0 and comp._states["embedding.weight"].residual is None
+    assert comp.stats()["calls"] == 0 and comp._state.parameters["embedding.weight"].residual is None
 
 
 @pytest.mark.parametrize("make", [
@@ -405,7 +406,7 @@ def test_a_densified_sparse_gradient_is_attributed_when_unambiguous():
     comp = RandomBlock(ratio=0.5, named_parameters=[("one.weight", one.weight)], **EVERY)
     one(torch.tensor([1, 2, 3])).sum().backward()
     values, ctx = comp.compress(one.weight.grad.to_dense())
-    assert "one.weight" in comp._states and values.numel() == 750
+    assert "one.weight" in comp._state.parameters and values.numel() == 750
     two = torch.nn.Embedding(50, 30, sparse=True)
     comp = RandomBlock(ratio=0.5, named_parameters=[("one.weight", one.weight), ("two.weight", two.weight)], **EVERY)
     two(torch.tensor([4])).sum().backward()

@@ -2,19 +2,21 @@
 of sparsecomm.core.methods), its per-layer policy and its planner (sparsecomm.core.plan).
 
 The torch and TF compressors inherit Settings and add only their framework: binding to the
-model's parameters, state tensors, kernels and collectives (and `_ranks`, `_measure_network`,
-`_allgather_ints`, `_shared_state`, `_adopt_shared_state`; the torch one also `_mean_over_ranks`, for auto's
-route trial). Each method's compressor class declares its hooks (see sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py):
+model's parameters, state tensors, kernels and collectives (Settings' abstract methods). Each
+method's compressor class declares its hooks (sparsecomm/<framework>/compression.py):
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
 """
+import abc
+
 from . import agreement, report
 from .plan import Planner, Policy
 
 
-class Settings:
-    """The settings part of a compressor: `method`, `policy`, `planner`, readable as
-    attributes (`compressor.ratio`, `compressor.exchange`, `compressor.min_numel`)."""
+class Settings(abc.ABC):
+    """The settings part of a compressor: `method` (the method's settings: ``compressor.method.seed``),
+    `policy` (``compressor.policy.min_numel``) and `planner` (routes; ``compressor.planner.network``),
+    and the cross-rank agreement check. An adapter provides the abstract methods below."""
 
     def _configure(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
         """exchange: exchange=, network=, dense_fallback= of the per-rank-coordinate methods."""
@@ -64,14 +66,6 @@ class Settings:
         (a difference raises: nothing tells which rank is right)."""
         self._world = None
 
-    def _shared_state(self) -> dict:
-        """{tensor name: {"step": step}} of every tensor this compressor is bound to (framework)."""
-        raise NotImplementedError
-
-    def _adopt_shared_state(self, shared: dict):
-        """Takes another rank's _shared_state() (framework)."""
-        raise NotImplementedError
-
     def _routing_ranks(self, ranks, measure):
         """The number of ranks to route for, of the `ranks` there are now. exchange="auto" on
         several ranks needs the network and the local cost of the sparse path (`_measure_network`:
@@ -81,26 +75,52 @@ class Settings:
         fallback only). While the planner watches the backward (an adapter that times Horovod's
         hooks), nothing is measured yet: auto sends dense, and measures at the first compress
         after the watched steps."""
-        if self.planner.needs_network(ranks):
+        planner, auto = self.planner, self.planner.auto
+        if planner.needs_network(ranks):
             if not measure:
                 return 1
-            if not self.planner.watching():
-                self.planner.measured(*self._measure_network())
-        if measure and self.planner.trial_round_ended():  # every rank decides alike, on the same step times
-            self.planner.tried(self._mean_over_ranks(self.planner.trial.round_seconds(self.planner.steps),
-                                                     "route_trial"))
+            if not auto.watching():
+                planner.use_measurement(*self._measure_network())
+        if measure and auto is not None and auto.round_ended():  # every rank decides alike, on the same step times
+            auto.add_trial_round(self._mean_over_ranks(auto.trial.round_seconds(auto.steps), "route_trial"))
         return ranks
 
     def density(self, step: int) -> float:
         """The density at a tensor's step (the warm-up schedule, then ratio)."""
         return self.method.density(step)
 
-    def __getattr__(self, name):
-        # Called only when normal lookup fails: the public settings live in the three parts.
-        parts = [self.__dict__.get(part) for part in ("method", "planner", "policy")]
-        if not name.startswith("_") and None not in parts:
-            method, planner, policy = parts
-            for holder, names in ((method, method.settings()), (planner, planner.settings()), (policy, vars(policy))):
-                if name in names:
-                    return getattr(holder, name)
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    @property
+    def ratio(self) -> float:
+        """The fraction of each tensor sent per step (DGC: after its warm-up)."""
+        return self.method.ratio
+
+    @property
+    def exchange(self):
+        """The exchange of the per-rank-coordinate methods ("auto", "allgather", "spardl"; None otherwise)."""
+        return None if self.planner.shared else self.planner.exchange
+
+    # -- what an adapter provides (sparsecomm.torch.compression, sparsecomm.tensorflow.compression) ----
+
+    @abc.abstractmethod
+    def _ranks(self) -> int:
+        """The number of ranks of the compressor's process set (1 before Horovod starts)."""
+
+    @abc.abstractmethod
+    def _allgather_ints(self, ints, name) -> list:
+        """Every rank's `ints`, concatenated in rank order: one collective named `name`."""
+
+    @abc.abstractmethod
+    def _measure_network(self):
+        """(Network, LocalCost or None, {tensor: backward window} or None), averaged over the ranks."""
+
+    def _mean_over_ranks(self, values, name) -> list:
+        """`values` averaged over the ranks (only adapters that time the route trial call it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not try its routes")
+
+    @abc.abstractmethod
+    def _shared_state(self) -> dict:
+        """{tensor name: {"step": step}} of every tensor this compressor is bound to."""
+
+    @abc.abstractmethod
+    def _adopt_shared_state(self, shared: dict):
+        """Takes another rank's _shared_state()."""

@@ -84,25 +84,20 @@ def sparse_is_larger(k, numel, element_size):
 
 
 class Planner:
-    """The route of each tensor at a density, and the record of what exchange='auto' chose
-    (shown by stats()). The same inputs give the same route on every rank."""
+    """The route of each tensor at a density: the per-layer policy, the dense fallback, a fixed
+    exchange or exchange="auto" (`auto`, an AutoRouter); and the record of what was chosen
+    (`choices`, shown by stats()). The same inputs give the same route on every rank."""
 
     def __init__(self, owner, method, policy, exchange="auto", network=None, dense_fallback=True):
         self.owner, self.method, self.policy = owner, method, policy
         self.shared = method.shared_coordinates
+        self.auto = None  # the AutoRouter of exchange="auto"
         if not self.shared:
             self.dense_fallback = validate.check_flag(owner, "dense_fallback", dense_fallback)
             self.exchange, self.network = validate.check_exchange(owner, exchange, network)
-        self.local = None  # cost.LocalCost of this compressor's sparse path, measured with the network
-        self._network_measured = False  # network= was measured here (not the user's): measured again on a new world
+            if self.exchange == "auto":
+                self.auto = AutoRouter(method, self.network)
         self.choices = {}  # name -> {"exchange", "predicted_seconds"?, "hidden_seconds"?}: what stats() shows
-        self._cached = {}  # name -> ((k, ranks), route) of exchange="auto"
-        self.backward = None  # BackwardWindows while auto watches the backward (watch_backward)
-        self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
-        self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
-        self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
-        self.steps = None  # StepClock while auto watches and tries its routes (watch_backward)
-        self.trial = None  # RouteTrial, once auto chose after watching
         self._final = {}  # name -> ((numel, ndim, element size, density, ranks), route) once routes are final
 
     def settings(self):
@@ -112,42 +107,26 @@ class Planner:
 
     def needs_network(self, ranks):
         """Whether a route needs the network measured first (exchange="auto" on several ranks)."""
-        return not self.shared and self.exchange == "auto" and self.network is None and ranks > 1
-
-    def watch_backward(self):
-        """Called by an adapter that times Horovod's hooks: where auto will measure the network,
-        it first watches OBSERVED_STEPS steps of the backward pass (sending dense meanwhile)."""
-        if not self.shared and self.exchange == "auto" and self.network is None:
-            self.backward, self.steps = BackwardWindows(), StepClock()
+        return self.auto is not None and self.auto.needs_network(ranks)
 
     def watching(self):
-        """Whether auto is still watching the backward: measure the network only after it."""
-        return self.backward is not None and not self.backward.complete()
+        """Whether auto is still watching the backward (see AutoRouter.watch_backward)."""
+        return self.auto is not None and self.auto.watching()
 
     def timing_steps(self):
-        """Whether the adapter should still feed the StepClock (its hooks' times): from the watch
-        until the route trial is decided (or the measurement found no tensor for auto)."""
-        return self.steps is not None and (not self._network_measured or (self.trial is not None and
-                                                                           self.trial.winner is None))
-
-    def measured(self, network, local, windows=None):
-        """The network and local cost measured by the framework adapter (see needs_network), and
-        where it watched the backward, each tensor's window averaged over the ranks."""
-        self.network, self.local, self._network_measured = network, local, True
-        self._windows, self._hidden = dict(windows or {}), None
-        self._cached.clear()
-        self._final.clear()
+        """Whether the adapter should still feed auto's StepClock (see AutoRouter.timing_steps)."""
+        return self.auto is not None and self.auto.timing_steps()
 
     def forget_measurement(self):
-        """Drops a measured network (not one the user gave) and every route chosen with it:
-        the ranks changed (elastic Horovod), so they are measured (and watched) again."""
-        if self._network_measured:
-            self.network, self.local, self._network_measured = None, None, False
-            self._windows, self._hidden = {}, None
-        if self.backward is not None:
-            self.backward, self.steps = BackwardWindows(), StepClock()
-        self.trial = None
-        self._cached.clear()
+        """The ranks changed (elastic Horovod): routes chosen on the old world are dropped, and auto
+        measures (and watches) again."""
+        if self.auto is not None:
+            self.auto.forget_measurement()
+        self._final.clear()
+
+    def use_measurement(self, network, local, windows=None):
+        """What the adapter measured for auto (AutoRouter.use_measurement); routes are chosen anew."""
+        self.auto.use_measurement(network, local, windows)
         self._final.clear()
 
     def always_dense(self, name, numel, ndim, element_size):
@@ -158,9 +137,8 @@ class Planner:
 
     def check_indexable(self, name, numel, ndim, element_size):
         """Refuses a tensor of more than MAX_INDEXED_NUMEL elements that would travel with int32
-        indices at some density of the method's schedule. Only the per-layer policy and the
-        dense fallback exempt it (Horovod's dense allreduce has no such limit), not
-        exchange="auto" choosing dense, which depends on the network. Starts nothing."""
+        indices at some density of the method's schedule. Only the policy and the dense fallback
+        exempt it, not auto choosing dense, which depends on the network. Starts nothing."""
         if numel > MAX_INDEXED_NUMEL and self.method.indexed and not self.always_dense(name, numel, ndim,
                                                                                         element_size):
             raise ValueError(
@@ -178,53 +156,114 @@ class Planner:
         if final is not None and final[0] == inputs:
             return final[1]
         route = self._decide(name, numel, ndim, element_size, density, ranks, record)
-        if record and self._routes_final():
+        if record and (self.auto is None or self.auto.routes_final()):
             self._final[name] = (inputs, route)
         return route
 
-    def _routes_final(self):
-        """Whether a route decided now stands for the same inputs: not while auto watches the
-        backward or tries its routes (they change with the step: nothing is kept before the trial
-        is decided). A new network (measured) or a new world (forget_measurement) drops them."""
-        return not self.watching() and (self.trial is None or self.trial.winner is not None)
-
     def _decide(self, name, numel, ndim, element_size, density, ranks, record):
+        auto = self.auto
         if self.policy.sends_dense(name, numel, ndim):
-            self._note(name, numel, element_size, density, by_auto=False)
+            if auto is not None:
+                auto.note_shape(name, numel, element_size, density, by_auto=False)
             return "dense"
         if self.shared:
             return "shared"
         k = selected_count(density, numel)
         if self.dense_fallback and sparse_is_larger(k, numel, element_size):
-            self._note(name, numel, element_size, density, by_auto=False)
-            return self._record(name, record, "dense")
-        if self.exchange != "auto":
-            return self._record(name, record, self.exchange)
+            if auto is not None:
+                auto.note_shape(name, numel, element_size, density, by_auto=False)
+            return self._record(name, record, {"exchange": "dense"})
+        if auto is None:
+            return self._record(name, record, {"exchange": self.exchange})
         if ranks == 1:
             return "allgather"
-        self._note(name, numel, element_size, density, by_auto=True)
-        if self.watching():
-            return self._record(name, record, "dense", watching=True)
-        return self._auto(name, numel, k, element_size, ranks, record)
+        auto.note_shape(name, numel, element_size, density, by_auto=True)
+        if auto.watching():
+            return self._record(name, record, {"exchange": "dense", "watching_backward": True})
+        return self._record(name, record, auto.choose(name, numel, k, element_size, ranks))
 
-    def _note(self, name, numel, element_size, density, by_auto):
+    def _record(self, name, record, chosen):
+        if record:
+            self.choices[name] = chosen
+        return chosen["exchange"]
+
+
+class AutoRouter:
+    """exchange="auto": the cost model's route on the network the adapter measured, after watching
+    the backward (where the adapter can time Horovod's hooks), then tried on the training against
+    the other extreme (RouteTrial). Starts nothing: the adapter measures and hands results in."""
+
+    def __init__(self, method, network=None):
+        self.method, self.network = method, network
+        self.local = None  # cost.LocalCost of the compressor's sparse path, measured with the network
+        self._network_measured = False  # the network was measured here (not the user's): measured again on a new world
+        self._cached = {}  # name -> ((k, ranks, side), chosen)
+        self.backward = None  # BackwardWindows while auto watches the backward (watch_backward)
+        self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
+        self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
+        self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
+        self.steps = None  # StepClock while auto watches and tries its routes (watch_backward)
+        self.trial = None  # RouteTrial, once auto chose after watching
+
+    def needs_network(self, ranks):
+        return self.network is None and ranks > 1
+
+    def watch_backward(self):
+        """Called by an adapter that times Horovod's hooks: where auto will measure the network,
+        it first watches OBSERVED_STEPS steps of the backward pass (sending dense meanwhile)."""
+        if self.network is None:
+            self.backward, self.steps = BackwardWindows(), StepClock()
+
+    def watching(self):
+        """Whether auto is still watching the backward: measure the network only after it."""
+        return self.backward is not None and not self.backward.complete()
+
+    def timing_steps(self):
+        """Whether the adapter should still feed the StepClock (its hooks' times): from the watch
+        until the route trial is decided (or the measurement found no tensor for auto)."""
+        return self.steps is not None and (not self._network_measured or (self.trial is not None and
+                                                                           self.trial.winner is None))
+
+    def routes_final(self):
+        """Whether a route decided now stands for the same inputs: not while auto watches the
+        backward or tries its routes (they change with the step)."""
+        return not self.watching() and (self.trial is None or self.trial.winner is not None)
+
+    def use_measurement(self, network, local, windows=None):
+        """The network and local cost measured by the adapter, and where it watched the backward,
+        each tensor's window averaged over the ranks."""
+        self.network, self.local, self._network_measured = network, local, True
+        self._windows, self._hidden = dict(windows or {}), None
+        self._cached.clear()
+
+    def forget_measurement(self):
+        """Drops a measured network (not one the user gave) and every route chosen with it."""
+        if self._network_measured:
+            self.network, self.local, self._network_measured = None, None, False
+            self._windows, self._hidden = {}, None
+        if self.backward is not None:
+            self.backward, self.steps = BackwardWindows(), StepClock()
+        self.trial = None
+        self._cached.clear()
+
+    def note_shape(self, name, numel, element_size, density, by_auto):
         """While auto watches the backward: what each tensor puts on the link (hidden_times)."""
         if self.watching():
             self._shapes[name] = (numel, element_size, density, by_auto)
 
-    def trial_round_ended(self):
-        """Whether a round of the route trial has ended and waits for `tried` (the adapter
-        averages its step times, RouteTrial.round_seconds, over the ranks first)."""
+    def round_ended(self):
+        """Whether a round of the route trial has ended and waits for `add_trial_round` (the
+        adapter averages its step times, RouteTrial.round_seconds, over the ranks first)."""
         return self.trial is not None and self.trial.round_ended(self.steps)
 
-    def tried(self, seconds):
-        """A round's step seconds, averaged over the ranks (RouteTrial.add_round): once the trial
-        decides, its side routes from then on (and stats() shows the decision: nothing cached
-        while trying stands)."""
+    def add_trial_round(self, seconds):
+        """A round's step seconds, averaged over the ranks (RouteTrial.add_round); nothing cached
+        while trying stands."""
         self.trial.add_round(seconds)
         self._cached.clear()
 
-    def _auto(self, name, numel, k, element_size, ranks, record):
+    def choose(self, name, numel, k, element_size, ranks):
+        """What auto chooses for this tensor: {"exchange", "predicted_seconds", ...} for stats()."""
         if self.network is None:
             raise RuntimeError("exchange='auto' needs the network: measure it first (Planner.needs_network)")
         if self._hidden is None:
@@ -234,24 +273,25 @@ class Planner:
         side = MODEL if self.trial is None else self.trial.arm(self.steps.step)
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks, side):
-            hidden = self._hidden.get(name, 0.0)
-            choice, predicted = self._choose(numel, k, element_size, ranks, hidden)
-            if side == ALL_DENSE:
-                choice = "dense"
-            elif side == ALL_SPARSE:  # the sparse exchange the model predicts cheapest
-                choice = self._choose(numel, k, element_size, ranks, hidden,
-                                      tuple(e for e in self.method.exchanges() if e != "dense"))[0]
-            chosen = {"exchange": choice, "predicted_seconds": predicted}
-            if name in self._hidden:
-                chosen["hidden_seconds"] = hidden
-            if self.trial is not None:
-                chosen.update(self.trial.shown(self.steps.step))
-            cached = self._cached[name] = ((k, ranks, side), chosen)
-        if record:
-            self.choices[name] = cached[1]
-        return cached[1]["exchange"]
+            cached = self._cached[name] = ((k, ranks, side), self._chosen(name, numel, k, element_size, ranks, side))
+        return cached[1]
 
-    def _choose(self, numel, k, element_size, ranks, hidden, allowed=None):
+    def _chosen(self, name, numel, k, element_size, ranks, side):
+        hidden = self._hidden.get(name, 0.0)
+        choice, predicted = self._cost_choice(numel, k, element_size, ranks, hidden)
+        if side == ALL_DENSE:
+            choice = "dense"
+        elif side == ALL_SPARSE:  # the sparse exchange the model predicts cheapest
+            choice = self._cost_choice(numel, k, element_size, ranks, hidden,
+                                       tuple(e for e in self.method.exchanges() if e != "dense"))[0]
+        chosen = {"exchange": choice, "predicted_seconds": predicted}
+        if name in self._hidden:
+            chosen["hidden_seconds"] = hidden
+        if self.trial is not None:
+            chosen.update(self.trial.shown(self.steps.step))
+        return chosen
+
+    def _cost_choice(self, numel, k, element_size, ranks, hidden, allowed=None):
         """cost.choose for this method on the measured network: (route, every prediction)."""
         return cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks, self.network,
                            self.method.exchanges() if allowed is None else allowed, self.local, hidden)
@@ -260,8 +300,8 @@ class Planner:
         """The side the model's routes are tried against: ALL_SPARSE where the model sends some
         watched tensor dense, else ALL_DENSE."""
         for name, (numel, size, density, by_auto) in self._shapes.items():
-            if by_auto and self._choose(numel, selected_count(density, numel), size, ranks,
-                                        self._hidden.get(name, 0.0))[0] == "dense":
+            if by_auto and self._cost_choice(numel, selected_count(density, numel), size, ranks,
+                                             self._hidden.get(name, 0.0))[0] == "dense":
                 return ALL_SPARSE
         return ALL_DENSE
 
@@ -271,15 +311,10 @@ class Planner:
         def wire_seconds(name, hidden):
             numel, size, density, by_auto = self._shapes[name]
             k, value_size = selected_count(density, numel), self.method.value_bytes(size)
-            route = self._choose(numel, k, size, ranks, hidden)[0] if by_auto else "dense"
+            route = self._cost_choice(numel, k, size, ranks, hidden)[0] if by_auto else "dense"
             return cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local)[route][1]
         watched = [(name, window) for name, window in self._windows.items() if name in self._shapes]
         return cost.hidden_times(watched, wire_seconds)
-
-    def _record(self, name, record, route, watching=False):
-        if record:
-            self.choices[name] = {"exchange": route, "watching_backward": True} if watching else {"exchange": route}
-        return route
 
 
 class BackwardWindows:
@@ -292,10 +327,10 @@ class BackwardWindows:
         self.steps, self.ended, self.windows = steps, 0, {}
         self._handed = {}  # name -> seconds (perf_counter) of the step under way
 
-    def handed(self, name, now):
+    def note_handoff(self, name, now):
         self._handed[name] = now
 
-    def decompressing(self):
+    def note_decompress(self):
         if self._handed:
             end = max(self._handed.values())
             self.windows = {name: end - now for name, now in self._handed.items()}
@@ -317,7 +352,7 @@ class StepClock:
         self.step, self.ends = 0, collections.deque(maxlen=ROUND_STEPS + 1)
         self._last = None  # the last decompress of the step under way
 
-    def compressing(self):
+    def note_compress(self):
         if self._last is not None:
             self.ends.append(self._last)
             self.step, self._last = self.step + 1, None
@@ -326,7 +361,7 @@ class StepClock:
         """When `step` ended (one of the last ROUND_STEPS + 1 ended steps)."""
         return self.ends[len(self.ends) - (self.step - step)]
 
-    def decompressing(self, now):
+    def note_decompress(self, now):
         self._last = now
 
 

@@ -10,20 +10,17 @@ Compressors are tf.Modules: ``tf.train.Checkpoint(compression=compressor)`` save
 residuals, momenta and steps. The methods' rules are sparsecomm.core's; a compressor class
 declares its core method and its `pack` hook (DGC also `dense_payload`).
 """
-import dataclasses
-import os
 from typing import Optional
 
 import tensorflow as tf
 
-from ..core import loss_scale, methods, report
+from ..core import methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
-from . import elastic, exchange, ops
+from . import elastic, exchange, loss_scaling, ops, stages
 from .exchange import EXCHANGES, Packed, Wire
+from . import state as state_module
 from .state import VariableBinding, VariableState
-
-_FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
 class Compressor(Settings, tf.Module):
@@ -42,24 +39,17 @@ class Compressor(Settings, tf.Module):
         self._configure(method, **settings)
         self._name = method.owner
         self._process_set = process_set
-        self._scaler = _checked_scaler(self._name, loss_scaler)
+        self._scaler = loss_scaling.checked_scaler(self._name, loss_scaler)
         self._binding = None
         self._resets_seen = elastic.resets()
         if variables is not None:
             self._bind(variables)
 
     def _bind(self, variables):
-        """Creates the state variables, before any trace and outside it (a variable too large
-        to be sent sparse is refused here, before its residual is allocated)."""
+        """Creates the state variables, before any trace and outside it."""
         self._binding = VariableBinding(self._name, variables)
-        states = []
-        with tf.init_scope():
-            for name, shape, dtype in zip(self._binding.names, self._binding.shapes, self._binding.dtypes):
-                self.planner.check_indexable(name, shape.num_elements(), shape.rank, dtype.size)
-                sparse = not self.planner.always_dense(name, shape.num_elements(), shape.rank, dtype.size)
-                states.append(VariableState(name, shape, dtype, residual=sparse and self.method.keeps_residual,
-                                            momentum=self.method.keeps_momentum, scaled=self._scaler is not None))
-        self.state = states  # tracked by tf.train.Checkpoint, in the order of the variables
+        # tracked by tf.train.Checkpoint, in the order of the variables
+        self.state = state_module.states_for(self._binding, self.planner, self.method, self._scaler is not None)
 
     @property
     def process_set(self):
@@ -76,96 +66,35 @@ class Compressor(Settings, tf.Module):
         if self._resets_seen != elastic.resets():  # a reset by elastic.run, even into as many ranks
             self._resets_seen = elastic.resets()
             self._forget_world()
-        self._check_world()
+        ranks = self._check_world()
         tensor = tf.convert_to_tensor(tensor)
         overflow = None
         if self._scaler is not None:  # in program order: TF orders the reads and writes of each variable
-            state.follow_loss_scale(self._loss_scale())
+            state.follow_loss_scale(loss_scaling.current_scale(self._name, self._scaler))
             state.back_up()
             overflow = tf.logical_not(tf.reduce_all(tf.math.is_finite(tensor)))  # before DGC's clipping
-        route = self._route(state, tensor, self.method.ratio)
+        route = self.route(state, tensor, self.method.ratio)
         if route not in ("dense", "shared"):
-            return self._traced_for_these_ranks(*self._per_rank(tensor, state, overflow))
+            handed, finish = stages.per_rank(self, tensor, state, overflow)
+        else:
+            handed, finish = self._start(route, tensor, state, overflow)
+        return elastic.checked_ranks(self._name, ranks, self.collective_set(), handed, finish)
+
+    def _start(self, route, tensor, state, overflow):
+        """Dense and shared-coordinate routes: the payload rides Horovod's own allreduce."""
         payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, self.method.ratio)
         if route == "shared" and overflow is not None:
-            payload = _nan_first(payload, overflow)
+            payload = loss_scaling.nan_first(payload, overflow)
         counts = route == "shared" or self.method.counts_dense_steps
-        handed = EXCHANGES[route].start(payload, self._wire(state, tensor))
+        handed = EXCHANGES[route].start(payload, self.wire(state, tensor))
         with tf.control_dependencies(state.updates(payload.residual, payload.momentum, counts)):
             wire = tf.identity(handed.tensor)
-        return self._traced_for_these_ranks(state.counted(wire, handed.count, handed.sent, handed.received),
-                                            handed.finish)
-
-    def _traced_for_these_ranks(self, tensor, finish):
-        """Under elastic Horovod, a step traced for another number of ranks raises instead of
-        exchanging wrongly (routes, layouts and scales are fixed when compress is traced)."""
-        if not int(os.environ.get("HOROVOD_ELASTIC", 0)):
-            return tensor, finish
-        hvd, ranks = exchange._hvd(), self._ranks()
-        now = hvd.size_op(process_set_id=self._collective_set().process_set_id)
-        check = tf.debugging.assert_equal(
-            now, ranks, message=f"{self._name}: this step was traced for {ranks} ranks and the job now has a "
-                                f"different number (elastic Horovod): create the tf.function inside the function "
-                                f"decorated by hvd.elastic.run, so that each reset traces it again")
-        with tf.control_dependencies([check]):
-            return tf.identity(tensor), finish
+        return state.counted(wire, handed.count, handed.sent, handed.received), handed.finish
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor, ctx):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         return ctx(tensor)
-
-    def _per_rank(self, tensor, state, overflow=None):
-        """The per-rank-coordinate exchanges run here, in the graph, one branch per stage of the
-        method's schedule; Horovod gets a placeholder (sparsecomm/tensorflow/exchange.py)."""
-        densities = self.method.densities()
-        wire = self._wire(state, tensor)
-        routes = []  # each stage's, as it is traced
-        stages = [self._stage(tensor, state, density, routes, overflow) for density in densities]
-        if len(stages) == 1:
-            outcome = stages[0]()
-        else:
-            stage = self.method.stage(state.step.read_value(), minimum=tf.minimum)
-            outcome = tf.switch_case(tf.cast(stage, tf.int32), stages)
-        values, index, dense, residual, momentum, count, sent, received = outcome
-        with tf.control_dependencies(state.updates(residual, momentum, True)):
-            placeholder = exchange.placeholder(state.variable_name)
-        placeholder = state.counted(placeholder, count, sent, received)
-        if "dense" not in routes:
-            dense = None
-        elif routes.count("dense") == len(routes):
-            values = index = None
-        return placeholder, lambda output: exchange.finish(output, values, index, dense, wire)
-
-    def _stage(self, tensor, state, density, routes, overflow=None):
-        """One stage of the schedule as a branch: its route at that density (a warm-up stage may
-        go dense; appended to `routes`), pack and exchange, returning tensors only, the same
-        structure in every branch (a stage's values and index, or its dense sum, 0 elements where
-        the other kind ran)."""
-        def run():
-            route = self._route(state, tensor, density, record=False)
-            routes.append(route)
-            packed = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
-            if route != "dense" and overflow is not None:
-                packed = _nan_first(packed, overflow)
-            wire = self._wire(state, tensor, selected_count(density, state.numel))
-            outcome = EXCHANGES[route].run(packed, wire)
-            residual = outcome.residual if outcome.residual is not None else state.read_residual()
-            values = tf.zeros([0], tensor.dtype) if outcome.values is None else outcome.values
-            index = tf.zeros([0], tf.int32) if outcome.index is None else outcome.index
-            dense = tf.zeros([0], tf.float32) if outcome.dense is None else outcome.dense
-            return (values, index, dense, residual, packed.momentum, outcome.count, outcome.sent,
-                    outcome.received)
-        return run
-
-    # -- loss scaling (mixed precision; sparsecomm.core.loss_scale) --------------------------
-
-    def _loss_scale(self):
-        """The scaler's current scale, read in the graph (its variable)."""
-        if not self._scaler.built:
-            raise RuntimeError(f"{self._name}: the loss_scaler (LossScaleOptimizer) is not built: call "
-                               f"optimizer.build(model.trainable_variables) before the first step")
-        return tf.convert_to_tensor(self._scaler.dynamic_scale.value)
 
     # -- the hooks a method declares -----------------------------------------------------------
 
@@ -179,49 +108,43 @@ class Compressor(Settings, tf.Module):
     # -- routes, state, settings ---------------------------------------------------------------
 
     def goes_dense(self, name: str, variable) -> bool:
-        """Whether the route of this variable's gradient is dense (starts nothing: see
-        _routing_ranks)."""
+        """Whether the route of this variable's gradient is dense (starts nothing)."""
         shape = tf.TensorShape(variable.shape)
         ranks = self._routing_ranks(self._ranks(), measure=False)
         return self.planner.route(name, shape.num_elements(), shape.rank, tf.as_dtype(variable.dtype).size,
                                   self.method.ratio, ranks, record=False) == "dense"
 
-    def _route(self, state, tensor, density, record=True):
+    def route(self, state, tensor, density, record=True):
+        """The route of a variable's gradient at `density` (measuring the network first if auto needs it)."""
         return self.planner.route(state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density,
                                   self._routing_ranks(self._ranks(), measure=True), record)
 
     def _measure_network(self):
-        """The network, measured eagerly (even inside a trace). The sparse path's local cost is
-        not measured in TF (its pack runs inside the graph): the copy-bandwidth estimate."""
+        """The network, eagerly; no local cost (TF's pack runs in the graph): the copy estimate."""
         with tf.init_scope():
-            return exchange.measure_network(self._collective_set()), None
+            return exchange.measure_network(self.collective_set()), None
 
-    def _wire(self, state, tensor, k=0):
-        return Wire(state.variable_name, state.shape, tensor.dtype, self._collective_set(), self._ranks(), k)
+    def wire(self, state, tensor, k=0):
+        return Wire(state.variable_name, state.shape, tensor.dtype, self.collective_set(), self._ranks(), k)
 
     def _state_for(self, tensor) -> VariableState:
         if self._binding is None:
             raise RuntimeError(f"{self._name} keeps per-variable state and needs variables=: construct it as "
                                f"{self._name}(..., variables=model.trainable_variables)")
-        if isinstance(tensor, tf.IndexedSlices):
-            raise TypeError(f"{self._name}: got tf.IndexedSlices; Horovod gathers those without compression "
-                            f"(or densify them with sparse_as_dense=True)")
-        dtype = getattr(tensor, "dtype", None)
-        if dtype not in _FLOAT_DTYPES:
-            raise TypeError(f"{self._name}: gradients should be float32, float16 or bfloat16, got "
-                            f"{getattr(dtype, 'name', type(tensor).__name__)}")
+        state_module.checked_gradient(self._name, tensor)
         return self.state[self._binding.attribute(tensor)]
 
-    def _collective_set(self):
-        return self._process_set or exchange._hvd().global_process_set
+    def collective_set(self):
+        """The process set the exchanges and checks run over (default all ranks)."""
+        return self._process_set or exchange.horovod().global_process_set
 
     def _ranks(self):
-        return self._collective_set().size() if exchange._hvd().is_initialized() else 1
+        return self.collective_set().size() if exchange.horovod().is_initialized() else 1
 
     def _allgather_ints(self, ints, name):
-        hvd = exchange._hvd()
+        hvd = exchange.horovod()
         with tf.init_scope():  # eagerly, even inside a trace
-            return hvd.allgather(tf.constant(ints, tf.int64), name=name, process_set=self._collective_set()
+            return hvd.allgather(tf.constant(ints, tf.int64), name=name, process_set=self.collective_set()
                                  ).numpy().tolist()
 
     # -- elastic Horovod (sparsecomm.tensorflow.elastic) -----------------------------------------
@@ -241,49 +164,15 @@ class Compressor(Settings, tf.Module):
         self._forget_world()
 
     def _shared_state(self):
-        with tf.init_scope():  # read eagerly, even inside a trace
-            return {state.variable_name: {"step": int(state.step.numpy())} for state in getattr(self, "state", ())}
+        return state_module.shared_steps(getattr(self, "state", ()))
 
     def _adopt_shared_state(self, shared):
-        with tf.init_scope():
-            for state in getattr(self, "state", ()):
-                if state.variable_name in shared:
-                    state.step.assign(shared[state.variable_name]["step"])
+        state_module.adopt_steps(getattr(self, "state", ()), shared)
 
     def stats(self) -> dict:
-        """Since construction (read from the counters): calls, dense_bytes, sent_bytes,
-        received_bytes, and per variable under "tensors": the same plus numel, sent_elements,
-        density (sent elements per call / numel; 1 when dense) and the exchange chosen. Counts
-        are what this rank hands the collectives."""
-        tensors = {state.variable_name: report.tensor_stats(state.counters(), state.numel,
-                                                            self.planner.choices.get(state.variable_name))
-                   for state in getattr(self, "state", ())}
-        return dict(report.totals(tensors), tensors=tensors)
-
-
-def _checked_scaler(owner, scaler):
-    """loss_scaler=: None or a Keras 3 LossScaleOptimizer (its factors are fixed: 2 and 1/2)."""
-    if scaler is None:
-        return None
-    import keras
-    if not isinstance(scaler, keras.optimizers.LossScaleOptimizer):
-        raise TypeError(f"{owner}: loss_scaler should be None or the keras.optimizers.LossScaleOptimizer that scales "
-                        f"the loss, got {type(scaler).__name__}")
-    loss_scale.check_factors(owner, 0.5, 2.0)  # LossScaleOptimizer's own, fixed
-    return scaler
-
-
-def _nan_first(packed, overflow):
-    """Under a loss scaler: a payload whose gradient held an inf or NaN (`overflow`, a bool
-    tensor) starts with a NaN (quantized: every scale is NaN), so every rank's scaler sees it
-    whatever coordinates were picked."""
-    nan = float("nan")
-    if packed.bits is not None:
-        return dataclasses.replace(packed, scales=tf.where(overflow, tf.fill(tf.shape(packed.scales), nan),
-                                                           packed.scales))
-    values = tf.reshape(packed.values, [-1])
-    first = tf.where(overflow, tf.constant(nan, values.dtype), values[:1])
-    return dataclasses.replace(packed, values=tf.concat([first, values[1:]], 0))
+        """Since construction: calls, dense_bytes, sent_bytes, received_bytes, and per variable under
+        "tensors" the same plus numel, sent_elements, density and the exchange chosen."""
+        return state_module.stats(getattr(self, "state", ()), self.planner.choices)
 
 
 class RandomBlock(Compressor):

@@ -25,6 +25,7 @@ own commit, restore and sync, which adds:
   create the tf.function inside the function decorated by ``hvd.elastic.run``, so each reset
   traces it anew.
 """
+import os
 
 
 def run(func):
@@ -100,3 +101,20 @@ def track(state, *compressors):
     state.save, state.restore, state.sync = save_all, restore_all, sync_all
     snapshots.update({id(c): c.elastic_snapshot() for c in compressors})
     return state
+
+
+def checked_ranks(owner, ranks, process_set, tensor, finish):
+    """(tensor, finish), where under elastic Horovod a step traced for `ranks` ranks raises when the
+    job has another number, instead of exchanging wrongly (routes, layouts and scales are fixed
+    when compress is traced)."""
+    if not int(os.environ.get("HOROVOD_ELASTIC", 0)):
+        return tensor, finish
+    import tensorflow as tf
+    from . import exchange
+    now = exchange.horovod().size_op(process_set_id=process_set.process_set_id)
+    check = tf.debugging.assert_equal(
+        now, ranks, message=f"{owner}: this step was traced for {ranks} ranks and the job now has a different "
+                            f"number (elastic Horovod): create the tf.function inside the function decorated by "
+                            f"hvd.elastic.run, so that each reset traces it again")
+    with tf.control_dependencies([check]):
+        return tf.identity(tensor), finish

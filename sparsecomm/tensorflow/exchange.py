@@ -34,7 +34,8 @@ from ..core.plan import SparDLLayout
 _WIRE = {tf.bfloat16: tf.float32}
 
 
-def _hvd():
+def horovod():
+    """horovod.tensorflow, imported on first use with a clear error (sparsecomm.prerequisites)."""
     return prerequisites.horovod("tensorflow")
 
 
@@ -143,7 +144,7 @@ class Dense:
                       wire.numel, size, int(2 * (ranks - 1) / ranks * size))
 
     def run(self, packed, wire):
-        hvd = _hvd()
+        hvd = horovod()
         summed = hvd.allreduce(to_wire(packed.values), op=hvd.Sum, name=collective_name(wire.name, "dense"),
                                process_set=wire.process_set)
         count = tf.constant(wire.numel, tf.int64)
@@ -177,7 +178,7 @@ class Allgather:
     def run(self, packed, wire):
         quantized = packed.bits is not None
         buffer = _segment(packed) if quantized else _rows(packed.values, packed.index)
-        gathered = _hvd().allgather(buffer, name=collective_name(wire.name, "gather"), process_set=wire.process_set)
+        gathered = horovod().allgather(buffer, name=collective_name(wire.name, "gather"), process_set=wire.process_set)
         if quantized:
             values, index = _from_segments(gathered, packed.bits, wire.ranks)
         else:
@@ -263,7 +264,7 @@ class SparDL:
     """Sparse reduce-scatter (one alltoall to the block owners) + sparse all-gather, in the graph."""
 
     def run(self, packed, wire):
-        hvd, ps = _hvd(), wire.process_set
+        hvd, ps = horovod(), wire.process_set
         layout, rank = SparDLLayout.of(wire.numel, wire.k, wire.ranks), ps.rank()
         value_dtype = packed.values.dtype
         payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
@@ -313,7 +314,7 @@ EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "sp
 def measure_network(process_set):
     """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
     from ..core import cost
-    hvd = _hvd()
+    hvd = horovod()
     ranks = process_set.size()
 
     small, big = tf.zeros([1]), tf.zeros([1 << 20])

@@ -236,3 +236,51 @@ class VariableBinding:
             f"{self.owner}: got a gradient of shape {grad.shape} and dtype {grad.dtype.name} that fits none of the "
             f"bound variables ({listed}{', ...' if len(self.names) > 8 else ''}). Bind the variables whose "
             f"gradients are reduced: variables=model.trainable_variables, the same list as the tape's sources.")
+
+
+_FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def checked_gradient(owner, tensor):
+    """Refuses what a compressor cannot take: IndexedSlices, and gradients not in a float dtype."""
+    if isinstance(tensor, tf.IndexedSlices):
+        raise TypeError(f"{owner}: got tf.IndexedSlices; Horovod gathers those without compression "
+                        f"(or densify them with sparse_as_dense=True)")
+    dtype = getattr(tensor, "dtype", None)
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"{owner}: gradients should be float32, float16 or bfloat16, got "
+                        f"{getattr(dtype, 'name', type(tensor).__name__)}")
+
+
+def stats(states, choices):
+    """stats() of a compressor's states: totals and, per variable, its counters, numel, density
+    and the exchange chosen (`choices`, the planner's)."""
+    tensors = {state.variable_name: report.tensor_stats(state.counters(), state.numel, choices.get(state.variable_name))
+               for state in states}
+    return dict(report.totals(tensors), tensors=tensors)
+
+
+def states_for(binding, planner, method, scaled):
+    """A VariableState per bound variable, created outside any trace (a variable too large to be
+    sent sparse is refused here, before its residual is allocated)."""
+    states = []
+    with tf.init_scope():
+        for name, shape, dtype in zip(binding.names, binding.shapes, binding.dtypes):
+            planner.check_indexable(name, shape.num_elements(), shape.rank, dtype.size)
+            sparse = not planner.always_dense(name, shape.num_elements(), shape.rank, dtype.size)
+            states.append(VariableState(name, shape, dtype, residual=sparse and method.keeps_residual,
+                                        momentum=method.keeps_momentum, scaled=scaled))
+    return states
+
+
+def shared_steps(states):
+    """What every rank must hold alike (sparsecomm.core.agreement), read eagerly even inside a trace."""
+    with tf.init_scope():
+        return {state.variable_name: {"step": int(state.step.numpy())} for state in states}
+
+
+def adopt_steps(states, shared):
+    with tf.init_scope():
+        for state in states:
+            if state.variable_name in shared:
+                state.step.assign(shared[state.variable_name]["step"])

@@ -16,14 +16,13 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
-from ..core import cost, loss_scale, methods
+from ..core import methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
-from . import elastic, exchange, ops
-from .exchange import EXCHANGES, Packed, Wire
-from .state import Counters, ParameterBinding, ParameterState, load_states, state_dict
-
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from . import calibration, elastic, exchange, ops
+from .exchange import Packed
+from .loss_scaling import LossScaling
+from .state import CompressorState, ParameterState
 
 
 class Compressor(Settings):
@@ -41,14 +40,13 @@ class Compressor(Settings):
                  process_set=None, loss_scaler=None, **settings):
         self._configure(method, **settings)
         self._name = method.owner
-        self.process_set = process_set  # the optimizer's (None: all ranks); the settings check runs over it
-        self._scaler = _checked_scaler(self._name, loss_scaler)  # None: gradients are not loss-scaled
-        self._scale_seen = None  # (the scaler's scale tensor, its version, its value) when last read
-        self._binding = None if named_parameters is None else ParameterBinding(self._name, named_parameters)
-        self._states = {}
-        self._counters = Counters()
-        self._pending = []  # contexts of exchanges started in compress that still have a phase to advance
-        self.planner.watch_backward()  # auto first times the hooks: how much of each exchange the backward hides
+        self.process_set = process_set  # the optimizer's (None: all ranks); the agreement check runs over it
+        self._loss_scaling = LossScaling.of(self._name, loss_scaler)  # None: gradients are not loss-scaled
+        self._state = CompressorState(self._name, named_parameters)
+        self._in_flight = exchange.InFlight()
+        self.device = None  # where the last gradient was: a measurement of the sparse path runs there
+        if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
+            self.planner.auto.watch_backward()
         elastic.register_handlers(Compressor)
 
     # -- Horovod's hooks ---------------------------------------------------------------------
@@ -58,111 +56,37 @@ class Compressor(Settings):
         started = time.perf_counter()
         planner = self.planner
         if planner.timing_steps():
-            planner.steps.compressing()
-        state = self._state_for(tensor)
+            planner.auto.steps.note_compress()
+        state = self._state.for_gradient(tensor)
         name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
         planner.check_indexable(name, numel, ndim, element_size)
-        self._device = tensor.device  # where a measurement of the sparse path runs
+        self.device = tensor.device
         ranks = self._check_world()
-        if self._scaler is not None:  # before the density: a rollback restores the step
-            self._follow_loss_scale(state, self._loss_scale())
+        if self._loss_scaling is not None:  # before the density: a rollback restores the step
+            self._loss_scaling.follow(state, self._loss_scaling.scale())
         density = self.method.density(state.step)
         route = planner.route(name, numel, ndim, element_size, density, self._routing_ranks(ranks, measure=True))
-        if self._scaler is None:
-            payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
+        if self._loss_scaling is not None:
+            payload = self._loss_scaling.payload(self, tensor, state, route, density)
         else:
-            payload = self._scaled_payload(tensor, state, route, density)
+            payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        if route == "dense":  # Horovod reduces the payload in place: no wire, no context (or the dtype to restore)
-            handed = exchange.to_wire(payload)
-            traffic = exchange.Dense.traffic(handed, ranks)
-            ctx = None if handed.dtype == tensor.dtype else tensor.dtype
-        else:
-            # The pack consumed the gradient: the result is written there (a copy only if it is strided).
-            out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-            wire = Wire(name, tensor.shape, tensor.dtype, self._process_set(), ranks, selected_count(density, numel),
-                        state.residual, out)
-            handed, ctx = EXCHANGES[route].start(payload, wire)
-            if getattr(ctx.exchange, "advances", False):
-                self._pending.append(ctx)
-            traffic = ctx.sent_elements, ctx.sent_bytes, ctx.received_bytes
-        self._counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
+        handed, ctx, traffic = self._in_flight.start(route, payload, tensor, state, selected_count(density, numel),
+                                                     self.collective_set(), ranks)
+        self._state.counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
         if planner.watching():
-            planner.backward.handed(name, time.perf_counter())
+            planner.auto.backward.note_handoff(name, time.perf_counter())
         return handed, ctx
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         if self.planner.watching():
-            self.planner.backward.decompressing()
-        result = self._decompressed(tensor, ctx)
+            self.planner.auto.backward.note_decompress()
+        result = self._in_flight.finish(tensor, ctx, self._state.counters.account_later)
         if self.planner.timing_steps():  # after the unpack, and the wait for a gather inside it
-            self.planner.steps.decompressing(time.perf_counter())
+            self.planner.auto.steps.note_decompress(time.perf_counter())
         return result
-
-    def _decompressed(self, tensor, ctx):
-        if ctx is None or isinstance(ctx, torch.dtype):  # sent dense
-            return exchange.Dense.restored(tensor, ctx)
-        if getattr(ctx.exchange, "advances", False):
-            # Every pending exchange is advanced before any is finished: every rank has started all
-            # of them, whatever order Horovod decompresses in.
-            for pending in self._pending:
-                sent_before, received_before = pending.sent_bytes, pending.received_bytes
-                pending.exchange.advance(pending)
-                self._counters.account_later(pending.wire.name, pending.sent_bytes - sent_before,
-                                             pending.received_bytes - received_before)
-            self._pending = []
-        received_before = ctx.received_bytes  # what compress already counted (a dense allreduce's)
-        result = ctx.exchange.finish(tensor, ctx)
-        self._counters.account_later(ctx.wire.name, 0, ctx.received_bytes - received_before)
-        return result
-
-    # -- loss scaling (mixed precision; sparsecomm.core.loss_scale) --------------------------
-
-    def _loss_scale(self) -> float:
-        """The scaler's current scale, its factors checked again (set_backoff_factor /
-        set_growth_factor may have changed them). The scale tensor is read on the host (one sync on
-        CUDA) only when it is another tensor or its version counter has moved since the last read:
-        every write to it (update(), load_state_dict) is in place and moves it. So a step reads it
-        once, after the scaler's update, not once per tensor."""
-        loss_scale.check_factors(self._name, self._scaler.get_backoff_factor(), self._scaler.get_growth_factor())
-        tensor = self._scaler._get_scale_async()  # (None until the first scale(): the initial scale, no read)
-        if tensor is None:
-            return self._scaler.get_scale()
-        seen = self._scale_seen
-        if seen is None or seen[0] is not tensor or seen[1] != tensor._version:
-            self._scale_seen = seen = (tensor, tensor._version, self._scaler.get_scale())
-        return seen[2]
-
-    @staticmethod
-    def _follow_loss_scale(state: ParameterState, scale: float):
-        """The core rule: a lowered scale rolls back the last update (its step overflowed); a
-        changed one rescales residual and momentum; the state is then in `scale`."""
-        decision = loss_scale.decide(state.loss_scale, scale, state.backed_up)
-        if decision.rollback:
-            state.roll_back()
-        if decision.factor != 1.0:
-            state.rescale(decision.factor)
-        state.loss_scale = scale
-
-    def _scaled_payload(self, tensor, state, route, density):
-        """The payload under a loss scaler: the state is backed up first (an overflowed step is
-        rolled back at the next compress), and a sparse payload whose gradient held an inf or
-        NaN starts with a NaN (quantized: NaN scales), so that every rank's scaler sees the
-        overflow whatever coordinates were picked. A dense payload is the gradient itself (DGC:
-        its momentum, which the inf reaches): it carries the overflow already."""
-        state.back_up(tensors=route != "dense" or self.method.keeps_momentum)
-        if route == "dense":
-            return self.dense_payload(tensor, state)
-        overflow = _non_finite(tensor)
-        payload = self.pack(tensor, state, density)
-        if overflow is not None:
-            if payload.bits is not None:
-                payload.scales.masked_fill_(overflow, float("nan"))  # every decoded value is NaN
-            else:
-                payload.values.view(-1)[:1].masked_fill_(overflow, float("nan"))
-        return payload
 
     # -- the hooks a method declares -----------------------------------------------------------
 
@@ -173,174 +97,84 @@ class Compressor(Settings):
         """What a gradient routed dense hands Horovod: itself (DGC: its momentum)."""
         return tensor
 
-    # -- routes, state, settings ---------------------------------------------------------------
+    # -- routes, ranks and what the core's Settings asks of an adapter ------------------------------
 
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether this parameter's gradient is sent dense at its current step (starts nothing:
         see _routing_ranks)."""
-        state = self._states.get(name)
         return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(),
-                                  self.method.density(state.step if state else 0),
+                                  self.method.density(self._state.step_of(name)),
                                   self._routing_ranks(self._ranks(), measure=False)) == "dense"
 
-    def _measure_network(self):
-        """The network, this compressor's LocalCost and the watched backward's windows of each
-        bound parameter (0 where it was not watched), all averaged over the ranks."""
-        names = list(self._binding.params)  # the same order on every rank
-        watched = self.planner.backward.windows  # measured only after watching (watch_backward)
-        network, timings = exchange.measure_network(self._process_set(), self._time_sparse_path()
-                                                    + [watched.get(name, 0.0) for name in names])
-        (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
-        local = cost.LocalCost.fitted((CALIBRATION_SIZES[0], small), (CALIBRATION_SIZES[1], large), unpack, memset,
-                                      pairs)
-        return network, local, dict(zip(names, windows))
+    def bound_parameters(self):
+        """The bound parameters' names, in the order named_parameters gave them."""
+        return list(self._state.binding.params)
+
+    def collective_set(self):
+        """The process set the exchanges and checks run over (the optimizer's; default all ranks)."""
+        return self.process_set or exchange.horovod().global_process_set
+
+    def _ranks(self) -> int:
+        return self.collective_set().size() if exchange.horovod().is_initialized() else 1
+
+    def _allgather_ints(self, ints, name):
+        return exchange.horovod().allgather(torch.tensor(ints, dtype=torch.int64), name=name,
+                                         process_set=self.collective_set()).tolist()
 
     def _mean_over_ranks(self, values, name):
-        hvd = exchange._hvd()
+        hvd = exchange.horovod()
         return hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=f"sparsecomm.{name}.{self._instance}",
-                             process_set=self._process_set()).tolist()
+                             process_set=self.collective_set()).tolist()
 
-    def _time_sparse_path(self):
-        """This rank's seconds of pack + unpack (at the final density) on random gradients of
-        the two CALIBRATION_SIZES; at the larger, of the unpack alone and of its write pass
-        alone; and the pairs that unpack scattered: LocalCost.fitted's inputs."""
-        device = self._device
-        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        timings, generator = [], torch.Generator().manual_seed(0)  # its own generator: the global RNG is the user's
-        for numel in CALIBRATION_SIZES:
-            grad = torch.randn(numel, generator=generator).to(device)
-            out = torch.empty(numel, device=device)
-            state = ParameterState.fresh("sparsecomm.calibration")
-            unpacked = []
+    def _measure_network(self):
+        return calibration.measure(self)
 
-            def path():
-                unpacked[:] = _unpacked_locally(self.pack(grad, state, self.method.ratio))
-                ops.sparse_unpack(*unpacked, numel, out=out)
-                sync()
-            path()  # allocates the state
-            timings.append(cost.median_seconds(path, 3))
-        timings.append(cost.median_seconds(lambda: (ops.sparse_unpack(*unpacked, numel, out=out), sync()), 3))
-        timings.append(cost.median_seconds(lambda: (out.zero_(), sync()), 3))
-        return timings + [unpacked[1].numel()]
+    def _shared_state(self):
+        return self._state.shared()
 
-    def _state_for(self, tensor: torch.Tensor) -> ParameterState:
-        if self._binding is None:
-            raise RuntimeError(
-                f"{self._name} keeps per-parameter state and needs named_parameters=: construct it as "
-                f"{self._name}(..., named_parameters=model.named_parameters())")
-        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _FLOAT_DTYPES:
-            got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
-            raise TypeError(f"{self._name}: gradients should be float32, float16 or bfloat16, got {got}")
-        name = self._binding.name_of(tensor)
-        state = self._states.get(name)
-        if state is None:
-            state = self._states[name] = ParameterState.fresh(name)
-        return state
+    def _adopt_shared_state(self, shared):
+        self._state.adopt(shared)
 
     def _residual_of(self, state: ParameterState, tensor: torch.Tensor):
         return state.residual_for(tensor, self.method.keeps_residual)
 
-    def _process_set(self):
-        return self.process_set or exchange._hvd().global_process_set
-
-    def _ranks(self) -> int:
-        return self._process_set().size() if exchange._hvd().is_initialized() else 1
-
-    def _allgather_ints(self, ints, name):
-        return exchange._hvd().allgather(torch.tensor(ints, dtype=torch.int64), name=name,
-                                         process_set=self._process_set()).tolist()
-
-    # -- checkpoints and stats ---------------------------------------------------------------
+    # -- checkpoints, elastic Horovod (sparsecomm.torch.elastic) and stats -----------------------
 
     def state_dict(self) -> dict:
         """This rank's compressor state, for checkpoints (each rank saves its own: residuals
         differ per rank): per parameter, the step, residual, momentum and the loss scale they
         are in. With a loss_scaler, call it after ``scaler.update()`` (save the scaler's
-        state_dict too): a pending rollback (the last step overflowed) and rescale are settled
-        first, so the saved state needs no backup."""
-        if self._scaler is not None:
-            scale = self._loss_scale()
-            for state in self._states.values():
-                self._follow_loss_scale(state, scale)
-        return state_dict(self._name, self._states, self._counters)
+        state_dict too): a pending rollback and rescale are settled first."""
+        if self._loss_scaling is not None:
+            self._loss_scaling.settle(self._state.parameters.values())
+        return self._state.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a state_dict() so training continues exactly as if it had not stopped.
         Collective when called after the first step: the next compress compares the steps with
         the other ranks' and raises where they differ, so load on every rank (each its own)."""
-        self._states = load_states(self._name, self._binding, state, self._counters)
+        self._state.load_state_dict(state)
         self._check_state_again()
-
-    def _shared_state(self):
-        names = self._binding.params if self._binding is not None else ()
-        return {name: {"step": self._states[name].step if name in self._states else 0} for name in names}
-
-    def _adopt_shared_state(self, shared):
-        for name, fields in shared.items():
-            self._states.setdefault(name, ParameterState.fresh(name)).step = fields["step"]
-
-    # -- elastic Horovod (sparsecomm.torch.elastic) ----------------------------------------------
 
     def elastic_snapshot(self) -> dict:
         """A copy of state_dict() (hvd.elastic.TorchState's commit)."""
         return copy.deepcopy(self.state_dict())
 
     def elastic_restore(self, snapshot: dict) -> None:
-        """Back to a snapshot (TorchState's restore after a failure): exchanges in flight are dropped.
-        load_state_dict copies the tensors, so the snapshot stays intact for a later restore."""
-        self._pending = []
+        """Back to a snapshot (TorchState's restore after a failure; the snapshot is copied, not taken)."""
+        self._in_flight.drop()
         self.load_state_dict(snapshot)
 
     def elastic_sync(self) -> None:
-        """After a reset (TorchState's sync; no collective here): exchanges in flight are dropped,
-        and the next compress checks the settings, adopts rank 0's steps and measures the network
-        again, with every rank of the new world."""
-        self._pending = []
+        """After a reset (no collective here): the next compress adopts rank 0's steps, collectively."""
+        self._in_flight.drop()
         self._forget_world()
 
     def stats(self) -> dict:
-        """Since construction (cheap: counters updated in compress): calls, dense_bytes (what a
-        dense allreduce would have been handed), sent_bytes (what this rank handed to Horovod:
-        payload per rank, before the collectives' own traffic), received_bytes (what arrived
-        from the other ranks: exact for gathers and alltoalls, the ring's 2 (N-1)/N of the
-        tensor for a dense allreduce), compress_seconds (host time in compress), and per
-        parameter under "tensors": the same plus numel, sent_elements, density (sent elements
-        per call / numel; 1 when dense) and, for the per-rank-coordinate methods, the exchange
-        chosen and the cost model's predicted seconds of each."""
-        return self._counters.stats(self.planner.choices)
-
-
-CALIBRATION_SIZES = (1 << 12, 1 << 20)  # elements: a small and a large gradient, to split per call from per element
-
-
-def _checked_scaler(owner, scaler):
-    """loss_scaler=: None or an enabled torch.amp.GradScaler with backoff_factor < 1 < growth_factor
-    (a disabled scaler scales nothing: as None)."""
-    if scaler is None:
-        return None
-    if not isinstance(scaler, torch.amp.GradScaler):
-        raise TypeError(f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, "
-                        f"got {type(scaler).__name__}")
-    if not scaler.is_enabled():
-        return None
-    loss_scale.check_factors(owner, scaler.get_backoff_factor(), scaler.get_growth_factor())
-    return scaler
-
-
-def _non_finite(tensor):
-    """A 0-d bool tensor on the tensor's device: whether it holds an inf or NaN (one read
-    pass, no host read); None for an empty tensor."""
-    if tensor.numel() == 0:
-        return None
-    low, high = torch.aminmax(tensor)
-    return ~(torch.isfinite(low) & torch.isfinite(high))
-
-
-def _unpacked_locally(packed):
-    """The (values, index) a packed gradient unpacks from (quantized: decoded)."""
-    if packed.bits is None:
-        return packed.values, packed.index
-    return ops.dequantize(packed.codes, packed.scales, packed.index.numel(), packed.bits), packed.index
+        """Since construction: calls, dense_bytes, sent_bytes, received_bytes, compress_seconds, and
+        per parameter under "tensors" the same plus numel, sent_elements, density and the exchange
+        chosen (docs/compressors.md, "stats()")."""
+        return self._state.counters.stats(self.planner.choices)
 
 
 def _pack_args(state):
@@ -545,7 +379,7 @@ class DGC(_PerRank):
         state's scale, as the gradient is."""
         if self.method.clip_norm is None:  # (before reading the ranks: compress calls this for every tensor)
             return None
-        scale = (state.loss_scale or 1.0) if self._scaler is not None else 1.0
+        scale = (state.loss_scale or 1.0) if self._loss_scaling is not None else 1.0
         limit = self.method.clip_limit(self._ranks(), scale)
         norm = ops.sum_of_squares(tensor).sqrt()  # one read, float64, no float32 copy of a 16-bit gradient
         return torch.where(norm > limit, limit / norm, 1.0).float()

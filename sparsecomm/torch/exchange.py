@@ -28,7 +28,8 @@ from .. import prerequisites
 from ..core.plan import SparDLLayout
 
 
-def _hvd():
+def horovod():
+    """horovod.torch, imported on first use with a clear error (sparsecomm.prerequisites)."""
     return prerequisites.horovod("torch")
 
 
@@ -125,13 +126,13 @@ class Allgather:
     def start(self, packed, wire):
         buffer = ops.wire_rows(packed.values, packed.index) if packed.bits is None else \
             ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
-        handle = _hvd().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
+        handle = horovod().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
         pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)
         return _placeholder(buffer.device), Context(self, wire, packed.index.numel(), buffer.numel(), pending=pending)
 
     def finish(self, output, ctx):
         handle, value_dtype, bits = ctx.pending
-        gathered = _hvd().synchronize(handle)
+        gathered = horovod().synchronize(handle)
         ctx.received_bytes = gathered.numel() - ctx.sent_bytes
         if bits is None:
             return _unpacked_rows(output, ctx, gathered, value_dtype)
@@ -210,7 +211,7 @@ class SparDL:
     advances = True
 
     def start(self, packed, wire):
-        hvd, ps = _hvd(), wire.process_set
+        hvd, ps = horovod(), wire.process_set
         layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, wire.ranks), ps.rank()
         value_dtype, index = packed.values.dtype, packed.index
         values = packed.values.float()  # selection and residual in float32; exact back in value_dtype
@@ -234,7 +235,7 @@ class SparDL:
     def advance(self, ctx):
         """Waits for the scatter, reduces the owned block in rank order, keeps its per_rank
         largest sums (the rest to this rank's residual) and starts the all-gather."""
-        hvd, st = _hvd(), ctx.pending
+        hvd, st = horovod(), ctx.pending
         received, splits = hvd.synchronize(st.handle)
         ctx.received_bytes += received.numel()
         parts = list(received.split(splits.tolist()))
@@ -253,12 +254,55 @@ class SparDL:
                                                process_set=ctx.wire.process_set)
 
     def finish(self, output, ctx):
-        gathered = _hvd().synchronize(ctx.pending.gather_handle)
+        gathered = horovod().synchronize(ctx.pending.gather_handle)
         ctx.received_bytes += gathered.numel() - ctx.pending.own_bytes
         return _unpacked_rows(output, ctx, gathered, ctx.pending.value_dtype)
 
 
 EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
+
+
+class InFlight:
+    """The exchanges of one compressor between compress and decompress: started by route, and
+    finished with the phases every rank must start in the same order advanced first."""
+
+    def __init__(self):
+        self.pending = []  # contexts of exchanges started that still have a phase to advance
+
+    def start(self, route, payload, tensor, state, k, process_set, ranks):
+        """(what Horovod reduces, the context of decompress, the traffic compress counts)."""
+        if route == "dense":  # Horovod reduces the payload in place: no wire, no context (or the dtype to restore)
+            handed = to_wire(payload)
+            return handed, (None if handed.dtype == tensor.dtype else tensor.dtype), Dense.traffic(handed, ranks)
+        # The pack consumed the gradient: the result is written there (a copy only if it is strided).
+        out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        wire = Wire(state.name, tensor.shape, tensor.dtype, process_set, ranks, k, state.residual, out)
+        handed, ctx = EXCHANGES[route].start(payload, wire)
+        if getattr(ctx.exchange, "advances", False):
+            self.pending.append(ctx)
+        return handed, ctx, (ctx.sent_elements, ctx.sent_bytes, ctx.received_bytes)
+
+    def finish(self, output, ctx, account_later):
+        """The dense gradient; account_later(name, sent_bytes, received_bytes) counts what moved here."""
+        if ctx is None or isinstance(ctx, torch.dtype):  # sent dense
+            return Dense.restored(output, ctx)
+        if getattr(ctx.exchange, "advances", False):
+            # Every pending exchange is advanced before any is finished: every rank has started all
+            # of them, whatever order Horovod decompresses in.
+            for pending in self.pending:
+                sent_before, received_before = pending.sent_bytes, pending.received_bytes
+                pending.exchange.advance(pending)
+                account_later(pending.wire.name, pending.sent_bytes - sent_before,
+                              pending.received_bytes - received_before)
+            self.pending = []
+        received_before = ctx.received_bytes  # what compress already counted (a dense allreduce's)
+        result = ctx.exchange.finish(output, ctx)
+        account_later(ctx.wire.name, 0, ctx.received_bytes - received_before)
+        return result
+
+    def drop(self):
+        """After an elastic reset: exchanges in flight when a worker failed never finish."""
+        self.pending = []
 
 
 def measure_network(process_set=None, local=()):
@@ -268,7 +312,7 @@ def measure_network(process_set=None, local=()):
     allreduce came out no slower than its 1-element one would make a mean bandwidth endless), so
     every rank makes the same choices. Returns (Network, the averaged local timings)."""
     from ..core import cost
-    hvd = _hvd()
+    hvd = horovod()
     process_set = process_set or hvd.global_process_set
     ranks = process_set.size()
 

@@ -249,3 +249,51 @@ class ParameterBinding:
             raise LookupError(f"{self.owner}: a densified sparse gradient of shape {list(grad.shape)} could belong "
                               f"to {owners}; give those parameters different shapes or list them in dense=")
         return owners[0] if owners else None
+
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+class CompressorState:
+    """What one compressor keeps: its parameters' states, found from each gradient through the
+    binding, and the counters of stats(); saved, loaded and compared across ranks here."""
+
+    def __init__(self, owner: str, named_parameters=None):
+        self.owner = owner
+        self.binding = None if named_parameters is None else ParameterBinding(owner, named_parameters)
+        self.parameters: Dict[str, ParameterState] = {}
+        self.counters = Counters()
+
+    def for_gradient(self, tensor: torch.Tensor) -> ParameterState:
+        """The state of the parameter whose gradient `tensor` is (made on its first step)."""
+        if self.binding is None:
+            raise RuntimeError(
+                f"{self.owner} keeps per-parameter state and needs named_parameters=: construct it as "
+                f"{self.owner}(..., named_parameters=model.named_parameters())")
+        if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _FLOAT_DTYPES:
+            got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+            raise TypeError(f"{self.owner}: gradients should be float32, float16 or bfloat16, got {got}")
+        name = self.binding.name_of(tensor)
+        state = self.parameters.get(name)
+        if state is None:
+            state = self.parameters[name] = ParameterState.fresh(name)
+        return state
+
+    def step_of(self, name: str) -> int:
+        state = self.parameters.get(name)
+        return state.step if state else 0
+
+    def state_dict(self) -> dict:
+        return state_dict(self.owner, self.parameters, self.counters)
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.parameters = load_states(self.owner, self.binding, saved, self.counters)
+
+    def shared(self) -> dict:
+        """What every rank must hold alike (sparsecomm.core.agreement): each bound parameter's step."""
+        names = self.binding.params if self.binding is not None else ()
+        return {name: {"step": self.step_of(name)} for name in names}
+
+    def adopt(self, shared: dict) -> None:
+        for name, fields in shared.items():
+            self.parameters.setdefault(name, ParameterState.fresh(name)).step = fields["step"]

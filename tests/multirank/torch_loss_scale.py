@@ -103,7 +103,7 @@ for config, make in CONFIGS.items():
     for step in range(STEPS):
         scales.append(scaled.scaler.get_scale())
         scaled.train([step])
-    states = scaled.compression._states.values()
+    states = scaled.compression._state.parameters.values()
     results[config] = {
         "scaled": scaled.params(), "scales": scales,
         "steps": {s.name: s.step for s in states},
@@ -113,7 +113,7 @@ for config, make in CONFIGS.items():
     reference = Run(make, scaled=False)
     reference.train([s for s in range(STEPS) if s != OVERFLOW])
     results[config]["reference"] = reference.params()
-    results[config]["reference_steps"] = {s.name: s.step for s in reference.compression._states.values()}
+    results[config]["reference_steps"] = {s.name: s.step for s in reference.compression._state.parameters.values()}
 
     run = Run(make, scaled=True)
     for steps in (range(0, 3), range(3, OVERFLOW + 1), range(OVERFLOW + 1, STEPS)):
@@ -126,6 +126,6 @@ for config, make in CONFIGS.items():
 
     smoke = Run(make, scaled=True, init_scale=2.0 ** 16, growth_interval=2000)
     results[config]["bf16_losses"] = smoke.train(range(40), autocast=True)
-    results[config]["bf16_finite"] = all(bool(torch.isfinite(t).all()) for s in smoke.compression._states.values()
+    results[config]["bf16_finite"] = all(bool(torch.isfinite(t).all()) for s in smoke.compression._state.parameters.values()
                                          for t in (s.residual, s.momentum) if t is not None)
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))

@@ -1,0 +1,53 @@
+"""The per-rank-coordinate exchanges of a TF compressor, in the graph: one branch per stage of
+the method's schedule (DGC's warm-up stages may route differently), chosen by the step."""
+import tensorflow as tf
+
+from ..core.selection import selected_count
+from . import exchange
+from .exchange import EXCHANGES
+from .loss_scaling import nan_first
+
+
+def per_rank(compressor, tensor, state, overflow=None):
+    """(the placeholder Horovod reduces, finish): the exchange ran here; finish(output) is the
+    dense gradient (sparsecomm/tensorflow/exchange.py)."""
+    densities = compressor.method.densities()
+    wire = compressor.wire(state, tensor)
+    routes = []  # each stage's, as it is traced
+    stages = [_stage(compressor, tensor, state, density, routes, overflow) for density in densities]
+    if len(stages) == 1:
+        outcome = stages[0]()
+    else:
+        stage = compressor.method.stage(state.step.read_value(), minimum=tf.minimum)
+        outcome = tf.switch_case(tf.cast(stage, tf.int32), stages)
+    values, index, dense, residual, momentum, count, sent, received = outcome
+    with tf.control_dependencies(state.updates(residual, momentum, True)):
+        placeholder = exchange.placeholder(state.variable_name)
+    placeholder = state.counted(placeholder, count, sent, received)
+    if "dense" not in routes:
+        dense = None
+    elif routes.count("dense") == len(routes):
+        values = index = None
+    return placeholder, lambda output: exchange.finish(output, values, index, dense, wire)
+
+
+def _stage(compressor, tensor, state, density, routes, overflow):
+    """One stage as a branch: its route at that density (appended to `routes`), pack and
+    exchange, returning tensors only, the same structure in every branch (a stage's values and
+    index, or its dense sum, 0 elements where the other kind ran)."""
+    def run():
+        route = compressor.route(state, tensor, density, record=False)
+        routes.append(route)
+        if route == "dense":
+            packed = compressor.dense_payload(tensor, state)
+        else:
+            packed = compressor.pack(tensor, state, density)
+            if overflow is not None:
+                packed = nan_first(packed, overflow)
+        outcome = EXCHANGES[route].run(packed, compressor.wire(state, tensor, selected_count(density, state.numel)))
+        residual = outcome.residual if outcome.residual is not None else state.read_residual()
+        values = tf.zeros([0], tensor.dtype) if outcome.values is None else outcome.values
+        index = tf.zeros([0], tf.int32) if outcome.index is None else outcome.index
+        dense = tf.zeros([0], tf.float32) if outcome.dense is None else outcome.dense
+        return values, index, dense, residual, packed.momentum, outcome.count, outcome.sent, outcome.received
+    return run
