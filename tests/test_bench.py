@@ -11,6 +11,8 @@ import time
 
 import pytest
 
+from sparsecomm.bench.e2e import ratio_text
+
 
 def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     out = tmp_path / "bench.json"
@@ -71,11 +73,53 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     for figure in ("e2e_speedup.png", "convergence.png"):
         assert (tmp_path / "out" / figure).read_bytes()[:4] == b"\x89PNG"
     text = md.read_text()
-    assert "## End-to-end step time" in text and "| compute | 2 | unshaped | DGC 0.1% spardl |" in text
-    assert "| vs dense | vs floor |" in text and "| compute | 2 | unshaped | floor | " in text
+
+    def row(method, exchange):  # model, method, received MB, exchange, then ms/step, vs dense, vs floor
+        r = e2e[method]
+        return (f"| compute | {method} | {r['received_bytes'] / 1e6:.3f} | {exchange} | {r['step_ms']:.1f} | "
+                f"{ratio_text(r['vs_dense'], r['vs_dense_interval'])} | "
+                f"{ratio_text(r['vs_floor'], r['vs_floor_interval'])} |")
+    assert "## End-to-end step time" in text and row("DGC 0.1% spardl", "spardl") in text
+    assert "| 2 ranks unshaped ms/step | vs dense | vs floor |" in text and row("floor", "-") in text
     assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
     assert "The compute model's rows were timed in 2 interleaved turns" in text
     assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
+    assert text.index("## Summary") < text.index("## Figures") < text.index("## End-to-end step time") < \
+        text.index("## How it was measured")
+    assert str(tmp_path) not in text  # no directory of the machine that made it
+
+
+def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path):
+    """`python -m sparsecomm.bench report`: the figures and the page again from a results.json
+    (the repository's record), in the page's order, with no directory of the machine that made it."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    out.mkdir()
+    with open(os.path.join(root, "docs", "results", "results.json")) as f:
+        recorded = json.load(f)
+    recorded["command"] += f" --convergence-from {tmp_path}/earlier/results.json --out /elsewhere/results"
+    (out / "results.json").write_text(json.dumps(recorded))
+    proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md",
+                           str(md)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for figure in ("e2e_speedup.png", "convergence.png", "scaling.png"):
+        assert (out / figure).read_bytes()[:4] == b"\x89PNG"
+    text = md.read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[:3] == ["## Summary", "## Figures", "## End-to-end step time on an emulated network"]
+    assert headings[-1] == "## How it was measured" and len(text.splitlines()) < 250
+    assert "--convergence-from earlier/results.json --out results" in text
+    assert str(tmp_path) not in text and "/elsewhere" not in text and "](out/results.json)" in text
+    assert not [line for line in text.splitlines() if len(line) > 400 and not line.startswith("|")]
+
+
+def test_relative_command_names_no_directory_of_the_machine(tmp_path):
+    from sparsecomm.bench.report import relative_command
+    command = f"python -m sparsecomm.bench all --out {tmp_path}/docs/results --convergence-from /x/y/results.json"
+    assert relative_command(command, root=str(tmp_path)) == \
+        "python -m sparsecomm.bench all --out docs/results --convergence-from results.json"
+    assert relative_command("python -m sparsecomm.bench all --tasks 'DGC 0.1%'") == \
+        "python -m sparsecomm.bench all --tasks 'DGC 0.1%'"
 
 
 def test_the_charlm_corpus_names_its_files_and_hash():
@@ -326,27 +370,28 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     from sparsecomm.bench import report
     cell = dict(model="compute", ranks=2, network="1gbit", network_model="per-host", method="DGC 0.1% auto",
                 exchanges=["allgather", "dense"])
-    lines = report._auto_summary([dict(cell, vs_dense=0.98, vs_dense_interval=[0.9, 1.05]),
-                                  dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.99]),
-                                  dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.95]),
-                                  dict(cell, vs_dense=0.9, vs_dense_interval=None)]).splitlines()
-    assert lines[0].endswith("0.98x (0.90-1.05) of dense's speed, sent by allgather, dense: within 3% of dense or "
-                             "faster.")
-    assert lines[1].endswith("not told apart from it.")
-    assert lines[2].endswith("**slower than dense by more than 3%**.") and lines[3] == lines[2].replace(
-        " (0.85-0.95)", "")
+    rows = report._auto_rows([dict(cell, vs_dense=0.98, vs_dense_interval=[0.9, 1.05]),
+                              dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.99]),
+                              dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.95]),
+                              dict(cell, vs_dense=0.9, vs_dense_interval=None)])
+    assert report.AUTO_HEADER[3:5] == ("vs dense", "sent by") and report.AUTO_HEADER[-1] == "verdict"
+    assert rows[0] == ("compute", 2, "1gbit (per-host)", "0.98x (0.90-1.05)", "allgather, dense", "-", "-", "-", "-",
+                       "within 3% of dense or faster")
+    assert rows[1][-1].endswith("not told apart from it")
+    assert rows[2][-1] == "**slower than dense by more than 3%**" and rows[3] == rows[2][:3] + (
+        "0.90x",) + rows[2][4:]
     tried = dict(cell, vs_dense=1.2, vs_dense_interval=[1.1, 1.3], exchanges=["allgather"],
                  route_trial={"kept": "all sparse", "step_ms": {"model": 320.4, "all sparse": 255.9}})
-    assert report._auto_summary([tried]).endswith(
-        "sent by allgather (its route trial, ms a step: model 320, all sparse 256; kept all sparse): within 3% of "
-        "dense or faster.")
+    assert report.AUTO_HEADER[4:8] == ("sent by", "route trial, ms a step", "median pair", "kept")
+    assert report._auto_rows([tried])[0][4:] == ("allgather", "model 320, all sparse 256", "-", "all sparse", "-",
+                                                 "within 3% of dense or faster")
     hooks = dict(tried, step_ms=250.0, compress_ms=2.5)  # host time in compress, recorded since this was added
-    assert report._auto_summary([hooks]).endswith(
-        "kept all sparse); its compress hooks took 2.50 ms a step, 1.0% of it: within 3% of dense or faster.")
+    assert report.AUTO_HEADER[8] == "compress hooks, ms a step"
+    assert report._auto_rows([hooks])[0][7:] == ("all sparse", "2.50 (1.0%)", "within 3% of dense or faster")
     paired = dict(tried, route_trial=dict(tried["route_trial"], ratio=0.8123, steps=24))  # recorded since the rounds
-    assert report._auto_summary([paired]).endswith(
-        "(its route trial, ms a step: model 320, all sparse 256; median pair 0.81 over 24 steps; kept all sparse): "
-        "within 3% of dense or faster.")
+    assert report._auto_rows([paired])[0][5:] == ("model 320, all sparse 256", "0.81 over 24 steps", "all sparse",
+                                                  "-", "within 3% of dense or faster")
+    assert "| verdict |\n" in report._auto_block([paired]) and report._auto_block([]) == ""
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():
@@ -370,27 +415,32 @@ def test_a_failed_rank_ends_the_others():
 
 
 def test_results_page_sets_each_method_beside_its_kernels_alone():
-    """The local rows' summary: a method's vs floor beside its local row's, per comm cell, and
-    nothing where a cell has no local row."""
+    """A method's vs floor and its local row's, per comm cell, in the end-to-end table; the
+    method over its local row where measured, in the phase table, and nothing where a cell has no
+    local row."""
     from sparsecomm.bench import report
-    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host")
+    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host", step_ms=100.0, received_bytes=0,
+                exchanges=[])
     records = [dict(cell, method="floor", family="floor", vs_floor=1.0),
                dict(cell, method="Threshold 1%", family="sparsecomm", vs_floor=1.37, vs_floor_interval=[1.08, 1.66]),
                dict(cell, method="Threshold 1% local", family="local", local_of="Threshold 1%", vs_floor=1.21,
                     vs_floor_interval=[1.1, 1.3])]
-    assert report._local_summary(records) == ("- comm model, 2 ranks, 1gbit (per-host), vs floor: Threshold 1% 1.37x "
-                                              "(1.08-1.66), its kernels alone 1.21x (1.10-1.30).")
-    assert report._local_summary(records[:2]) == "" and report._local_block(records[:2]) == ""
+    table = report._e2e_tables(records).splitlines()
+    assert table[0].endswith("| 2 ranks 1gbit ms/step | vs dense | vs floor |")
+    assert table[3:] == ["| comm | Threshold 1% | 0.000 | - | 100.0 | - | 1.37x (1.08-1.66) |",
+                         "| comm | Threshold 1% local | 0.000 | - | 100.0 | - | 1.21x (1.10-1.30) |"]
+    assert report._phase_rows(records[:2]) == (["ranks", "network"], []) and report._phase_block(records[:2]) == ""
     records[1].update(vs_local=1.13, vs_local_interval=[0.98, 1.3])
-    assert report._local_summary(records).endswith(
-        "its kernels alone 1.21x (1.10-1.30), the method over its kernels alone 1.13x (0.98-1.30).")
+    assert report._phase_rows(records) == (["ranks", "network", "Threshold 1% over kernels alone"],
+                                           [(2, "1gbit", "1.13x (0.98-1.30)")])
 
 
 def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row_and_its_method():
     """The phase table: per comm cell, the floor, each local row and the method it is of (not the
-    other rows), where the phases were timed; nothing for records without them (older runs)."""
+    other rows), where the phases were timed; nothing for records without them (older runs).
+    Their ms/step is in the end-to-end table."""
     from sparsecomm.bench import report
-    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host")
+    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host", received_bytes=0, exchanges=[])
 
     def row(method, family, step, **extra):
         return dict(cell, method=method, family=family, step_ms=step, vs_floor=1.0,
@@ -398,13 +448,16 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
     records = [row("floor", "floor", 200.0), row("dense", "horovod", 1000.0), row("T", "sparsecomm", 260.0),
                row("T local", "local", 240.0, local_of="T"),
                dict(row("compute floor", "floor", 300.0), model="compute")]
-    assert report._phase_rows(records) == [
-        (2, "1gbit", "floor", "50.0", "100.0", "50.0", "200.0"),
-        (2, "1gbit", "T local", "60.0", "120.0", "60.0", "240.0"),
-        (2, "1gbit", "T", "65.0", "130.0", "65.0", "260.0")]
+    assert report._phase_rows(records) == (
+        ["ranks", "network", "floor forward", "backward", "step", "T local forward", "backward", "step",
+         "T forward", "backward", "step"],
+        [(2, "1gbit", "50.0", "100.0", "50.0", "60.0", "120.0", "60.0", "65.0", "130.0", "65.0")])
+    table = report._e2e_tables(records)
+    assert all(f"| comm | {m} | 0.000 | - | {ms} |" in table for m, ms in
+               (("floor", "200.0"), ("T local", "240.0"), ("T", "260.0")))
     assert "**Where a step's time goes**" in report._phase_block(records)
     older = [{k: v for k, v in r.items() if k != "phases_ms"} for r in records]
-    assert report._phase_rows(older) == [] and report._phase_block(older) == ""
+    assert report._phase_rows(older)[1] == [] and report._phase_block(older) == ""
 
 
 def test_reused_convergence_records_name_the_run_that_trained_them():

@@ -1,4 +1,4 @@
-"""python -m sparsecomm.bench {kernels,e2e,convergence,all} ...
+"""python -m sparsecomm.bench {kernels,e2e,convergence,all,report} ...
 
   kernels      every kernel against memcpy and torch.topk in the same run
   e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
@@ -7,11 +7,13 @@
                per rank; the default where namespaces work) or shared (one shaped loopback)
   convergence  dense vs each method on real data (digits CNN, character-level LM)
   all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
+  report       the figures and docs/results.md again from --out's results.json, measuring nothing
 """
 import argparse
 import json
 import os
 import platform
+import shlex
 import signal
 import sys
 import time
@@ -96,6 +98,7 @@ def _parser():
     e = sub.add_parser("e2e", help="end-to-end step time on emulated networks")
     c = sub.add_parser("convergence", help="dense vs each method on real data")
     a = sub.add_parser("all", help="kernels + e2e + convergence, JSON/PNG in --out, docs/results.md")
+    r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
     for p in (k, a):
         p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
         p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
@@ -128,7 +131,10 @@ def _parser():
     for p in (k, e, c):
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
-    a.add_argument("--results-md", default="docs/results.md")
+    r.add_argument("--out", default="docs/results", help="directory of results.json and the figures "
+                                                          "(default: docs/results)")
+    for p in (a, r):
+        p.add_argument("--results-md", default="docs/results.md")
     a.add_argument("--convergence-from", metavar="RESULTS_JSON",
                    help="take the convergence records of another run's results.json instead of training again "
                         "(results.md says so)")
@@ -151,6 +157,14 @@ def main():
         args.methods = args.conv_methods
 
     started = time.time()
+    if args.command == "report":
+        from . import report
+        with open(os.path.join(args.out, "results.json")) as f:
+            results = json.load(f)
+        report.write(results, args.out, args.results_md)
+        print(f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "
+              f"{args.results_md} from {args.out}/results.json")
+        return
     if args.command == "kernels":
         records = _kernels(args)
     elif args.command == "e2e":
@@ -160,7 +174,7 @@ def main():
     else:
         from . import report
         os.makedirs(args.out, exist_ok=True)
-        command = "python -m sparsecomm.bench " + " ".join(sys.argv[1:])
+        command = report.relative_command("python -m sparsecomm.bench " + " ".join(map(shlex.quote, sys.argv[1:])))
         results = {"machine": report.machine(), "command": command, "commit": report.code_version(),
                    "kernels": _kernels(args)}
         results["e2e"] = _e2e(args)
@@ -175,9 +189,7 @@ def main():
         results["minutes"] = (time.time() - started) / 60
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
-        report.speed_figure(results["e2e"], os.path.join(args.out, "e2e_speedup.png"))
-        report.convergence_figure(results["convergence"], os.path.join(args.out, "convergence.png"))
-        report.write_markdown(results, args.out, args.results_md)
+        report.write(results, args.out, args.results_md)
         print(f"\nwrote {args.out}/results.json, {args.out}/e2e_speedup.png, {args.out}/convergence.png and "
               f"{args.results_md} ({results['minutes']:.1f} min)")
         return

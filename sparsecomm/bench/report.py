@@ -1,6 +1,13 @@
-"""Figures (PNG) and docs/results.md from the benchmark records."""
+"""Figures (PNG) and docs/results.md from the benchmark records.
+
+`write` draws the figures and writes the page from a results dict (the run's results.json):
+`python -m sparsecomm.bench all` calls it after measuring, `python -m sparsecomm.bench report`
+on a recorded run, measuring nothing. The page: a summary table, the figures, one table per
+kind of result (a row per configuration, a column per number), how it was measured last."""
 import os
 import platform
+import shlex
+import textwrap
 
 from . import scaling
 from .e2e import PHASES, ratio_text
@@ -80,6 +87,20 @@ def code_version():
     return out.stdout.strip()
 
 
+def relative_command(command, root=None):
+    """`command` with every absolute path in it made relative to `root` (default: the working
+    directory, the checkout's root under `make bench`); a path outside `root` keeps its name only.
+    The page then names no directory of the machine that made it."""
+    root = os.path.abspath(root or os.getcwd())
+
+    def relative(word):
+        if not os.path.isabs(word):
+            return word
+        inside = os.path.commonpath([root, os.path.abspath(word)]) == root
+        return os.path.relpath(word, root) if inside else os.path.basename(word.rstrip("/"))
+    return shlex.join(relative(word) for word in shlex.split(command))
+
+
 def convergence_source(earlier, path):
     """Where reused convergence records were trained: the run that trained them, however many
     runs have reused them since (`earlier` is the results.json read from `path`)."""
@@ -89,205 +110,254 @@ def convergence_source(earlier, path):
     return f"{command} on {earlier['commit']}" if earlier.get("commit") else command
 
 
+def _para(text):
+    """A paragraph (or a "- " list item) wrapped at 100 characters."""
+    return textwrap.fill(text, 100, subsequent_indent="  " if text.startswith("- ") else "",
+                         break_long_words=False, break_on_hyphens=False)
+
+
 def _md_table(header, rows):
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
-NETWORK_MODELS = {
-    "per-host": """**Per-host NICs.** Each rank runs in a network namespace of its own, joined to a bridge by a
-veth pair whose two ends are shaped with `tc ... tbf` (the rank's end: what it sends; the
-bridge's end: what it receives): every rank has its own full-duplex link of that rate, like
-hosts with one NIC each on a non-blocking switch. The ranks are started one per namespace with
-the Gloo environment `horovodrun` gives them. Unshaped: the same veths and bridge without tbf.""",
-    "shared": """**One shared link.** The ranks of one `horovodrun --gloo` run inside one network namespace
-whose loopback is shaped with `tc ... tbf`: they share ONE link of that rate (the aggregate of a
-small cluster behind one switch port, not one NIC per host). Unshaped: plain loopback.""",
-}
-FLOOR_AND_PEERS = """**Floor and peers.** `floor` is the same training step with no gradient exchange at all:
-each rank steps (SGD, momentum 0.9) on its own gradient. No exchange can beat it; `vs floor` is
-this row's step time / the floor's (1.00x: the exchange costs nothing). `floor synced` is the
-floor with one 1-element allreduce before the optimizer's step: no gradient is exchanged, but the
-ranks wait for each other once a step, as every exchanging row must. Where the ranks' backward
-passes differ from step to step (a busy machine), the slower one then sets the step, while the
-floor pays only the slower rank's whole step: its vs floor is what that wait costs any
-synchronous method here, before a byte of gradient is sent. Every Horovod row steps
-SGD with momentum 0.9 too, except DGC (its momentum correction is in the compressor) and
-RandomBlock (plain SGD: with momentum it diverges, random_block.md); those two skip the
-optimizer's momentum pass over the parameters, which the floor makes. The peers are PyTorch
-DistributedDataParallel on the gloo backend, run in the same worker and network as the Horovod
-rows (torch.distributed beside Horovod, over the same interface), SGD with momentum 0.9:
-`DDP dense` (default buckets), `DDP fp16` (`fp16_compress_hook`) and `DDP PowerSGD`
-(`powerSGD_hook`, rank 4, error feedback and warm start; one bucket, as Gloo aborts with several;
-its first 2 iterations are plain allreduce, so its warm-up is at least 2 steps and every timed
-step compresses). Their received bytes are the ring's 2 (N-1)/N of what they send (PowerSGD: its
-P and Q factors and the tensors it leaves uncompressed, as PowerSGD counts them).
+# -- the records, in the page's order --------------------------------------------------------
 
-**The floor plus the kernels.** A `local` row runs the compressor and optimizer of the row it is
-named after (`Threshold 1% local`: `Threshold 1%`'s) on a Horovod process set of each rank alone:
-every kernel of compress and decompress and Horovod's cycle run, and nothing is sent (received:
-0). No exchange of that method can beat it: its vs floor is what the kernels cost, and the
-method's own row over it is what the exchange adds."""
-
-
+NETWORK_ORDER = ("1gbit", "10gbit", "unshaped")
+MODELS = {"comm": "an MLP 1024-4096-4096-1024, 25.2M parameters, 101 MB of gradient, batch 8",
+          "compute": "a CNN on 32x32x3 images, 0.29M parameters, batch 32"}
+SHORT = {"comm": "an MLP with 101 MB of gradient", "compute": "a small CNN"}
+# The peers a user compares with, as the summary names them: Horovod's own compression and
+# PyTorch DDP's communication hooks.
+PEERS = {"dense fp16": "Horovod fp16", "DDP fp16": "DDP fp16 hook", "DDP PowerSGD": "DDP PowerSGD hook"}
+EXCHANGES = ("allgather", "spardl", "auto")  # a method's e2e rows are named "<method> <exchange>"
 AUTO = "DGC 0.1% auto"
 WITHIN = 0.97  # exchange="auto" is to be within 3% of dense's step time, or faster
+VERDICTS = ("within 3% of dense or faster",
+            "slower at the median, but its interval reaches the 3% margin: not told apart from it",
+            "**slower than dense by more than 3%**")
 
 
-def _auto_summary(e2e):
-    """Per cell: how exchange="auto" (DGC 0.1%) compares with dense, and whether that meets
-    "within 3% of dense or faster" given the interval of the paired ratio."""
-    lines = []
-    for r in e2e:
-        if r["method"] != AUTO or r["vs_dense"] is None:
-            continue
-        interval = r.get("vs_dense_interval")
-        if r["vs_dense"] >= WITHIN:
-            verdict = "within 3% of dense or faster"
-        elif interval is not None and interval[1] >= WITHIN:
-            verdict = "slower at the median, but its interval reaches the 3% margin: not told apart from it"
-        else:
-            verdict = "**slower than dense by more than 3%**"
-        trial = r.get("route_trial")
-        tried = "" if trial is None else " (its route trial, ms a step: " + ", ".join(
-            f"{side} {ms:.0f}" for side, ms in trial["step_ms"].items()) + (
-            f"; median pair {trial['ratio']:.2f} over {trial['steps']} steps" if "ratio" in trial else "") + (
-            f"; kept {trial['kept']})")
-        hooks = "" if "compress_ms" not in r else (
-            f"; its compress hooks took {r['compress_ms']:.2f} ms a step, {r['compress_ms'] / r['step_ms']:.1%} of it")
-        lines.append(f"- {r['model']} model, {r['ranks']} ranks, {r['network']} ({r['network_model']}): "
-                     f"{ratio_text(r['vs_dense'], interval)} of dense's speed, sent by "
-                     f"{', '.join(r['exchanges']) or '-'}{tried}{hooks}: {verdict}.")
-    return "\n".join(lines)
+def _networks(records):
+    return sorted({r["network"] for r in records}, key=lambda n: (NETWORK_ORDER + (n,)).index(n))
+
+
+def _ordered(values):
+    return list(dict.fromkeys(values))
+
+
+def _cell_of(records, model, netmodel, ranks, network, method):
+    return next((r for r in records if (r["model"], r["network_model"], r["ranks"], r["network"], r["method"]) ==
+                 (model, netmodel, ranks, network, method)), None)
 
 
 def _cells(e2e):
     """(network model, ranks, network, its records) of the comm-model runs, in a stable order."""
-    order = {"1gbit": 0, "10gbit": 1, "unshaped": 2}
     keys = sorted({(r["network_model"], r["ranks"], r["network"]) for r in e2e if r["model"] == "comm"},
-                  key=lambda c: (c[0], c[1], order.get(c[2], 3)))
+                  key=lambda c: (c[0], c[1], (NETWORK_ORDER + (c[2],)).index(c[2])))
     for netmodel, ranks, net in keys:
         yield netmodel, ranks, net, [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
                                      ("comm", netmodel, ranks, net)]
 
 
-def _speedup_summary(e2e):
-    lines = []
-    for netmodel, ranks, net, cell in _cells(e2e):
-        dgc = [r["speedup_vs_dense"] for r in cell if r["method"].startswith("DGC")]
-        drop = [r["speedup_vs_dense"] for r in cell if r["method"].startswith("Threshold 1%")]
-        if dgc and drop and None not in dgc + drop:
-            lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}): DGC {min(dgc):.1f}x to {max(dgc):.1f}x, "
-                         f"gradient dropping (Threshold 1%, with and without 2-bit) {min(drop):.1f}x to "
-                         f"{max(drop):.1f}x faster than dense.")
+def _joined(values, sep=" / "):
+    """One value where all are the same, else each in turn: 0.239 / 0.240 / 0.234."""
+    distinct = _ordered(values)
+    return distinct[0] if len(distinct) == 1 else sep.join(values)
+
+
+# -- summary ---------------------------------------------------------------------------------
+
+def _trained_as(method, trained):
+    """The convergence method an e2e row runs: its own name, or its name less the exchange."""
+    if method in trained:
+        return method
+    name, _, exchange = method.rpartition(" ")
+    return name if exchange in EXCHANGES and name in trained else None
+
+
+def _final_text(record, dense):
+    """98.6% (+0.0 pt) for accuracy; 1.586 (+3.7%) for a loss; the change is against dense's."""
+    if record["metric"] == "accuracy":
+        delta = "" if dense is None else f" ({100 * (record['final'] - dense['final']):+.1f} pt)"
+        return f"{100 * record['final']:.1f}%{delta}"
+    delta = "" if dense is None else f" ({100 * (record['final'] / dense['final'] - 1):+.1f}%)"
+    return f"{record['final']:.3f}{delta}"
+
+
+def _speed(value):
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def _summary(results):
+    """The summary table: per method, its speed against dense and each peer on the summary
+    model's shaped networks (a cell per network, 2 ranks / 4 ranks in it), and its accuracy."""
+    e2e, conv = results["e2e"], results["convergence"]
+    model = "comm" if any(r["model"] == "comm" for r in e2e) else next((r["model"] for r in e2e), None)
+    rows = [r for r in e2e if r["model"] == model]
+    netmodel = "per-host" if any(r["network_model"] == "per-host" for r in rows) else next(
+        (r["network_model"] for r in rows), None)
+    rows = [r for r in rows if r["network_model"] == netmodel]
+    networks = [n for n in ("1gbit", "10gbit") if any(r["network"] == n for r in rows)] or _networks(rows)
+    ranks = sorted({r["ranks"] for r in rows})
+    peers = [p for p in PEERS if any(r["method"] == p for r in rows)]
+    tasks = _ordered(r["task"] for r in conv)
+    trained = {(r["task"], r["method"]): r for r in conv}
+    timed = ["dense"] + _ordered(r["method"] for r in rows if r["family"] == "sparsecomm")
+    methods = timed
+
+    def against(method, network, peer):
+        cells = []
+        for n in ranks:
+            mine = _cell_of(rows, model, netmodel, n, network, method)
+            theirs = None if peer is None else _cell_of(rows, model, netmodel, n, network, peer)
+            if mine is None or (peer is not None and (theirs is None or not mine["vs_floor"])):
+                cells.append(None)
+            else:
+                cells.append(mine["vs_dense"] if peer is None else (theirs["vs_floor"] or 0) / mine["vs_floor"])
+        return " / ".join(_speed(c) for c in cells)
+
+    header = ["method"] + [f"{n} vs {PEERS.get(p, 'dense')}" for n in networks for p in [None, *peers]]
+    metric = {r["task"]: r["metric"] for r in conv}
+    header += [f"{t} {'accuracy' if metric[t] == 'accuracy' else 'loss'}" for t in tasks]
+    table = []
+    for method in methods:
+        row = [method] + [against(method, n, p) for n in networks for p in [None, *peers]]
+        for task in tasks:
+            record = trained.get((task, _trained_as(method, {m for t, m in trained if t == task}) or method))
+            row.append("-" if record is None else _final_text(record, trained.get((task, "dense"))))
+        table.append(row)
+    described = f"the {model} model ({SHORT[model]})" if model in SHORT else f"the {model} model"
+    intro = (f"Speed on {described}, {netmodel} network, {' / '.join(f'{n} ranks' for n in ranks)} in each "
+             f"cell: above 1.0x the method is faster than the dense or peer row of the same run.")
+    lines = [_para(intro), "", _md_table(header, table), ""]
+    if conv:
+        trained_ranks = " or ".join(_ordered(str(r.get("ranks", "?")) for r in conv))
+        lines.append(_para(f"- Accuracy on {trained_ranks} ranks, with the change against dense (a loss is better "
+                           f"when lower). More methods and the intervals: below."))
+    other = [r for r in e2e if r["model"] != model and r["family"] == "sparsecomm" and r["vs_dense"] is not None]
+    if other:
+        low, high = min(r["vs_dense"] for r in other), max(r["vs_dense"] for r in other)
+        names = " and ".join(f"the {m} model" for m in _ordered(r["model"] for r in other))
+        auto = [r for r in other if r["method"] == AUTO]
+        dense = " `auto` sends it all dense." if auto and all(r["exchanges"] == ["dense"] for r in auto) else ""
+        lines.append(_para(f"- On {names}, compute dominates: every method runs at {low:.2f}x to {high:.2f}x of "
+                           f"dense's speed.{dense}"))
     return "\n".join(lines)
 
 
-def _floor_summary(e2e):
-    """Per comm-model cell: the floor, and how far dense, the peers and the best method are from it."""
-    lines = []
-    for netmodel, ranks, net, cell in _cells(e2e):
-        floor = next((r for r in cell if r["method"] == "floor"), None)
-        if floor is None:
-            continue
-        parts = [f"{r['method']} {r['vs_floor']:.1f}x" for r in cell
-                 if r["family"] in ("horovod", "ddp") or r["method"] == "floor synced"]
-        ours = [r for r in cell if r["family"] == "sparsecomm"]
-        if ours:
-            best = min(ours, key=lambda r: r["step_ms"])
-            parts.append(f"the fastest sparsecomm row ({best['method']}) {best['vs_floor']:.1f}x")
-        lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}): floor {floor['step_ms']:.0f} ms/step; "
-                     f"{', '.join(parts)} the floor's step time.")
-    return "\n".join(lines)
+# -- end-to-end tables -----------------------------------------------------------------------
+
+def _e2e_tables(e2e):
+    """Per network model: a row per (model, method); its received MB and exchange (per ranks),
+    then per (ranks, network) its ms/step, vs dense and vs floor."""
+    blocks = []
+    for netmodel in sorted({r["network_model"] for r in e2e}):
+        rows = [r for r in e2e if r["network_model"] == netmodel]
+        ranks = sorted({r["ranks"] for r in rows})
+        cells = [(n, net) for n in ranks for net in _networks(rows)]
+        header = ["model", "method", f"received MB ({' / '.join(map(str, ranks))} ranks)", "exchange"]
+        for n, net in cells:
+            header += [f"{n} ranks {net} ms/step", "vs dense", "vs floor"]
+        body = []
+        for model, method in _ordered((r["model"], r["method"]) for r in rows):
+            found = [_cell_of(rows, model, netmodel, n, net, method) for n, net in cells]
+            per_ranks = [[c for (m, _), c in zip(cells, found) if m == n and c is not None] for n in ranks]
+            row = [model, method,
+                   " / ".join(_joined([f"{c['received_bytes'] / 1e6:.3f}" for c in have], ", ")
+                              for have in per_ranks if have),
+                   _joined([", ".join(_ordered(e for c in have for e in c["exchanges"])) or "-"
+                            for have in per_ranks if have])]
+            for c in found:
+                row += ["", "", ""] if c is None else [
+                    f"{c['step_ms']:.1f}", ratio_text(c.get("vs_dense"), c.get("vs_dense_interval")),
+                    ratio_text(c.get("vs_floor"), c.get("vs_floor_interval"))]
+            body.append(row)
+        named = len({r["network_model"] for r in e2e}) > 1
+        blocks.append((f"**{netmodel.capitalize()} network.**\n\n" if named else "") + _md_table(header, body))
+    return "\n\n".join(blocks)
 
 
-def _vs_floor(record):
-    return ratio_text(record["vs_floor"], record.get("vs_floor_interval"))
+def _verdict(record):
+    interval = record.get("vs_dense_interval")
+    if record["vs_dense"] >= WITHIN:
+        return VERDICTS[0]
+    if interval is not None and interval[1] >= WITHIN:
+        return VERDICTS[1]
+    return VERDICTS[2]
 
 
-def _local_summary(e2e):
-    """Per cell with local rows: each method's vs floor beside its local row's (its kernels alone),
-    and, where measured, the method over its local row (what its exchange adds)."""
-    lines = []
-    for netmodel, ranks, net, rows in _cells(e2e):
-        cell = {r["method"]: r for r in rows}
-        parts = []
-        for local in cell.values():
-            method = cell.get(local.get("local_of")) if local["family"] == "local" else None
-            if method is None:
-                continue
-            part = f"{local['local_of']} {_vs_floor(method)}, its kernels alone {_vs_floor(local)}"
-            if method.get("vs_local") is not None:
-                over = ratio_text(method["vs_local"], method.get("vs_local_interval"))
-                part += f", the method over its kernels alone {over}"
-            parts.append(part)
-        if parts:
-            lines.append(f"- comm model, {ranks} ranks, {net} ({netmodel}), vs floor: {'; '.join(parts)}.")
-    return "\n".join(lines)
+AUTO_HEADER = ("model", "ranks", "network", "vs dense", "sent by", "route trial, ms a step", "median pair",
+               "kept", "compress hooks, ms a step", "verdict")
 
 
-def _local_block(e2e):
-    lines = _local_summary(e2e)
-    return f"{lines}\n\n" if lines else ""
-
-
-def _phase_rows(e2e):
-    """(ranks, network, method, forward, backward, step, ms/step) of the floor (and the synced
-    floor), each local row and its method in the comm-model cells, where the phases were timed."""
+def _auto_rows(e2e):
+    """Per cell: how exchange="auto" (DGC 0.1%) compares with dense, its route trial, the time of
+    its compress hooks, and whether that meets "within 3% of dense or faster" given the interval
+    of the paired ratio (AUTO_HEADER's columns)."""
     rows = []
-    for _, ranks, net, cell in _cells(e2e):
-        by = {r["method"]: r for r in cell if "phases_ms" in r}
-        shown = ["floor", "floor synced"] + [m for r in by.values() if r["family"] == "local"
-                                             for m in (r["method"], r["local_of"])]
-        for method in dict.fromkeys(m for m in shown if m in by):
-            phases = by[method]["phases_ms"]
-            rows.append((ranks, net, method, *(f"{phases[p]:.1f}" for p in PHASES),
-                         f"{by[method]['step_ms']:.1f}"))
+    for r in e2e:
+        if r["method"] != AUTO or r["vs_dense"] is None:
+            continue
+        trial = r.get("route_trial") or {}
+        sides = ", ".join(f"{side} {ms:.0f}" for side, ms in trial.get("step_ms", {}).items()) or "-"
+        pair = f"{trial['ratio']:.2f} over {trial['steps']} steps" if "ratio" in trial else "-"
+        hooks = "-" if "compress_ms" not in r else f"{r['compress_ms']:.2f} ({r['compress_ms'] / r['step_ms']:.1%})"
+        rows.append((r["model"], r["ranks"], f"{r['network']} ({r['network_model']})",
+                     ratio_text(r["vs_dense"], r.get("vs_dense_interval")), ", ".join(r["exchanges"]) or "-",
+                     sides, pair, trial.get("kept", "-"), hooks, _verdict(r)))
     return rows
 
 
-def _phase_block(e2e):
-    rows = _phase_rows(e2e)
+def _auto_block(e2e):
+    rows = _auto_rows(e2e)
     if not rows:
         return ""
-    table = _md_table(("ranks", "network", "method", *PHASES, "ms/step"), rows)
-    return f"""**Where a step's time goes** (comm model; ms, each phase's median over the timed steps on its
-slowest rank, so the phases need not add up to ms/step). forward: zero_grad and the forward
-pass. backward: the backward pass, in which Horovod's hooks call compress, so the kernels of a
-`local` row's compress show here, and start the exchanges. step: the optimizer's step, in
-which Horovod waits for the exchanges and calls decompress before stepping the parameters: the
-exchange's wait shows here, as the method's step over its local row's. Rows timed in different
-groups (see above) ran minutes apart, on a machine whose speed drifts by tens of percent: compare
-their phases with care; the ratios above pair each row with its own group's floor.
+    return f"""**exchange="auto" against dense** (DGC 0.1%): meant to be within 3% of dense or faster.
 
-{table}
+{_md_table(AUTO_HEADER, rows)}
 
 """
 
 
-def _auto_block(e2e):
-    lines = _auto_summary(e2e)
-    if not lines:
+def _phase_rows(e2e):
+    """(header, rows): a row per comm-model cell (ranks, network); per method shown (the floor,
+    the synced floor, each local row and its method) the ms of each phase where they were timed,
+    then each method with a local row over that row (its kernels alone: what its exchange adds).
+    Cells with neither are left out."""
+    cells = []
+    for _, ranks, net, cell in _cells(e2e):
+        by = {r["method"]: r for r in cell}
+        timed = {m: r for m, r in by.items() if "phases_ms" in r}
+        shown = ["floor", "floor synced"] + [m for r in by.values() if r["family"] == "local"
+                                             for m in (r["method"], r["local_of"])]
+        over = {r["local_of"]: by[r["local_of"]] for r in by.values()
+                if r["family"] == "local" and by.get(r["local_of"], {}).get("vs_local") is not None}
+        shown = [m for m in _ordered(shown) if m in timed]
+        if shown or over:
+            cells.append((ranks, net, timed, shown, over))
+    methods = _ordered(m for *_, shown, _ in cells for m in shown)
+    locals_of = _ordered(m for *_, over in cells for m in over)
+    header = (["ranks", "network"] + [f"{m} {p}" if i == 0 else p for m in methods for i, p in enumerate(PHASES)]
+              + [f"{m} over kernels alone" for m in locals_of])
+    rows = [(ranks, net, *(f"{timed[m]['phases_ms'][p]:.1f}" if m in timed else "-" for m in methods for p in PHASES),
+             *(ratio_text(over[m]["vs_local"], over[m].get("vs_local_interval")) if m in over else "-"
+               for m in locals_of))
+            for ranks, net, timed, _, over in cells]
+    return header, rows
+
+
+def _phase_block(e2e):
+    header, rows = _phase_rows(e2e)
+    if not rows:
         return ""
-    return f"""**exchange="auto" against dense** (DGC 0.1%; vs dense above 1.00x is faster than dense):
+    return f"""**Where a step's time goes** (comm model): ms per phase, medians on the slowest rank; and each
+method over its kernels alone (its `local` row), which is what its exchange adds.
 
-{lines}
+{_md_table(header, rows)}
 
 """
-
-
-def _e2e_tables(e2e):
-    """One table per network model, each under the description of its model."""
-    header = ("model", "ranks", "network", "method", "ms/step", "vs dense", "vs floor", "received MB", "exchange")
-    blocks = []
-    for netmodel in sorted({r["network_model"] for r in e2e}):
-        rows = [(r["model"], r["ranks"], r["network"], r["method"], f"{r['step_ms']:.1f}",
-                 ratio_text(r["vs_dense"], r.get("vs_dense_interval")), ratio_text(r["vs_floor"], r.get("vs_floor_interval")),
-                 f"{r['received_bytes'] / 1e6:.3f}", ", ".join(r["exchanges"]))
-                for r in e2e if r["network_model"] == netmodel]
-        blocks.append(f"### Network model: {netmodel}\n\n{NETWORK_MODELS[netmodel]}\n\n{_md_table(header, rows)}")
-    return "\n\n".join(blocks)
 
 
 def _timing(e2e):
@@ -305,86 +375,39 @@ def _timing(e2e):
             together = "every row built first"
             if sizes:
                 listed = ", ".join(map(str, sizes[:-1])) + (" or " if len(sizes) > 1 else "") + str(sizes[-1])
-                together = (f"in groups of {listed} rows, as many as fit in memory together on that many ranks, "
-                            f"each group holding the floor and dense (timed again with every group), built first")
-            how.append(f"in {n} interleaved turns ({together}, then each row timed in turn for 1/{n} of its "
-                       f"steps, each turn starting one row further on, so the machine's drift, which here moves a "
-                       f"step's time by tens of percent within seconds, falls on all rows alike; their vs dense "
-                       f"and vs floor pair the steps of the same turn)")
-        parts.append(f"The {model} model's rows were timed {' or '.join(how)}.")
-    return " ".join(parts)
+                together = f"in groups of {listed} rows that fit in memory together, each with the floor and dense"
+            how.append(f"in {n} interleaved turns ({together})")
+        parts.append(_para(f"- The {model} model's rows were timed {' or '.join(how)}."))
+    return "\n".join(parts)
 
 
-def _e2e_section(e2e, rel):
-    networks = ", ".join(sorted({r["network"] for r in e2e}))
-    models = ", ".join(sorted({r["network_model"] for r in e2e}))
-    return f"""## End-to-end step time on an emulated network
-
-Ranks on an emulated network shaped with `tc ... tbf` to 1 or 10 Gbit/s, or unshaped (networks
-in this run: {networks}; network model: {models}, described above each table). All ranks share
-this machine's CPU cores. Step time: a step lasts as long as its slowest rank; ms/step is the
-median of that over the timed steps after warm-up. {_timing(e2e)} vs dense: dense allreduce step
-time / this row's (the speedup), same model, ranks and network. vs floor: this row's step time /
-the floor's. Rows timed in turns are compared step by step: the ratio is the median, over the
-turns, of the ratio of the two rows' steps in the same turn (seconds apart), so it may differ
-from the ratio of the ms/step column. In brackets: the 95% interval of that median (from the
-order statistics of the paired ratios: no assumption on how the noise is distributed). Rows
-timed one at a time: the ratio of their medians, no interval. Received: bytes per rank per
-step, counted by sparsecomm (dense: the ring's 2 (N-1)/N of the gradient).
-
-- comm model: MLP 1024-4096-4096-1024, 25.2M parameters (101 MB of gradient), batch 8.
-- compute model: a CNN on 32x32x3, 0.29M parameters, batch 32.
-
-![speedup]({rel}/e2e_speedup.png)
-
-{_speedup_summary(e2e)}
-
-{FLOOR_AND_PEERS}
-
-{_floor_summary(e2e)}
-
-{_local_block(e2e)}{_phase_block(e2e)}{_auto_block(e2e)}Reading these numbers:
-
-- **Noise.** This machine has 2 cores. 2 ranks get one core each. 4 ranks oversubscribe them,
-  so the 4-rank rows, and every compute-model row, carry scheduling noise of tens of percent.
-- **Same exchange, different times.** The three DGC rows differ only in their exchange. Where
-  auto chose the same exchange as another row, the gap between the two is that noise (and, for
-  rows timed one at a time, the order the methods ran in), not a property of "auto". Auto's
-  choice itself rests on a network measured at its first step, so a run on a busy machine may
-  choose differently from the next one (every rank of a run still chooses alike).
-- **fp16 on CPU.** The dense fp16 row is often slower than float32 off the 1 Gbit/s link:
-  Horovod casts and sums in software half precision on CPU.
-- **Under the floor.** A row faster than the floor (vs floor under 1.00x) is that noise too,
-  or, for DGC and RandomBlock, the optimizer's momentum pass they skip (above). The compute
-  model's rows sit close to its floor.
-
-{_e2e_tables(e2e)}
-
-"""
-
+# -- convergence and kernels -----------------------------------------------------------------
 
 def _convergence_rows(conv):
-    dense = {r["task"]: r["final"] for r in conv if r["method"] == "dense"}
+    """(header, rows): a row per method, per task its final value, the change against dense and
+    the bytes dense sends per step over the method's."""
+    tasks = _ordered(r["task"] for r in conv)
+    by = {(r["task"], r["method"]): r for r in conv}
     rows = []
-    for r in conv:
-        base = dense.get(r["task"])
-        if r["metric"] == "accuracy":
-            final, delta = f"{100 * r['final']:.1f}%", f"{100 * (r['final'] - base):+.1f} pt"
-        else:
-            final, delta = f"{r['final']:.3f}", f"{100 * (r['final'] / base - 1):+.1f}%"
-        rows.append((r["task"], r["method"], final, delta,
-                     f"{r['dense_bytes_per_step'] / max(r['sent_bytes_per_step'], 1):.0f}x"))
-    return rows
-
-
-def _model_rows_text(kernels):
-    """What a model's rows are, where the run has them (`bench kernels --kernel-models`)."""
-    if not any("tensors" in k for k in kernels):
-        return ""
-    return """ The rows of "ResNet-50's 161 tensors" run that path on each
-of ResNet-50's gradients (the same 25.6M elements in tensors of 64 to 2.4M; 1-D ones and those
-under 1,024 elements dense, the default policy), beside Horovod with no compression on them:
-what each tensor costs besides its elements shows there. Their torch.topk is one per tensor."""
+    for method in _ordered(r["method"] for r in conv):
+        row = [method]
+        for task in tasks:
+            r, dense = by.get((task, method)), by.get((task, "dense"))
+            if r is None:
+                row += ["-", "-", "-"]
+                continue
+            if r["metric"] == "accuracy":
+                final = f"{100 * r['final']:.1f}%"
+                delta = "-" if dense is None else f"{100 * (r['final'] - dense['final']):+.1f} pt"
+            else:
+                final = f"{r['final']:.3f}"
+                delta = "-" if dense is None else f"{100 * (r['final'] / dense['final'] - 1):+.1f}%"
+            row += [final, delta, f"{r['dense_bytes_per_step'] / max(r['sent_bytes_per_step'], 1):.0f}x"]
+        rows.append(row)
+    metric = {r["task"]: r["metric"] for r in conv}
+    header = ["method"] + [h for t in tasks for h in (f"{t} {'accuracy' if metric[t] == 'accuracy' else 'loss'}",
+                                                      "vs dense", "bytes/step vs dense")]
+    return header, rows
 
 
 def _data_text(conv):
@@ -404,6 +427,32 @@ def _data_text(conv):
     return "\n".join(lines)
 
 
+def _kernel_rows(kernels):
+    """(header, rows): a row per kernel; per (numel, density) its median ms, that over a memcpy
+    of the same numel, and torch.topk's time over it."""
+    groups = _ordered((k["numel"], k["density"]) for k in kernels)
+    by = {(k["op"], k["numel"], k["density"]): k for k in kernels}
+    header = ["kernel"] + [h for numel, density in groups
+                           for h in (f"{numel:,} at {density:g}: ms", "/ memcpy", "topk / this")]
+    rows = []
+    for op in _ordered(k["op"] for k in kernels):
+        row = [op]
+        for numel, density in groups:
+            k = by.get((op, numel, density))
+            row += ["", "", ""] if k is None else [f"{k['median_ms']:.3f}", f"{k['median_ms'] / k['memcpy_ms']:.2f}",
+                                                   f"{k['topk_ms'] / k['median_ms']:.2f}"]
+        rows.append(row)
+    return header, rows
+
+
+def _model_rows_text(kernels):
+    """What a model's rows are, where the run has them (`bench kernels --kernel-models`)."""
+    if not any("tensors" in k for k in kernels):
+        return ""
+    return (" A \"ResNet-50's 161 tensors\" row runs it on ResNet-50's gradients, 25.6M elements in tensors of "
+            "64 to 2.4M (1-D ones and those under 1,024 elements dense), one torch.topk per tensor.")
+
+
 def _of_code(results):
     return f", code {results['commit']}" if results.get("commit") else ""
 
@@ -412,51 +461,133 @@ def _reused(results):
     if "convergence_from" not in results:
         return ""
     return (f"\nThese convergence records were trained by another run ({results['convergence_from']}), "
-            f"not by this one: training was not repeated.\n")
+            f"not by this one.\n")
+
+
+# -- how it was measured ---------------------------------------------------------------------
+
+NETWORK_MODELS = {
+    "per-host": """Each rank has a network namespace and a veth pair to a bridge, both ends shaped by `tc ... tbf`:
+hosts with one full-duplex NIC each on a non-blocking switch. Unshaped: no tbf.""",
+    "shared": """The ranks of one `horovodrun --gloo` run share one namespace whose loopback `tc ... tbf` shapes:
+ONE link for all, like a small cluster behind one switch port. Unshaped: plain loopback.""",
+}
+RATIOS = """```
+ms/step            = median over the timed steps of the slowest rank's step time
+vs dense           = dense's ms/step / this row's       (above 1.00x: faster than dense)
+vs floor           = this row's ms/step / the floor's   (1.00x: the exchange costs nothing)
+over kernels alone = this row's vs floor / its local row's vs floor
+received MB        = MB one rank receives per step      (dense: 2 (N-1)/N of the gradient)
+predicted ms/step  = floor + sum over the model's tensors of cost.costs(exchange)   (scaling)
+error              = predicted / measured - 1
+```"""
+ROWS = """- **Floor and peers.** `floor`: the step with no exchange, which none can beat. `floor synced`
+  adds a 1-element allreduce: the ranks wait for each other once a step, as every exchanging row
+  must. All step SGD with momentum 0.9, except DGC (its own) and RandomBlock (plain SGD). Peers:
+  PyTorch DDP on gloo, same worker and network: `DDP dense`, `DDP fp16` (`fp16_compress_hook`),
+  `DDP PowerSGD` (`powerSGD_hook`, rank 4, error feedback, warm start, one bucket).
+- **Local rows and phases.** A `local` row runs its method's compressor on a process set of each
+  rank alone: every kernel, nothing sent. forward: zero_grad and forward. backward: Horovod's hooks
+  compress and start the exchanges. step: Horovod waits, decompresses, and the optimizer steps.
+- **exchange="auto"** is within 3% of dense at 0.97x or more, not told apart where only its
+  interval reaches 0.97x. Route trial: [exchanges.md](exchanges.md#overlap-with-the-backward-pass).
+- **Noise.** The ranks share this machine's cores: 4-rank and compute-model rows carry noise of
+  tens of percent. Off 1 Gbit/s, dense fp16 is slow on CPU (software half precision)."""
+
+
+def _method_section(results, rel, scaling_method):
+    e2e = results["e2e"]
+    models = "\n".join(f"- {m} model: {MODELS[m]}." for m in _ordered(r["model"] for r in e2e) if m in MODELS)
+    netmodels = "\n\n".join(f"### Network model: {m}\n\n{NETWORK_MODELS[m]}"
+                            for m in sorted({r["network_model"] for r in e2e}))
+    runs = _para(
+        "Every method trains on 2 ranks, same seeds, data order and epochs. digits: a small CNN, 1,437 training / "
+        "360 held-out images. charlm: a GRU (64-dim embedding, 192 hidden) on the Python standard library's "
+        "sources (600 kB, last 10% held out). Kernels are timed in turn with a float32 memcpy of the same numel "
+        "and torch.topk(x.abs(), k) ([kernels.md](kernels.md#measured-speed-cpu)). A \"whole path (1 rank)\" row "
+        "is compress, Horovod's allreduce and decompress; a \"TF\" row the same in a tf.function."
+        + _model_rows_text(results["kernels"]))
+    ran = _para(f"`make bench` ran `{relative_command(results['command'])}` for {results['minutes']:.0f} "
+                f"minutes{_of_code(results)}. `python -m sparsecomm.bench report` rewrites this page from it.")
+    return f"""## How it was measured
+
+{ran}
+
+{netmodels}
+
+### Timing
+
+{models}
+{_timing(e2e)}
+- Each turn starts one row further on, so drift falls on all rows alike. A ratio is the median of
+  the rows' step ratios in the same turns, with a 95% interval; one row at a time: of medians.
+
+{RATIOS}
+
+{ROWS}
+
+### Convergence and kernel runs
+
+{runs}
+
+{scaling_method}
+"""
 
 
 def write_markdown(results, out, path):
-    """docs/results.md: the machine, the command, the tables and the figures of this run."""
+    """docs/results.md: a summary, the figures, the tables of this run, and how it was measured.
+    `out`: the folder of the figures and results.json; links on the page are relative to it."""
     rel = os.path.relpath(out, os.path.dirname(os.path.abspath(path)) or ".")
-    conv_rows = _convergence_rows(results["convergence"])
-    kernel_rows = [(k["op"], f"{k['numel']:,}", k["density"], f"{k['median_ms']:.3f}",
-                    f"{k['median_ms'] / k['memcpy_ms']:.2f}", f"{k['topk_ms'] / k['median_ms']:.2f}")
-                   for k in results["kernels"]]
+    conv_header, conv_rows = _convergence_rows(results["convergence"])
+    kernel_header, kernel_rows = _kernel_rows(results["kernels"])
+    scaled = scaling.parts(results, out)
+    e2e = results["e2e"]
+    top = _para(f"`make bench` on {results['machine']}; every ratio is against a baseline of the same run. "
+                f"Raw records: [{rel}/results.json]({rel}/results.json); the method: [last](#how-it-was-measured).")
     text = f"""# Results
 
-Generated by `make bench` (`{results['command']}`{_of_code(results)}) in {results['minutes']:.0f} minutes on: {results['machine']}.
-Raw records: [{rel}/results.json]({rel}/results.json). Every ratio is against the baseline
-measured in the same run.
+{top}
 
-{_e2e_section(results["e2e"], rel)}## Convergence on real data
+## Summary
+
+{_summary(results)}
+
+## Figures
+
+![speedup]({rel}/e2e_speedup.png)
+![convergence]({rel}/convergence.png)
+![scaling]({rel}/scaling.png)
+
+## End-to-end step time on an emulated network
+
+Per ranks and network: ms/step, vs dense and vs floor ([Timing](#timing)), with the 95% interval
+in brackets. Received MB per rank and step, per network where they differ.
+
+{_e2e_tables(e2e)}
+
+{_auto_block(e2e)}{_phase_block(e2e)}## Convergence on real data
 {_reused(results)}
-2 ranks, same seeds, data order and epochs for every method. Dense and most methods use SGD
-with momentum 0.9; DGC carries its own momentum (0.9) and uses plain SGD; RandomBlock uses
-plain SGD (with optimizer momentum it diverges, random_block.md).
+Final test accuracy (digits) or validation loss (charlm); bytes: dense's per step over the method's.
 
-- digits: a small CNN on scikit-learn's digits, 1,437 training / 360 held-out images.
-- charlm: a character-level GRU (64-dim embedding, 192 hidden) on the Python standard
-  library's sources (600 kB; the last 10% held out); loss in nats per character.
+{_md_table(conv_header, conv_rows)}
 
 {_data_text(results["convergence"])}
 
-![convergence]({rel}/convergence.png)
-
-{_md_table(("task", "method", "final", "vs dense", "bytes/step vs dense"), conv_rows)}
-
 ## Kernels
 
-Ratios against a float32 memcpy of the same numel, and torch.topk(x.abs(), k), in the same run.
+Per size and density: median ms, that over a memcpy, and torch.topk's time over it.
 
-{_md_table(("kernel", "numel", "density", "median ms", "time / memcpy", "torch.topk time / this"), kernel_rows)}
+{_md_table(kernel_header, kernel_rows)}
 
-A "whole path (1 rank)" row is a compressor as hvd.DistributedOptimizer runs it: compress ->
-Horovod's allreduce of what it hands over -> decompress, on one rank (its exchange's
-collectives on one rank included). A "TF ..." row is the TensorFlow compressor's, through
-horovod.tensorflow's allreduce in a tf.function (timed in a process of its own, on the same
-gradient, each call in turn with the same memcpy).{_model_rows_text(results["kernels"])}
+{scaled["tables"]}
 
-{scaling.section(results, out, rel)}
-"""
+{_method_section(results, rel, scaled["method"])}"""
     with open(path, "w") as f:
-        f.write(text)
+        f.write(text.rstrip("\n") + "\n")
+
+
+def write(results, out, path):
+    """The figures into `out` (speedup, convergence, scaling) and the page at `path`."""
+    speed_figure(results["e2e"], os.path.join(out, "e2e_speedup.png"))
+    convergence_figure(results["convergence"], os.path.join(out, "convergence.png"))
+    write_markdown(results, out, path)  # draws the scaling figure

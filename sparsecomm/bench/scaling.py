@@ -15,6 +15,7 @@ Inputs, all from recorded results (nothing is measured here):
 import math
 import os
 import statistics
+import textwrap
 
 from ..core import cost
 from ..core.plan import Policy, sparse_is_larger
@@ -250,23 +251,35 @@ def _md(header, rows):
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
-def projection_markdown(rows, model):
-    """One model's predicted ms/step: a row per rank count, dense / allgather / SparDL per rate."""
-    rates = list(dict.fromkeys(r["network"] for r in rows if r["model"] == model))
-    header = ["ranks"] + [f"{rate} {name}" for rate in rates for name in ("dense", "allgather", "SparDL")]
-    body = []
-    for ranks in dict.fromkeys(r["ranks"] for r in rows if r["model"] == model):
-        cells = {r["network"]: r for r in rows if (r["model"], r["ranks"]) == (model, ranks)}
-        body.append([ranks] + [f"{cells[rate][e]:,.0f}" for rate in rates for e in cost.EXCHANGES])
+def projection_markdown(rows):
+    """Predicted ms/step: a row per rank count; per model and rate, dense / allgather / SparDL."""
+    groups = list(dict.fromkeys((r["model"], r["network"]) for r in rows))
+    names = {"dense": "dense", "allgather": "allgather", "spardl": "SparDL"}
+    header = ["ranks"] + [f"{model} {rate} {names[e]}" if i == 0 else names[e]
+                          for model, rate in groups for i, e in enumerate(cost.EXCHANGES)]
+    by = {(r["model"], r["network"], r["ranks"]): r for r in rows}
+    body = [[ranks] + [f"{by[model, rate, ranks][e]:,.0f}" for model, rate in groups for e in cost.EXCHANGES]
+            for ranks in dict.fromkeys(r["ranks"] for r in rows)]
     return _md(header, body)
 
 
 def check_markdown(checked):
-    body = [(r["model"], r["ranks"], r["network"], r["network_model"], r["method"],
-             f"{r['floor_ms']:.0f} ({r['floor']})", f"{r['measured_ms']:.0f}", f"{r['predicted_ms']:.0f}",
-             f"{100 * r['error']:+.0f}%") for r in checked["rows"]]
-    return _md(("model", "ranks", "network", "link", "method", "floor ms", "measured ms", "predicted ms", "error"),
-               body)
+    """The model against the measured rows: a row per (model, link, method), per (ranks,
+    network) the measured and predicted ms and the error."""
+    rows = checked["rows"]
+    cells = list(dict.fromkeys((r["ranks"], r["network"]) for r in rows))
+    by = {(r["model"], r["network_model"], r["method"], r["ranks"], r["network"]): r for r in rows}
+    header = ["model", "link", "method"] + [h for ranks, net in cells
+                                            for h in (f"{ranks} ranks {net} measured", "predicted", "error")]
+    body = []
+    for model, link, method in dict.fromkeys((r["model"], r["network_model"], r["method"]) for r in rows):
+        row = [model, link, method]
+        for ranks, net in cells:
+            r = by.get((model, link, method, ranks, net))
+            row += ["", "", ""] if r is None else [f"{r['measured_ms']:.0f}", f"{r['predicted_ms']:.0f}",
+                                                   f"{100 * r['error']:+.0f}%"]
+        body.append(row)
+    return _md(header, body)
 
 
 def _error_sentence(summary):
@@ -275,73 +288,75 @@ def _error_sentence(summary):
     parts = [f"{m} model {100 * s['median_abs_error']:.0f}% (max {100 * s['max_abs_error']:.0f}%)"
              for m, s in summary["by_model"].items()]
     floors = " and ".join(summary["floors"])
-    return (f"Over {summary['count']} measured rows the prediction is off by a median of "
-            f"{100 * summary['median_abs_error']:.0f}% and at most {100 * summary['max_abs_error']:.0f}% "
-            f"({'; '.join(parts)}); it is below the measurement in {summary['below']} of them. "
-            f"Floors: {floors}.")
+    return (f"Against the {summary['count']} measured rows (ms/step), the prediction is off by a median of "
+            f"{100 * summary['median_abs_error']:.0f}% and at most {100 * summary['max_abs_error']:.0f}%: "
+            f"{', '.join(parts)}. It is below the measurement in {summary['below']} of them. Floors: {floors}.")
+
+
+def _para(text):
+    return textwrap.fill(text, 100, subsequent_indent="  " if text.startswith("- ") else "",
+                         break_long_words=False, break_on_hyphens=False)
 
 
 def assumptions(latency=LATENCY, top=RANKS[-1]):
     """The assumptions list of the section, with the latency and the largest rank count used."""
     us, per_tensor = latency * 1e6, 2 * (top - 1) * latency
     counts = ", ".join(f"{len(shapes)} in the {model} model" for model, shapes in MODELS.items())
-    return f"""What the model leaves out (each one makes a real step slower or faster than predicted):
-
-- **One host per rank.** The projection gives every rank its own NIC of that rate and its own
-  cores. Here, the ranks share 2 cores (CPU contention: 4 ranks oversubscribe them) and, on the
-  shared link, one link: the check divides the rate by the ranks, the projection does not.
-- **No tensor fusion, no overlap.** Each tensor is its own collective, paying its own latency
-  terms: Horovod fuses small tensors (the biases) into one buffer and overlaps the exchange
-  with the backward pass; neither is modelled. Horovod's cycle time and negotiation are not
-  either (the whole-path kernel rows, where present, carry its 1-rank share).
-- **Ring collectives, constant latency.** Dense is a ring allreduce (2 (N-1) message steps),
-  so its latency terms, and SparDL's, grow linearly with N: at {top} ranks 2 x {top - 1} steps of
-  {us:.0f} us are {per_tensor:.2f} s, paid by every tensor ({counts}). That is what bends
-  every curve up at hundreds of ranks; fusion and tree or hierarchical allreduces (NCCL, MPI)
-  would pay far less there. Latency is {us:.0f} us per step at every rate.
-- **Fixed density, worst-case bytes.** DGC at 0.1% from the first step (no warm-up), float32
-  values, SparDL sending its full ceil(k/N) pairs to each rank; the local pack/unpack cost is
-  this machine's CPU kernels, the same on every rank, with no stragglers.
-- **Fixed floor.** The 2-rank floor at every rank count: a fixed batch per rank."""
+    items = [
+        "It leaves out, each making a real step slower or faster:",
+        ("- **This machine:** the ranks share 2 cores and, on the shared link, one link (the check divides the "
+         "rate by the ranks)."),
+        ("- **Horovod:** tensor fusion, overlap with the backward pass, its cycle; here each tensor pays its own "
+         "latency."),
+        (f"- **Ring latency:** 2 (N-1) message steps of {us:.0f} us for dense and SparDL, {per_tensor:.2f} s per "
+         f"tensor at {top} ranks ({counts}), bend every curve up; tree allreduces pay far less."),
+        ("- **Fixed work:** DGC at 0.1% from the first step, SparDL's full ceil(k/N) pairs, no stragglers, the "
+         "2-rank floor (a fixed batch per rank)."),
+    ]
+    return "\n".join(_para(item) for item in items)
 
 
-def section(results, out_dir, link_dir="results"):
-    """The markdown of "## Scaling past this machine" for docs/results.md, from a results
-    dict (keys "kernels", "e2e"); writes its figure to out_dir/scaling.png, linked as
-    link_dir/scaling.png (the figures' folder relative to the page)."""
+def parts(results, out_dir):
+    """The markdown of the scaling results and of how they are computed, for docs/results.md,
+    from a results dict (keys "kernels", "e2e"); writes the figure to out_dir/scaling.png.
+    {"tables": "## Scaling past this machine" and its tables, "method": the model and what it
+    leaves out}."""
     kernels, e2e = results.get("kernels", []), results.get("e2e", [])
     rows = table(kernels, e2e)
     figure(os.path.join(out_dir, "scaling.png"), rows)
     checked = check(e2e, kernels)
     _, local_source = path_timings(kernels, "DGC")
     floors = {m: next(r for r in rows if r["model"] == m) for m in MODELS}
-    floor_text = "; ".join(f"{m} {r['floor_ms']:.0f} ms ({r['floor'] if r['floor'] != 'none' else 'no e2e rows'})"
+    floor_text = ", ".join(f"{m} {r['floor_ms']:.0f} ms ({r['floor'] if r['floor'] != 'none' else 'no e2e rows'})"
                            for m, r in floors.items())
-    tables = "\n\n".join(f"{m} model, predicted ms/step:\n\n{projection_markdown(rows, m)}" for m in MODELS)
-    return f"""## Scaling past this machine
+    intro = _para(f"Predicted ms/step of DGC 0.1% at 2 to 1024 ranks, one NIC each ([model](#the-scaling-model)); "
+                  f"floor (2 ranks, no exchange): {floor_text}.")
+    against = _para(_error_sentence(checked["summary"]))
+    tables = f"""## Scaling past this machine
 
-What the exchange cost model of exchange="auto" (`sparsecomm/core/cost.py`, alpha-beta) predicts
-for the two e2e models at 2 to 1024 ranks, each rank with its own NIC of 1, 10 or 100 Gbit/s
-(1.25e8, 1.25e9, 1.25e10 bytes/s) and {LATENCY * 1e6:.0f} us per message step (a TCP round trip
-in one cluster plus the library's handling). Predicted step = floor + the sum over the model's
-tensors of the exchange's cost; tensors the per-layer policy sends dense (1-D, under 1,024
-elements) cost the dense allreduce under every method. DGC at 0.1%; its local pack/unpack cost
-from {local_source}. Floor (the step with no exchange, 2 ranks): {floor_text}.
-`sparsecomm.bench.scaling` computes all of it from the records; nothing is measured for it.
+{intro}
 
-{tables}
+{projection_markdown(rows)}
 
-![scaling]({link_dir}/scaling.png)
+{against}
 
-### The model against this machine
+{check_markdown(checked)}"""
+    described = _para(
+        f"The cost model of exchange=\"auto\" (`sparsecomm/core/cost.py`, alpha-beta: "
+        f"[exchanges.md](exchanges.md#the-cost-model-sparsecommcorecostpy)) gives the floor plus each tensor's "
+        f"exchange cost. Each rank has a NIC of 1, 10 or 100 Gbit/s (1.25e8, 1.25e9, 1.25e10 bytes/s); a message "
+        f"step takes {LATENCY * 1e6:.0f} us. Tensors sent dense by the per-layer policy cost the dense allreduce. "
+        f"DGC's pack/unpack cost: {local_source}.")
+    method = f"""### The scaling model
 
-The same prediction for the measured 2- and 4-rank rows (networks emulated here: on the shared
-link each rank gets 1/N of the rate), with the floor of the same model, ranks and network where
-the run measured one. Error = predicted / measured - 1.
+{described}
 
-{_error_sentence(checked['summary'])}
+{assumptions()}"""
+    return {"tables": tables, "method": method}
 
-{check_markdown(checked)}
 
-{assumptions()}
-"""
+def section(results, out_dir, link_dir="results"):
+    """The whole "## Scaling past this machine" section: the tables, the figure (written to
+    out_dir/scaling.png, linked as link_dir/scaling.png) and how it is computed."""
+    text = parts(results, out_dir)
+    return f"{text['tables']}\n\n![scaling]({link_dir}/scaling.png)\n\n{text['method']}\n"
