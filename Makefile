@@ -1,7 +1,9 @@
 # sparsecomm: everything a user or CI runs goes through here.
 #   make env    project-local environment (.venv): OpenMPI, torch, TF, Horovod 0.28.1, ...
 #   make build  the compiled extension (torch ops; TF op library when TF is present)
-#   make test   env + build, then the whole suite (single-process and horovodrun multi-rank)
+#   make lint   ruff (lint and format check) over the Python tree, clang-format over csrc/
+#   make format rewrites both into the project's style
+#   make test   env + build + lint, then the whole suite (single-process and horovodrun multi-rank)
 #   make demo   train a small real model on 2 ranks, dense vs sparsecomm, print a table
 #   make check  self-check of this machine (its GPUs when present): op tests, kernel benchmark,
 #               2-rank training; a verdict table, exit 1 on a FAIL (CHECK_ARGS=--quick: about 1 min)
@@ -15,8 +17,9 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 
 CSRC := $(shell find csrc -type f 2>/dev/null)
+CXX_SOURCES := $(filter %.h %.cpp %.cc %.cu %.cuh,$(CSRC))
 
-.PHONY: env build test demo check bench clean distclean
+.PHONY: env build lint format test demo check bench clean distclean
 
 env: $(VENV)/.stamp-horovod
 
@@ -47,8 +50,21 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-horovod setup.py $(CSRC)
 
 # The whole suite: kernels vs references, compressors, horovodrun multi-rank runs (torch and
 # TF), and the CUDA compile check (nvcc -c of every .cu, whenever nvcc exists).
-test: build
+test: build lint
 	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# Style (configs: pyproject.toml's [tool.ruff], .clang-format); the versions are pinned in
+# requirements.txt, since a formatter's output changes between releases.
+lint: $(VENV)/.stamp-deps
+	@$(PY) -m ruff check --quiet . && $(PY) -m ruff format --check --quiet . \
+	  && $(VENV)/bin/clang-format --dry-run --Werror $(CXX_SOURCES) \
+	  || { echo "[lint] FAILED: run 'make format' (ruff check's own findings need a hand)"; exit 1; }
+	@echo "[lint] ruff and clang-format: clean"
+
+format: $(VENV)/.stamp-deps
+	$(PY) -m ruff check --fix --quiet . || true
+	$(PY) -m ruff format --quiet .
+	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 demo: build
 	$(PY) -m sparsecomm.demo
