@@ -20,6 +20,7 @@ Environment switches (docs/install.md):
                              without a visible GPU)
   CUDA_HOME=...              the CUDA toolkit (default: that of the nvcc on the PATH)
 """
+
 import functools
 import importlib.util
 import json
@@ -36,16 +37,32 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 VERSION = "0.1.0"
-HOW_TO_BUILD = ("sparsecomm compiles against the torch and/or TensorFlow of your environment, and this "
-                "build sees neither (pip builds in an isolated environment unless told otherwise). "
-                "Install the framework first, then:\n    pip install --no-build-isolation sparsecomm-*.tar.gz"
-                "   (or `pip install --no-build-isolation .` in a checkout)")
+HOW_TO_BUILD = (
+    "sparsecomm compiles against the torch and/or TensorFlow of your environment, and this "
+    "build sees neither (pip builds in an isolated environment unless told otherwise). "
+    "Install the framework first, then:\n    pip install --no-build-isolation sparsecomm-*.tar.gz"
+    "   (or `pip install --no-build-isolation .` in a checkout)"
+)
 # -march macros -> /proc/cpuinfo flags: what a build may execute, checked at import (build_info.py).
-CPU_FEATURES = {"__SSE4_2__": "sse4_2", "__AVX__": "avx", "__AVX2__": "avx2", "__FMA__": "fma", "__F16C__": "f16c",
-                "__BMI2__": "bmi2", "__AVX512F__": "avx512f", "__AVX512BW__": "avx512bw", "__AVX512VL__": "avx512vl",
-                "__AVX512DQ__": "avx512dq", "__AVX512CD__": "avx512cd", "__AVX512FP16__": "avx512_fp16",
-                "__AVX512BF16__": "avx512_bf16", "__AVX512VNNI__": "avx512_vnni", "__AVX512VBMI__": "avx512vbmi",
-                "__AVX512VBMI2__": "avx512_vbmi2", "__AMX_TILE__": "amx_tile"}
+CPU_FEATURES = {
+    "__SSE4_2__": "sse4_2",
+    "__AVX__": "avx",
+    "__AVX2__": "avx2",
+    "__FMA__": "fma",
+    "__F16C__": "f16c",
+    "__BMI2__": "bmi2",
+    "__AVX512F__": "avx512f",
+    "__AVX512BW__": "avx512bw",
+    "__AVX512VL__": "avx512vl",
+    "__AVX512DQ__": "avx512dq",
+    "__AVX512CD__": "avx512cd",
+    "__AVX512FP16__": "avx512_fp16",
+    "__AVX512BF16__": "avx512_bf16",
+    "__AVX512VNNI__": "avx512_vnni",
+    "__AVX512VBMI__": "avx512vbmi",
+    "__AVX512VBMI2__": "avx512_vbmi2",
+    "__AMX_TILE__": "amx_tile",
+}
 
 
 def _switch(name):
@@ -72,14 +89,15 @@ def cpu_arch():
     return os.environ.get("SPARSECOMM_CPU_ARCH", default).strip()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def march_macros(compiler="c++"):
     """The macros -march defines (__AVX2__, ...): what the compiler may use. Empty: no -march."""
     arch = cpu_arch()
     if not arch or shutil.which(compiler) is None:
         return frozenset()
-    proc = subprocess.run([compiler, f"-march={arch}", "-dM", "-E", "-x", "c++", os.devnull],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [compiler, f"-march={arch}", "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True
+    )
     return frozenset(re.findall(r"#define (\w+) 1", proc.stdout))
 
 
@@ -94,8 +112,7 @@ def cpu_flags():
 
 def cpu_features():
     """The instruction-set extensions the build may execute (AVX512-FP16 is switched off)."""
-    return sorted(flag for macro, flag in CPU_FEATURES.items()
-                  if macro in march_macros() and macro != "__AVX512FP16__")
+    return sorted(flag for macro, flag in CPU_FEATURES.items() if macro in march_macros() and macro != "__AVX512FP16__")
 
 
 def torch_cuda_arch_list(torch):
@@ -128,19 +145,25 @@ def torch_extension(info):
     cuda_bindings = _sources("csrc/torch/cuda*.cpp")  # compiled only into CUDA builds
     sources = [s for s in _sources("csrc/torch/*.cpp") if s not in cuda_bindings] + _sources("csrc/cpu/*.cpp")
     if not with_cuda:
-        return cpp_extension.CppExtension("sparsecomm._C", sources, extra_compile_args={"cxx": cpu_flags()},
-                                          extra_link_args=["-fopenmp"])
+        return cpp_extension.CppExtension(
+            "sparsecomm._C", sources, extra_compile_args={"cxx": cpu_flags()}, extra_link_args=["-fopenmp"]
+        )
     info["torch"]["cuda_arch_list"] = torch_cuda_arch_list(torch)
     return cpp_extension.CUDAExtension(
-        "sparsecomm._C", sources + cuda_bindings + _sources("csrc/cuda/*.cu"),
-        extra_compile_args={"cxx": cpu_flags(), "nvcc": ["-O3", "--fmad=false"]}, extra_link_args=["-fopenmp"])
+        "sparsecomm._C",
+        sources + cuda_bindings + _sources("csrc/cuda/*.cu"),
+        extra_compile_args={"cxx": cpu_flags(), "nvcc": ["-O3", "--fmad=false"]},
+        extra_link_args=["-fopenmp"],
+    )
 
 
 # TF is probed in a child process: its import is slow and must not leak into the build. Its Linux
 # wheels are all built with CUDA (a CPU install lacks the libraries): "TF has CUDA" means a GPU too.
-TF_PROBE = ("import json, tensorflow as tf; print(json.dumps([tf.__version__, tf.sysconfig.get_compile_flags(), "
-            "tf.sysconfig.get_link_flags(), tf.test.is_built_with_cuda() and "
-            "bool(tf.config.list_physical_devices('GPU'))]))")
+TF_PROBE = (
+    "import json, tensorflow as tf; print(json.dumps([tf.__version__, tf.sysconfig.get_compile_flags(), "
+    "tf.sysconfig.get_link_flags(), tf.test.is_built_with_cuda() and "
+    "bool(tf.config.list_physical_devices('GPU'))]))"
+)
 
 
 def tensorflow_extension(info, cuda_home):
@@ -148,8 +171,9 @@ def tensorflow_extension(info, cuda_home):
     with_tf = _switch("SPARSECOMM_WITH_TF")
     if with_tf is False:
         return None
-    result = subprocess.run([sys.executable, "-c", TF_PROBE], capture_output=True, text=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    result = subprocess.run(
+        [sys.executable, "-c", TF_PROBE], capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    )
     if result.returncode != 0:
         if with_tf:
             sys.exit("setup.py: SPARSECOMM_WITH_TF=1 but tensorflow does not import:\n" + result.stderr)
@@ -163,18 +187,35 @@ def tensorflow_extension(info, cuda_home):
     with_cuda = tf_has_cuda and cuda_home is not None if with_cuda is None else with_cuda
     info["tensorflow"] = {"version": version, "gpu_kernels": with_cuda}
     if not with_cuda:
-        return Extension("sparsecomm.tensorflow._ops", sources, language="c++", extra_compile_args=cxx_flags,
-                         extra_link_args=link_args)
+        return Extension(
+            "sparsecomm.tensorflow._ops",
+            sources,
+            language="c++",
+            extra_compile_args=cxx_flags,
+            extra_link_args=link_args,
+        )
     if cuda_home is None:
-        sys.exit("setup.py: SPARSECOMM_WITH_CUDA=1 but no CUDA toolkit was found "
-                 "(put nvcc on the PATH or set CUDA_HOME)")
+        sys.exit(
+            "setup.py: SPARSECOMM_WITH_CUDA=1 but no CUDA toolkit was found (put nvcc on the PATH or set CUDA_HOME)"
+        )
     # GPU kernels: GOOGLE_CUDA turns on the GPU registrations; csrc/cuda/*.cu go through nvcc
     # (BuildExt). nvcc's CUDA runtime is linked in statically and kept private, ahead of TF's.
-    cudart = [f"-L{os.path.join(cuda_home, 'lib64')}", "-l:libcudart_static.a",
-              "-Wl,--exclude-libs,libcudart_static.a", "-ldl", "-lrt", "-lpthread"]
-    ext = Extension("sparsecomm.tensorflow._ops", sources, language="c++",
-                    include_dirs=[os.path.join(cuda_home, "include")],
-                    extra_compile_args=cxx_flags + ["-DGOOGLE_CUDA=1"], extra_link_args=cudart + link_args)
+    cudart = [
+        f"-L{os.path.join(cuda_home, 'lib64')}",
+        "-l:libcudart_static.a",
+        "-Wl,--exclude-libs,libcudart_static.a",
+        "-ldl",
+        "-lrt",
+        "-lpthread",
+    ]
+    ext = Extension(
+        "sparsecomm.tensorflow._ops",
+        sources,
+        language="c++",
+        include_dirs=[os.path.join(cuda_home, "include")],
+        extra_compile_args=cxx_flags + ["-DGOOGLE_CUDA=1"],
+        extra_link_args=cudart + link_args,
+    )
     ext.nvcc, ext.nvcc_sources = os.path.join(cuda_home, "bin", "nvcc"), _sources("csrc/cuda/*.cu")
     default_arch = "native" if tf_has_cuda else "all-major"
     ext.nvcc_arch = os.environ.get("SPARSECOMM_CUDA_ARCH", default_arch)
@@ -199,10 +240,18 @@ class BuildExt(_BaseBuildExt):
     and compiles the TF library's .cu sources. An sdist at most sets it up, never runs it."""
 
     def finalize_options(self):
-        self.build_info = {"sparsecomm": VERSION, "python": platform.python_version(), "cpu_arch": cpu_arch() or None,
-                           "cpu_features": cpu_features(), "cuda_home": CUDA_HOME}
-        built = [e for e in (torch_extension(self.build_info), tensorflow_extension(self.build_info, CUDA_HOME))
-                 if e is not None]
+        self.build_info = {
+            "sparsecomm": VERSION,
+            "python": platform.python_version(),
+            "cpu_arch": cpu_arch() or None,
+            "cpu_features": cpu_features(),
+            "cuda_home": CUDA_HOME,
+        }
+        built = [
+            e
+            for e in (torch_extension(self.build_info), tensorflow_extension(self.build_info, CUDA_HOME))
+            if e is not None
+        ]
         if built:  # else the placeholders stay, and run() stops with the message
             self.distribution.ext_modules = built
         super().finalize_options()
@@ -224,8 +273,21 @@ class BuildExt(_BaseBuildExt):
         for source in getattr(ext, "nvcc_sources", []):  # always recompiled: their headers are not tracked
             obj = os.path.join(self.build_temp, "nvcc", os.path.basename(source) + ".o")
             os.makedirs(os.path.dirname(obj), exist_ok=True)
-            self.spawn([ext.nvcc, "-c", f"-arch={ext.nvcc_arch}", "-std=c++17", "-O3", "--fmad=false",
-                        "-Xcompiler", "-fPIC", os.path.join(ROOT, source), "-o", obj])
+            self.spawn(
+                [
+                    ext.nvcc,
+                    "-c",
+                    f"-arch={ext.nvcc_arch}",
+                    "-std=c++17",
+                    "-O3",
+                    "--fmad=false",
+                    "-Xcompiler",
+                    "-fPIC",
+                    os.path.join(ROOT, source),
+                    "-o",
+                    obj,
+                ]
+            )
             ext.extra_objects.append(obj)
         super().build_extension(ext)
 
@@ -239,7 +301,7 @@ setup(
     name="sparsecomm",
     version=VERSION,
     description="Sparse gradient compression (DGC, gradient dropping, rTop-k, random-block, SparDL) "
-                "for Horovod with PyTorch and TensorFlow",
+    "for Horovod with PyTorch and TensorFlow",
     long_description=read("README.md"),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["sparsecomm", "sparsecomm.*"]),

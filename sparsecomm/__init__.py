@@ -7,6 +7,7 @@ Import the framework you use; this package root imports neither:
 
 ``sparsecomm.Network(bandwidth, latency)`` describes a cluster for exchange="auto".
 """
+
 from .core.cost import Network
 
 __version__ = "0.1.0"

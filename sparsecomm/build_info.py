@@ -3,6 +3,7 @@ made before a compiled library is loaded: a build made for another torch, Tensor
 says which, and how to rebuild, instead of failing inside the dynamic loader.
 
 Imports neither torch nor TensorFlow: the callers pass the installed versions."""
+
 import json
 import os
 
@@ -42,16 +43,21 @@ def require(framework, installed_version, cpu_flags=None):
     info = read()
     label = {"torch": "torch", "tensorflow": "TensorFlow"}[framework]
     if info is None:
-        raise BuildMismatch(f"sparsecomm's compiled kernels are not built (no {INFO_FILE}); build them with:\n"
-                            f"    {rebuild_command()}")
+        raise BuildMismatch(
+            f"sparsecomm's compiled kernels are not built (no {INFO_FILE}); build them with:\n    {rebuild_command()}"
+        )
     built = info.get(framework)
     if built is None:
-        raise BuildMismatch(f"sparsecomm was built without {label} support ({label} was not installed then); "
-                            f"{label} {installed_version} is installed now, so rebuild with:\n    {rebuild_command()}")
+        raise BuildMismatch(
+            f"sparsecomm was built without {label} support ({label} was not installed then); "
+            f"{label} {installed_version} is installed now, so rebuild with:\n    {rebuild_command()}"
+        )
     if built["version"] != installed_version:
-        raise BuildMismatch(f"sparsecomm was built for {label} {built['version']}, but {label} {installed_version} "
-                            f"is installed: its compiled kernels only load with the {label} they were built "
-                            f"against. Rebuild with:\n    {rebuild_command()}")
+        raise BuildMismatch(
+            f"sparsecomm was built for {label} {built['version']}, but {label} {installed_version} "
+            f"is installed: its compiled kernels only load with the {label} they were built "
+            f"against. Rebuild with:\n    {rebuild_command()}"
+        )
     check_cpu(info, cpu_flags)
     return info
 
@@ -76,9 +82,11 @@ def check_cpu(info, flags=None):
         return
     missing = [feature for feature in info.get("cpu_features", []) if feature not in flags]
     if missing:
-        raise BuildMismatch(f"sparsecomm was built for CPUs with {', '.join(missing)} (SPARSECOMM_CPU_ARCH="
-                            f"{info.get('cpu_arch')}), which this CPU lacks. Rebuild here, or for a portable "
-                            f"build set SPARSECOMM_CPU_ARCH=x86-64-v2 (or empty):\n    {rebuild_command()}")
+        raise BuildMismatch(
+            f"sparsecomm was built for CPUs with {', '.join(missing)} (SPARSECOMM_CPU_ARCH="
+            f"{info.get('cpu_arch')}), which this CPU lacks. Rebuild here, or for a portable "
+            f"build set SPARSECOMM_CPU_ARCH=x86-64-v2 (or empty):\n    {rebuild_command()}"
+        )
 
 
 def describe(info):
@@ -86,14 +94,27 @@ def describe(info):
     if info is None:
         return ["not built"]
     features = ", ".join(info.get("cpu_features", [])) or "no extensions"
-    lines = [f"sparsecomm {info['sparsecomm']} for Python {info['python']}, CPU target "
-             f"{info.get('cpu_arch') or 'the compiler default'} ({features})"]
+    lines = [
+        f"sparsecomm {info['sparsecomm']} for Python {info['python']}, CPU target "
+        f"{info.get('cpu_arch') or 'the compiler default'} ({features})"
+    ]
     torch = info.get("torch")
-    lines.append("torch: " + (f"{torch['version']} (CUDA {torch['cuda'] or 'none'}), CUDA kernels "
-                              + (f"yes ({torch.get('cuda_arch_list')})" if torch["cuda_kernels"] else "no")
-                              if torch else "not built"))
+    lines.append(
+        "torch: "
+        + (
+            f"{torch['version']} (CUDA {torch['cuda'] or 'none'}), CUDA kernels "
+            + (f"yes ({torch.get('cuda_arch_list')})" if torch["cuda_kernels"] else "no")
+            if torch
+            else "not built"
+        )
+    )
     tf = info.get("tensorflow")
-    lines.append("TensorFlow: " + (f"{tf['version']}, GPU kernels " + (f"yes ({tf.get('cuda_arch')})" if
-                                                                       tf["gpu_kernels"] else "no")
-                                   if tf else "not built"))
+    lines.append(
+        "TensorFlow: "
+        + (
+            f"{tf['version']}, GPU kernels " + (f"yes ({tf.get('cuda_arch')})" if tf["gpu_kernels"] else "no")
+            if tf
+            else "not built"
+        )
+    )
     return lines

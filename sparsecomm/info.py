@@ -2,6 +2,7 @@
 environment has (torch, TensorFlow, Horovod), and a self-test of every compiled library
 (sparsecomm.selftest, in a child process per framework and device). Needs no source
 checkout. Exit 1 when a built part fails its test or does not fit the installed framework."""
+
 import argparse
 import glob
 import importlib.metadata
@@ -39,8 +40,11 @@ def horovod_line():
     if spec is None:
         return "not installed (python -m sparsecomm.install_horovod builds it; docs/install.md)"
     root = os.path.dirname(spec.origin)
-    has = [label for sub, label in (("torch", "PyTorch"), ("tensorflow", "TensorFlow"))
-           if glob.glob(os.path.join(root, sub, "mpi_lib*.so"))]
+    has = [
+        label
+        for sub, label in (("torch", "PyTorch"), ("tensorflow", "TensorFlow"))
+        if glob.glob(os.path.join(root, sub, "mpi_lib*.so"))
+    ]
     return f"{importlib.metadata.version('horovod')}, built with {', '.join(has) or 'no framework'}"
 
 
@@ -49,9 +53,13 @@ def selftest(framework, device, timeout=600):
     started = time.monotonic()
     name = f"{framework} kernels ({device})"
     try:
-        proc = subprocess.run([sys.executable, "-m", "sparsecomm.selftest", "--framework", framework,
-                               "--device", device], capture_output=True, text=True, timeout=timeout,
-                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        proc = subprocess.run(
+            [sys.executable, "-m", "sparsecomm.selftest", "--framework", framework, "--device", device],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+        )
     except subprocess.TimeoutExpired:
         return Result(name, FAIL, f"timed out after {timeout}s", time.monotonic() - started)
     output = proc.stdout + proc.stderr
@@ -81,24 +89,31 @@ def report_lines(info):
     lines += ["built       " + line for line in build_info.describe(info)]
     for framework in FRAMEWORKS:
         version, built = installed_version(framework), (info or {}).get(framework)
-        fits = "" if not (version and built) else (" (fits the build)" if same_release(built["version"], version)
-                                                   else f" (MISMATCH: built for {built['version']})")
+        fits = (
+            ""
+            if not (version and built)
+            else (
+                " (fits the build)"
+                if same_release(built["version"], version)
+                else f" (MISMATCH: built for {built['version']})"
+            )
+        )
         lines.append(f"installed   {framework} {version or 'absent'}{fits}")
     lines.append(f"horovod     {horovod_line()}")
     return lines
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sparsecomm.info", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m sparsecomm.info", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the build record and the results here")
     args = parser.parse_args(argv)
     info = build_info.read()
     print("\n".join(report_lines(info)), flush=True)
     results = [selftest(framework, device) for framework, device in plan(info)]
     if not results:
-        results = [Result("kernels", FAIL, "nothing built for an installed framework: "
-                          + build_info.rebuild_command())]
+        results = [Result("kernels", FAIL, "nothing built for an installed framework: " + build_info.rebuild_command())]
     print("\n" + table(results), flush=True)
     if args.json:
         with open(args.json, "w") as f:

@@ -16,6 +16,7 @@ The wheel is cached under DIR (default ~/.cache/sparsecomm), keyed by every vers
 compiled against, so a second environment with the same versions installs it in seconds.
 It imports nothing of sparsecomm but cuda_toolkit, so a checkout runs it before any build.
 """
+
 import argparse
 import glob
 import json
@@ -66,8 +67,10 @@ def probe_frameworks():
         raise InstallError(f"probing torch and TensorFlow failed:\n{proc.stderr}")
     found = json.loads(proc.stdout.strip().splitlines()[-1])
     if "torch" not in found and "tensorflow" not in found:
-        raise InstallError("neither torch nor TensorFlow imports in this environment: install the framework "
-                           f"first (Horovod compiles against it), with {sys.executable} -m pip install ...")
+        raise InstallError(
+            "neither torch nor TensorFlow imports in this environment: install the framework "
+            f"first (Horovod compiles against it), with {sys.executable} -m pip install ..."
+        )
     return found
 
 
@@ -110,8 +113,10 @@ def build_env(found, work):
     if found.get("torch_cuda"):
         cuda_home = find_cuda_home()
         if cuda_home is None:
-            raise InstallError(f"torch {found['torch']} is a CUDA {found['torch_cuda']} build, and Horovod's "
-                               "build then needs the CUDA toolkit: put its nvcc on the PATH or set CUDA_HOME")
+            raise InstallError(
+                f"torch {found['torch']} is a CUDA {found['torch_cuda']} build, and Horovod's "
+                "build then needs the CUDA toolkit: put its nvcc on the PATH or set CUDA_HOME"
+            )
         env.update(CUDA_HOME=cuda_home, HOROVOD_CUDA_HOME=cuda_home)
         if os.environ.get("TORCH_CUDA_ARCH_LIST"):  # "8.0;9.0+PTX" -> "80,90"; unset: every arch nvcc has
             archs = re.findall(r"(\d+)\.(\d+)", os.environ["TORCH_CUDA_ARCH_LIST"])
@@ -119,8 +124,10 @@ def build_env(found, work):
         nccl = find_nccl(work)
         if nccl:
             env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_HOME=nccl, HOROVOD_NCCL_LINK="SHARED")
-        notes.append(f"CUDA toolkit: {cuda_home}; NCCL: "
-                     + (nccl or "not found (cuda tensors go through host memory; set HOROVOD_NCCL_HOME)"))
+        notes.append(
+            f"CUDA toolkit: {cuda_home}; NCCL: "
+            + (nccl or "not found (cuda tensors go through host memory; set HOROVOD_NCCL_HOME)")
+        )
     return env, notes
 
 
@@ -137,8 +144,9 @@ def patch_sources(src, standard, with_tf):
         with open(cmake) as f:
             text = f.read()
         if "set(CMAKE_CXX_STANDARD 14)" not in text:
-            raise InstallError(f"{cmake} has no 'set(CMAKE_CXX_STANDARD 14)' to raise: "
-                               f"not Horovod {HOROVOD_VERSION}'s layout")
+            raise InstallError(
+                f"{cmake} has no 'set(CMAKE_CXX_STANDARD 14)' to raise: not Horovod {HOROVOD_VERSION}'s layout"
+            )
         with open(cmake, "w") as f:
             f.write(text.replace("set(CMAKE_CXX_STANDARD 14)", f"set(CMAKE_CXX_STANDARD {standard})"))
     if with_tf:
@@ -169,14 +177,31 @@ def build_wheel(found, wheel_dir):
         log = os.path.join(wheel_dir, "build.log")
         say(f"compiling (about 8-10 minutes on 2 cores; log: {log})")
         with open(log, "w") as out:
-            proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "--no-build-isolation",
-                                   src, "-w", os.path.join(work, "dist")], cwd=work, env=env, stdout=out,
-                                  stderr=subprocess.STDOUT)
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "wheel",
+                    "-v",
+                    "--no-deps",
+                    "--no-build-isolation",
+                    src,
+                    "-w",
+                    os.path.join(work, "dist"),
+                ],
+                cwd=work,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         if proc.returncode != 0:
             with open(log) as f:
                 tail = "".join(f.readlines()[-30:])
-            raise InstallError(f"building Horovod failed; the end of {log}:\n{tail}\nIs `wheel` installed "
-                               "(pip install wheel)? Are the MPI headers and a C++ compiler there?")
+            raise InstallError(
+                f"building Horovod failed; the end of {log}:\n{tail}\nIs `wheel` installed "
+                "(pip install wheel)? Are the MPI headers and a C++ compiler there?"
+            )
         for built in glob.glob(os.path.join(work, "dist", "horovod-*.whl")):
             shutil.copy(built, wheel_dir)
 
@@ -191,26 +216,34 @@ def check_build(found):
     wanted = [name for key, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")) if key in found] + ["Gloo"]
     missing = [name for name in wanted if f"[X] {name}" not in out]
     if missing:
-        raise InstallError(f"horovodrun --check-build does not list {', '.join(missing)}: delete the cached wheel "
-                           "and run again, then read its build.log")
+        raise InstallError(
+            f"horovodrun --check-build does not list {', '.join(missing)}: delete the cached wheel "
+            "and run again, then read its build.log"
+        )
 
 
 def default_cache():
     return os.environ.get("SPARSECOMM_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparsecomm")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "sparsecomm"
+    )
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sparsecomm.install_horovod", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m sparsecomm.install_horovod",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--cache", default=default_cache(), help="where built wheels are kept (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be built, build nothing")
     args = parser.parse_args(argv)
     try:
         found = probe_frameworks()
         wheel_dir = os.path.join(args.cache, "wheels", cache_key(found))
-        say(f"frameworks: torch {found.get('torch', 'absent')}, TensorFlow {found.get('tensorflow', 'absent')}; "
-            f"C++{cxx_standard(found.get('torch_include'))}; wheel cache {wheel_dir}")
+        say(
+            f"frameworks: torch {found.get('torch', 'absent')}, TensorFlow {found.get('tensorflow', 'absent')}; "
+            f"C++{cxx_standard(found.get('torch_include'))}; wheel cache {wheel_dir}"
+        )
         if args.dry_run:
             return 0
         if not glob.glob(os.path.join(wheel_dir, "horovod-*.whl")):

@@ -5,6 +5,7 @@ random data against a plain numpy reference, exact where the math allows.
 
 Prints one line a check and "N passed, N failed"; exits 1 on a failure. ``python -m
 sparsecomm.info`` and the self-check run it in a child process per framework and device."""
+
 import argparse
 import sys
 
@@ -81,7 +82,7 @@ def run(ops, device):
     grad, residual = _inputs()
     failed = 0
     for check in CHECKS:
-        name = check.__name__[len("check_"):]
+        name = check.__name__[len("check_") :]
         try:
             check(ops, grad, residual.copy())
             print(f"PASS {ops.framework} {device} {name}: {check.__doc__.splitlines()[0]}")
@@ -93,12 +94,14 @@ def run(ops, device):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sparsecomm.selftest", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m sparsecomm.selftest", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--framework", choices=["torch", "tensorflow"], required=True)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     args = parser.parse_args(argv)
     from . import selftest_adapters
+
     ops = selftest_adapters.for_framework(args.framework, args.device)
     return 1 if run(ops, args.device) else 0
 

@@ -1,5 +1,6 @@
 """The self-test's view of each framework's ops: numpy arrays in, numpy arrays out, state
 returned rather than updated in place, so one set of checks covers torch and TensorFlow."""
+
 import numpy as np
 
 
@@ -10,6 +11,7 @@ class TorchOps:
         import torch
 
         from .torch import ops
+
         if device == "cuda" and not torch.cuda.is_available():
             raise RuntimeError("torch sees no CUDA device")
         self.torch, self.ops, self.device = torch, ops, device
@@ -57,6 +59,7 @@ class TensorFlowOps:
         import tensorflow as tf
 
         from .tensorflow import ops
+
         if device == "cuda" and not tf.config.list_physical_devices("GPU"):
             raise RuntimeError("TensorFlow sees no GPU")
         self.tf, self.ops, self.place = tf, ops, "/GPU:0" if device == "cuda" else "/CPU:0"

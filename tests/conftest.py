@@ -15,6 +15,7 @@ EMULATED = "cuda-emulated"
 
 def _devices():
     import torch
+
     return ["cpu"] + (["cuda"] if torch.cuda.is_available() else []) + [EMULATED]
 
 
@@ -23,15 +24,18 @@ def cuda_emulated_ops():
     """torch.ops.sparsecomm_cuda_emulated, built once per session into a cached build folder.
     Skips where there is no compiler; a build error fails the tests that need it."""
     from torch.utils import cpp_extension
+
     if shutil.which("g++") is None or not cpp_extension.is_ninja_available():
         pytest.skip("the emulated CUDA binding needs g++ and ninja")
     import build_torch_binding
+
     return build_torch_binding.load()
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow_under_emulation(why): skipped on the cuda-emulated device unless "
-                                       "SPARSECOMM_EMULATION_SLOW=1")
+    config.addinivalue_line(
+        "markers", "slow_under_emulation(why): skipped on the cuda-emulated device unless SPARSECOMM_EMULATION_SLOW=1"
+    )
 
 
 def _route(request, binding):
@@ -43,6 +47,7 @@ def _route(request, binding):
     if slow and os.environ.get("SPARSECOMM_EMULATION_SLOW") != "1":
         pytest.skip(f"{EMULATED}: {slow.args[0]} (SPARSECOMM_EMULATION_SLOW=1 runs it)")
     from sparsecomm.torch import ops
+
     request.getfixturevalue("monkeypatch").setattr(ops, "_ops", request.getfixturevalue("cuda_emulated_ops"))
     return "cpu"
 
@@ -64,6 +69,7 @@ def host_binding(request):
 def pytest_terminal_summary(terminalreporter):
     """Lists the multi-rank jobs this run executed, so the log shows them whatever the verbosity."""
     from launch import LAUNCHES
+
     if LAUNCHES:
         terminalreporter.section("multi-rank runs (real horovodrun)")
         for command, status, seconds in LAUNCHES:

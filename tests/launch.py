@@ -1,4 +1,5 @@
 """Run a worker script on N ranks with the project's own horovodrun (Gloo, localhost)."""
+
 import os
 import signal
 import subprocess
@@ -13,8 +14,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # runs) without its check that Gloo is built: the check starts a process that imports every
 # framework's Horovod extension, 4-9 s per launch on this machine, 46 launches a suite.
 # tests/test_build.py runs `horovodrun --check-build` once instead.
-HOROVODRUN = [sys.executable, "-c", "import horovod.runner.launch as launch; "
-              "launch.gloo_built = lambda verbose=False: True; launch.run_commandline()"]
+HOROVODRUN = [
+    sys.executable,
+    "-c",
+    "import horovod.runner.launch as launch; launch.gloo_built = lambda verbose=False: True; launch.run_commandline()",
+]
 LAUNCHES = []  # (command summary, exit code, seconds): printed in the test summary (conftest.py)
 
 
@@ -25,8 +29,16 @@ def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
     loopback interface named here. (Gloo's time-out stays at its 30 s: it also bounds how long the ranks wait for a
     joining rank to start, and TF takes 10-20 s to import on this machine.)"""
     hosts = ["-H", f"localhost:{np}"] if elastic is None else [*map(str, elastic), "--network-interface", "lo"]
-    cmd = [*HOROVODRUN, "-np", str(np), *hosts, "--gloo",
-           sys.executable, os.path.join(HERE, "multirank", script), *map(str, args)]  # join keeps absolute paths
+    cmd = [
+        *HOROVODRUN,
+        "-np",
+        str(np),
+        *hosts,
+        "--gloo",
+        sys.executable,
+        os.path.join(HERE, "multirank", script),
+        *map(str, args),
+    ]  # join keeps absolute paths
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     summary = f"horovodrun -np {np} --gloo {os.path.basename(script)}"
@@ -36,8 +48,9 @@ def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
     # (test_crash.py left about 170 in /tmp per run).
     with tempfile.TemporaryDirectory(prefix="sparsecomm-ranks-") as ranks_tmp:
         env["TMPDIR"] = ranks_tmp
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:

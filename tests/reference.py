@@ -3,6 +3,7 @@
 Nothing here imports sparsecomm: these are what the compiled kernels and the compressors
 are checked against.
 """
+
 import math
 import zlib
 
@@ -17,25 +18,26 @@ def sum_of_squares(x, lanes=256, rows=16):
     ... in turn, then the lanes are added pairwise (lane j += lane j + h, h = lanes / 2, ..., 1);
     the tiles' sums the same way (lane j takes tiles j, j + lanes, ...). Written with numpy
     arrays of lanes: every addition is one float64 addition, in that order."""
+
     def pairwise(a):  # a: [n, lanes] -> [n]
         a = a.copy()
         h = lanes // 2
         while h:
-            a[:, :h] += a[:, h:2 * h]
+            a[:, :h] += a[:, h : 2 * h]
             h //= 2
         return a[:, 0]
 
     def in_lanes(values, per_row):  # [n, per_row * lanes] -> [n, lanes], rows added in turn
         acc = np.zeros((values.shape[0], lanes))
         for r in range(per_row):
-            acc += values[:, r * lanes:(r + 1) * lanes]
+            acc += values[:, r * lanes : (r + 1) * lanes]
         return acc
 
     squares = np.asarray(x, dtype=np.float64).reshape(-1) ** 2  # exact: a float's square fits a double
     tile = rows * lanes
     tiles = -(-squares.size // tile)
     padded = np.zeros(tiles * tile)  # (zeros add nothing: every lane starts at +0)
-    padded[:squares.size] = squares
+    padded[: squares.size] = squares
     tile_sums = pairwise(in_lanes(padded.reshape(tiles, tile), rows))
     per_row = -(-tiles // lanes)
     padded = np.zeros(max(per_row, 1) * lanes)
@@ -81,6 +83,7 @@ def random_block_pack(grad, residual, start, length):
 
     values are rounded to grad's dtype; the rounding error stays in the residual."""
     import torch
+
     acc = grad.reshape(-1).float()
     if residual is not None:
         acc = residual + acc
@@ -93,6 +96,7 @@ def random_block_pack(grad, residual, start, length):
 
 def random_block_unpack(values, numel, start, scale=1.0):
     import torch
+
     dense = torch.zeros(numel, dtype=values.dtype)
     idx = torch.as_tensor(block_indices(start, values.numel(), numel), dtype=torch.long)
     dense[idx] = (values.float() * scale).to(values.dtype)
@@ -110,6 +114,7 @@ def accumulate(grad, residual=None, momentum=None, momentum_factor=0.0):
 def finite_or_zero(left):
     """The NaN/Inf policy of a sent element's residual: a non-finite error is dropped."""
     import torch
+
     return torch.where(left.isfinite(), left, torch.zeros_like(left))
 
 
@@ -135,9 +140,13 @@ def above(acc, threshold):
 def topk_mask(acc, k):
     """The k largest |acc|, ties broken by the lower index (NaN counts as +inf, like feedback.h's magnitude)."""
     import torch
+
     mag = torch.nan_to_num(acc.abs().double(), nan=float("inf"), posinf=float("inf"))
-    order = sorted(range(acc.numel()), key=lambda i: (-mag[i].item(), i))[:k] if acc.numel() < 5000 else \
-        torch.argsort(-mag, stable=True)[:k].tolist()
+    order = (
+        sorted(range(acc.numel()), key=lambda i: (-mag[i].item(), i))[:k]
+        if acc.numel() < 5000
+        else torch.argsort(-mag, stable=True)[:k].tolist()
+    )
     mask = torch.zeros(acc.numel(), dtype=torch.bool)
     mask[order] = True
     return mask
@@ -180,6 +189,7 @@ def quantize(acc, bits):
     """(codes bytes, scales float32, decoded float32) of 1-/2-bit quantization with per-class
     means, computed in float64 then rounded like the kernels."""
     import numpy as np
+
     a = acc.double().numpy()
     split = np.float32(np.abs(a).mean()) if a.size else np.float32(0)
     code = (a >= 0).astype(np.uint32)
@@ -203,6 +213,7 @@ def sampled_threshold(acc, ratio, seed, tensor_id, step, sample_ratio=0.01):
     """The documented sample (runs of 16 at an odd stride, offset from draw 1 of the selection
     stream) and its ceil(ratio * count)-th largest magnitude (NaN as +inf)."""
     import torch
+
     numel = acc.numel()
     if numel == 0:
         return float("inf")
@@ -228,6 +239,7 @@ def sampled_mask(acc, ratio, seed, tensor_id, step, band=(0.8, 1.3)):
     """pack_sampled's selection: |acc| >= the sampled threshold, or the exact top k when that
     count falls outside [band[0] k, band[1] k]."""
     import torch
+
     k = count(ratio, acc.numel())
     if k >= acc.numel():  # everything is sent
         return torch.ones(acc.numel(), dtype=torch.bool)

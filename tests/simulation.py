@@ -1,9 +1,9 @@
 """Single-process references of what one rank's compressor sends, in plain torch (tests/reference.py):
 each method takes (grad, residual, ratio, name, step, seed) and returns (the dense float32
 tensor of what was sent, the new residual). Shared by the torch and TF multi-rank tests."""
-import torch
 
 import reference
+import torch
 
 
 def random_block(grad, residual, ratio, name, step, seed):
@@ -23,8 +23,11 @@ def topk(grad, residual, ratio, name, step, seed):
 def randomk(grad, residual, ratio, name, step, seed):
     acc, u = reference.accumulate(grad, residual)
     mask = torch.zeros(grad.numel(), dtype=torch.bool)
-    mask[reference.random_k_indices(seed, reference.tensor_id(name), step, grad.numel(),
-                                    reference.count(ratio, grad.numel()))] = True
+    mask[
+        reference.random_k_indices(
+            seed, reference.tensor_id(name), step, grad.numel(), reference.count(ratio, grad.numel())
+        )
+    ] = True
     values, index, residual, _ = reference.send(acc, u, mask, grad.dtype, residual)
     return torch.zeros(grad.numel()).index_put_((index,), values.float()), residual
 
@@ -56,11 +59,17 @@ def threshold_quantized(grad, residual, ratio, name, step, seed, bits):
     return torch.zeros(grad.numel()).index_put_((mask.nonzero().reshape(-1),), torch.from_numpy(decoded)), residual
 
 
-METHODS = {"threshold_1bit": lambda *a: threshold_quantized(*a, bits=1),
-           "threshold_2bit": lambda *a: threshold_quantized(*a, bits=2),
-           "threshold": threshold, "threshold_fp16": lambda *a: threshold(*a, value_dtype=torch.float16),
-           "random_block": random_block, "topk": topk, "randomk": randomk,
-           "rtopk_0.3": lambda *a: rtopk(*a, r_ratio=0.3), "rtopk_1.0": lambda *a: rtopk(*a, r_ratio=1.0)}
+METHODS = {
+    "threshold_1bit": lambda *a: threshold_quantized(*a, bits=1),
+    "threshold_2bit": lambda *a: threshold_quantized(*a, bits=2),
+    "threshold": threshold,
+    "threshold_fp16": lambda *a: threshold(*a, value_dtype=torch.float16),
+    "random_block": random_block,
+    "topk": topk,
+    "randomk": randomk,
+    "rtopk_0.3": lambda *a: rtopk(*a, r_ratio=0.3),
+    "rtopk_1.0": lambda *a: rtopk(*a, r_ratio=1.0),
+}
 
 
 def dgc_density(ratio, step, warmup_steps, stages):
@@ -131,11 +140,17 @@ def spardl(selections, residuals, k, numel, value_dtype=torch.float32):
         sums = {}
         for v, i in inbox[owner]:
             for value, position in zip(v.tolist(), i.tolist()):
-                sums[position] = (torch.tensor(sums.get(position, 0.0), dtype=torch.float32)
-                                  + torch.tensor(value, dtype=torch.float32)).item()
+                sums[position] = (
+                    torch.tensor(sums.get(position, 0.0), dtype=torch.float32)
+                    + torch.tensor(value, dtype=torch.float32)
+                ).item()
         positions = sorted(sums)
-        kept, index = _keep_largest(torch.tensor([sums[p] for p in positions], dtype=torch.float32),
-                                    torch.tensor(positions, dtype=torch.long), per_rank, residuals[owner])
+        kept, index = _keep_largest(
+            torch.tensor([sums[p] for p in positions], dtype=torch.float32),
+            torch.tensor(positions, dtype=torch.long),
+            per_rank,
+            residuals[owner],
+        )
         rounded = kept.to(value_dtype).float()
         if residuals[owner] is not None:
             residuals[owner][index] += reference.finite_or_zero(kept - rounded)

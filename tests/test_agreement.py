@@ -1,6 +1,7 @@
 """The cross-rank check of settings and shared state (sparsecomm/core/agreement.py, and
 Settings._check_world that runs it), on N ranks simulated by N threads: each rank's collective
 returns what every rank handed it, in rank order, as Horovod's allgather does."""
+
 import threading
 
 import pytest
@@ -62,6 +63,7 @@ def on_every_rank(ranks, action):
             outcomes[i] = action(ranks[i])
         except Exception as error:  # noqa: BLE001 - the outcome under test
             outcomes[i] = error
+
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(ranks))]
     for t in threads:
         t.start()
@@ -97,15 +99,21 @@ def test_different_settings_raise_the_same_error_listing_every_rank():
 
 def test_different_steps_at_the_first_step_raise_on_every_rank_naming_tensor_field_and_values():
     # A checkpoint loaded on rank 1 only: nothing tells which rank is right.
-    collective, ranks = world([{"fc.bias": 0, "fc.weight": 0}, {"fc.bias": 40, "fc.weight": 40}, {"fc.bias": 0,
-                                                                                                  "fc.weight": 0}])
+    collective, ranks = world(
+        [{"fc.bias": 0, "fc.weight": 0}, {"fc.bias": 40, "fc.weight": 40}, {"fc.bias": 0, "fc.weight": 0}]
+    )
     errors = on_every_rank(ranks, check)
     assert all(isinstance(e, ValueError) for e in errors) and len({str(e) for e in errors}) == 1, errors
-    assert ("RandomBlock: the ranks' compressor state differs: tensor 'fc.bias', step: rank 0: 0, rank 1: 40, "
-            "rank 2: 0 (and 1 more tensors).") in str(errors[0])
+    assert (
+        "RandomBlock: the ranks' compressor state differs: tensor 'fc.bias', step: rank 0: 0, rank 1: 40, "
+        "rank 2: 0 (and 1 more tensors)."
+    ) in str(errors[0])
     assert [name.rsplit(".", 2)[1] for name in collective.calls] == ["settings"] * 2 + ["state"] * 2
-    assert [r.steps for r in ranks] == [{"fc.bias": 0, "fc.weight": 0}, {"fc.bias": 40, "fc.weight": 40},
-                                         {"fc.bias": 0, "fc.weight": 0}]  # nothing adopted
+    assert [r.steps for r in ranks] == [
+        {"fc.bias": 0, "fc.weight": 0},
+        {"fc.bias": 40, "fc.weight": 40},
+        {"fc.bias": 0, "fc.weight": 0},
+    ]  # nothing adopted
 
 
 def grown(survivors, joiner_steps):
@@ -161,9 +169,12 @@ def test_after_load_state_dict_a_difference_raises_and_no_check_runs_otherwise()
 def test_the_error_names_a_tensor_absent_on_some_rank_and_the_first_differing_field():
     everyone = [{"w": {"step": 2, "stage": 1}}, {"w": {"step": 2, "stage": 0}, "v": {"step": 1}}]
     text = agreement.disagreement("DGC", everyone)
-    assert text.startswith("DGC: the ranks' compressor state differs: tensor 'v', step: rank 0: absent, rank 1: 1 "
-                           "(and 1 more tensors).")
-    assert "tensor 'w', stage: rank 0: 1, rank 1: 0." in agreement.disagreement("DGC", [everyone[0], {"w": {
-        "step": 2, "stage": 0}}])
-    assert agreement.digest({"a": {"step": 1}, "b": {"step": 2}}) == agreement.digest({"b": {"step": 2}, "a": {
-        "step": 1}})
+    assert text.startswith(
+        "DGC: the ranks' compressor state differs: tensor 'v', step: rank 0: absent, rank 1: 1 (and 1 more tensors)."
+    )
+    assert "tensor 'w', stage: rank 0: 1, rank 1: 0." in agreement.disagreement(
+        "DGC", [everyone[0], {"w": {"step": 2, "stage": 0}}]
+    )
+    assert agreement.digest({"a": {"step": 1}, "b": {"step": 2}}) == agreement.digest(
+        {"b": {"step": 2}, "a": {"step": 1}}
+    )

@@ -4,15 +4,27 @@ buffer that compress received (the result is written there). Recorded on 2 ranks
 horovodrun by tests/multirank/torch_allocations.py (every op's new output storage, counted
 by a TorchDispatchMode). Per-step allocations of O(k) (the selected values, the wire
 buffer, what arrives) are expected: k is 1% of the tensor here."""
+
 import json
 
 import pytest
-
 from launch import horovodrun
 
-CONFIGS = ("RandomBlock", "RandomK", "TopK_allgather", "RTopK_allgather", "Threshold_allgather", "Threshold_fp16",
-           "Threshold_2bit", "DGC_allgather_clipped", "DGC_allgather_clipped_bfloat16", "DGC_dense_clipped_float16",
-           "DGC_dense", "DGC_spardl", "TopK_spardl")
+CONFIGS = (
+    "RandomBlock",
+    "RandomK",
+    "TopK_allgather",
+    "RTopK_allgather",
+    "Threshold_allgather",
+    "Threshold_fp16",
+    "Threshold_2bit",
+    "DGC_allgather_clipped",
+    "DGC_allgather_clipped_bfloat16",
+    "DGC_dense_clipped_float16",
+    "DGC_dense",
+    "DGC_spardl",
+    "TopK_spardl",
+)
 LIMIT = 0.1  # of the gradient's dense bytes: the O(k) buffers of 2 ranks at 1% stay well below
 
 
@@ -29,5 +41,6 @@ def test_no_dense_sized_allocation_after_warmup(runs, config):
         got = run[config]
         assert got["largest_bytes"] < LIMIT * got["dense_bytes"], (
             f"rank {rank}, {config}: {got['largest_op']} allocated {got['largest_bytes']} bytes, the gradient "
-            f"has {got['dense_bytes']}")
+            f"has {got['dense_bytes']}"
+        )
         assert got["in_place"], f"rank {rank}, {config}: decompress did not return the gradient buffer"

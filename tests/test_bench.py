@@ -1,6 +1,7 @@
 """`python -m sparsecomm.bench` runs and writes records with the fields the results pages rely on
 (timings are never asserted: they are measured, not tested); the per-host network model builds,
 runs and cleans up after itself."""
+
 import json
 import os
 import re
@@ -16,16 +17,34 @@ from sparsecomm.bench.e2e import ratio_text
 
 def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "kernels", "--sizes", "20000", "--densities",
-                           "0.01", "--repeats", "1", "--json", str(out)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparsecomm.bench",
+            "kernels",
+            "--sizes",
+            "20000",
+            "--densities",
+            "0.01",
+            "--repeats",
+            "1",
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x memcpy" in proc.stdout and "topk / op" in proc.stdout
     records = json.loads(out.read_text())["records"]
     # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%), torch's and
     # TF's; then on ResNet-50's 161 tensors, torch's paths and Horovod with no compression
     assert len(records) == 15
-    assert [r["op"] for r in records[8:12]] == [f"{prefix}{name} whole path (1 rank)" for prefix in ("", "TF ")
-                                                for name in ("TopK", "Threshold")]
+    assert [r["op"] for r in records[8:12]] == [
+        f"{prefix}{name} whole path (1 rank)" for prefix in ("", "TF ") for name in ("TopK", "Threshold")
+    ]
     assert [r["op"].split()[0] for r in records[12:]] == ["TopK", "Threshold", "Horovod,"]
     for r in records:
         assert {"op", "numel", "density", "dtype", "device", "median_ms", "memcpy_ms", "topk_ms"} <= set(r)
@@ -41,13 +60,47 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     write the JSON, both figures and the results page."""
     md = tmp_path / "results.md"
     rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD"]
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "all", "--out", str(tmp_path / "out"),
-                           "--results-md", str(md), "--sizes", "20000", "--densities", "0.01", "--repeats", "1",
-                           "--kernel-models",
-                           "--ranks", "2", "--networks", "unshaped", "--models", "compute",
-                           "--e2e-methods", *rows, "--warmup", "1", "--steps", "2",
-                           "--tasks", "digits", "--convergence-methods", "dense", "DGC 0.1%", "--epochs", "1"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparsecomm.bench",
+            "all",
+            "--out",
+            str(tmp_path / "out"),
+            "--results-md",
+            str(md),
+            "--sizes",
+            "20000",
+            "--densities",
+            "0.01",
+            "--repeats",
+            "1",
+            "--kernel-models",
+            "--ranks",
+            "2",
+            "--networks",
+            "unshaped",
+            "--models",
+            "compute",
+            "--e2e-methods",
+            *rows,
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--tasks",
+            "digits",
+            "--convergence-methods",
+            "dense",
+            "DGC 0.1%",
+            "--epochs",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     e2e = {r["method"]: r for r in results["e2e"]}
@@ -76,16 +129,23 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
 
     def row(method, exchange):  # model, method, received MB, exchange, then ms/step, vs dense, vs floor
         r = e2e[method]
-        return (f"| compute | {method} | {r['received_bytes'] / 1e6:.3f} | {exchange} | {r['step_ms']:.1f} | "
-                f"{ratio_text(r['vs_dense'], r['vs_dense_interval'])} | "
-                f"{ratio_text(r['vs_floor'], r['vs_floor_interval'])} |")
+        return (
+            f"| compute | {method} | {r['received_bytes'] / 1e6:.3f} | {exchange} | {r['step_ms']:.1f} | "
+            f"{ratio_text(r['vs_dense'], r['vs_dense_interval'])} | "
+            f"{ratio_text(r['vs_floor'], r['vs_floor_interval'])} |"
+        )
+
     assert "## End-to-end step time" in text and row("DGC 0.1% spardl", "spardl") in text
     assert "| 2 ranks unshaped ms/step | vs dense | vs floor |" in text and row("floor", "-") in text
     assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
     assert "The compute model's rows were timed in 2 interleaved turns" in text
     assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
-    assert text.index("## Summary") < text.index("## Figures") < text.index("## End-to-end step time") < \
-        text.index("## How it was measured")
+    assert (
+        text.index("## Summary")
+        < text.index("## Figures")
+        < text.index("## End-to-end step time")
+        < text.index("## How it was measured")
+    )
     assert str(tmp_path) not in text  # no directory of the machine that made it
 
 
@@ -99,8 +159,13 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
         recorded = json.load(f)
     recorded["command"] += f" --convergence-from {tmp_path}/earlier/results.json --out /elsewhere/results"
     (out / "results.json").write_text(json.dumps(recorded))
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md",
-                           str(md)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for figure in ("e2e_speedup.png", "convergence.png", "scaling.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
@@ -115,18 +180,25 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
 
 def test_relative_command_names_no_directory_of_the_machine(tmp_path):
     from sparsecomm.bench.report import relative_command
+
     command = f"python -m sparsecomm.bench all --out {tmp_path}/docs/results --convergence-from /x/y/results.json"
-    assert relative_command(command, root=str(tmp_path)) == \
-        "python -m sparsecomm.bench all --out docs/results --convergence-from results.json"
-    assert relative_command("python -m sparsecomm.bench all --tasks 'DGC 0.1%'") == \
-        "python -m sparsecomm.bench all --tasks 'DGC 0.1%'"
+    assert (
+        relative_command(command, root=str(tmp_path))
+        == "python -m sparsecomm.bench all --out docs/results --convergence-from results.json"
+    )
+    assert (
+        relative_command("python -m sparsecomm.bench all --tasks 'DGC 0.1%'")
+        == "python -m sparsecomm.bench all --tasks 'DGC 0.1%'"
+    )
 
 
 def test_the_charlm_corpus_names_its_files_and_hash():
     """The stdlib corpus differs between Python releases: its record says which text it was."""
     import hashlib
     import platform
+
     from sparsecomm.bench.convergence_worker import corpus
+
     text, data = corpus(limit=50_000)
     assert text.shape == (50_000,) and 0 <= int(text.min()) and int(text.max()) < 127
     assert data["sha256"] == hashlib.sha256(bytes(text.tolist())).hexdigest()
@@ -136,33 +208,43 @@ def test_the_charlm_corpus_names_its_files_and_hash():
 
 def test_the_results_page_says_which_data_each_task_was_trained_on():
     from sparsecomm.bench import report
+
     a, b = {"source": "corpus A", "sha256": "a" * 64}, {"source": "corpus B", "sha256": "b" * 64}
     record = lambda task, data: {"task": task, **({"data": data} if data else {})}  # noqa: E731
-    assert report._data_text([record("charlm", a), record("charlm", a)]) == f"- charlm data: corpus A, sha256 {'a' * 16}."
-    assert report._data_text([record("digits", None)]) == \
-        "- digits data: not recorded by the run that trained these records."
+    assert (
+        report._data_text([record("charlm", a), record("charlm", a)]) == f"- charlm data: corpus A, sha256 {'a' * 16}."
+    )
+    assert (
+        report._data_text([record("digits", None)])
+        == "- digits data: not recorded by the run that trained these records."
+    )
     mixed = report._data_text([record("charlm", a), record("charlm", b), record("digits", a)]).splitlines()
-    assert mixed == [f"- charlm data: corpus A, sha256 {'a' * 16}.", f"- charlm data: corpus B, sha256 {'b' * 16}.",
-                     "- **charlm's methods were not all trained on the same data**: compare them with care.",
-                     f"- digits data: corpus A, sha256 {'a' * 16}."]
+    assert mixed == [
+        f"- charlm data: corpus A, sha256 {'a' * 16}.",
+        f"- charlm data: corpus B, sha256 {'b' * 16}.",
+        "- **charlm's methods were not all trained on the same data**: compare them with care.",
+        f"- digits data: corpus A, sha256 {'a' * 16}.",
+    ]
 
 
 def test_rows_are_interleaved_in_groups_that_fit_in_memory():
     """Every row of every rank alive at once must fit in half the memory; else groups that each
     hold the floor and dense and as many other rows as fit; else one row at a time."""
     from sparsecomm.bench import e2e
-    gib, rows = 2 ** 30, ["floor", "dense", *(f"row {i}" for i in range(11))]
-    assert e2e.interleaving("compute", 4, rows, 4, available=2 * gib) == (4, 0)    # 0.29M parameters a row
-    assert e2e.interleaving("comm", 2, rows, 4, available=64 * gib) == (4, 0)      # 25.2M: 16 GB of rows
-    assert e2e.rows_at_once("comm", 2, available=22 * gib) == 9                    # 0.6 GB a row per rank
+
+    gib, rows = 2**30, ["floor", "dense", *(f"row {i}" for i in range(11))]
+    assert e2e.interleaving("compute", 4, rows, 4, available=2 * gib) == (4, 0)  # 0.29M parameters a row
+    assert e2e.interleaving("comm", 2, rows, 4, available=64 * gib) == (4, 0)  # 25.2M: 16 GB of rows
+    assert e2e.rows_at_once("comm", 2, available=22 * gib) == 9  # 0.6 GB a row per rank
     assert e2e.interleaving("comm", 2, rows, 4, available=22 * gib) == (4, 9)
-    assert e2e.interleaving("comm", 4, rows, 4, available=14 * gib) == (4, 3)      # the baselines and one more
+    assert e2e.interleaving("comm", 4, rows, 4, available=14 * gib) == (4, 3)  # the baselines and one more
     assert e2e.interleaving("comm", 4, rows, 4, available=12 * gib) == (1, 0)
-    assert e2e.interleaving("comm", 2, rows, 1, available=64 * gib) == (1, 0)      # asked for one at a time
+    assert e2e.interleaving("comm", 2, rows, 1, available=64 * gib) == (1, 0)  # asked for one at a time
 
 
 def test_groups_hold_the_baselines_beside_every_other_row():
     from sparsecomm.bench.e2e_worker import groups
+
     rows = ["floor", "dense", "a", "b", "c", "d", "e"]
     assert groups(rows, 7) == [rows]
     assert groups(rows, 4) == [["floor", "dense", "a", "b"], ["floor", "dense", "c", "d"], ["floor", "dense", "e"]]
@@ -176,12 +258,33 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
     (their records hold both groups' steps), every other row once, with the floor's and dense's
     steps of its own turns; the ratios pair those."""
     import statistics
+
     from launch import horovodrun_outcome
+
     from sparsecomm.bench import e2e, e2e_worker
+
     out = tmp_path / "records.json"
-    rc, output, _ = horovodrun_outcome(2, e2e_worker.__file__, "--model", "compute", "--out", out, "--warmup", "1",
-                                       "--steps", "3", "--rounds", "3", "--group-size", "3", "--methods", "floor",
-                                       "dense", "DGC 0.1% spardl", "TopK 1%")
+    rc, output, _ = horovodrun_outcome(
+        2,
+        e2e_worker.__file__,
+        "--model",
+        "compute",
+        "--out",
+        out,
+        "--warmup",
+        "1",
+        "--steps",
+        "3",
+        "--rounds",
+        "3",
+        "--group-size",
+        "3",
+        "--methods",
+        "floor",
+        "dense",
+        "DGC 0.1% spardl",
+        "TopK 1%",
+    )
     assert rc == 0, output[-3000:]
     records = json.loads(out.read_text())
     by = {r["method"]: r for r in records}
@@ -191,7 +294,7 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
         row = by[method]
         assert len(row["step_times_ms"]) == 3 and set(row["baselines"]) == {"floor", "dense"}
         for baseline in ("floor", "dense"):  # its group's 3 steps of that baseline
-            assert row["baselines"][baseline] == by[baseline]["step_times_ms"][3 * group:3 * group + 3]
+            assert row["baselines"][baseline] == by[baseline]["step_times_ms"][3 * group : 3 * group + 3]
     assert "baselines" not in by["floor"] and "baselines" not in by["dense"]
     # our rows' host time in compress a step: a part of the step; Horovod's rows have no such counter
     assert all(0 < by[m]["compress_ms"] < by[m]["step_ms"] for m in ("DGC 0.1% spardl", "TopK 1%"))
@@ -234,6 +337,7 @@ def test_the_synced_floor_waits_for_every_rank_before_its_step(tmp_path):
     the marker rank 1 wrote (a second late) just before its own step. Ordered by the collective,
     not timed."""
     from launch import horovodrun_outcome
+
     script = tmp_path / "synced.py"
     script.write_text(SYNCED_FLOOR_SCRIPT)
     rc, output, _ = horovodrun_outcome(2, script, tmp_path / "marker")
@@ -242,6 +346,7 @@ def test_the_synced_floor_waits_for_every_rank_before_its_step(tmp_path):
 
 def _per_host_or_skip():
     from sparsecomm.bench import network
+
     why = network.per_host_unavailable()
     if why is not None:
         pytest.skip(f"the per-host network model needs network namespaces, veths and tc (root): {why}")
@@ -260,10 +365,33 @@ def test_e2e_on_the_per_host_network_model_at_1gbit_and_cleans_up(tmp_path):
     _per_host_or_skip()
     out = tmp_path / "e2e.json"
     methods = ["floor", "floor synced", "dense", "Threshold 1% local", "DDP fp16"]
-    proc = subprocess.Popen([sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host",
-                             "--ranks", "2", "--networks", "1gbit", "--models", "compute", "--e2e-methods", *methods,
-                             "--warmup", "1", "--steps", "1", "--json", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sparsecomm.bench",
+            "e2e",
+            "--network-model",
+            "per-host",
+            "--ranks",
+            "2",
+            "--networks",
+            "1gbit",
+            "--models",
+            "compute",
+            "--e2e-methods",
+            *methods,
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     stdout, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 0, (stdout[-3000:], stderr[-3000:])
     records = json.loads(out.read_text())["records"]
@@ -292,11 +420,18 @@ def test_per_host_network_removes_its_namespaces_when_a_rank_fails():
 
 def test_ratios_against_dense_and_floor_of_the_same_run():
     from sparsecomm.bench import e2e
-    records = [{"method": "floor", "step_ms": 50.0}, {"method": "dense", "step_ms": 200.0},
-               {"method": "DDP PowerSGD", "step_ms": 100.0}]
+
+    records = [
+        {"method": "floor", "step_ms": 50.0},
+        {"method": "dense", "step_ms": 200.0},
+        {"method": "DDP PowerSGD", "step_ms": 100.0},
+    ]
     e2e.add_ratios(records)
-    assert [(r["vs_dense"], r["speedup_vs_dense"], r["vs_floor"]) for r in records] == \
-        [(4.0, 4.0, 1.0), (1.0, 1.0, 4.0), (2.0, 2.0, 2.0)]
+    assert [(r["vs_dense"], r["speedup_vs_dense"], r["vs_floor"]) for r in records] == [
+        (4.0, 4.0, 1.0),
+        (1.0, 1.0, 4.0),
+        (2.0, 2.0, 2.0),
+    ]
     alone = [{"method": "TopK 1%", "step_ms": 10.0}]
     e2e.add_ratios(alone)
     assert alone[0]["vs_dense"] is None and alone[0]["vs_floor"] is None
@@ -311,6 +446,7 @@ def test_rows_timed_in_turns_are_compared_step_by_step():
 
     def row(method, times, rounds=3):
         return {"method": method, "rounds": rounds, "step_times_ms": times, "step_ms": statistics.median(times)}
+
     floor, dense, x = row("floor", [90, 270, 180]), row("dense", [100, 300, 200]), row("X", [110, 330, 150])
     e2e.add_ratios([floor, dense, x])
     assert x["vs_dense"] == x["speedup_vs_dense"] == 100 / 110 and x["vs_floor"] == 110 / 90
@@ -333,11 +469,23 @@ def test_a_method_is_compared_with_its_kernels_alone_turn_by_turn():
     here the machine drifts 2x between the groups and the method is 1.5x its local row in every
     turn but the last; the ratio of the two rows' medians would say 1.0x, the drift's doing."""
     from sparsecomm.bench import e2e
+
     floor = {"method": "floor", "rounds": 6, "step_times_ms": [100] * 6 + [200] * 6, "step_ms": 150.0}
-    method = {"method": "T", "rounds": 6, "step_times_ms": [300] * 5 + [200], "step_ms": 300.0,
-              "baselines": {"floor": [200] * 6}}  # timed with the second group's floor
-    local = {"method": "T local", "rounds": 6, "local_of": "T", "step_times_ms": [100] * 6, "step_ms": 100.0,
-             "baselines": {"floor": [100] * 6}}  # with the first group's
+    method = {
+        "method": "T",
+        "rounds": 6,
+        "step_times_ms": [300] * 5 + [200],
+        "step_ms": 300.0,
+        "baselines": {"floor": [200] * 6},
+    }  # timed with the second group's floor
+    local = {
+        "method": "T local",
+        "rounds": 6,
+        "local_of": "T",
+        "step_times_ms": [100] * 6,
+        "step_ms": 100.0,
+        "baselines": {"floor": [100] * 6},
+    }  # with the first group's
     e2e.add_ratios([floor, method, local])
     assert method["vs_floor"] == 1.5 and local["vs_floor"] == 1.0
     assert method["vs_local"] == 1.5 and method["vs_local_interval"] == [1.0, 1.5]  # 6 pairs: the extremes
@@ -357,7 +505,9 @@ def test_median_interval_covers_the_median_95_percent_of_the_time():
     known (lognormal: 1): 16 pairs take the 4th and the 13th (both tails P(Binomial(16, 1/2) <= 3)
     = 1.06%: 97.9% coverage)."""
     import numpy as np
+
     from sparsecomm.bench.e2e import median_interval
+
     assert median_interval(list(range(16, 0, -1))) == [4, 13]
     assert median_interval(list(range(1, 101))) == [40, 61]
     assert median_interval([1, 2, 3, 4, 5]) is None
@@ -368,34 +518,71 @@ def test_median_interval_covers_the_median_95_percent_of_the_time():
 
 def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     from sparsecomm.bench import report
-    cell = dict(model="compute", ranks=2, network="1gbit", network_model="per-host", method="DGC 0.1% auto",
-                exchanges=["allgather", "dense"])
-    rows = report._auto_rows([dict(cell, vs_dense=0.98, vs_dense_interval=[0.9, 1.05]),
-                              dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.99]),
-                              dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.95]),
-                              dict(cell, vs_dense=0.9, vs_dense_interval=None)])
+
+    cell = dict(
+        model="compute",
+        ranks=2,
+        network="1gbit",
+        network_model="per-host",
+        method="DGC 0.1% auto",
+        exchanges=["allgather", "dense"],
+    )
+    rows = report._auto_rows(
+        [
+            dict(cell, vs_dense=0.98, vs_dense_interval=[0.9, 1.05]),
+            dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.99]),
+            dict(cell, vs_dense=0.9, vs_dense_interval=[0.85, 0.95]),
+            dict(cell, vs_dense=0.9, vs_dense_interval=None),
+        ]
+    )
     assert report.AUTO_HEADER[3:5] == ("vs dense", "sent by") and report.AUTO_HEADER[-1] == "verdict"
-    assert rows[0] == ("compute", 2, "1gbit (per-host)", "0.98x (0.90-1.05)", "allgather, dense", "-", "-", "-", "-",
-                       "within 3% of dense or faster")
+    assert rows[0] == (
+        "compute",
+        2,
+        "1gbit (per-host)",
+        "0.98x (0.90-1.05)",
+        "allgather, dense",
+        "-",
+        "-",
+        "-",
+        "-",
+        "within 3% of dense or faster",
+    )
     assert rows[1][-1].endswith("not told apart from it")
-    assert rows[2][-1] == "**slower than dense by more than 3%**" and rows[3] == rows[2][:3] + (
-        "0.90x",) + rows[2][4:]
-    tried = dict(cell, vs_dense=1.2, vs_dense_interval=[1.1, 1.3], exchanges=["allgather"],
-                 route_trial={"kept": "all sparse", "step_ms": {"model": 320.4, "all sparse": 255.9}})
+    assert rows[2][-1] == "**slower than dense by more than 3%**" and rows[3] == rows[2][:3] + ("0.90x",) + rows[2][4:]
+    tried = dict(
+        cell,
+        vs_dense=1.2,
+        vs_dense_interval=[1.1, 1.3],
+        exchanges=["allgather"],
+        route_trial={"kept": "all sparse", "step_ms": {"model": 320.4, "all sparse": 255.9}},
+    )
     assert report.AUTO_HEADER[4:8] == ("sent by", "route trial, ms a step", "median pair", "kept")
-    assert report._auto_rows([tried])[0][4:] == ("allgather", "model 320, all sparse 256", "-", "all sparse", "-",
-                                                 "within 3% of dense or faster")
+    assert report._auto_rows([tried])[0][4:] == (
+        "allgather",
+        "model 320, all sparse 256",
+        "-",
+        "all sparse",
+        "-",
+        "within 3% of dense or faster",
+    )
     hooks = dict(tried, step_ms=250.0, compress_ms=2.5)  # host time in compress, recorded since this was added
     assert report.AUTO_HEADER[8] == "compress hooks, ms a step"
     assert report._auto_rows([hooks])[0][7:] == ("all sparse", "2.50 (1.0%)", "within 3% of dense or faster")
     paired = dict(tried, route_trial=dict(tried["route_trial"], ratio=0.8123, steps=24))  # recorded since the rounds
-    assert report._auto_rows([paired])[0][5:] == ("model 320, all sparse 256", "0.81 over 24 steps", "all sparse",
-                                                  "-", "within 3% of dense or faster")
+    assert report._auto_rows([paired])[0][5:] == (
+        "model 320, all sparse 256",
+        "0.81 over 24 steps",
+        "all sparse",
+        "-",
+        "within 3% of dense or faster",
+    )
     assert "| verdict |\n" in report._auto_block([paired]) and report._auto_block([]) == ""
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():
     from sparsecomm.bench.e2e_worker import turns
+
     order = list(turns("abc", steps=7, rounds=3))
     assert order == [("a", 2), ("b", 2), ("c", 2), ("b", 2), ("c", 2), ("a", 2), ("c", 3), ("a", 3), ("b", 3)]
     assert list(turns("ab", steps=4, rounds=1)) == [("a", 4), ("b", 4)]
@@ -405,6 +592,7 @@ def test_a_failed_rank_ends_the_others():
     """One rank exits with an error: the launcher kills the rank still running (it would wait
     for its peer forever) instead of hanging."""
     from sparsecomm.bench import network
+
     read, write = os.pipe()
     procs = [subprocess.Popen(["sleep", "60"], stdout=write), subprocess.Popen(["false"], stdout=write)]
     os.close(write)
@@ -419,20 +607,34 @@ def test_results_page_sets_each_method_beside_its_kernels_alone():
     method over its local row where measured, in the phase table, and nothing where a cell has no
     local row."""
     from sparsecomm.bench import report
-    cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host", step_ms=100.0, received_bytes=0,
-                exchanges=[])
-    records = [dict(cell, method="floor", family="floor", vs_floor=1.0),
-               dict(cell, method="Threshold 1%", family="sparsecomm", vs_floor=1.37, vs_floor_interval=[1.08, 1.66]),
-               dict(cell, method="Threshold 1% local", family="local", local_of="Threshold 1%", vs_floor=1.21,
-                    vs_floor_interval=[1.1, 1.3])]
+
+    cell = dict(
+        model="comm", ranks=2, network="1gbit", network_model="per-host", step_ms=100.0, received_bytes=0, exchanges=[]
+    )
+    records = [
+        dict(cell, method="floor", family="floor", vs_floor=1.0),
+        dict(cell, method="Threshold 1%", family="sparsecomm", vs_floor=1.37, vs_floor_interval=[1.08, 1.66]),
+        dict(
+            cell,
+            method="Threshold 1% local",
+            family="local",
+            local_of="Threshold 1%",
+            vs_floor=1.21,
+            vs_floor_interval=[1.1, 1.3],
+        ),
+    ]
     table = report._e2e_tables(records).splitlines()
     assert table[0].endswith("| 2 ranks 1gbit ms/step | vs dense | vs floor |")
-    assert table[3:] == ["| comm | Threshold 1% | 0.000 | - | 100.0 | - | 1.37x (1.08-1.66) |",
-                         "| comm | Threshold 1% local | 0.000 | - | 100.0 | - | 1.21x (1.10-1.30) |"]
+    assert table[3:] == [
+        "| comm | Threshold 1% | 0.000 | - | 100.0 | - | 1.37x (1.08-1.66) |",
+        "| comm | Threshold 1% local | 0.000 | - | 100.0 | - | 1.21x (1.10-1.30) |",
+    ]
     assert report._phase_rows(records[:2]) == (["ranks", "network"], []) and report._phase_block(records[:2]) == ""
     records[1].update(vs_local=1.13, vs_local_interval=[0.98, 1.3])
-    assert report._phase_rows(records) == (["ranks", "network", "Threshold 1% over kernels alone"],
-                                           [(2, "1gbit", "1.13x (0.98-1.30)")])
+    assert report._phase_rows(records) == (
+        ["ranks", "network", "Threshold 1% over kernels alone"],
+        [(2, "1gbit", "1.13x (0.98-1.30)")],
+    )
 
 
 def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row_and_its_method():
@@ -440,21 +642,48 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
     other rows), where the phases were timed; nothing for records without them (older runs).
     Their ms/step is in the end-to-end table."""
     from sparsecomm.bench import report
+
     cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host", received_bytes=0, exchanges=[])
 
     def row(method, family, step, **extra):
-        return dict(cell, method=method, family=family, step_ms=step, vs_floor=1.0,
-                    phases_ms={"forward": step / 4, "backward": step / 2, "step": step / 4}, **extra)
-    records = [row("floor", "floor", 200.0), row("dense", "horovod", 1000.0), row("T", "sparsecomm", 260.0),
-               row("T local", "local", 240.0, local_of="T"),
-               dict(row("compute floor", "floor", 300.0), model="compute")]
+        return dict(
+            cell,
+            method=method,
+            family=family,
+            step_ms=step,
+            vs_floor=1.0,
+            phases_ms={"forward": step / 4, "backward": step / 2, "step": step / 4},
+            **extra,
+        )
+
+    records = [
+        row("floor", "floor", 200.0),
+        row("dense", "horovod", 1000.0),
+        row("T", "sparsecomm", 260.0),
+        row("T local", "local", 240.0, local_of="T"),
+        dict(row("compute floor", "floor", 300.0), model="compute"),
+    ]
     assert report._phase_rows(records) == (
-        ["ranks", "network", "floor forward", "backward", "step", "T local forward", "backward", "step",
-         "T forward", "backward", "step"],
-        [(2, "1gbit", "50.0", "100.0", "50.0", "60.0", "120.0", "60.0", "65.0", "130.0", "65.0")])
+        [
+            "ranks",
+            "network",
+            "floor forward",
+            "backward",
+            "step",
+            "T local forward",
+            "backward",
+            "step",
+            "T forward",
+            "backward",
+            "step",
+        ],
+        [(2, "1gbit", "50.0", "100.0", "50.0", "60.0", "120.0", "60.0", "65.0", "130.0", "65.0")],
+    )
     table = report._e2e_tables(records)
-    assert all(f"| comm | {m} | 0.000 | - | {ms} |" in table for m, ms in
-               (("floor", "200.0"), ("T local", "240.0"), ("T", "260.0")))
+    assert all(
+        f"| comm | {m} | 0.000 | - | {ms} |" in table
+        for m, ms in (("floor", "200.0"), ("T local", "240.0"), ("T", "260.0"))
+    )
     assert "**Where a step's time goes**" in report._phase_block(records)
     older = [{k: v for k, v in r.items() if k != "phases_ms"} for r in records]
     assert report._phase_rows(older)[1] == [] and report._phase_block(older) == ""
@@ -464,14 +693,19 @@ def test_reused_convergence_records_name_the_run_that_trained_them():
     """Reused records keep naming the run that trained them, however many runs reuse them in
     turn (each reuse once named only the run before it), and the page says so."""
     from sparsecomm.bench import report
+
     trained = {"command": "python -m sparsecomm.bench all", "commit": "abc1234", "convergence": []}
     assert report.convergence_source(trained, "a.json") == "`python -m sparsecomm.bench all` on abc1234"
-    first_reuse = {"command": "python -m sparsecomm.bench all --convergence-from a.json", "commit": "def5678",
-                   "convergence_from": report.convergence_source(trained, "a.json")}
+    first_reuse = {
+        "command": "python -m sparsecomm.bench all --convergence-from a.json",
+        "commit": "def5678",
+        "convergence_from": report.convergence_source(trained, "a.json"),
+    }
     assert report.convergence_source(first_reuse, "b.json") == "`python -m sparsecomm.bench all` on abc1234"
     assert report.convergence_source({"convergence": []}, "old.json") == "old.json"  # neither command nor commit
-    assert "trained by another run (`python -m sparsecomm.bench all` on abc1234), not by this one" in \
-        report._reused(first_reuse)
+    assert "trained by another run (`python -m sparsecomm.bench all` on abc1234), not by this one" in report._reused(
+        first_reuse
+    )
     assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
     if os.path.isdir(os.path.join(os.path.dirname(__file__), os.pardir, ".git")):  # a checkout (CI: a fresh clone)
         assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", report.code_version())

@@ -1,6 +1,7 @@
 """The build itself: Horovod's capabilities in the project environment, and a compile check
 of every CUDA source (nvcc -c, no GPU needed) and of the torch and TF GPU bindings wherever nvcc
 exists."""
+
 import glob
 import os
 import re
@@ -20,9 +21,16 @@ TF_FAMILIES = sorted(glob.glob(os.path.join(ROOT, "csrc", "tensorflow", "*.cc"))
 
 def _cuda_include():
     from torch.utils import cpp_extension
+
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), cpp_extension.CUDA_HOME, "/usr/local/cuda"]
-    found = next((os.path.join(h, "include") for h in homes
-                  if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h"))), None)
+    found = next(
+        (
+            os.path.join(h, "include")
+            for h in homes
+            if h and os.path.exists(os.path.join(h, "include", "cuda_runtime.h"))
+        ),
+        None,
+    )
     if found is None:
         pytest.skip("no CUDA toolkit headers found ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
     return found
@@ -30,8 +38,13 @@ def _cuda_include():
 
 def test_horovod_has_tensorflow_pytorch_mpi_and_gloo():
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, timeout=180,
-                         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")).stdout
+    out = subprocess.run(
+        [horovodrun, "--check-build"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+    ).stdout
     for capability in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
         assert f"[X] {capability}" in out, out
 
@@ -49,11 +62,17 @@ def test_every_tf_op_has_a_gpu_kernel(source):
     with open(source) as f:
         text = f.read()
     host_types = {"Input": ("int64", "double"), "Output": ("int64",)}
-    ops = {name: {arg: dtype in host_types[kind]
-                  for kind, arg, dtype in re.findall(r'\.(Input|Output)\("(\w+): (\w+)"\)', chain)}
-           for name, chain in re.findall(r'REGISTER_OP\("(\w+)"\)(.*?);', text, re.S)}
-    gpu = {name: set(re.findall(r'"(\w+)"', host)) for name, host in
-           re.findall(r'Name\("(\w+)"\)\s*\.Device\(DEVICE_GPU\)((?:\s*\.HostMemory\("\w+"\))*)', text)}
+    ops = {
+        name: {
+            arg: dtype in host_types[kind]
+            for kind, arg, dtype in re.findall(r'\.(Input|Output)\("(\w+): (\w+)"\)', chain)
+        }
+        for name, chain in re.findall(r'REGISTER_OP\("(\w+)"\)(.*?);', text, re.S)
+    }
+    gpu = {
+        name: set(re.findall(r'"(\w+)"', host))
+        for name, host in re.findall(r'Name\("(\w+)"\)\s*\.Device\(DEVICE_GPU\)((?:\s*\.HostMemory\("\w+"\))*)', text)
+    }
     assert ops and set(gpu) == set(ops), f"ops without a GPU kernel: {sorted(set(ops) - set(gpu))}"
     for name, args in ops.items():
         assert gpu[name] <= set(args), f"{name}: HostMemory of no such arg: {sorted(gpu[name] - set(args))}"
@@ -65,8 +84,19 @@ def test_every_tf_op_has_a_gpu_kernel(source):
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=os.path.basename)
 def test_cuda_source_compiles(source, tmp_path):
     arch = os.environ.get("SPARSECOMM_CUDA_ARCH", "sm_90")
-    cmd = ["nvcc", "-c", f"-arch={arch}", "-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings", source,
-           "-o", str(tmp_path / "out.o")]
+    cmd = [
+        "nvcc",
+        "-c",
+        f"-arch={arch}",
+        "-std=c++17",
+        "-O3",
+        "--fmad=false",
+        "-Werror",
+        "all-warnings",
+        source,
+        "-o",
+        str(tmp_path / "out.o"),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stdout}\n{result.stderr}"
 
@@ -79,12 +109,21 @@ def test_torch_cuda_binding_compiles(source, tmp_path):
     import sysconfig
 
     from torch.utils import cpp_extension
+
     stub = tmp_path / "c10" / "cuda" / "impl"
     stub.mkdir(parents=True)
     (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
     cuda_include = _cuda_include()
-    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", f"-I{tmp_path}", f"-I{cuda_include}",
-           f"-I{sysconfig.get_paths()['include']}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
+    cmd = [
+        "g++",
+        "-std=c++20",
+        "-fsyntax-only",
+        "-Wall",
+        "-Werror",
+        f"-I{tmp_path}",
+        f"-I{cuda_include}",
+        f"-I{sysconfig.get_paths()['include']}",
+    ] + [f"-I{p}" for p in cpp_extension.include_paths()]
     cmd.append(source)
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"
@@ -102,7 +141,10 @@ def test_tf_gpu_kernels_compile(source):
     flags = []
     for flag in tf.sysconfig.get_compile_flags():
         flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
-    cmd = (["g++"] + flags + ["-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DGOOGLE_CUDA=1",
-                              "-isystem", _cuda_include(), source])
+    cmd = (
+        ["g++"]
+        + flags
+        + ["-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DGOOGLE_CUDA=1", "-isystem", _cuda_include(), source]
+    )
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"

@@ -1,6 +1,7 @@
 """The checks made before a compiled library loads (sparsecomm.build_info), and the error a
 user gets without Horovod (sparsecomm.prerequisites). The real mismatch, a torch 2.13 build
 imported beside torch 2.14.1, is in test_install.py."""
+
 import json
 import os
 import shutil
@@ -12,8 +13,13 @@ import pytest
 from sparsecomm import build_info, cuda_toolkit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BUILT = {"sparsecomm": "0.1.0", "python": "3.11.7", "cpu_arch": "x86-64-v3", "cpu_features": ["avx2", "f16c"],
-         "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_kernels": False}}
+BUILT = {
+    "sparsecomm": "0.1.0",
+    "python": "3.11.7",
+    "cpu_arch": "x86-64-v3",
+    "cpu_features": ["avx2", "f16c"],
+    "torch": {"version": "2.13.0+cpu", "cuda": None, "cuda_kernels": False},
+}
 
 
 @pytest.fixture
@@ -24,6 +30,7 @@ def record(tmp_path, monkeypatch):
 
     def write(info):
         path.write_text(json.dumps(info))
+
     return write
 
 
@@ -34,8 +41,11 @@ def test_a_matching_build_passes(record):
 
 def test_another_torch_names_both_versions_and_the_rebuild_command(record):
     record(BUILT)
-    with pytest.raises(ImportError, match=r"built for torch 2\.13\.0\+cpu, but torch 2\.14\.1\+cu130 is installed"
-                                          r"(.|\n)*--no-build-isolation"):
+    with pytest.raises(
+        ImportError,
+        match=r"built for torch 2\.13\.0\+cpu, but torch 2\.14\.1\+cu130 is installed"
+        r"(.|\n)*--no-build-isolation",
+    ):
         build_info.require("torch", "2.14.1+cu130", cpu_flags={"avx2", "f16c"})
 
 
@@ -60,6 +70,7 @@ def test_a_cpu_without_the_build_s_extensions_is_refused_naming_them(record):
 def test_this_checkout_s_build_fits_this_machine():
     """What `make build` wrote: this torch and TF, and this CPU's features."""
     import torch
+
     info = build_info.require("torch", torch.__version__)
     assert set(info["cpu_features"]) <= build_info.cpu_flags_here()
     assert {"avx2", "f16c", "fma"} <= set(info["cpu_features"])  # the default x86-64-v3 target
@@ -70,8 +81,10 @@ def _import_horovod_in_child(code):
 
 
 def test_without_horovod_the_error_says_how_to_build_it():
-    code = ("import sys; sys.path = [p for p in sys.path if 'site-packages' not in p]\n"
-            "from sparsecomm import prerequisites\nprerequisites.horovod('torch')")
+    code = (
+        "import sys; sys.path = [p for p in sys.path if 'site-packages' not in p]\n"
+        "from sparsecomm import prerequisites\nprerequisites.horovod('torch')"
+    )
     proc = _import_horovod_in_child(code)
     assert "Horovod, which is not installed" in proc.stderr and "sparsecomm.install_horovod" in proc.stderr, proc.stderr
 
@@ -81,9 +94,12 @@ def test_horovod_without_the_framework_says_so(tmp_path):
     (tmp_path / "horovod" / "torch").mkdir(parents=True)
     (tmp_path / "horovod" / "__init__.py").write_text("")
     (tmp_path / "horovod" / "torch" / "__init__.py").write_text(
-        "raise ImportError('Extension horovod.torch has not been built')")
-    code = (f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
-            "from sparsecomm import prerequisites\nprerequisites.horovod('torch')")
+        "raise ImportError('Extension horovod.torch has not been built')"
+    )
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from sparsecomm import prerequisites\nprerequisites.horovod('torch')"
+    )
     proc = _import_horovod_in_child(code)
     assert "built without PyTorch" in proc.stderr and "has not been built" in proc.stderr, proc.stderr
 

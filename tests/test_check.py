@@ -3,6 +3,7 @@
 training included); the verdict and exit code on fabricated results; and the decisions of the
 GPU paths (which backend, or why a step cannot run) on fabricated environments, since this
 machine and CI have no GPU to take them."""
+
 import dataclasses
 import json
 import re
@@ -10,31 +11,43 @@ import subprocess
 import sys
 
 import torch
-
 from launch import LAUNCHES
+
 from sparsecomm.check import cli, environment, report, steps
 from sparsecomm.check.report import FAIL, PASS, SKIP, Result
 
-STEPS = ["environment", "op tests (cpu)", "op tests (cuda)", "kernel benchmark (cuda)", "kernel benchmark (cpu)",
-         "2-rank training (cpu)", "2-rank training (cuda)"]
+STEPS = [
+    "environment",
+    "op tests (cpu)",
+    "op tests (cuda)",
+    "kernel benchmark (cuda)",
+    "kernel benchmark (cpu)",
+    "2-rank training (cpu)",
+    "2-rank training (cuda)",
+]
 CUDA_STEPS = [s for s in STEPS if "cuda" in s]
 
 
 def _row(table, step):
     """(status, detail) of a step's row in the printed table."""
     line = next(line for line in table.splitlines() if line.startswith(step + "  "))
-    status, _seconds, detail = line[len(step):].split(maxsplit=2)
+    status, _seconds, detail = line[len(step) :].split(maxsplit=2)
     return status, detail
 
 
 def test_quick_check_on_this_machine(tmp_path):
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.check", "--quick", "--json", str(out)],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsecomm.check", "--quick", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
     result = {s["step"]: s for s in json.loads(out.read_text())["steps"]}
-    LAUNCHES.append(("horovodrun -np 2 --gloo sparsecomm.check.worker", proc.returncode,
-                     result["2-rank training (cpu)"]["seconds"]))
+    LAUNCHES.append(
+        ("horovodrun -np 2 --gloo sparsecomm.check.worker", proc.returncode, result["2-rank training (cpu)"]["seconds"])
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert list(result) == STEPS
     table = proc.stdout.rsplit("\nsparsecomm self-check\n", 1)[1]
@@ -52,8 +65,12 @@ def test_quick_check_on_this_machine(tmp_path):
     for step in CUDA_STEPS:
         assert result[step]["status"] == SKIP
         assert result[step]["detail"].startswith("no CUDA device (torch.cuda.is_available() is False)")
-    assert "\nverdict: OK (4 passed, 0 failed, 3 skipped): nothing failed, but these did NOT run here: " \
-        + ", ".join(CUDA_STEPS) + "\n" in table
+    assert (
+        "\nverdict: OK (4 passed, 0 failed, 3 skipped): nothing failed, but these did NOT run here: "
+        + ", ".join(CUDA_STEPS)
+        + "\n"
+        in table
+    )
 
 
 def test_a_failed_step_makes_the_exit_code_1_and_a_skip_does_not(tmp_path, capsys):
@@ -68,33 +85,66 @@ def test_a_failed_step_makes_the_exit_code_1_and_a_skip_does_not(tmp_path, capsy
     written = json.loads((tmp_path / "r.json").read_text())
     assert written["exit_code"] == 1 and written["steps"][2]["status"] == FAIL
     assert cli.finish(skipped) == 0
-    assert "verdict: OK (1 passed, 0 failed, 1 skipped): nothing failed, but these did NOT run here: op tests (cuda)" \
+    assert (
+        "verdict: OK (1 passed, 0 failed, 1 skipped): nothing failed, but these did NOT run here: op tests (cuda)"
         in capsys.readouterr().out
+    )
 
 
 def test_an_exception_in_a_step_is_that_steps_fail():
     def broken():
         raise KeyError("records")
+
     result = cli.run_step("kernel benchmark (cuda)", broken)
     assert (result.status, result.detail) == (FAIL, "the check itself raised KeyError: 'records'")
 
 
 def test_the_smoke_test_flags_each_kind_of_bad_record():
-    good = {"config": "TopK spardl", "exchange": "spardl", "loss_before": 2.3, "loss_after": 2.1,
-            "ranks_equal": True, "max_rank_difference": 0.0, "exchanges": ["spardl"], "sent_bytes": 20,
-            "dense_bytes": 100}
+    good = {
+        "config": "TopK spardl",
+        "exchange": "spardl",
+        "loss_before": 2.3,
+        "loss_after": 2.1,
+        "ranks_equal": True,
+        "max_rank_difference": 0.0,
+        "exchanges": ["spardl"],
+        "sent_bytes": 20,
+        "dense_bytes": 100,
+    }
     assert steps.smoke_problems(good) == []
-    for bad in ({"loss_after": 2.4}, {"loss_after": float("nan")}, {"ranks_equal": False, "max_rank_difference": 1e-7},
-                {"exchanges": ["allgather"]}, {"exchanges": ["allgather", "spardl"]}, {"sent_bytes": 100}):
+    for bad in (
+        {"loss_after": 2.4},
+        {"loss_after": float("nan")},
+        {"ranks_equal": False, "max_rank_difference": 1e-7},
+        {"exchanges": ["allgather"]},
+        {"exchanges": ["allgather", "spardl"]},
+        {"sent_bytes": 100},
+    ):
         problems = steps.smoke_problems(dict(good, **bad))
         assert len(problems) == 1 and problems[0].startswith("TopK spardl: "), (bad, problems)
+
 
 def _env(**changes):
     """A machine with 2 GPUs, sparsecomm's CUDA kernels and Horovod with NCCL 2.18.5 and Gloo."""
     base = environment.Environment(
-        python="3.11", torch="2.5.0+cu124", torch_cuda="12.4", cuda_warning="", gpus=["H100", "H100"], driver_gpus=2,
-        extension_error=None, extension_cuda=True, horovod="0.28.1", horovod_error="", nccl=21805, gloo=True,
-        mpi=True, horovod_cuda=True, tensorflow=None, tf_ops=False, tests="/src/tests")
+        python="3.11",
+        torch="2.5.0+cu124",
+        torch_cuda="12.4",
+        cuda_warning="",
+        gpus=["H100", "H100"],
+        driver_gpus=2,
+        extension_error=None,
+        extension_cuda=True,
+        horovod="0.28.1",
+        horovod_error="",
+        nccl=21805,
+        gloo=True,
+        mpi=True,
+        horovod_cuda=True,
+        tensorflow=None,
+        tf_ops=False,
+        tests="/src/tests",
+    )
     return dataclasses.replace(base, **changes)
 
 
@@ -117,8 +167,10 @@ def test_why_a_step_cannot_run_on_a_device():
     status, reason = environment.blocker(_env(gpus=[], torch_cuda=None, driver_gpus=0), "cuda")
     assert status == SKIP and reason == environment.NO_CUDA + "; torch is a CPU-only build"
     status, reason = environment.blocker(_env(gpus=[], torch="2.13.0+cpu", torch_cuda=None), "cuda")
-    assert status == SKIP and reason == (environment.NO_CUDA + ": torch 2.13.0+cpu is a CPU-only build, yet the "
-                                         "NVIDIA driver lists 2 GPU(s): install a CUDA build of torch")
+    assert status == SKIP and reason == (
+        environment.NO_CUDA + ": torch 2.13.0+cpu is a CPU-only build, yet the "
+        "NVIDIA driver lists 2 GPU(s): install a CUDA build of torch"
+    )
     status, reason = environment.blocker(_env(extension_cuda=False), "cuda")  # a GPU sparsecomm cannot use
     assert status == FAIL and "no CUDA kernels" in reason and "SPARSECOMM_WITH_CUDA=1" in reason
     assert environment.blocker(_env(extension_cuda=False), "cpu") is None
@@ -131,20 +183,26 @@ def test_why_a_step_cannot_run_on_a_device():
 
 
 def test_the_kernel_summary_reads_the_largest_size_at_the_smallest_density():
-    records = [{"op": op, "numel": n, "density": d, "median_ms": ms, "memcpy_ms": 0.5, "topk_ms": 2.0}
-               for n in (1000, 4000) for d in (0.01, 0.001)
-               for op, ms in (("pack_sampled (estimate + pack + band)", 1.0), ("pack_topk (exact top-k, EF)", 4.0))]
+    records = [
+        {"op": op, "numel": n, "density": d, "median_ms": ms, "memcpy_ms": 0.5, "topk_ms": 2.0}
+        for n in (1000, 4000)
+        for d in (0.01, 0.001)
+        for op, ms in (("pack_sampled (estimate + pack + band)", 1.0), ("pack_topk (exact top-k, EF)", 4.0))
+    ]
     assert steps.bench_summary(records) == (
         "4,000 floats at density 0.001: DGC/Threshold pack 2.0x a memcpy, 2.0x faster than torch.topk; "
-        "exact top-k pack 8.0x a memcpy, 2.0x slower than torch.topk; copy 0.1 GB/s")
+        "exact top-k pack 8.0x a memcpy, 2.0x slower than torch.topk; copy 0.1 GB/s"
+    )
 
 
 def test_a_failing_op_test_fails_its_step_and_names_the_test(tmp_path, capsys):
     """A real pytest run over a stand-in tests/ directory with one failing test."""
     (tmp_path / "conftest.py").write_text(
-        "import pytest\n\n@pytest.fixture(params=['cpu'])\ndef device(request):\n    return request.param\n")
+        "import pytest\n\n@pytest.fixture(params=['cpu'])\ndef device(request):\n    return request.param\n"
+    )
     (tmp_path / "test_torch_select_ops.py").write_text(
-        "def test_good(device):\n    pass\n\ndef test_bad(device):\n    assert device == 'elsewhere'\n")
+        "def test_good(device):\n    pass\n\ndef test_bad(device):\n    assert device == 'elsewhere'\n"
+    )
     (tmp_path / "test_torch_block_ops.py").write_text("def test_fine(device):\n    pass\n")
     status, detail = steps.op_tests(_env(tests=str(tmp_path)), "cpu", quick=True)
     assert status == FAIL and detail.startswith("1 failed, 2 passed (pytest -k 'not cuda' "), detail

@@ -1,5 +1,6 @@
 """The framework-free core (sparsecomm/core): the rules both frameworks take from it, checked
 without torch or TF tensors. The frameworks' own tests check that they follow these rules."""
+
 import math
 
 import pytest
@@ -25,14 +26,17 @@ def test_policy_is_a_pure_function_of_name_size_and_rank():
         Policy.checked("TopK", dense="w")
 
 
-@pytest.mark.parametrize("method,policy,refused", [
-    (methods.TopK("TopK", 0.01), {}, True),
-    (methods.RandomK("RandomK", 0.01), {}, True),
-    (methods.RandomBlock("RandomBlock", 0.01), {}, False),           # no indices: an int64 block start
-    (methods.TopK("TopK", 0.01), dict(dense=("big",)), False),         # the policy sends it dense
-    (methods.TopK("TopK", 0.5), {}, False),                            # the dense fallback, at every density
-    (methods.DGC("DGC", 0.3, warmup_steps=4, warmup_stages=1), {}, True),  # dense at stage 0, sparse after
-])
+@pytest.mark.parametrize(
+    "method,policy,refused",
+    [
+        (methods.TopK("TopK", 0.01), {}, True),
+        (methods.RandomK("RandomK", 0.01), {}, True),
+        (methods.RandomBlock("RandomBlock", 0.01), {}, False),  # no indices: an int64 block start
+        (methods.TopK("TopK", 0.01), dict(dense=("big",)), False),  # the policy sends it dense
+        (methods.TopK("TopK", 0.5), {}, False),  # the dense fallback, at every density
+        (methods.DGC("DGC", 0.3, warmup_steps=4, warmup_stages=1), {}, True),  # dense at stage 0, sparse after
+    ],
+)
 def test_more_elements_than_int32_indices_address_are_refused_where_sent_with_indices(method, policy, refused):
     planner = Planner(method.owner, method, Policy.checked(method.owner, **policy))
     planner.check_indexable("big", 2**31 - 1, 2, 4)  # the limit itself is fine
@@ -45,17 +49,20 @@ def test_more_elements_than_int32_indices_address_are_refused_where_sent_with_in
 
 
 def test_dense_fallback_is_k_values_and_int32_indices_against_the_tensor():
-    assert not sparse_is_larger(49, 100, 4) and sparse_is_larger(50, 100, 4)    # 8 bytes a pair vs 4
-    assert not sparse_is_larger(33, 100, 2) and sparse_is_larger(34, 100, 2)    # 6 bytes a pair vs 2
+    assert not sparse_is_larger(49, 100, 4) and sparse_is_larger(50, 100, 4)  # 8 bytes a pair vs 4
+    assert not sparse_is_larger(33, 100, 2) and sparse_is_larger(34, 100, 2)  # 6 bytes a pair vs 2
 
 
-@pytest.mark.parametrize("exchange,ranks,network,want", [
-    ("allgather", 4, None, "allgather"),
-    ("spardl", 4, None, "spardl"),
-    ("auto", 1, None, "allgather"),             # one rank: nothing to choose, nothing to measure
-    ("auto", 4, SLOW, "spardl"),
-    ("auto", 4, FAST, "dense"),
-])
+@pytest.mark.parametrize(
+    "exchange,ranks,network,want",
+    [
+        ("allgather", 4, None, "allgather"),
+        ("spardl", 4, None, "spardl"),
+        ("auto", 1, None, "allgather"),  # one rank: nothing to choose, nothing to measure
+        ("auto", 4, SLOW, "spardl"),
+        ("auto", 4, FAST, "dense"),
+    ],
+)
 def test_routes(exchange, ranks, network, want):
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), exchange, network)
     assert planner.route("w", 25_000_000, 2, 4, 0.001, ranks) == want
@@ -137,14 +144,18 @@ def test_spardl_layout_splits_the_tensor_into_one_block_per_rank():
 
 
 def test_tensor_stats_density():
-    stats = report.tensor_stats({"calls": 2, "sent_elements": 10, "dense_bytes": 0, "sent_bytes": 0,
-                                 "received_bytes": 0}, 100, {"exchange": "allgather"})
+    stats = report.tensor_stats(
+        {"calls": 2, "sent_elements": 10, "dense_bytes": 0, "sent_bytes": 0, "received_bytes": 0},
+        100,
+        {"exchange": "allgather"},
+    )
     assert math.isclose(stats["density"], 0.05) and stats["exchange"] == "allgather" and stats["numel"] == 100
     assert report.tensor_stats(dict.fromkeys(report.COUNTERS, 0), 100, None)["density"] == 1.0
 
 
 def test_backward_windows_run_from_each_hand_off_to_the_last_one_of_the_step():
     from sparsecomm.core.plan import BackwardWindows
+
     watched = BackwardWindows(steps=2)
     for name, now in (("fc", 10.0), ("conv2", 10.5), ("conv1", 10.75)):
         watched.note_handoff(name, now)
@@ -270,7 +281,9 @@ def _trial_round(planner, ended, seconds):
         side = (plan.MODEL, plan.ALL_SPARSE)[i % 2]
         ended += seconds[side][i // 2]
         assert _step(planner, EARLY_AND_LATE, ended) == (BY_MODEL if side == plan.MODEL else ALL_SPARSE_ROUTES)
-        assert planner.auto.trial.arm(planner.auto.steps.step) == side and planner.choices["early"]["route_trial"] == side
+        assert (
+            planner.auto.trial.arm(planner.auto.steps.step) == side and planner.choices["early"]["route_trial"] == side
+        )
         assert not planner.auto.round_ended()
     planner.auto.steps.note_compress()  # the first compress after the round
     assert planner.auto.round_ended() and planner.timing_steps()
@@ -291,8 +304,9 @@ def test_the_route_trial_keeps_the_side_faster_in_every_pair_after_one_round(fas
     seconds = {faster: [3.0, 0.3, 0.3, 0.3], slower: [4.0, 0.4, 0.4, 0.4]}
     _trial_round(planner, 2.0, seconds)
     round_seconds = planner.auto.trial.round_seconds(planner.auto.steps)
-    assert round_seconds == pytest.approx([x for pair in zip(seconds[plan.MODEL], seconds[plan.ALL_SPARSE])
-                                           for x in pair])
+    assert round_seconds == pytest.approx(
+        [x for pair in zip(seconds[plan.MODEL], seconds[plan.ALL_SPARSE]) for x in pair]
+    )
     planner.auto.add_trial_round(round_seconds)  # as averaged over the ranks
     assert not planner.auto.round_ended() and not planner.timing_steps()
     for step in range(11, 14):
@@ -330,22 +344,27 @@ def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides
     assert planner.choices["early"]["route_trial_steps"] == plan.TRIAL_STEPS
 
 
-@pytest.mark.parametrize("model, alternative, kept", [
-    (1.0, 1.0, plan.MODEL),     # a tie
-    (1.0, 0.98, plan.MODEL),    # 2% faster: within TRIAL_MARGIN (3%), the trial cannot tell it apart
-    (1.0, 0.971, plan.MODEL),
-    (1.0, 0.969, plan.ALL_SPARSE),  # faster by more than the margin
-    (0.5, 1.0, plan.MODEL),
-])
+@pytest.mark.parametrize(
+    "model, alternative, kept",
+    [
+        (1.0, 1.0, plan.MODEL),  # a tie
+        (1.0, 0.98, plan.MODEL),  # 2% faster: within TRIAL_MARGIN (3%), the trial cannot tell it apart
+        (1.0, 0.971, plan.MODEL),
+        (1.0, 0.969, plan.ALL_SPARSE),  # faster by more than the margin
+        (0.5, 1.0, plan.MODEL),
+    ],
+)
 def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternative, kept):
     """Every pair alike: decided after one round, by the margin."""
     trial = plan.RouteTrial(2, plan.ALL_SPARSE)
     trial.add_round([model, alternative] * plan.TRIAL_PAIRS)
     assert trial.winner == kept and trial.arm(20) == kept and trial.rounds == 1
-    assert trial.shown(20) == {"route_trial": kept, "route_trial_seconds": {plan.MODEL: model,
-                                                                            plan.ALL_SPARSE: alternative},
-                               "route_trial_ratio": pytest.approx(alternative / model),
-                               "route_trial_steps": 2 * plan.TRIAL_PAIRS}
+    assert trial.shown(20) == {
+        "route_trial": kept,
+        "route_trial_seconds": {plan.MODEL: model, plan.ALL_SPARSE: alternative},
+        "route_trial_ratio": pytest.approx(alternative / model),
+        "route_trial_steps": 2 * plan.TRIAL_PAIRS,
+    }
 
 
 def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
@@ -359,8 +378,10 @@ def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
     assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.auto.trial.alternative == plan.ALL_DENSE
     assert [_step(planner, EARLY_AND_LATE, 3.0 + step) for step in range(4)] == [all_sparse, all_dense] * 2
     assert planner.choices["early"]["route_trial"] == plan.ALL_DENSE
-    assert planner.choices["early"]["predicted_seconds"]["allgather"] < planner.choices["early"]["predicted_seconds"][
-        "dense"]  # the model's prediction stays shown
+    assert (
+        planner.choices["early"]["predicted_seconds"]["allgather"]
+        < planner.choices["early"]["predicted_seconds"]["dense"]
+    )  # the model's prediction stays shown
 
 
 def test_tensors_the_settings_send_dense_occupy_the_link_too():

@@ -1,5 +1,6 @@
 """The exchange cost model of exchange="auto" (sparsecomm/cost.py), and its argument checks
 in both frameworks."""
+
 import math
 
 import pytest
@@ -20,14 +21,17 @@ def test_the_model_is_the_documented_formula():
     assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + 2 * 3 * math.ceil(k / 4) * 8 / 1.25e8)
 
 
-@pytest.mark.parametrize("ranks,numel,k,network,want", [
-    (4, 25_000_000, 25_000, GBIT, "spardl"),       # a large tensor on a slow network, several ranks
-    (2, 25_000_000, 25_000, GBIT, "allgather"),    # two ranks: the same bytes, allgather comes first
-    (64, 1_000_000, 10_000, GBIT, "spardl"),       # allgather's bytes grow with N
-    (4, 100_000, 50_000, GBIT, "dense"),           # half the tensor: the pairs cost more than dense
-    (4, 1000, 10, GBIT, "dense"),                  # small: Horovod fuses it with the others, a gather pays its own latency
-    (4, 25_000_000, 25_000, Network(bandwidth=1e12, latency=5e-6, copy_bandwidth=1e10), "dense"),  # fast network
-])
+@pytest.mark.parametrize(
+    "ranks,numel,k,network,want",
+    [
+        (4, 25_000_000, 25_000, GBIT, "spardl"),  # a large tensor on a slow network, several ranks
+        (2, 25_000_000, 25_000, GBIT, "allgather"),  # two ranks: the same bytes, allgather comes first
+        (64, 1_000_000, 10_000, GBIT, "spardl"),  # allgather's bytes grow with N
+        (4, 100_000, 50_000, GBIT, "dense"),  # half the tensor: the pairs cost more than dense
+        (4, 1000, 10, GBIT, "dense"),  # small: Horovod fuses it with the others, a gather pays its own latency
+        (4, 25_000_000, 25_000, Network(bandwidth=1e12, latency=5e-6, copy_bandwidth=1e10), "dense"),  # fast network
+    ],
+)
 def test_choices(ranks, numel, k, network, want):
     assert cost.choose(numel, k, 4, 4, ranks, network)[0] == want
 
@@ -67,12 +71,15 @@ def test_received_bytes_spardl_stays_order_k_allgather_grows():
         assert cost.received_bytes("allgather", 10**6, 1000, 4, 4, ranks) == (ranks - 1) * 8000
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(bandwidth=0, latency=1e-5), r"Network: bandwidth should be a finite number > 0 \(latency >= 0\), got 0"),
-    (dict(bandwidth=1e9, latency=-1), r"Network: latency should be a finite number > 0 \(latency >= 0\), got -1"),
-    (dict(bandwidth=float("inf"), latency=0), r"Network: bandwidth should be a finite number"),
-    (dict(bandwidth=1e9, latency=0, copy_bandwidth="fast"), r"Network: copy_bandwidth should be a finite number"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(bandwidth=0, latency=1e-5), r"Network: bandwidth should be a finite number > 0 \(latency >= 0\), got 0"),
+        (dict(bandwidth=1e9, latency=-1), r"Network: latency should be a finite number > 0 \(latency >= 0\), got -1"),
+        (dict(bandwidth=float("inf"), latency=0), r"Network: bandwidth should be a finite number"),
+        (dict(bandwidth=1e9, latency=0, copy_bandwidth="fast"), r"Network: copy_bandwidth should be a finite number"),
+    ],
+)
 def test_bad_networks_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         Network(**kwargs)
@@ -112,10 +119,13 @@ def test_local_cost_is_fitted_from_two_sizes_and_the_unpack():
     assert noisy.per_element == 0 and noisy.per_pair == 0 and noisy.per_call == 5e-6  # never below zero
 
 
-@pytest.mark.parametrize("per_element,want", [
-    (1e-11, "allgather"),  # packing is nearly free: the 1,000 pairs beat 4 MB on 1 Gbit/s
-    (1e-8, "dense"),       # packing costs more than sending the tensor whole: dense, honestly
-])
+@pytest.mark.parametrize(
+    "per_element,want",
+    [
+        (1e-11, "allgather"),  # packing is nearly free: the 1,000 pairs beat 4 MB on 1 Gbit/s
+        (1e-8, "dense"),  # packing costs more than sending the tensor whole: dense, honestly
+    ],
+)
 def test_auto_goes_dense_when_the_measured_sparse_path_costs_more(per_element, want):
     local = cost.LocalCost(per_call=0.0, per_element=per_element, per_pair=0.0)
     fast = Network(bandwidth=1.25e9, latency=5e-6)
@@ -126,14 +136,15 @@ def test_an_exchange_the_backward_hides_costs_only_its_local_work():
     """A 1M-element tensor on 1 Gbit/s, 2 ranks: dense's wire is 32 ms, allgather's 0.08 ms +
     latency, its local work LOCAL's. Hidden seconds come off each wire time, never the local work."""
     numel, k = 1_000_000, 1000
-    (_, dense_wire), (work, gather_wire) = (cost.local_and_wire(numel, k, 4, 4, 2, GBIT, LOCAL)[e]
-                                            for e in ("dense", "allgather"))
+    (_, dense_wire), (work, gather_wire) = (
+        cost.local_and_wire(numel, k, 4, 4, 2, GBIT, LOCAL)[e] for e in ("dense", "allgather")
+    )
     assert dense_wire == pytest.approx(2 * 5e-5 * numel * 4 / cost.FUSION_BYTES + numel * 4 / 1.25e8)
     for hidden in (0.0, 0.01, gather_wire / 2, dense_wire, 1.0):
         got = cost.costs(numel, k, 4, 4, 2, GBIT, LOCAL, hidden=hidden)
         assert got["dense"] == pytest.approx(max(0.0, dense_wire - hidden))
         assert got["allgather"] == pytest.approx(work + max(0.0, gather_wire - hidden))
-    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL)[0] == "allgather"   # nothing hidden: 32 ms to save
+    assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL)[0] == "allgather"  # nothing hidden: 32 ms to save
     assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL, hidden=dense_wire - 0.004)[0] == "allgather"
     assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL, hidden=dense_wire - 0.001)[0] == "dense"  # 1 ms left
     assert cost.choose(numel, k, 4, 4, 2, GBIT, local=LOCAL, hidden=dense_wire)[0] == "dense"  # all hidden: free
@@ -158,6 +169,7 @@ def test_hidden_times_serve_the_link_as_one_queue_in_the_order_gradients_are_han
     def chosen(name, hidden):
         seen.append((name, hidden))
         return 0.08 if hidden >= 0.08 else 0.001  # dense where hidden, else a short sparse exchange
+
     got = cost.hidden_times([("a", 0.1), ("b", 0.05)], chosen)
     assert seen == [("a", pytest.approx(0.1)), ("b", pytest.approx(0.02))]
     assert got == pytest.approx({"a": 0.1, "b": 0.02})  # b waits for a's dense exchange until -20 ms

@@ -16,6 +16,7 @@ registers every op and that the device really reaches it. Those 277 op-test case
 53 s on the 2-core machine at load averages of 50 to 230, against 8 to 9 s on the CPU binding.
 A build from scratch adds 12 to 19 s, and about 1 s when nothing has changed.
 """
+
 import concurrent.futures
 import importlib.util
 import os
@@ -26,19 +27,34 @@ import subprocess
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location("cuda_emulation_build",
-                                               os.path.join(HERE, "cuda_emulation", "build_driver.py"))
+_spec = importlib.util.spec_from_file_location(
+    "cuda_emulation_build", os.path.join(HERE, "cuda_emulation", "build_driver.py")
+)
 build_driver = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_driver)
 
 VARIANTS = ("tsan", "asan")
-GROUPS = ["block_pack", "block_unpack", "sample_threshold", "candidates", "send_selected", "accumulate",
-          "momentum_step", "sum_of_squares", "send_quantized", "dequantize", "sparse_unpack_sorted",
-          "random_k_indices", "launch_check"]
-ENV = dict(os.environ,
-           TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1",
-           ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 detect_stack_use_after_return=1",
-           UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1")
+GROUPS = [
+    "block_pack",
+    "block_unpack",
+    "sample_threshold",
+    "candidates",
+    "send_selected",
+    "accumulate",
+    "momentum_step",
+    "sum_of_squares",
+    "send_quantized",
+    "dequantize",
+    "sparse_unpack_sorted",
+    "random_k_indices",
+    "launch_check",
+]
+ENV = dict(
+    os.environ,
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1",
+    ASAN_OPTIONS="halt_on_error=1 detect_leaks=1 detect_stack_use_after_return=1",
+    UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1",
+)
 RUN_TIMEOUT = 300  # a kernel stuck at a barrier fails the test instead of hanging it
 
 
@@ -49,8 +65,9 @@ def _missing_sanitizers(tmp_path):
     source = tmp_path / "probe.cpp"
     source.write_text("int main() { return 0; }\n")
     for flags in build_driver.VARIANTS.values():
-        proc = subprocess.run(["g++", *flags, str(source), "-o", str(tmp_path / "probe")], capture_output=True,
-                              text=True)
+        proc = subprocess.run(
+            ["g++", *flags, str(source), "-o", str(tmp_path / "probe")], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             return f"g++ {' '.join(flags)} cannot link: {proc.stderr.strip()[-300:]}"
     return None
@@ -71,12 +88,15 @@ def drivers(tmp_path_factory):
 def _run(driver, *args):
     """(exit status, stdout and stderr interleaved)."""
     try:
-        proc = subprocess.run([driver, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=RUN_TIMEOUT, env=ENV)
+        proc = subprocess.run(
+            [driver, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=RUN_TIMEOUT, env=ENV
+        )
     except subprocess.TimeoutExpired as e:
         output = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-        pytest.fail(f"{os.path.basename(driver)} {' '.join(args)} still running after {RUN_TIMEOUT}s "
-                    f"(a barrier that some threads never reach?):\n{_tail(output)}")
+        pytest.fail(
+            f"{os.path.basename(driver)} {' '.join(args)} still running after {RUN_TIMEOUT}s "
+            f"(a barrier that some threads never reach?):\n{_tail(output)}"
+        )
     return proc.returncode, proc.stdout
 
 
@@ -98,14 +118,18 @@ def test_emulated_cuda_matches_cpu(drivers, variant, group):
     assert re.search(rf"^{group}: [1-9]\d* cases identical\b", out, re.M), out
 
 
-@pytest.mark.xfail(strict=True, reason="known divergence: send_quantized's scales are summed in index order on "
-                   "the CPU and by a tree on CUDA; a mean on a float rounding tie then rounds differently")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known divergence: send_quantized's scales are summed in index order on "
+    "the CPU and by a tree on CUDA; a mean on a float rounding tie then rounds differently",
+)
 def test_send_quantized_summation_order(drivers):
     status, out = _run(drivers["asan"], "send_quantized_order")
     assert status == 0, out
 
 
 # Canaries: kernels broken on purpose (driver.cpp) must be stopped, or the checks above prove nothing.
+
 
 def test_thread_sanitizer_sees_an_intra_block_race(drivers):
     status, out = _run(drivers["tsan"], "canary-race")
@@ -130,30 +154,36 @@ def test_address_sanitizer_sees_an_out_of_bounds_write(drivers):
 
 # The launch plumbing, without building anything.
 
+
 def test_every_launch_is_checked():
     """Each `kernel<<<...>>>(...);` in csrc/cuda is followed by check_launch("kernel")."""
-    launch = re.compile(r"(\w+)(?:<[^<>;()]*>)?<<<[^;]*?>>>\([^;]*?\);\s*(?:check_launch\(\"(\w+)\"\);)?")
+    launch = re.compile(r"(\w+)(?:<[^<>;()]*>)?\s*<<<[^;]*?>>>\([^;]*?\);\s*(?:check_launch\(\"(\w+)\"\);)?")
     for source in build_driver.CUDA_SOURCES:
         text = open(source).read()
         found = launch.findall(text)
         assert len(found) == text.count("<<<"), source
         for kernel, checked in found:
-            assert checked == kernel, f"{os.path.basename(source)}: launch of {kernel} not followed by " \
-                                      f'check_launch("{kernel}");'
+            assert checked == kernel, (
+                f'{os.path.basename(source)}: launch of {kernel} not followed by check_launch("{kernel}");'
+            )
 
 
 def test_launch_rewrite():
-    text = 'k<T><<<grid_for(n), kThreads, 0, stream>>>(a,\n    b);\nfill<<<1, 1>>>(x);'
+    text = "k<T><<<grid_for(n), kThreads, 0, stream>>>(a,\n    b);\nfill<<<1, 1>>>(x);"
     rewritten, count = build_driver.rewrite_launches(text)
     assert count == 2
-    assert rewritten == ('::sc_emu::launch("k<T>", k<T>, grid_for(n), kThreads, 0, stream)(a,\n    b);\n'
-                         '::sc_emu::launch("fill", fill, 1, 1)(x);')
+    assert rewritten == (
+        '::sc_emu::launch("k<T>", k<T>, grid_for(n), kThreads, 0, stream)(a,\n    b);\n'
+        '::sc_emu::launch("fill", fill, 1, 1)(x);'
+    )
 
 
 # The torch CUDA binding on the emulation (the op tests' "cuda-emulated" device, tests/conftest.py).
 
+
 def _sparsecomm_ops(namespace):
     import torch
+
     return {name.split("::")[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith(namespace + "::")}
 
 
@@ -161,7 +191,9 @@ def test_cuda_binding_registers_every_op_the_cpu_binding_does(cuda_emulated_ops)
     """The emulated build defines ops.cpp's schemas and registers cuda.cpp's policy on the CPU
     key, so an op that cpu.cpp registers and cuda.cpp does not shows here."""
     import torch
+
     import sparsecomm.torch  # noqa: F401  (registers torch.ops.sparsecomm)
+
     assert _sparsecomm_ops("sparsecomm_cuda_emulated") == _sparsecomm_ops("sparsecomm")
     for name in sorted(_sparsecomm_ops("sparsecomm")):
         on_cpu = torch._C._dispatch_has_kernel_for_dispatch_key(f"sparsecomm::{name}", "CPU")
@@ -175,6 +207,7 @@ def test_the_emulated_device_runs_the_emulated_binding(device):
     is the emulated one: the op tests there exercise cuda.cpp, not the CPU binding again."""
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
+
     from sparsecomm.torch import ops
 
     called = set()

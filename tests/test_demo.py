@@ -1,13 +1,30 @@
 """`make demo` end to end, shrunk (unshaped loopback, 1 timed step, 1 epoch): it runs 2 ranks,
 prints the table and writes the figure and the JSON."""
+
 import json
 import subprocess
 import sys
 
 
 def test_demo_prints_the_table_and_writes_the_figure(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "sparsecomm.demo", "--network", "unshaped", "--steps", "1",
-                           "--epochs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sparsecomm.demo",
+            "--network",
+            "unshaped",
+            "--steps",
+            "1",
+            "--epochs",
+            "1",
+            "--out",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     for text in ("ms/step", "speedup", "digits accuracy", "dense", "DGC 0.1% auto"):
         assert text in proc.stdout, proc.stdout

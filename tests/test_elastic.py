@@ -4,12 +4,11 @@ host discovery script; every run has a time-out. The workers check at every step
 ranks hold the same parameters and compressor steps, and that each compressor counted exactly
 the committed steps; here: the resets happened, a joiner started with zero residuals while
 the survivors kept theirs, and training went on to the end on every remaining rank."""
+
 import json
-import os
 import re
 
 import pytest
-
 from launch import horovodrun
 
 METHODS = ("DGC", "Threshold", "TopK", "RTopK", "RandomK", "RandomBlock")
@@ -21,16 +20,22 @@ def elastic(script, tmp_path, *args):
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
-    return horovodrun(2, script, "--hosts", hosts, *args, timeout=240,
-                      elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover])
+    return horovodrun(
+        2,
+        script,
+        "--hosts",
+        hosts,
+        *args,
+        timeout=240,
+        elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover],
+    )
 
 
 @pytest.mark.parametrize("shrink,recipe", [("leave", "horovod"), ("fail", "horovod"), ("fail", "sparsecomm")])
 def test_torch_compressors_follow_a_worker_joining_and_leaving(shrink, recipe, tmp_path):
     # recipe "horovod": TorchState(model, optimizer) as Horovod's docs write it, without compression=;
     # the ranks must still agree after every step (the optimizer's handler, and the agreement check).
-    check(elastic("torch_elastic.py", tmp_path, "--recipe", recipe, *(["--fail"] if shrink == "fail" else [])),
-          shrink)
+    check(elastic("torch_elastic.py", tmp_path, "--recipe", recipe, *(["--fail"] if shrink == "fail" else [])), shrink)
 
 
 def check(output, shrink):
@@ -58,8 +63,9 @@ def test_tf_compressors_follow_a_worker_joining_and_leaving(shrink, recipe, tmp_
 
 
 def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
+
     from sparsecomm.tensorflow import TopK
 
     hvd.init()
@@ -72,6 +78,7 @@ def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
     @tf.function
     def step():
         return compression.compress(tf.ones([64, 64]))[0]
+
     compression._allgather_ints = lambda ints, name: list(ints) * 2
     with pytest.raises(tf.errors.InvalidArgumentError, match="this step was traced for 2 ranks"):
         step()
@@ -79,8 +86,9 @@ def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
 
 def test_a_reset_by_elastic_run_makes_the_next_tf_trace_adopt_rank_0s_steps(monkeypatch):
     # A worker replaced at the same number of ranks, without track: only elastic.run's reset says so.
-    import tensorflow as tf
     import horovod.tensorflow as hvd
+    import tensorflow as tf
+
     from sparsecomm.core import agreement
     from sparsecomm.tensorflow import RandomBlock, elastic
 
@@ -88,8 +96,10 @@ def test_a_reset_by_elastic_run_makes_the_next_tf_trace_adopt_rank_0s_steps(monk
     w = tf.Variable(tf.ones([64, 64]))
     compression = RandomBlock(ratio=0.1, variables=[("w", w)], min_numel=0)
     monkeypatch.setattr(type(compression), "_ranks", lambda self: 2)
-    rank0 = {"settings": json.dumps([compression.settings(), agreement.digest({"w": {"step": 5}}), False]),
-             "state": json.dumps({"w": {"step": 5}})}
+    rank0 = {
+        "settings": json.dumps([compression.settings(), agreement.digest({"w": {"step": 5}}), False]),
+        "state": json.dumps({"w": {"step": 5}}),
+    }
     parts = []
 
     def allgather(ints, name):  # this rank is rank 1; rank 0 is at step 5 (and did not flag a reset)
@@ -97,10 +107,12 @@ def test_a_reset_by_elastic_run_makes_the_next_tf_trace_adopt_rank_0s_steps(monk
         parts.append(part)
         theirs = list(rank0[part].encode())
         return ([len(theirs)] if what == "length" else theirs) + list(ints)
+
     compression._allgather_ints = allgather
 
     def trace():
         return tf.function(lambda: compression.compress(tf.ones([64, 64]))[0])()
+
     with pytest.raises(ValueError, match="tensor 'w', step: rank 0: 5, rank 1: 0"):
         trace()  # the first step: rank 0 alone at step 5 is refused
     assert parts == ["settings"] * 2 + ["state"] * 2

@@ -5,10 +5,10 @@ save/restore on one process. The workers check at every step that all ranks hold
 parameters, optimizer variables and compressor steps; here: the joiner joined with zero
 residuals while the survivors kept theirs, a failure rolled the survivors back, and every
 remaining rank finished with the same parameters and optimizer variables."""
+
 import re
 
 import pytest
-
 from launch import horovodrun
 
 METHODS = ("DGC", "TopK", "RandomBlock")
@@ -20,8 +20,15 @@ def elastic(tmp_path, *args):
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
     discover.chmod(0o755)
-    return horovodrun(2, "tf_keras_elastic.py", "--hosts", hosts, *args, timeout=300,
-                      elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover])
+    return horovodrun(
+        2,
+        "tf_keras_elastic.py",
+        "--hosts",
+        hosts,
+        *args,
+        timeout=300,
+        elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover],
+    )
 
 
 @pytest.mark.parametrize("shrink", ["fail", "leave"])
@@ -38,10 +45,13 @@ def test_keras3_state_follows_a_worker_joining_and_leaving(shrink, tmp_path):
         died = re.findall(r"rank 2 dies at step (\d+)", output)
         assert len(died) == 1, output[-4000:]
         # the survivors had run part of the step that failed, and the restore undid it
-        assert sorted(re.findall(rf"failed: rank (\d) at step {died[0]} changed True", output)) == ["0", "1"], \
-            output[-4000:]
-        assert sorted(re.findall(rf"rolled back: rank (\d) at step {died[0]} to the commit True", output)) == \
-            ["0", "1"], output[-4000:]
+        assert sorted(re.findall(rf"failed: rank (\d) at step {died[0]} changed True", output)) == ["0", "1"], output[
+            -4000:
+        ]
+        assert sorted(re.findall(rf"rolled back: rank (\d) at step {died[0]} to the commit True", output)) == [
+            "0",
+            "1",
+        ], output[-4000:]
         assert {w[2] for w in shrunk} == {died[0]}
     else:
         assert "failed:" not in output and "rank 2 dies" not in output
@@ -55,12 +65,14 @@ def test_keras3_state_follows_a_worker_joining_and_leaving(shrink, tmp_path):
 def keras_parts():
     import horovod.tensorflow as hvd
     import keras
+
     import sparsecomm.tensorflow as sctf
 
     hvd.init()
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(3)])
-    compression = sctf.TopK(ratio=0.25, exchange="allgather", variables=model.trainable_variables, min_numel=0,
-                            dense_1d=False)
+    compression = sctf.TopK(
+        ratio=0.25, exchange="allgather", variables=model.trainable_variables, min_numel=0, dense_1d=False
+    )
     return model, keras.optimizers.SGD(0.1, momentum=0.9), compression
 
 
@@ -68,6 +80,7 @@ def test_the_state_builds_the_optimizer_and_restores_the_last_commit(keras_parts
     import keras
     import numpy as np
     import tensorflow as tf
+
     from sparsecomm.tensorflow import keras as sckeras
 
     model, sgd, compression = keras_parts
@@ -98,6 +111,7 @@ def test_the_state_builds_the_optimizer_and_restores_the_last_commit(keras_parts
 
 def test_the_state_names_the_wrong_argument(keras_parts):
     import keras
+
     from sparsecomm.tensorflow import keras as sckeras
 
     model, sgd, compression = keras_parts

@@ -6,11 +6,11 @@ On a GPU each such read is a synchronisation of the host with the device. The bu
 the complete list of today's reads, each explained in docs/kernels.md ("Host synchronisation");
 a new read anywhere in a compressor or an exchange fails this test until it is justified there.
 (Reads inside the compiled ops are not Python-visible: docs/kernels.md lists those too.)"""
+
 import collections
 import json
 
 import pytest
-
 from launch import horovodrun
 
 BUDGET = {  # per tensor and step: {(read, "file:function"): count}
@@ -21,8 +21,10 @@ BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "Threshold_allgather": {},
     "Threshold_2bit": {},  # each rank's count: read inside sparse_unpack_segments (C++)
     "DGC_allgather_clipped": {},  # the clipping factor stays on the device
-    "DGC_spardl": {("tolist", "torch/exchange.py:start"): 1,    # the alltoall's splits
-                   ("tolist", "torch/exchange.py:advance"): 1},  # what arrived from each rank
+    "DGC_spardl": {
+        ("tolist", "torch/exchange.py:start"): 1,  # the alltoall's splits
+        ("tolist", "torch/exchange.py:advance"): 1,
+    },  # what arrived from each rank
     "TopK_spardl": {("tolist", "torch/exchange.py:start"): 1, ("tolist", "torch/exchange.py:advance"): 1},
 }
 

@@ -5,6 +5,7 @@ torch 2.14.1 (its CUDA kernels compile here; nothing runs them without a GPU). E
 folder outside the checkout, so only the installed package can be imported.
 
 About 12-15 minutes, most of it the CUDA build (one architecture, TORCH_CUDA_ARCH_LIST=9.0)."""
+
 import glob
 import os
 import re
@@ -35,19 +36,32 @@ def venv_env(venv):
     """The environment of a user who activated `venv`: its bin first, nothing of this one's."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     path = [p for p in env.get("PATH", "").split(os.pathsep) if not p.startswith(os.path.dirname(sys.executable))]
-    env.update(PATH=os.pathsep.join([os.path.join(venv, "bin")] + path), VIRTUAL_ENV=str(venv),
-               TF_CPP_MIN_LOG_LEVEL="3", OMP_NUM_THREADS="1")
+    env.update(
+        PATH=os.pathsep.join([os.path.join(venv, "bin")] + path),
+        VIRTUAL_ENV=str(venv),
+        TF_CPP_MIN_LOG_LEVEL="3",
+        OMP_NUM_THREADS="1",
+    )
     return env
 
 
 def checkout_files(*folders):
     """Every file of the checkout under `folders` (git's list where there is one)."""
     if os.path.isdir(os.path.join(ROOT, ".git")):  # tracked files and new ones not ignored
-        out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", *folders], cwd=ROOT,
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard", *folders],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         return {line for line in out.stdout.splitlines() if os.path.exists(os.path.join(ROOT, line))}
-    return {os.path.relpath(os.path.join(d, f), ROOT) for folder in folders
-            for d, _, files in os.walk(os.path.join(ROOT, folder)) for f in files}
+    return {
+        os.path.relpath(os.path.join(d, f), ROOT)
+        for folder in folders
+        for d, _, files in os.walk(os.path.join(ROOT, folder))
+        for f in files
+    }
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +79,11 @@ def sdist(tmp_path_factory):
 
 def test_every_package_folder_is_packaged():
     """A folder of sparsecomm/ with Python files but no __init__.py is left out of every wheel."""
-    wanted = {os.path.relpath(d, ROOT).replace(os.sep, ".") for d, _, files in os.walk(os.path.join(ROOT, "sparsecomm"))
-              if any(f.endswith(".py") for f in files) and "__pycache__" not in d}
+    wanted = {
+        os.path.relpath(d, ROOT).replace(os.sep, ".")
+        for d, _, files in os.walk(os.path.join(ROOT, "sparsecomm"))
+        if any(f.endswith(".py") for f in files) and "__pycache__" not in d
+    }
     assert wanted - set(find_packages(ROOT, include=["sparsecomm", "sparsecomm.*"])) == set()
 
 
@@ -80,8 +97,9 @@ def test_the_sdist_holds_every_file_the_build_reads(sdist):
 def horovod_wheel():
     """The Horovod wheel `make env` built for this environment (install_horovod's cache)."""
     cache = install_horovod.default_cache()
-    wheels = glob.glob(os.path.join(cache, "wheels", install_horovod.cache_key(install_horovod.probe_frameworks()),
-                                    "horovod-*.whl"))
+    wheels = glob.glob(
+        os.path.join(cache, "wheels", install_horovod.cache_key(install_horovod.probe_frameworks()), "horovod-*.whl")
+    )
     if not wheels:
         pytest.skip(f"no Horovod wheel cached under {cache}/wheels (make env builds it)")
     return wheels[0]
@@ -119,8 +137,12 @@ def tf_venv(tmp_path_factory, sdist):
 
 def horovodrun_2(venv, python, script):
     horovodrun = os.path.join(os.path.dirname(python), "horovodrun")
-    out = run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", python, os.path.join(USER_SCRIPTS, script)],
-              cwd=venv, env=venv_env(venv), timeout=600).stdout
+    out = run(
+        [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", python, os.path.join(USER_SCRIPTS, script)],
+        cwd=venv,
+        env=venv_env(venv),
+        timeout=600,
+    ).stdout
     assert out.count(": in sync") == 2 and str(venv) in out, out
     return out
 
@@ -152,8 +174,12 @@ def test_the_self_check_runs_from_an_installed_package(torch_venv):
 
 def test_a_plain_isolated_install_stops_early_naming_the_command(torch_venv, sdist):
     venv, python = torch_venv
-    proc = run([python, "-m", "pip", "install", "--force-reinstall", "--no-deps", sdist], cwd=venv, env=venv_env(venv),
-               check=False)
+    proc = run(
+        [python, "-m", "pip", "install", "--force-reinstall", "--no-deps", sdist],
+        cwd=venv,
+        env=venv_env(venv),
+        check=False,
+    )
     assert proc.returncode != 0 and "pip install --no-build-isolation" in proc.stdout + proc.stderr, proc.stderr
 
 
@@ -173,12 +199,15 @@ def test_the_cuda_build_reports_cuda_kernels_and_passes_the_cpu_op_tests(cuda_ve
     venv, python = cuda_venv
     info = run([python, "-m", "sparsecomm.info"], cwd=venv, env=venv_env(venv)).stdout
     assert "CUDA kernels yes (9.0)" in info and re.search(r"torch kernels \(cpu\) +PASS", info), info
-    registered = ("import torch, sparsecomm.torch; "
-                  "print(torch._C._dispatch_has_kernel_for_dispatch_key('sparsecomm::block_pack', 'CUDA'))")
+    registered = (
+        "import torch, sparsecomm.torch; "
+        "print(torch._C._dispatch_has_kernel_for_dispatch_key('sparsecomm::block_pack', 'CUDA'))"
+    )
     assert run([python, "-c", registered], cwd=venv, env=venv_env(venv)).stdout.strip() == "True"
     tests = [os.path.join(ROOT, "tests", name) for name in ("test_torch_select_ops.py", "test_torch_block_ops.py")]
-    out = run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not cuda", *tests], cwd=venv,
-              env=venv_env(venv)).stdout
+    out = run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not cuda", *tests], cwd=venv, env=venv_env(venv)
+    ).stdout
     assert " passed" in out and " failed" not in out, out
 
 

@@ -2,19 +2,23 @@
 the loss_scaler= argument of the torch compressors, and what compress does with it (rollback,
 rescale, the backup buffers, NaN in the payload of a non-finite gradient, checkpoints).
 Training on 2 ranks against training without the overflowed step: test_multirank_torch_loss_scale.py."""
+
 import pytest
 import torch
-
 from common import EVERY
+
 from sparsecomm.core import loss_scale
 from sparsecomm.core.loss_scale import UNSET, decide
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 from sparsecomm.torch.loss_scaling import LossScaling
 
 ALL = [
-    lambda **kw: DGC(ratio=0.1, **kw), lambda **kw: Threshold(ratio=0.1, **kw),
-    lambda **kw: Threshold(ratio=0.1, quantize="1bit", **kw), lambda **kw: TopK(ratio=0.1, **kw),
-    lambda **kw: RTopK(ratio=0.1, **kw), lambda **kw: RandomK(ratio=0.1, **kw),
+    lambda **kw: DGC(ratio=0.1, **kw),
+    lambda **kw: Threshold(ratio=0.1, **kw),
+    lambda **kw: Threshold(ratio=0.1, quantize="1bit", **kw),
+    lambda **kw: TopK(ratio=0.1, **kw),
+    lambda **kw: RTopK(ratio=0.1, **kw),
+    lambda **kw: RandomK(ratio=0.1, **kw),
     lambda **kw: RandomBlock(ratio=0.1, **kw),
 ]
 
@@ -22,19 +26,19 @@ ALL = [
 # -- the rule ---------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("remembered,current,backed_up,rollback,factor", [
-    (UNSET, 1024.0, False, False, 1.0),   # first update: remember the scale, nothing to change
-    (UNSET, 1024.0, True, False, 1.0),
-    (1024.0, 1024.0, True, False, 1.0),   # unchanged
-    (1024.0, 2048.0, True, False, 2.0),   # grew after good steps: rescale up
-    (1024.0, 512.0, True, True, 0.5),     # lowered: the last update's step overflowed; roll back, rescale
-    (1024.0, 512.0, False, False, 0.5),   # lowered, no backup (restored from a checkpoint): rescale only
-    (1024.0, 256.0, True, True, 0.25),
-])
-
-
-def test_the_rule_decides_from_the_remembered_and_the_current_scale(remembered, current, backed_up, rollback,
-                                                                    factor):
+@pytest.mark.parametrize(
+    "remembered,current,backed_up,rollback,factor",
+    [
+        (UNSET, 1024.0, False, False, 1.0),  # first update: remember the scale, nothing to change
+        (UNSET, 1024.0, True, False, 1.0),
+        (1024.0, 1024.0, True, False, 1.0),  # unchanged
+        (1024.0, 2048.0, True, False, 2.0),  # grew after good steps: rescale up
+        (1024.0, 512.0, True, True, 0.5),  # lowered: the last update's step overflowed; roll back, rescale
+        (1024.0, 512.0, False, False, 0.5),  # lowered, no backup (restored from a checkpoint): rescale only
+        (1024.0, 256.0, True, True, 0.25),
+    ],
+)
+def test_the_rule_decides_from_the_remembered_and_the_current_scale(remembered, current, backed_up, rollback, factor):
     decision = decide(remembered, current, backed_up)
     assert decision.rollback is rollback and decision.factor == factor
 
@@ -46,19 +50,25 @@ def test_the_rule_runs_on_any_select():
     def select(condition, then, otherwise):
         calls.append(condition)
         return then if condition else otherwise
-    assert decide(2.0 ** 10, 2.0 ** 9, True, select=select) == loss_scale.Decision(True, 0.5)
+
+    assert decide(2.0**10, 2.0**9, True, select=select) == loss_scale.Decision(True, 0.5)
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("backoff,growth,message", [
-    (1.0, 2.0, r"X: loss_scaler's backoff_factor should be in \(0, 1\): an overflow is detected from a lowered "
-               r"scale; got 1.0"),
-    (0.0, 2.0, r"backoff_factor should be in \(0, 1\).*got 0.0"),
-    (0.5, 1.0, r"X: loss_scaler's growth_factor should be > 1: a lowered scale must mean an overflow; got 1.0"),
-    (0.5, True, r"growth_factor should be > 1.*got True"),
-])
-
-
+@pytest.mark.parametrize(
+    "backoff,growth,message",
+    [
+        (
+            1.0,
+            2.0,
+            r"X: loss_scaler's backoff_factor should be in \(0, 1\): an overflow is detected from a lowered "
+            r"scale; got 1.0",
+        ),
+        (0.0, 2.0, r"backoff_factor should be in \(0, 1\).*got 0.0"),
+        (0.5, 1.0, r"X: loss_scaler's growth_factor should be > 1: a lowered scale must mean an overflow; got 1.0"),
+        (0.5, True, r"growth_factor should be > 1.*got True"),
+    ],
+)
 def test_the_scalers_factors_are_checked(backoff, growth, message):
     with pytest.raises(ValueError, match=message):
         loss_scale.check_factors("X", backoff, growth)
@@ -79,7 +89,7 @@ def _model():
     return torch.nn.Sequential(torch.nn.Linear(40, 30), torch.nn.ReLU(), torch.nn.Linear(30, 3))
 
 
-def _scaler(scale=2.0 ** 10, **kwargs):
+def _scaler(scale=2.0**10, **kwargs):
     scaler = torch.amp.GradScaler("cpu", init_scale=scale, **kwargs)
     scaler.scale(torch.ones(()))  # creates the scale tensor (update(new_scale=) needs it)
     return scaler
@@ -89,8 +99,10 @@ def _scaler(scale=2.0 ** 10, **kwargs):
 def test_loss_scaler_must_be_a_grad_scaler(make):
     model = _model()
     owner = type(make()).__name__
-    with pytest.raises(TypeError, match=f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales "
-                                        f"the loss, got float"):
+    with pytest.raises(
+        TypeError,
+        match=f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, got float",
+    ):
         make(named_parameters=model.named_parameters(), loss_scaler=1024.0)
     assert make(loss_scaler=_scaler())._loss_scaling is not None
 
@@ -186,8 +198,14 @@ def test_a_non_finite_gradient_sends_a_nan_first(make):
 
 def test_the_backup_is_copied_into_buffers_allocated_once():
     model, scaler = _model(), _scaler()
-    comp = DGC(ratio=0.1, named_parameters=model.named_parameters(), loss_scaler=scaler, dense_fallback=False,
-               exchange="allgather", **EVERY)
+    comp = DGC(
+        ratio=0.1,
+        named_parameters=model.named_parameters(),
+        loss_scaler=scaler,
+        dense_fallback=False,
+        exchange="allgather",
+        **EVERY,
+    )
     pointers = []
     for step in range(4):  # the first backup has no residual or momentum yet (the first update makes them)
         _grads(model, step, 1024.0)

@@ -2,13 +2,14 @@
 plain-torch replay of the N ranks (tests/simulation.py: each method's selection, then
 simulation.spardl), plus byte counts: SparDL's stay O(k) per rank as N grows, allgather's
 grow with N (measured on 2-4 ranks, and simulated for 8, 16 and 64)."""
-import pytest
-import torch
 
 import common
+import pytest
 import reference
 import simulation
+import torch
 from launch import horovodrun
+
 from sparsecomm.core import cost, plan
 from sparsecomm.core.plan import OBSERVED_STEPS
 
@@ -36,17 +37,20 @@ def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=Fals
                 grad = ranks[rank][config]["grads"][step][name].reshape(-1)
                 if dgc:
                     dense, (residuals[rank][name], momenta[rank][name]) = simulation.dgc(
-                        grad, (residuals[rank][name], momenta[rank][name]), ratio, name, step)
+                        grad, (residuals[rank][name], momenta[rank][name]), ratio, name, step
+                    )
                 else:
                     dense, new = simulation.METHODS[METHOD[method]](
-                        grad, residuals[rank][name] if error_feedback else None, ratio, name, step, 7)
+                        grad, residuals[rank][name] if error_feedback else None, ratio, name, step, 7
+                    )
                     if error_feedback:
                         residuals[rank][name] = new
                 sent.append(dense)
             if exchange == "spardl":
                 selections = [(d[d != 0], d.nonzero().reshape(-1)) for d in sent]
-                total, got = simulation.spardl(selections, [r[name] if error_feedback else None for r in residuals],
-                                               k, numel, value_dtype)
+                total, got = simulation.spardl(
+                    selections, [r[name] if error_feedback else None for r in residuals], k, numel, value_dtype
+                )
                 for rank in range(size):
                     received[rank][name] += got[rank]
             elif exchange == "allgather":
@@ -87,8 +91,9 @@ def _check(ranks, config, history):
         for step in range(STEPS):
             for name, want in history[step].items():
                 got = recorded[config]["params"][step][name].reshape(-1)
-                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"{config} rank {rank} step {step} {name}: {m}")
+                torch.testing.assert_close(
+                    got, want, rtol=1e-5, atol=1e-6, msg=lambda m: f"{config} rank {rank} step {step} {name}: {m}"
+                )
                 assert torch.equal(got, ranks[0][config]["params"][step][name].reshape(-1)), (config, rank, step)
 
 
@@ -104,9 +109,11 @@ def test_every_rank_equals_the_replay(run, config):
 
 
 # config -> (simulated method, gradient dtype, dtype values travel in)
-SIXTEEN_BIT = {"topk_0.1_spardl_bfloat16": ("topk", torch.bfloat16, torch.bfloat16),
-               "topk_0.1_spardl_float16": ("topk", torch.float16, torch.float16),
-               "threshold_fp16_0.1_spardl": ("threshold_fp16", torch.float32, torch.float16)}
+SIXTEEN_BIT = {
+    "topk_0.1_spardl_bfloat16": ("topk", torch.bfloat16, torch.bfloat16),
+    "topk_0.1_spardl_float16": ("topk", torch.float16, torch.float16),
+    "threshold_fp16_0.1_spardl": ("threshold_fp16", torch.float32, torch.float16),
+}
 
 
 @pytest.mark.parametrize("config", list(SIXTEEN_BIT))
@@ -126,8 +133,13 @@ def test_values_travel_in_16_bits_and_rounding_goes_to_the_owner_residual(run, c
                 assert torch.equal(run[rank][config]["exchanged"][step][name].reshape(-1), want), (rank, step, name)
     for rank, recorded in enumerate(run):
         for name in names:
-            torch.testing.assert_close(recorded[config]["residuals"][name], residuals[rank][name], rtol=0, atol=0,
-                                       msg=lambda m: f"{config} rank {rank} {name} residual: {m}")
+            torch.testing.assert_close(
+                recorded[config]["residuals"][name],
+                residuals[rank][name],
+                rtol=0,
+                atol=0,
+                msg=lambda m: f"{config} rank {rank} {name} residual: {m}",
+            )
             assert recorded[config]["stats"]["tensors"][name]["received_bytes"] == received[rank][name], (rank, name)
 
 
@@ -157,8 +169,10 @@ def test_bytes_per_rank_stay_order_k_with_spardl_and_grow_with_allgather(run):
         k = reference.count(0.1, per["numel"])
         spardl = max(r["topk_0.1_spardl"]["stats"]["tensors"][name]["received_bytes"] for r in run) / STEPS
         allgather = run[0]["topk_0.1_allgather"]["stats"]["tensors"][name]["received_bytes"] / STEPS
-        lines.append(f"N={size} {name:9s} k={k:4d}: received per rank per step: spardl {spardl:7.0f} B "
-                     f"({spardl / (8 * k):.2f} x 8k), allgather {allgather:7.0f} B ({allgather / (8 * k):.2f} x 8k)")
+        lines.append(
+            f"N={size} {name:9s} k={k:4d}: received per rank per step: spardl {spardl:7.0f} B "
+            f"({spardl / (8 * k):.2f} x 8k), allgather {allgather:7.0f} B ({allgather / (8 * k):.2f} x 8k)"
+        )
         assert spardl <= 2 * (size - 1) * 8 * -(-k // size)  # at most ceil(k/N) pairs from each rank, twice
         assert allgather == (size - 1) * 8 * k
     print("\n" + "\n".join(lines))
@@ -175,7 +189,7 @@ def test_auto_goes_dense_where_sparse_costs_more(run):
         for name, dense in run[0]["dense"]["params"][step].items():
             torch.testing.assert_close(fast["params"][step][name], dense, **tol)
     slow = run[0]["topk_0.1_auto_slow"]["stats"]["tensors"]
-    for name, per in slow.items():
+    for per in slow.values():
         assert per["exchange"] == _auto_exchange(size, per["numel"], reference.count(0.1, per["numel"]))
         assert set(per["predicted_seconds"]) == {"dense", "allgather", "spardl"}
     if size >= 3:  # spardl receives less than allgather from 3 ranks on
@@ -193,8 +207,13 @@ def test_measured_auto_sends_dense_while_it_watches_the_backward_then_every_rank
     for step in range(OBSERVED_STEPS):
         for name, dense in run[0]["dense"]["params"][step].items():
             torch.testing.assert_close(measured[0]["params"][step][name], dense, **tol)
-    chosen = [{name: (per["exchange"], per["hidden_seconds"], per["predicted_seconds"])
-               for name, per in rank["stats"]["tensors"].items()} for rank in measured]
+    chosen = [
+        {
+            name: (per["exchange"], per["hidden_seconds"], per["predicted_seconds"])
+            for name, per in rank["stats"]["tensors"].items()
+        }
+        for rank in measured
+    ]
     assert all(each == chosen[0] for each in chosen[1:])
     for exchange, hidden, predicted in chosen[0].values():
         sparse = min(("allgather", "spardl"), key=predicted.get)
@@ -214,8 +233,10 @@ def test_simulated_bytes_for_many_ranks(size):
         selections.append((torch.randn(k, generator=gen), index))
     _, received = simulation.spardl(selections, [torch.zeros(numel) for _ in range(size)], k, numel)
     allgather = (size - 1) * 8 * k
-    print(f"N={size:2d}: received per rank: spardl max {max(received):6d} B ({max(received) / (8 * k):.2f} x 8k), "
-          f"allgather {allgather:7d} B ({allgather / (8 * k):.0f} x 8k)")
+    print(
+        f"N={size:2d}: received per rank: spardl max {max(received):6d} B ({max(received) / (8 * k):.2f} x 8k), "
+        f"allgather {allgather:7d} B ({allgather / (8 * k):.0f} x 8k)"
+    )
     assert max(received) <= 2 * (size - 1) * 8 * -(-k // size) <= 2.2 * 8 * k
 
 

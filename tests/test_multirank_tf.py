@@ -1,13 +1,12 @@
 """Horovod + TensorFlow + sparsecomm's TF op library under horovodrun -np 2 and -np 3,
 against a single-process simulation of the N ranks (plain torch/numpy reference)."""
 
+import common
 import numpy as np
 import pytest
-import torch
-
 import reference
+import torch
 from launch import horovodrun
-import common
 
 pytest.importorskip("tensorflow")
 STEPS, SEED, RATIO = 4, 5, 0.2
@@ -37,8 +36,9 @@ def test_block_allreduce_equals_simulation(run, name):
         start = reference.block_start(SEED, reference.tensor_id(name), step, numel)
         sent = []
         for rank in range(size):
-            values, residuals[rank] = reference.random_block_pack(gradient(name, step, rank), residuals[rank], start,
-                                                                  reference.count(RATIO, numel))
+            values, residuals[rank] = reference.random_block_pack(
+                gradient(name, step, rank), residuals[rank], start, reference.count(RATIO, numel)
+            )
             sent.append(values.float())
         summed = sum(sent).to(dtype)
         want = reference.random_block_unpack(summed, numel, start).float().numpy()
@@ -51,8 +51,11 @@ def test_block_allreduce_equals_simulation(run, name):
         for rank in range(size):
             got = ranks[rank][f"{name}/dense/{step}"]
             assert (np.abs(got - want) <= bound).all(), f"{name} step {step} rank {rank}: {np.abs(got - want).max()}"
-            np.testing.assert_array_equal(ranks[rank][f"{name}/residual/{step}"], residuals[rank].numpy(),
-                                          err_msg=f"{name} residual, step {step} rank {rank}")
+            np.testing.assert_array_equal(
+                ranks[rank][f"{name}/residual/{step}"],
+                residuals[rank].numpy(),
+                err_msg=f"{name} residual, step {step} rank {rank}",
+            )
             np.testing.assert_array_equal(got, ranks[0][f"{name}/dense/{step}"])  # ranks agree exactly
 
 

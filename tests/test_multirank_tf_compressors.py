@@ -10,12 +10,12 @@ therefore compared exactly; parameters to float32 rounding of the averaging.
 The "plain_" configs bind every method to a plain list of unnamed variables (all named
 "Variable" by TF): they train, the ranks agree, and the replay with the unique display names
 as stream keys matches (no two variables share a random stream)."""
+
 import numpy as np
 import pytest
-import torch
-
 import reference
 import simulation
+import torch
 from launch import horovodrun
 from simulation import METHODS, dgc_density
 
@@ -53,7 +53,9 @@ REPLAYS = {
     "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
     "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
     "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
-    "dgc_0.1_default_policy_clip": dict(dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))),
+    "dgc_0.1_default_policy_clip": dict(
+        dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
+    ),
     "plain_random_block_0.1": dict(method="random_block", ratio=0.1, streams=PLAIN),
     "plain_randomk_0.1": dict(method="randomk", ratio=0.1, streams=PLAIN),
     "plain_topk_0.1": dict(method="topk", ratio=0.1, streams=PLAIN),
@@ -63,16 +65,25 @@ REPLAYS = {
 }
 
 
-def replay(ranks, config, method=None, ratio=None, seed=7, op="average", error_feedback=True, dense_names=(),
-           dgc=None, streams=NAMES):
+def replay(
+    ranks,
+    config,
+    method=None,
+    ratio=None,
+    seed=7,
+    op="average",
+    error_feedback=True,
+    dense_names=(),
+    dgc=None,
+    streams=NAMES,
+):
     """Parameters after each step on N ranks, from the recorded local gradients. `streams`: the
     name that keys each variable's random stream, in the order of NAMES."""
     size = len(ranks)
     stream = dict(zip(NAMES, streams))
     params = {n: torch.from_numpy(ranks[0][f"initial/{n}"]).reshape(-1) for n in NAMES}
     residuals = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
-    dgc_state = [{n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in params.items()}
-                 for _ in range(size)]
+    dgc_state = [{n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in params.items()} for _ in range(size)]
     scale = torch.tensor(1.0, dtype=torch.float32) / size  # output / M, in float32 (exchange.finish)
     history = []
     for step in range(STEPS):
@@ -80,8 +91,9 @@ def replay(ranks, config, method=None, ratio=None, seed=7, op="average", error_f
             grads = [torch.from_numpy(r[f"{config}/grad/{step}/{name}"]).reshape(-1) for r in ranks]
             if dgc is not None:
                 settings = dict(dgc)
-                density = dgc_density(settings["ratio"], step, settings.get("warmup_steps", 0),
-                                      settings.get("stages", 4))
+                density = dgc_density(
+                    settings["ratio"], step, settings.get("warmup_steps", 0), settings.get("stages", 4)
+                )
                 clip = settings.get("clip_norm")
                 total = 0
                 for rank in range(size):
@@ -90,16 +102,24 @@ def replay(ranks, config, method=None, ratio=None, seed=7, op="average", error_f
                     larger = reference.count(density, numel) * 8 >= numel * 4
                     dense = name in settings.get("dense_names", ()) or (settings.get("dense_fallback", True) and larger)
                     sent, dgc_state[rank][name] = simulation.dgc(
-                        grads[rank], dgc_state[rank][name], density, stream[name], step, masking=settings.get("masking", True),
-                        clip_limit=None if clip is None else clip / size ** 0.5, dense=dense)
+                        grads[rank],
+                        dgc_state[rank][name],
+                        density,
+                        stream[name],
+                        step,
+                        masking=settings.get("masking", True),
+                        clip_limit=None if clip is None else clip / size**0.5,
+                        dense=dense,
+                    )
                     total = total + sent
             elif method is None or name in dense_names:
                 total = sum(grads)
             else:
                 total = 0
                 for rank in range(size):
-                    sent, new_residual = METHODS[method](grads[rank], residuals[rank][name] if error_feedback else None,
-                                                         ratio, stream[name], step, seed)
+                    sent, new_residual = METHODS[method](
+                        grads[rank], residuals[rank][name] if error_feedback else None, ratio, stream[name], step, seed
+                    )
                     if error_feedback:
                         residuals[rank][name] = new_residual
                     total = total + sent
@@ -128,8 +148,13 @@ def test_every_rank_equals_the_replay(run, config):
         for step in range(STEPS):
             got = params_of(recorded, config, step)
             for name in NAMES:
-                torch.testing.assert_close(got[name], want[step][name], rtol=1e-5, atol=1e-6,
-                                           msg=lambda m: f"rank {rank}, step {step}, {name}: {m}")
+                torch.testing.assert_close(
+                    got[name],
+                    want[step][name],
+                    rtol=1e-5,
+                    atol=1e-6,
+                    msg=lambda m: f"rank {rank}, step {step}, {name}: {m}",
+                )
                 if rank:  # the ranks agree exactly
                     assert torch.equal(got[name], params_of(run[0], config, step)[name]), (config, rank, step, name)
 

@@ -1,12 +1,12 @@
 """TensorFlow beyond the tape: model.fit under tf-keras (Horovod's Keras layer) and Keras 3
 (sparsecomm.tensorflow.keras) with DGC on real data, tf.train.Checkpoint round trips, and
 the torch and TF compressors giving the same bits through real Horovod."""
+
 import json
 import re
 
 import numpy as np
 import pytest
-
 from launch import horovodrun
 
 pytest.importorskip("tensorflow")
@@ -21,8 +21,10 @@ def test_model_fit_with_dgc_keeps_ranks_in_sync_and_matches_dense(tmp_path, flav
         for key in weights[0].files:  # ranks started from different weights: the broadcast and the exchange sync them
             np.testing.assert_array_equal(weights[0][key], weights[1][key], err_msg=f"{method} {key}")
     dense, dgc = results[0]["dense"]["accuracy"], results[0]["dgc"]["accuracy"]
-    print(f"{flavour}: test accuracy dense {dense:.4f}, DGC 1% {dgc:.4f}, "
-          f"DGC sent {results[0]['dgc']['sent_bytes'] / results[0]['dgc']['dense_bytes']:.3f} of dense bytes")
+    print(
+        f"{flavour}: test accuracy dense {dense:.4f}, DGC 1% {dgc:.4f}, "
+        f"DGC sent {results[0]['dgc']['sent_bytes'] / results[0]['dgc']['dense_bytes']:.3f} of dense bytes"
+    )
     assert dense > 0.93
     assert dgc >= dense - 0.02, (dense, dgc)
     assert results[0]["dgc"]["sent_bytes"] < 0.2 * results[0]["dgc"]["dense_bytes"]
@@ -34,8 +36,11 @@ def test_checkpoint_restore_continue_equals_not_stopping(tmp_path):
         got = np.load(tmp_path / f"rank{rank}.npz")
         for config in ("dgc", "random_block", "threshold_2bit"):
             for i in range(4):
-                np.testing.assert_array_equal(got[f"{config}/resumed/{i}"], got[f"{config}/straight/{i}"],
-                                              err_msg=f"rank {rank} {config} variable {i}")
+                np.testing.assert_array_equal(
+                    got[f"{config}/resumed/{i}"],
+                    got[f"{config}/straight/{i}"],
+                    err_msg=f"rank {rank} {config} variable {i}",
+                )
             assert got[f"{config}/steps"].tolist() == [5, 5, 5, 5]  # restored steps, then 2 more
 
 
@@ -58,7 +63,9 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
             if "/exchange/" in key:  # the choice of exchange="auto"
                 assert str(value) == str(tf_out[key]), (rank, key, value, tf_out[key])
                 continue
-            np.testing.assert_array_equal(value.view(np.int32), tf_out[key].view(np.int32), err_msg=f"rank {rank} {key}")
+            np.testing.assert_array_equal(
+                value.view(np.int32), tf_out[key].view(np.int32), err_msg=f"rank {rank} {key}"
+            )
         burst = torch_out["topk/1/a.weight"].reshape(-1)[[5, 700, 1500]]  # sent at once (top-k: NaN as +inf)
         assert np.isnan(burst[0]) and burst[1] == np.inf and burst[2] == -np.inf
         assert str(torch_out["topk_auto_fast/exchange/a.weight"]) == "dense"
@@ -68,13 +75,19 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
 def test_settings_or_checkpoints_that_differ_across_ranks_raise_the_same_error_everywhere():
     output = horovodrun(2, "tf_settings.py", timeout=180)
     assert output.count(": trained") == 2, output[-3000:]  # equal settings: both ranks train
-    errors = [line.split("ValueError: ", 1)[1] for line in output.splitlines()
-              if "ValueError: TopK: compressor settings differ across ranks" in line]
+    errors = [
+        line.split("ValueError: ", 1)[1]
+        for line in output.splitlines()
+        if "ValueError: TopK: compressor settings differ across ranks" in line
+    ]
     assert len(errors) == 2 and errors[0] == errors[1], output[-3000:]
     assert "rank 0: TopK(" in errors[0] and "ratio=0.1" in errors[0] and "ratio=0.2" in errors[0]
     # Checkpoints of different steps, restored before the step is traced: RandomBlock would pick different blocks.
     for case, steps in (("different steps", "rank 0: 1, rank 1: 3"), ("one rank", "rank 0: 0, rank 1: 3")):
         for rank in range(2):  # (TF puts the trace's "in user code" lines between the two)
             assert f"[{rank}]<stdout>:rank {rank}: {case}: ValueError" in output, output[-3000:]
-            assert re.search(rf"\[{rank}\]<stdout>:\s*ValueError: RandomBlock: the ranks' compressor state differs: "
-                             rf"tensor 'w', step: {steps}\.", output), output[-3000:]
+            assert re.search(
+                rf"\[{rank}\]<stdout>:\s*ValueError: RandomBlock: the ranks' compressor state differs: "
+                rf"tensor 'w', step: {steps}\.",
+                output,
+            ), output[-3000:]

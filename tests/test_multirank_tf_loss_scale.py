@@ -4,14 +4,14 @@ training with hvd.DistributedGradientTape in tf.function, whose scale grows and,
 overflow on rank 1 only, backs off, against the same training with plain SGD and without the
 overflowed step, bit for bit; checkpoints (tf.train.Checkpoint) taken with a rescale and a
 rollback pending; model.fit under mixed_bfloat16 through sparsecomm's Keras 3 wrapper."""
+
 import numpy as np
 import pytest
-
 from launch import horovodrun
 
 CONFIGS = ["dgc", "threshold_2bit", "topk_spardl", "rtopk", "randomk", "random_block"]
 RESUMED = ["dgc", "randomk"]
-SCALES = [2.0 ** 10] * 3 + [2.0 ** 11] * 2 + [2.0 ** 10] * 3 + [2.0 ** 11] * 2
+SCALES = [2.0**10] * 3 + [2.0**11] * 2 + [2.0**10] * 3 + [2.0**11] * 2
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +31,9 @@ def _assert_bitwise(r, got, want, config, what):
 def test_an_overflowed_step_leaves_no_trace_and_residuals_follow_the_scale(results, config):
     for rank, r in enumerate(results):
         assert r[f"{config}/scales"].tolist() == SCALES, rank
-        _assert_bitwise(r, "scaled", "reference", config, f"rank {rank}: scaled vs unscaled without the overflowed step")
+        _assert_bitwise(
+            r, "scaled", "reference", config, f"rank {rank}: scaled vs unscaled without the overflowed step"
+        )
         assert r[f"{config}/steps"].tolist() == r[f"{config}/reference_steps"].tolist() == [9] * 4
         assert r[f"{config}/loss_scales"].tolist() == [SCALES[-1]] * 4
         assert not np.array_equal(r[f"{config}/scaled/0"], r["initial/0"])  # it trained

@@ -1,27 +1,39 @@
 """RandomBlock under horovodrun -np 2 and -np 3 with stock hvd.DistributedOptimizer,
 against a single-process plain-torch simulation of the N ranks."""
 
-import pytest
-import torch
-
-import reference
-from launch import horovodrun
 import common
+import pytest
+import reference
 import simulation
+import torch
+from launch import horovodrun
 from simulation import METHODS, dgc_density
 
 STEPS, LR = 5, 0.5
 
 
-def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages=4, clip_norm=None,
-                 dense_names=(), dense_fallback=True, steps=STEPS, lr=LR, make_model=common.torch_model,
-                 forward=None):
+def simulate_dgc(
+    size,
+    ratio,
+    momentum=0.9,
+    masking=True,
+    warmup_steps=0,
+    stages=4,
+    clip_norm=None,
+    dense_names=(),
+    dense_fallback=True,
+    steps=STEPS,
+    lr=LR,
+    make_model=common.torch_model,
+    forward=None,
+):
     """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), then plain SGD. A
     tensor in dense_names, or at a density where the sparse payload would not be smaller
     (dense_fallback), gets momentum SGD."""
     model = make_model()
-    state = [{n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()}
-             for _ in range(size)]
+    state = [
+        {n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()} for _ in range(size)
+    ]
     history = []
     for step in range(steps):
         grads = [rank_gradients(model, step, rank, size, forward=forward) for rank in range(size)]
@@ -33,8 +45,16 @@ def simulate_dgc(size, ratio, momentum=0.9, masking=True, warmup_steps=0, stages
                 total = 0
                 for rank in range(size):
                     sent, state[rank][name] = simulation.dgc(
-                        grads[rank][name], state[rank][name], density, name, step, momentum, masking,
-                        None if clip_norm is None else clip_norm / size ** 0.5, dense)
+                        grads[rank][name],
+                        state[rank][name],
+                        density,
+                        name,
+                        step,
+                        momentum,
+                        masking,
+                        None if clip_norm is None else clip_norm / size**0.5,
+                        dense,
+                    )
                     total = total + sent
                 p -= lr * (total / size).view(p.shape)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
@@ -51,10 +71,17 @@ def rank_gradients(model, step, rank, size, passes=1, dtype=torch.float32, forwa
     model.zero_grad()
     for p in range(passes):
         idx = common.rows(step * passes + p, rank, size, len(y_all))
-        torch.nn.functional.cross_entropy(forward(model, torch.from_numpy(x_all[idx]).to(dtype), step, rank).float(),
-                                          torch.from_numpy(y_all[idx])).backward()
-    return {n: p.grad.to_dense() if p.grad is not None and p.grad.is_sparse else
-            p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in trained(model)}
+        torch.nn.functional.cross_entropy(
+            forward(model, torch.from_numpy(x_all[idx]).to(dtype), step, rank).float(), torch.from_numpy(y_all[idx])
+        ).backward()
+    return {
+        n: p.grad.to_dense()
+        if p.grad is not None and p.grad.is_sparse
+        else p.grad.clone()
+        if p.grad is not None
+        else torch.zeros_like(p)
+        for n, p in trained(model)
+    }
 
 
 def trained(model):
@@ -62,9 +89,22 @@ def trained(model):
     return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
 
 
-def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback=True, momentum=0.0,
-             dense_names=(), steps=STEPS, lr=LR, passes=1, make_model=common.torch_model, dtype=torch.float32,
-             forward=None):
+def simulate(
+    size,
+    method=None,
+    ratio=None,
+    seed=7,
+    op="average",
+    error_feedback=True,
+    momentum=0.0,
+    dense_names=(),
+    steps=STEPS,
+    lr=LR,
+    passes=1,
+    make_model=common.torch_model,
+    dtype=torch.float32,
+    forward=None,
+):
     """N ranks in one process: per-rank gradients on the same rows as the workers
     (rank_gradients), per-rank error feedback, the method's selection (plain torch), summed
     over ranks and averaged like hvd.Average (or not, for hvd.Sum), plain SGD. Frozen
@@ -82,9 +122,14 @@ def simulate(size, method=None, ratio=None, seed=7, op="average", error_feedback
                 else:
                     total = 0
                     for rank in range(size):
-                        sent, new_residual = METHODS[method](grads[rank][name].reshape(-1),
-                                                             residuals[rank][name] if error_feedback else None,
-                                                             ratio, name, step, seed)
+                        sent, new_residual = METHODS[method](
+                            grads[rank][name].reshape(-1),
+                            residuals[rank][name] if error_feedback else None,
+                            ratio,
+                            name,
+                            step,
+                            seed,
+                        )
                         if error_feedback:
                             residuals[rank][name] = new_residual
                         total = total + sent
@@ -136,7 +181,9 @@ SIMULATIONS = {
     "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
     "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
     "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
-    "dgc_0.1_default_policy_clip": dict(dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))),
+    "dgc_0.1_default_policy_clip": dict(
+        dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
+    ),
     "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
 }
 
@@ -157,8 +204,15 @@ def test_sparse_training_actually_moved_every_parameter(run):
     _, ranks = run
     initial = dict(common.torch_model().named_parameters())
     dense = ranks[0]["dense"][-1]
-    for config in ("random_block_0.1", "topk_0.1", "topk_0.1_sum", "randomk_0.1", "rtopk_0.1", "threshold_0.1",
-                   "dgc_0.1"):
+    for config in (
+        "random_block_0.1",
+        "topk_0.1",
+        "topk_0.1_sum",
+        "randomk_0.1",
+        "rtopk_0.1",
+        "threshold_0.1",
+        "dgc_0.1",
+    ):
         sparse = ranks[0][config][-1]
         for name, p in initial.items():
             assert not torch.equal(sparse[name], p.detach()), (config, name)

@@ -2,16 +2,22 @@
 between two modules, frozen parameters, and a branch whose parameters get no gradient on some
 steps and ranks (common.torch_everyday_model), against the plain-torch simulation of
 test_multirank_torch.py."""
-import pytest
-import torch
 
 import common
+import pytest
+import torch
 from launch import horovodrun
 from test_multirank_torch import simulate, simulate_dgc
 
 STEPS, LR, SIZE = 6, 0.5, 2
-METHODS = {"topk": dict(method="topk"), "rtopk": dict(method="rtopk_0.3"), "threshold": dict(method="threshold"),
-           "dgc": None, "randomk": dict(method="randomk"), "random_block": dict(method="random_block")}
+METHODS = {
+    "topk": dict(method="topk"),
+    "rtopk": dict(method="rtopk_0.3"),
+    "threshold": dict(method="threshold"),
+    "dgc": None,
+    "randomk": dict(method="randomk"),
+    "random_block": dict(method="random_block"),
+}
 CONFIGS = [f"{method}/{variant}" for method in METHODS for variant in ("default", "zeroed,listed_twice")]
 
 
@@ -30,8 +36,11 @@ def ranks(tmp_path_factory):
 def test_every_rank_equals_the_simulation(ranks, config):
     settings = METHODS[config.split("/")[0]]
     common_args = dict(steps=STEPS, lr=LR, make_model=common.torch_everyday_model, forward=_forward)
-    want = simulate_dgc(SIZE, 0.1, **common_args) if settings is None else \
-        simulate(SIZE, ratio=0.1, seed=7, **settings, **common_args)
+    want = (
+        simulate_dgc(SIZE, 0.1, **common_args)
+        if settings is None
+        else simulate(SIZE, ratio=0.1, seed=7, **settings, **common_args)
+    )
     for rank in range(SIZE):
         for step, (got, expected) in enumerate(zip(ranks[rank][config], want)):
             for name in expected:
@@ -46,8 +55,15 @@ def test_the_model_is_what_it_claims(ranks):
     model = common.torch_everyday_model()
     assert model.out.weight is model.embedding.weight
     assert [n for n, _ in model.named_parameters()] == [
-        "embedding.weight", "frozen.weight", "frozen.bias", "hidden.weight", "hidden.bias", "branch.weight",
-        "branch.bias", "out.bias"]
+        "embedding.weight",
+        "frozen.weight",
+        "frozen.bias",
+        "hidden.weight",
+        "hidden.bias",
+        "branch.weight",
+        "branch.bias",
+        "out.bias",
+    ]
     initial = {n: p.detach().clone() for n, p in model.named_parameters()}
     for config in CONFIGS:
         for rank in range(SIZE):

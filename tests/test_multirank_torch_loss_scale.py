@@ -6,15 +6,15 @@ must agree bit for bit: residuals and momenta follow the scale exactly, the over
 leaves no trace in them or in the step counter, and the overflow reaches rank 0's scaler
 whatever coordinates rank 1 sent. Also checkpoints taken with a rescale and a rollback pending,
 and a bfloat16 autocast run."""
-import pytest
-import torch
 
 import common
+import pytest
+import torch
 from launch import horovodrun
 
 CONFIGS = ["dgc", "threshold_2bit", "topk_spardl", "rtopk", "randomk", "random_block"]
 # the scale of each step: growth after 3 good steps, backoff after the overflow at step 4
-SCALES = [2.0 ** 10] * 3 + [2.0 ** 11] * 2 + [2.0 ** 10] * 3 + [2.0 ** 11] * 2
+SCALES = [2.0**10] * 3 + [2.0**11] * 2 + [2.0**10] * 3 + [2.0**11] * 2
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +27,8 @@ def results(tmp_path_factory):
 def _assert_bitwise(got, want, what):
     for name in want:
         assert torch.equal(got[name], want[name]), (
-            f"{what}: {name} differs by up to {float((got[name] - want[name]).abs().max()):.3g}")
+            f"{what}: {name} differs by up to {float((got[name] - want[name]).abs().max()):.3g}"
+        )
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -3,19 +3,28 @@ common.BURST_STEP), through Horovod's allreduce with every torch compressor on 2
 (tests/multirank/torch_nonfinite.py), against the NaN/Inf policy of docs/kernels.md and
 docs/compressors.md: what reaches each rank's reduced gradient, at which step, and what stays
 in the residual and the momentum."""
+
 import math
 
-import pytest
-import torch
-
 import common
+import pytest
 import reference
+import torch
 from launch import horovodrun
 
 SIZE, S, BURST = 2, common.BURST_STEP, common.BURST
 BURST_NUMEL = math.prod(common.BURST_SHAPE)
-CONFIGS = ("topk", "topk_spardl", "threshold", "threshold_2bit", "dgc", "dgc_no_masking", "rtopk", "randomk",
-           "random_block")
+CONFIGS = (
+    "topk",
+    "topk_spardl",
+    "threshold",
+    "threshold_2bit",
+    "dgc",
+    "dgc_no_masking",
+    "rtopk",
+    "randomk",
+    "random_block",
+)
 
 
 @pytest.fixture(scope="module")

@@ -1,9 +1,9 @@
 """hvd.DistributedOptimizer's options with sparsecomm compressors under horovodrun -np 2 and
 -np 3, against the plain-torch simulation of test_multirank_torch.py."""
-import pytest
-import torch
 
 import common
+import pytest
+import torch
 from launch import horovodrun
 from test_multirank_torch import _assert_history_close, simulate
 
@@ -51,8 +51,10 @@ def test_fp16_training_keeps_fp16_parameters(run):
     assert all(t.dtype == torch.float16 for t in ranks[0]["topk_fp16"][-1].values())
 
 
-@pytest.mark.parametrize("config,simulation", [("topk", dict(method="topk", ratio=0.1)),
-                                               ("random_block", dict(method="random_block", ratio=0.1, seed=3))])
+@pytest.mark.parametrize(
+    "config,simulation",
+    [("topk", dict(method="topk", ratio=0.1)), ("random_block", dict(method="random_block", ratio=0.1, seed=3))],
+)
 def test_a_process_set_of_two_among_three_ranks_equals_two_ranks(config, simulation, tmp_path_factory):
     out = tmp_path_factory.getbasetemp() / "process_set"
     if not (out / "rank1.pt").exists():

@@ -1,11 +1,13 @@
-"""Compressor state across ranks and restarts. Checkpoint -> restore -> continue gives the same parameters as not stopping (2 ranks),
-bit for bit, for DGC (residual, momentum, warm-up step) and RandomBlock (the seed stream's
-step); and load_state_dict refuses a state that does not fit."""
-import pytest
-import torch
+"""Compressor state across ranks and restarts. Checkpoint -> restore -> continue gives the same
+parameters as not stopping (2 ranks), bit for bit, for DGC (residual, momentum, warm-up step)
+and RandomBlock (the seed stream's step); load_state_dict refuses a state that does not fit;
+and settings or checkpoints that differ across ranks raise the same error on every rank."""
 
 import common
+import pytest
+import torch
 from launch import horovodrun
+
 from sparsecomm.torch import DGC, TopK
 
 
@@ -39,13 +41,19 @@ def test_load_state_dict_refuses_states_that_do_not_fit():
 def test_settings_or_checkpoints_that_differ_across_ranks_raise_the_same_error_everywhere():
     output = horovodrun(2, "torch_settings.py", timeout=180)
     assert output.count(": trained") == 2, output[-3000:]  # equal settings: both ranks train
-    errors = [line for line in output.splitlines() if "ValueError: TopK: compressor settings differ across ranks" in line]
+    errors = [
+        line for line in output.splitlines() if "ValueError: TopK: compressor settings differ across ranks" in line
+    ]
     assert len(errors) == 2, output[-3000:]
     for line in errors:
         assert "ratio=0.1" in line and "ratio=0.2" in line and "rank 0:" in line and "rank 1:" in line
     # Checkpoints of different steps: RandomBlock would pick different blocks on each rank.
     for case, steps in (("mid-run", "rank 0: 2, rank 1: 4"), ("first step", "rank 0: 0, rank 1: 4")):
-        errors = [line for line in output.splitlines() if f": {case}: ValueError: RandomBlock: the ranks' compressor "
-                                                          f"state differs: tensor '0.bias', step: {steps} (and 3 more "
-                                                          f"tensors)" in line]
+        errors = [
+            line
+            for line in output.splitlines()
+            if f": {case}: ValueError: RandomBlock: the ranks' compressor "
+            f"state differs: tensor '0.bias', step: {steps} (and 3 more "
+            f"tensors)" in line
+        ]
         assert len(errors) == 2, output[-3000:]

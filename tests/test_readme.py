@@ -1,10 +1,10 @@
 """The README's usage snippets run as written, under horovodrun -np 2, each followed by one
 step that uses what it set up."""
+
 import os
 import re
 
 import pytest
-
 from launch import horovodrun
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,6 +1,7 @@
 """sparsecomm.bench.scaling: the projection past this machine is the floor plus core/cost.py's
 model summed over the tensors, and the check against measured rows computes its error right.
 Pure arithmetic on hand-made and recorded numbers: nothing is timed."""
+
 import json
 import math
 import os
@@ -51,8 +52,10 @@ def test_dense_grows_as_the_ring_says_while_spardl_bytes_stay_order_k():
         assert got["spardl"] - ring * dense_numel * 4 <= 16 * (k + ranks * len(sparse))
         step = scaling.predict(shapes, ranks, bandwidth_only, cost.LocalCost(0, 0, 0), 0.0)
         assert step["dense"] == pytest.approx(1000 * ring * numel * 4 / 1.25e9)
+
     def sparse_bytes(exchange, ranks):
         return scaling.predicted_bytes(shapes, ranks)[exchange] - 2 * (ranks - 1) / ranks * dense_numel * 4
+
     # from 2 to 1024 ranks: allgather's pairs grow with N, SparDL's at most triple (8k -> about 16k)
     assert sparse_bytes("allgather", 1024) > 1000 * sparse_bytes("allgather", 2)
     assert sparse_bytes("spardl", 1024) < 3 * sparse_bytes("spardl", 2)
@@ -73,12 +76,20 @@ def test_check_computes_the_error_against_hand_made_records():
     latency = sum(2 * 5e-5 * min(1.0, b / cost.FUSION_BYTES) for b in tensor_bytes)
     shared_ms = 100 + 1000 * (latency + 100_700_160 / (1.25e8 / 2))
     per_host_ms = 50 + 1000 * (latency + 100_700_160 / 1.25e8)
-    records = [_row("floor", 100), _row("dense", shared_ms / 0.8),
-               _row("floor", 50, network_model="per-host"), _row("dense", per_host_ms / 2, network_model="per-host"),
-               _row("dense", 1.0, network="unshaped"), _row("dense", 1.0, ranks=8), _row("TopK 1%", 1.0)]
+    records = [
+        _row("floor", 100),
+        _row("dense", shared_ms / 0.8),
+        _row("floor", 50, network_model="per-host"),
+        _row("dense", per_host_ms / 2, network_model="per-host"),
+        _row("dense", 1.0, network="unshaped"),
+        _row("dense", 1.0, ranks=8),
+        _row("TopK 1%", 1.0),
+    ]
     checked = scaling.check(records, [])
-    assert [(r["network_model"], r["floor"]) for r in checked["rows"]] == [("shared", "measured"),
-                                                                           ("per-host", "measured")]
+    assert [(r["network_model"], r["floor"]) for r in checked["rows"]] == [
+        ("shared", "measured"),
+        ("per-host", "measured"),
+    ]
     assert [r["predicted_ms"] for r in checked["rows"]] == pytest.approx([shared_ms, per_host_ms])
     assert [r["error"] for r in checked["rows"]] == pytest.approx([-0.2, 1.0])
     summary = checked["summary"]
@@ -100,9 +111,14 @@ def _kernel(op, numel, ms, memcpy_ms=1.0, density=0.001):
 def test_local_cost_from_the_whole_path_rows_then_from_pack_and_unpack():
     # whole path: 2 ms at 1M, 4 ms at 3M -> 1 ns per element, 1 ms per call; the unpack of
     # 3,000 pairs at 3M takes 0.03 ms more than its memcpy -> 10 ns per pair
-    rows = [_kernel("DGC whole path (1 rank)", 1_000_000, 2.0), _kernel("DGC whole path (1 rank)", 3_000_000, 4.0),
-            _kernel(scaling.UNPACK_OP, 3_000_000, 1.03), _kernel(scaling.UNPACK_OP, 1_000_000, 0.5),
-            _kernel(scaling.PACK_OPS["DGC"], 1_000_000, 1.0), _kernel(scaling.PACK_OPS["DGC"], 3_000_000, 1.0)]
+    rows = [
+        _kernel("DGC whole path (1 rank)", 1_000_000, 2.0),
+        _kernel("DGC whole path (1 rank)", 3_000_000, 4.0),
+        _kernel(scaling.UNPACK_OP, 3_000_000, 1.03),
+        _kernel(scaling.UNPACK_OP, 1_000_000, 0.5),
+        _kernel(scaling.PACK_OPS["DGC"], 1_000_000, 1.0),
+        _kernel(scaling.PACK_OPS["DGC"], 3_000_000, 1.0),
+    ]
     local = scaling.local_cost_from_kernels(rows)
     assert (local.per_call, local.per_element, local.per_pair) == pytest.approx((1e-3, 1e-9, 1e-8))
     fallback = scaling.local_cost_from_kernels(rows[2:])  # pack + unpack: 1.5 ms at 1M, 2.03 ms at 3M
@@ -123,5 +139,8 @@ def test_section_on_the_recorded_results_writes_the_figure(tmp_path):
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     checked = scaling.check(results["e2e"], results["kernels"])
     assert len(checked["rows"]) == 2 * 2 * 2 * 3  # models x ranks x networks x methods
-    assert all(row[e] > row["floor_ms"] for row in scaling.table(results["kernels"], results["e2e"])
-               for e in ("dense", "allgather", "spardl"))
+    assert all(
+        row[e] > row["floor_ms"]
+        for row in scaling.table(results["kernels"], results["e2e"])
+        for e in ("dense", "allgather", "spardl")
+    )

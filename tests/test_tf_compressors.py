@@ -3,6 +3,7 @@ input errors, attribution of gradients to variables, unnamed variables and Keras
 with repeated names, the per-layer policy, the warm-up schedule, checkpoint layout, and
 RandomBlock's compress/decompress against the reference.
 The exchange itself is tested under horovodrun (test_multirank_tf_*.py)."""
+
 import os
 
 import numpy as np
@@ -13,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 import reference  # noqa: E402
 from common import EVERY  # noqa: E402
+
 from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK  # noqa: E402
 from sparsecomm.tensorflow.state import VariableBinding  # noqa: E402
 
@@ -21,27 +23,37 @@ def _named(*shapes, dtype=tf.float32):
     return [(f"v{i}", tf.Variable(tf.zeros(shape, dtype))) for i, shape in enumerate(shapes)]
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: TopK(ratio=0), r"TopK: ratio should be a number in \(0, 1\], got 0"),
-    (lambda: TopK(ratio=0.1, error_feedback="yes"), r"TopK: error_feedback should be True or False"),
-    (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
-    (lambda: RandomBlock(ratio=0.1, seed=-3), r"RandomBlock: seed should be an integer in \[0, 2\*\*64\), got -3"),
-    (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
-    (lambda: Threshold(quantize="3bit"), r"Threshold: quantize should be one of None, 'fp16', 'bf16', '1bit', "
-                                         r"'2bit', got '3bit'"),
-    (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),
-    (lambda: DGC(clip_norm=0), r"DGC: clip_norm should be None or a positive number, got 0"),
-    (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
-    (lambda: TopK(ratio=0.1, min_numel=-1), r"TopK: min_numel should be an integer >= 0, got -1"),
-    (lambda: TopK(ratio=0.1, dense="*.bias"), r"TopK: dense should be a list of name patterns"),
-    (lambda: TopK(ratio=0.1, variables=[]), r"TopK: variables is empty \(build the model"),
-    (lambda: TopK(ratio=0.1, variables=tf.keras.Sequential()), r"TopK: variables should be a list of variables"),
-    (lambda: TopK(ratio=0.1, variables=[("w", tf.Variable(1.0)), ("w", tf.Variable(2.0))]),
-     r"TopK: two \(name, variable\) pairs are named 'w'; names given in pairs should be unique"),
-    (lambda: (lambda w: TopK(ratio=0.1, variables=[w, tf.Variable(2.0), w]))(tf.Variable(1.0, name="w")),
-     r"TopK: the variable 'w' is listed twice"),
-    (lambda: TopK(ratio=0.1, variables=[("a", 3)]), r"TopK: variables should hold TF/Keras variables"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: TopK(ratio=0), r"TopK: ratio should be a number in \(0, 1\], got 0"),
+        (lambda: TopK(ratio=0.1, error_feedback="yes"), r"TopK: error_feedback should be True or False"),
+        (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
+        (lambda: RandomBlock(ratio=0.1, seed=-3), r"RandomBlock: seed should be an integer in \[0, 2\*\*64\), got -3"),
+        (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
+        (
+            lambda: Threshold(quantize="3bit"),
+            r"Threshold: quantize should be one of None, 'fp16', 'bf16', '1bit', "
+            r"'2bit', got '3bit'",
+        ),
+        (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),
+        (lambda: DGC(clip_norm=0), r"DGC: clip_norm should be None or a positive number, got 0"),
+        (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
+        (lambda: TopK(ratio=0.1, min_numel=-1), r"TopK: min_numel should be an integer >= 0, got -1"),
+        (lambda: TopK(ratio=0.1, dense="*.bias"), r"TopK: dense should be a list of name patterns"),
+        (lambda: TopK(ratio=0.1, variables=[]), r"TopK: variables is empty \(build the model"),
+        (lambda: TopK(ratio=0.1, variables=tf.keras.Sequential()), r"TopK: variables should be a list of variables"),
+        (
+            lambda: TopK(ratio=0.1, variables=[("w", tf.Variable(1.0)), ("w", tf.Variable(2.0))]),
+            r"TopK: two \(name, variable\) pairs are named 'w'; names given in pairs should be unique",
+        ),
+        (
+            lambda: (lambda w: TopK(ratio=0.1, variables=[w, tf.Variable(2.0), w]))(tf.Variable(1.0, name="w")),
+            r"TopK: the variable 'w' is listed twice",
+        ),
+        (lambda: TopK(ratio=0.1, variables=[("a", 3)]), r"TopK: variables should hold TF/Keras variables"),
+    ],
+)
 def test_bad_settings_are_named(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
@@ -53,8 +65,11 @@ def test_bad_gradients_are_named():
         comp.compress(tf.zeros([10, 10], tf.int32))
     with pytest.raises(TypeError, match="got tf.IndexedSlices; Horovod gathers those without compression"):
         comp.compress(tf.IndexedSlices(tf.zeros([2, 10]), tf.constant([0, 1]), tf.constant([10, 10])))
-    with pytest.raises(LookupError, match=r"RandomBlock: got a gradient of shape \(3, 3\) and dtype float32 that "
-                                          r"fits none of the bound variables \(v0 \(10, 10\) float32\)"):
+    with pytest.raises(
+        LookupError,
+        match=r"RandomBlock: got a gradient of shape \(3, 3\) and dtype float32 that "
+        r"fits none of the bound variables \(v0 \(10, 10\) float32\)",
+    ):
         comp.compress(tf.zeros([3, 3]))
     with pytest.raises(RuntimeError, match=r"TopK keeps per-variable state and needs variables="):
         TopK(ratio=0.1).compress(tf.zeros([4]))
@@ -63,33 +78,46 @@ def test_bad_gradients_are_named():
 class _HugeVariable:
     """What a compressor binds of a variable of 2**31 elements (one more than int32 indices
     address), without its 8 GB."""
+
     shape, dtype = tf.TensorShape([2**16, 2**15]), tf.float32
 
     def assign(self, value):
         raise AssertionError("not assigned")
 
 
-@pytest.mark.parametrize("cls,kwargs", [
-    (TopK, dict(ratio=0.01)),
-    (RandomK, dict(ratio=0.01)),
-    (Threshold, dict(ratio=0.01, quantize="1bit")),
-    (DGC, dict(ratio=0.3, warmup_steps=10, warmup_stages=1)),  # dense at warm-up stage 0, sparse after
-], ids=["TopK", "RandomK", "Threshold", "DGC-dense-first-stage"])
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (TopK, dict(ratio=0.01)),
+        (RandomK, dict(ratio=0.01)),
+        (Threshold, dict(ratio=0.01, quantize="1bit")),
+        (DGC, dict(ratio=0.3, warmup_steps=10, warmup_stages=1)),  # dense at warm-up stage 0, sparse after
+    ],
+    ids=["TopK", "RandomK", "Threshold", "DGC-dense-first-stage"],
+)
 def test_a_variable_beyond_int32_indices_is_refused_when_bound(cls, kwargs):
     """Before its residual is allocated and before any trace or collective."""
-    with pytest.raises(ValueError, match=(
-            rf"^{cls.__name__}: 'embedding' has 2147483648 elements, more than 2147483647 \(2\*\*31 - 1\), the most that "
-            rf"int32 indices can address, so it cannot be sent sparse. List it in dense=\['embedding'\] to send it "
-            rf"dense through Horovod's allreduce, or split the parameter into tensors of at most 2147483647 "
-            rf"elements.$")):
+    with pytest.raises(
+        ValueError,
+        match=(
+            rf"^{cls.__name__}: 'embedding' has 2147483648 elements, more than 2147483647 \(2\*\*31 - 1\), "
+            rf"the most that int32 indices can address, so it cannot be sent sparse. "
+            rf"List it in dense=\['embedding'\] to send it dense through Horovod's allreduce, "
+            rf"or split the parameter into tensors of at most 2147483647 elements.$"
+        ),
+    ):
         cls(variables=[("embedding", _HugeVariable())], **kwargs)
 
 
-@pytest.mark.parametrize("make", [
-    lambda variables: TopK(ratio=0.01, variables=variables, dense=["embed*"]),
-    lambda variables: RandomK(ratio=0.01, variables=variables, min_numel=2**32),
-    lambda variables: TopK(ratio=0.5, variables=variables),  # the dense fallback: sparse would be larger
-], ids=["dense=", "min_numel", "dense-fallback"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda variables: TopK(ratio=0.01, variables=variables, dense=["embed*"]),
+        lambda variables: RandomK(ratio=0.01, variables=variables, min_numel=2**32),
+        lambda variables: TopK(ratio=0.5, variables=variables),  # the dense fallback: sparse would be larger
+    ],
+    ids=["dense=", "min_numel", "dense-fallback"],
+)
 def test_a_variable_beyond_int32_indices_routed_dense_traces_to_horovod_untouched(make):
     comp = make([("embedding", _HugeVariable())])
     assert comp.state[0].residual is None  # no 8 GB residual for a tensor that always goes dense
@@ -98,6 +126,7 @@ def test_a_variable_beyond_int32_indices_routed_dense_traces_to_horovod_untouche
     def reduce(grad):
         handed, ctx = comp.compress(grad)
         return handed, comp.decompress(handed, ctx)
+
     graph = reduce.get_concrete_function(tf.TensorSpec([2**16, 2**15], tf.float32)).graph  # traced, never run
     handed, decompressed = graph.structured_outputs
     assert handed.shape == decompressed.shape == [2**16, 2**15]
@@ -160,8 +189,7 @@ def test_keras_variables_with_repeated_names_train_and_show_unique_names():
         def call(self, x):
             return x @ self.a @ self.b
 
-    twins = [keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, name="same")], name="twin")
-             for _ in range(2)]
+    twins = [keras.Sequential([keras.Input((16,)), keras.layers.Dense(16, name="same")], name="twin") for _ in range(2)]
     layer = TwoKernels(name="two")
     layer(tf.zeros([1, 16]))
     variables = twins[0].trainable_variables + twins[1].trainable_variables + layer.trainable_variables
@@ -169,15 +197,25 @@ def test_keras_variables_with_repeated_names_train_and_show_unique_names():
     x = tf.constant(np.random.default_rng(0).standard_normal((4, 16)), tf.float32)
     _train_eagerly(comp, variables, lambda: tf.reduce_sum(layer(twins[1](twins[0](x))) ** 2), steps=3)
     stats = comp.stats()["tensors"]
-    assert list(stats) == ["twin/same/kernel", "twin/same/bias", "twin/same/kernel_1", "twin/same/bias_1",
-                           "two/kernel", "two/kernel_1"]
+    assert list(stats) == [
+        "twin/same/kernel",
+        "twin/same/bias",
+        "twin/same/kernel_1",
+        "twin/same/bias_1",
+        "two/kernel",
+        "two/kernel_1",
+    ]
     assert all(t["calls"] == 3 and t["sent_elements"] > 0 for t in stats.values()), stats
 
 
 def test_the_default_policy_and_the_dense_fallback():
-    named = [("big", tf.Variable(tf.zeros([64, 32]))), ("bias", tf.Variable(tf.zeros([2048]))),
-             ("small", tf.Variable(tf.zeros([10, 10]))), ("emb.weight", tf.Variable(tf.zeros([64, 64]))),
-             ("w16", tf.Variable(tf.zeros([100, 100], tf.float16)))]
+    named = [
+        ("big", tf.Variable(tf.zeros([64, 32]))),
+        ("bias", tf.Variable(tf.zeros([2048]))),
+        ("small", tf.Variable(tf.zeros([10, 10]))),
+        ("emb.weight", tf.Variable(tf.zeros([64, 64]))),
+        ("w16", tf.Variable(tf.zeros([100, 100], tf.float16))),
+    ]
     comp = TopK(ratio=0.1, variables=named, dense=["emb.*"])
     assert [comp.goes_dense(n, v) for n, v in named] == [False, True, True, True, False]
     assert TopK(ratio=0.34, variables=named).goes_dense("w16", named[4][1])  # 16-bit values + 32-bit indices

@@ -3,6 +3,7 @@ loss_scaler= (a Keras 3 LossScaleOptimizer) checks, the rule of sparsecomm/core/
 applied in the graph (rollback, rescale, step) eagerly and in tf.function, NaN first in the
 payload of a non-finite gradient, and the checkpointed loss-scale variables. Training on 2
 ranks: test_multirank_tf_loss_scale.py."""
+
 import os
 
 import numpy as np
@@ -12,9 +13,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 from common import EVERY  # noqa: E402
+
 from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, TopK  # noqa: E402
-from sparsecomm.tensorflow.loss_scaling import nan_first  # noqa: E402
 from sparsecomm.tensorflow.exchange import Packed  # noqa: E402
+from sparsecomm.tensorflow.loss_scaling import nan_first  # noqa: E402
 
 
 def _scaler(scale=16.0, variables=None):
@@ -26,12 +28,18 @@ def _scaler(scale=16.0, variables=None):
 
 def test_loss_scaler_must_be_a_loss_scale_optimizer():
     w = tf.Variable(tf.zeros([4, 4]))
-    with pytest.raises(TypeError, match="TopK: loss_scaler should be None or the keras.optimizers.LossScaleOptimizer "
-                                        "that scales the loss, got SGD"):
+    with pytest.raises(
+        TypeError,
+        match="TopK: loss_scaler should be None or the keras.optimizers.LossScaleOptimizer "
+        "that scales the loss, got SGD",
+    ):
         TopK(ratio=0.1, variables=[w], loss_scaler=keras.optimizers.SGD(0.1))
     comp = RandomBlock(ratio=0.5, variables=[("w", w)], loss_scaler=_scaler(), **EVERY)  # not built yet
-    with pytest.raises(RuntimeError, match=r"RandomBlock: the loss_scaler \(LossScaleOptimizer\) is not built: call "
-                                           r"optimizer.build\(model.trainable_variables\)"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"RandomBlock: the loss_scaler \(LossScaleOptimizer\) is not built: call "
+        r"optimizer.build\(model.trainable_variables\)",
+    ):
         comp.compress(tf.ones([4, 4]))
 
 
@@ -44,8 +52,10 @@ def test_scaled_steps_with_an_overflow_equal_unscaled_steps_without_it(make, tra
     scaler = _scaler(variables=[w])
     scaled = make(ratio=0.2, seed=3, variables=[("w", w)], loss_scaler=scaler, **EVERY)
     plain = make(ratio=0.2, seed=3, variables=[("w", w)], **EVERY)
-    run_scaled, run_plain = (lambda g: scaled.decompress(*scaled.compress(g))), \
-        (lambda g: plain.decompress(*plain.compress(g)))
+    run_scaled, run_plain = (
+        (lambda g: scaled.decompress(*scaled.compress(g))),
+        (lambda g: plain.decompress(*plain.compress(g))),
+    )
     if traced:
         run_scaled, run_plain = tf.function(run_scaled), tf.function(run_plain)
     rng = np.random.default_rng(0)

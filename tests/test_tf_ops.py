@@ -1,19 +1,22 @@
 """The TensorFlow op library against the same reference as the torch ops: same kernels,
 so the bits must match exactly, for every dtype, in eager mode and inside tf.function."""
+
 import os
 
 import numpy as np
 import pytest
 import torch
-
 from reference import block_start, random_block_pack, random_block_unpack
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
 from sparsecomm.tensorflow import ops  # noqa: E402
 
-PAIRS = [(torch.float32, tf.float32, torch.int32, tf.int32), (torch.float16, tf.float16, torch.int16, tf.int16),
-         (torch.bfloat16, tf.bfloat16, torch.int16, tf.int16)]
+PAIRS = [
+    (torch.float32, tf.float32, torch.int32, tf.int32),
+    (torch.float16, tf.float16, torch.int16, tf.int16),
+    (torch.bfloat16, tf.bfloat16, torch.int16, tf.int16),
+]
 CASES = [(1000, 10, 100), (1000, 950, 100), (1000, 999, 1000), (1000, 17, 0), (1, 0, 1), (0, 0, 0), (4099, 4000, 333)]
 
 
@@ -47,8 +50,9 @@ def test_pack_and_unpack_match_reference(torch_dtype, tf_dtype, torch_int, tf_in
     assert values.dtype == tf_dtype and values.shape == (length,)
     np.testing.assert_array_equal(_bits_tf(values, tf_int), _bits_torch(want_values, torch_int))
     np.testing.assert_array_equal(residual_out.numpy().view(np.int32), want_residual.numpy().view(np.int32))
-    np.testing.assert_array_equal(_bits_tf(dense, tf_int),
-                                  _bits_torch(random_block_unpack(want_values, numel, start, 0.5), torch_int))
+    np.testing.assert_array_equal(
+        _bits_tf(dense, tf_int), _bits_torch(random_block_unpack(want_values, numel, start, 0.5), torch_int)
+    )
 
 
 def test_pack_without_error_feedback():
@@ -60,6 +64,7 @@ def test_pack_without_error_feedback():
 
 def test_random_block_start_matches_reference_and_torch_op():
     from sparsecomm.torch import ops as torch_ops
+
     for seed, tid, step, numel in [(0, 0, 0, 1), (42, 7, 3, 10), (2**64 - 1, 2**32 - 1, 2**33, 25_557_032)]:
         want = block_start(seed, tid, step, numel)
         assert int(ops.random_block_start(seed, tid, step, numel)) == want

@@ -1,6 +1,7 @@
 """The TF selection ops against the torch ops: same kernels, so the same inputs must give the
 same bits (values, indices, residual, momentum), eager and inside tf.function. The torch ops
 are themselves checked against plain references in test_torch_select_ops.py."""
+
 import os
 
 import numpy as np
@@ -43,8 +44,10 @@ def _same(tf_t, torch_t):
         return
     got = tf.cast(tf_t, tf.float32).numpy() if tf_t.dtype in (tf.float16, tf.bfloat16) else tf_t.numpy()
     want = torch_t.float().numpy() if torch_t.is_floating_point() else torch_t.numpy()
-    np.testing.assert_array_equal(got.view(np.int32) if got.dtype == np.float32 else got,
-                                  want.view(np.int32) if want.dtype == np.float32 else want)
+    np.testing.assert_array_equal(
+        got.view(np.int32) if got.dtype == np.float32 else got,
+        want.view(np.int32) if want.dtype == np.float32 else want,
+    )
 
 
 CASES = {
@@ -71,8 +74,9 @@ def test_tf_pack_equals_torch_pack(torch_dtype, tf_dtype, case, kind, graph):
         return fn(tf_ops, g, r, m, mf)
 
     run = tf.function(pack) if graph else pack
-    values, index, residual_out, mom_out = run(grad_tf, residual_tf, mom_tf) if momentum else \
-        run(grad_tf, residual_tf, None)
+    values, index, residual_out, mom_out = (
+        run(grad_tf, residual_tf, mom_tf) if momentum else run(grad_tf, residual_tf, None)
+    )
     t_mom = mom.clone() if momentum else None
     t_res = residual.clone()
     want = fn(torch_ops, grad, t_res, t_mom, mf)
@@ -94,7 +98,8 @@ def test_tf_dense_state_passes_equal_torch(torch_dtype, tf_dtype, graph):
     grad[:2] = torch.tensor([float("inf"), -float("inf")])  # (NaN: its payload bits differ once through _tf)
     wrap = tf.function if graph else (lambda f: f)
     res_out, mom_out = wrap(lambda g, r, m: tf_ops.accumulate(g, r, momentum=m, momentum_factor=0.9))(
-        _tf(grad, tf_dtype), _tf(residual), _tf(mom))
+        _tf(grad, tf_dtype), _tf(residual), _tf(mom)
+    )
     t_res, t_mom = residual.clone(), mom.clone()
     torch_ops.accumulate(grad, t_res, momentum=t_mom, momentum_factor=0.9)
     _same(res_out, t_res)
@@ -102,7 +107,8 @@ def test_tf_dense_state_passes_equal_torch(torch_dtype, tf_dtype, graph):
     assert tf_ops.accumulate(_tf(grad, tf_dtype), None, momentum=_tf(mom), momentum_factor=0.9)[0] is None
 
     payload, mom_out = wrap(lambda g, m: tf_ops.momentum_step(g, m, 0.9))(
-        tf.reshape(_tf(grad, tf_dtype), [2, 5003]), _tf(mom))
+        tf.reshape(_tf(grad, tf_dtype), [2, 5003]), _tf(mom)
+    )
     t_grad, t_mom = grad.clone(), mom.clone()
     torch_ops.momentum_step(t_grad, t_mom, 0.9)
     assert payload.dtype == tf_dtype and payload.shape == (2, 5003) and mom_out.shape == (10_006,)
@@ -124,8 +130,10 @@ def test_tf_quantize_and_unpack_equal_torch(bits):
     _same(tf_ops.dequantize(tf_codes, tf_scales, 333, bits), torch_ops.dequantize(codes, scales, 333, bits))
     dup = torch.cat([index, index[:50]])
     vals = torch.randn(dup.numel(), generator=gen)
-    _same(tf_ops.sparse_unpack(_tf(vals), tf.constant(dup.numpy()), 1000, 0.5),
-          torch_ops.sparse_unpack(vals, dup, 1000, 0.5))
+    _same(
+        tf_ops.sparse_unpack(_tf(vals), tf.constant(dup.numpy()), 1000, 0.5),
+        torch_ops.sparse_unpack(vals, dup, 1000, 0.5),
+    )
 
 
 @pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES)
@@ -139,8 +147,14 @@ def test_tf_unpack_scaled_by_a_tensor_equals_torch_rows(torch_dtype, tf_dtype, r
     index = torch.cat([torch.randperm(numel, generator=gen)[:700].sort().values.int() for _ in range(ranks)])
     values = (torch.randn(index.numel(), generator=gen) * 100).to(torch_dtype)
     values[:3] = torch.tensor([float("nan"), float("inf"), -0.0])
-    expected = torch_ops.sparse_unpack_rows(torch_ops.wire_rows(values, index), torch_dtype, numel,
-                                            torch.tensor([numerator]), ranks, out=torch.empty(numel, dtype=torch_dtype))
+    expected = torch_ops.sparse_unpack_rows(
+        torch_ops.wire_rows(values, index),
+        torch_dtype,
+        numel,
+        torch.tensor([numerator]),
+        ranks,
+        out=torch.empty(numel, dtype=torch_dtype),
+    )
     unpack = lambda v, i, s: tf_ops.sparse_unpack(v, i, numel, s, divisor=ranks)  # noqa: E731
     same_bits = values.view(torch.int16 if values.element_size() == 2 else torch.int32).numpy()  # NaN's too
     args = (tf.bitcast(tf.constant(same_bits), tf_dtype), tf.constant(index.numpy()), tf.constant([numerator]))
@@ -151,8 +165,10 @@ def test_tf_unpack_scaled_by_a_tensor_equals_torch_rows(torch_dtype, tf_dtype, r
 def test_tf_random_k_and_threshold_equal_torch():
     _same(tf_ops.random_k_indices(10_007, 99, **KW), torch_ops.random_k_indices(torch.empty(10_007), 99, **KW))
     grad, residual, _ = _inputs(100_000, torch.float32)
-    _same(tf_ops.sample_threshold(_tf(grad), _tf(residual), 0.01, **KW),
-          torch_ops.sample_threshold(grad, residual, 0.01, **KW))
+    _same(
+        tf_ops.sample_threshold(_tf(grad), _tf(residual), 0.01, **KW),
+        torch_ops.sample_threshold(grad, residual, 0.01, **KW),
+    )
 
 
 @pytest.mark.parametrize("ratio", [0.1, 0.3, 0.7])
@@ -162,10 +178,14 @@ def test_tf_threshold_rank_uses_the_double_ratio(ratio):
     grad, residual, _ = _inputs(320, torch.float32)
     for step in range(4):
         kw = dict(KW, step=step)
-        _same(tf_ops.sample_threshold(_tf(grad), _tf(residual), ratio, **kw),
-              torch_ops.sample_threshold(grad, residual, ratio, **kw))
-        _same(tf_ops.pack_sampled(_tf(grad), _tf(residual), ratio, **kw)[1],
-              torch_ops.pack_sampled(grad, residual.clone(), ratio, **kw)[1])
+        _same(
+            tf_ops.sample_threshold(_tf(grad), _tf(residual), ratio, **kw),
+            torch_ops.sample_threshold(grad, residual, ratio, **kw),
+        )
+        _same(
+            tf_ops.pack_sampled(_tf(grad), _tf(residual), ratio, **kw)[1],
+            torch_ops.pack_sampled(grad, residual.clone(), ratio, **kw)[1],
+        )
 
 
 @pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
@@ -176,16 +196,18 @@ def test_tf_grad_scale_equals_torch(torch_dtype, tf_dtype, graph):
     grad, residual, mom = _inputs(5003, torch_dtype, momentum=True)
     scale = torch.tensor(0.37)
     wrap = tf.function if graph else (lambda f: f)
-    values, index, res_out, mom_out = wrap(lambda g, r, m, s: tf_ops.pack_sampled(
-        g, r, 0.01, momentum=m, momentum_factor=0.9, grad_scale=s, **KW))(
-        _tf(grad, tf_dtype), _tf(residual), _tf(mom), tf.constant(0.37))
+    values, index, res_out, mom_out = wrap(
+        lambda g, r, m, s: tf_ops.pack_sampled(g, r, 0.01, momentum=m, momentum_factor=0.9, grad_scale=s, **KW)
+    )(_tf(grad, tf_dtype), _tf(residual), _tf(mom), tf.constant(0.37))
     t_res, t_mom = residual.clone(), mom.clone()
-    want_values, want_index = torch_ops.pack_sampled(grad, t_res, 0.01, momentum=t_mom, momentum_factor=0.9,
-                                                     grad_scale=scale, **KW)
+    want_values, want_index = torch_ops.pack_sampled(
+        grad, t_res, 0.01, momentum=t_mom, momentum_factor=0.9, grad_scale=scale, **KW
+    )
     for got, want in ((values, want_values), (index, want_index), (res_out, t_res), (mom_out, t_mom)):
         _same(got, want)
     payload, mom_out = wrap(lambda g, m, s: tf_ops.momentum_step(g, m, 0.9, grad_scale=s))(
-        _tf(grad, tf_dtype), _tf(mom), tf.constant(0.37))
+        _tf(grad, tf_dtype), _tf(mom), tf.constant(0.37)
+    )
     t_grad, t_mom = grad.clone(), mom.clone()
     torch_ops.momentum_step(t_grad, t_mom, 0.9, grad_scale=scale)
     _same(payload, t_grad)
@@ -224,5 +246,4 @@ def test_tf_errors_are_named():
     with pytest.raises(tf.errors.InvalidArgumentError, match="bits should be 1 or 2, got 3"):
         tf_ops.send_quantized(tf.ones(1), tf.constant([0], tf.int32), None, 3)
     with pytest.raises(ValueError, match="shape should be static"):
-        tf.function(lambda g: tf_ops.pack_topk(g, None, 1))\
-            .get_concrete_function(tf.TensorSpec([None], tf.float32))
+        tf.function(lambda g: tf_ops.pack_topk(g, None, 1)).get_concrete_function(tf.TensorSpec([None], tf.float32))

@@ -1,15 +1,27 @@
 """torch.ops.sparsecomm block_pack / block_unpack against the plain-torch reference,
 written once over device x dtype."""
+
 import pytest
 import torch
-
 from reference import random_block_pack, random_block_unpack
+
 from sparsecomm.torch import ops
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (numel, start, length): inside, touching the end, wrapping, whole tensor, empty block, odd sizes
-CASES = [(1000, 10, 100), (1000, 900, 100), (1000, 950, 100), (1000, 0, 1000), (1000, 999, 1000),
-         (1000, 17, 0), (1, 0, 1), (1, 0, 0), (0, 0, 0), (1001, 1000, 2), (4099, 4000, 333)]
+CASES = [
+    (1000, 10, 100),
+    (1000, 900, 100),
+    (1000, 950, 100),
+    (1000, 0, 1000),
+    (1000, 999, 1000),
+    (1000, 17, 0),
+    (1, 0, 1),
+    (1, 0, 0),
+    (0, 0, 0),
+    (1001, 1000, 2),
+    (4099, 4000, 333),
+]
 
 
 def _inputs(numel, dtype, device, seed=0):
@@ -101,23 +113,35 @@ def test_ops_pass_opcheck():
     torch.library.opcheck(ops._ops.block_unpack.default, (torch.randn(10), 50, 45, 0.5))
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: ops.block_pack(torch.randn(10), None, 0, 11), r"length should be in \[0, numel=10\], got 11"),
-    (lambda: ops.block_pack(torch.randn(10), None, 10, 1), r"start should be in \[0, numel=10\), got 10"),
-    (lambda: ops.block_pack(torch.randn(10), None, -1, 1), r"start should be in \[0, numel=10\), got -1"),
-    (lambda: ops.block_pack(torch.arange(10), None, 0, 1), r"expected a float32, float16 or bfloat16 tensor, got Long"),
-    (lambda: ops.block_pack(torch.randn(10), torch.zeros(10, dtype=torch.float64), 0, 1),
-     r"residual should be float32, got Double"),
-    (lambda: ops.block_pack(torch.randn(10), torch.zeros(9), 0, 1), r"residual should have numel 10 like grad, got 9"),
-    (lambda: ops.block_unpack(torch.randn(2, 2), 10, 0), r"values should be 1-D, got 2-D"),
-    (lambda: ops.block_unpack(torch.randn(11), 10, 0), r"length should be in \[0, numel=10\], got 11"),
-    (lambda: ops.block_unpack(torch.randn(4), 10, 0, out=torch.empty(10, dtype=torch.float64)),
-     r"out should be Float like values, got Double"),
-    (lambda: ops.block_unpack(torch.randn(4), 10, 0, out=torch.empty(20)[::2]),
-     r"out should be contiguous"),
-    (lambda: ops.random_block_start(0, 2**32, 0, 10), r"tensor_id should be a uint32, got 4294967296"),
-    (lambda: ops.random_block_start(0, 0, -1, 10), r"step should be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (lambda: ops.block_pack(torch.randn(10), None, 0, 11), r"length should be in \[0, numel=10\], got 11"),
+        (lambda: ops.block_pack(torch.randn(10), None, 10, 1), r"start should be in \[0, numel=10\), got 10"),
+        (lambda: ops.block_pack(torch.randn(10), None, -1, 1), r"start should be in \[0, numel=10\), got -1"),
+        (
+            lambda: ops.block_pack(torch.arange(10), None, 0, 1),
+            r"expected a float32, float16 or bfloat16 tensor, got Long",
+        ),
+        (
+            lambda: ops.block_pack(torch.randn(10), torch.zeros(10, dtype=torch.float64), 0, 1),
+            r"residual should be float32, got Double",
+        ),
+        (
+            lambda: ops.block_pack(torch.randn(10), torch.zeros(9), 0, 1),
+            r"residual should have numel 10 like grad, got 9",
+        ),
+        (lambda: ops.block_unpack(torch.randn(2, 2), 10, 0), r"values should be 1-D, got 2-D"),
+        (lambda: ops.block_unpack(torch.randn(11), 10, 0), r"length should be in \[0, numel=10\], got 11"),
+        (
+            lambda: ops.block_unpack(torch.randn(4), 10, 0, out=torch.empty(10, dtype=torch.float64)),
+            r"out should be Float like values, got Double",
+        ),
+        (lambda: ops.block_unpack(torch.randn(4), 10, 0, out=torch.empty(20)[::2]), r"out should be contiguous"),
+        (lambda: ops.random_block_start(0, 2**32, 0, 10), r"tensor_id should be a uint32, got 4294967296"),
+        (lambda: ops.random_block_start(0, 0, -1, 10), r"step should be >= 0, got -1"),
+    ],
+)
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(RuntimeError, match=message):
         call()

@@ -1,15 +1,13 @@
 """The torch compressors in one process: the compress/decompress contract Horovod relies on
 (for the allreduce-ready ones), error feedback conservation, binding, and bad input.
 Multi-rank behaviour, including the allgather-based ones, is in test_multirank_torch.py."""
+
 import pytest
-import torch
-
 import reference
+import torch
 from common import EVERY
-from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
-from sparsecomm.torch import calibration
 
-
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK, calibration
 
 
 def _model():
@@ -32,8 +30,9 @@ def test_round_trip_is_the_reference_block_with_error_feedback():
         for name, p in model.named_parameters():
             n = p.numel()
             start = reference.block_start(11, reference.tensor_id(name), step, n)
-            want_values, residuals[name] = reference.random_block_pack(p.grad, residuals[name], start,
-                                                                       reference.count(0.25, n))
+            want_values, residuals[name] = reference.random_block_pack(
+                p.grad, residuals[name], start, reference.count(0.25, n)
+            )
             values, ctx = comp.compress(p.grad)
             assert torch.equal(values, want_values)
             dense = comp.decompress(values, ctx)
@@ -95,9 +94,14 @@ def test_half_precision_gradients_keep_rounding_error_in_the_residual():
     assert torch.equal(total, grad.float())
 
 
-@pytest.mark.parametrize("make", [lambda named: TopK(ratio=0.01, named_parameters=named),
-                                  lambda named: DGC(ratio=0.001, named_parameters=named),
-                                  lambda named: Threshold(ratio=0.01, quantize="2bit", named_parameters=named)])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda named: TopK(ratio=0.01, named_parameters=named),
+        lambda named: DGC(ratio=0.001, named_parameters=named),
+        lambda named: Threshold(ratio=0.01, quantize="2bit", named_parameters=named),
+    ],
+)
 def test_timing_the_sparse_path_for_auto_never_touches_the_global_rng(make):
     """exchange="auto" times the compressor's own pack + unpack on random gradients (its
     LocalCost): those come from a generator of its own, not from the user's RNG stream."""
@@ -160,14 +164,17 @@ def test_stats_totals_continue_from_a_loaded_state_dict():
     assert after["calls"] == totals["calls"] + 1 and after["dense_bytes"] == totals["dense_bytes"] + 4 * first.numel()
 
 
-@pytest.mark.parametrize("kwargs,error,message", [
-    (dict(ratio=0.0), ValueError, r"RandomBlock: ratio should be a number in \(0, 1\], got 0.0"),
-    (dict(ratio=1.5), ValueError, r"ratio should be a number in \(0, 1\], got 1.5"),
-    (dict(ratio="0.1"), ValueError, r"ratio should be a number in \(0, 1\], got '0.1'"),
-    (dict(ratio=0.1, seed=-1), ValueError, r"seed should be an integer in \[0, 2\*\*64\), got -1"),
-    (dict(ratio=0.1, seed=1.5), ValueError, r"seed should be an integer"),
-    (dict(ratio=0.1, error_feedback=1), TypeError, r"error_feedback should be True or False, got 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,message",
+    [
+        (dict(ratio=0.0), ValueError, r"RandomBlock: ratio should be a number in \(0, 1\], got 0.0"),
+        (dict(ratio=1.5), ValueError, r"ratio should be a number in \(0, 1\], got 1.5"),
+        (dict(ratio="0.1"), ValueError, r"ratio should be a number in \(0, 1\], got '0.1'"),
+        (dict(ratio=0.1, seed=-1), ValueError, r"seed should be an integer in \[0, 2\*\*64\), got -1"),
+        (dict(ratio=0.1, seed=1.5), ValueError, r"seed should be an integer"),
+        (dict(ratio=0.1, error_feedback=1), TypeError, r"error_feedback should be True or False, got 1"),
+    ],
+)
 def test_bad_settings_are_named(kwargs, error, message):
     with pytest.raises(error, match=message):
         RandomBlock(**kwargs)
@@ -249,8 +256,9 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
         model.zero_grad(set_to_none=True)
         _backward(model, step)
         for name, p in model.named_parameters():
-            index = reference.random_k_indices(4, reference.tensor_id(name), step, p.numel(),
-                                               reference.count(0.2, p.numel()))
+            index = reference.random_k_indices(
+                4, reference.tensor_id(name), step, p.numel(), reference.count(0.2, p.numel())
+            )
             acc, u = reference.accumulate(p.grad, residuals[name])
             mask = torch.zeros(p.numel(), dtype=torch.bool)
             mask[index] = True
@@ -262,30 +270,39 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
             assert torch.equal(comp._state.parameters[name].residual, residuals[name])
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: TopK(ratio=0), r"TopK: ratio should be a number in \(0, 1\], got 0"),
-    (lambda: TopK(ratio=0.1, error_feedback="yes"), r"TopK: error_feedback should be True or False"),
-    (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
-    (lambda: RandomK(ratio=0.1, seed=-3), r"RandomK: seed should be an integer in \[0, 2\*\*64\), got -3"),
-    (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
-    (lambda: RTopK(ratio=0.1, r=1.5), r"RTopK: r should be a number in \(0, 1\], got 1.5"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda: TopK(ratio=0), r"TopK: ratio should be a number in \(0, 1\], got 0"),
+        (lambda: TopK(ratio=0.1, error_feedback="yes"), r"TopK: error_feedback should be True or False"),
+        (lambda: RandomK(ratio=2), r"RandomK: ratio should be a number in \(0, 1\], got 2"),
+        (lambda: RandomK(ratio=0.1, seed=-3), r"RandomK: seed should be an integer in \[0, 2\*\*64\), got -3"),
+        (lambda: RTopK(ratio=0.1, r=0.05), r"RTopK: r should be at least ratio=0.1, got 0.05"),
+        (lambda: RTopK(ratio=0.1, r=1.5), r"RTopK: r should be a number in \(0, 1\], got 1.5"),
+    ],
+)
 def test_bad_settings_of_every_compressor_are_named(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda: Threshold(ratio=0.01, quantize="3bit"), r"Threshold: quantize should be one of None, 'fp16', 'bf16', "
-                                                    r"'1bit', '2bit', got '3bit'"),
-    (lambda: Threshold(ratio=0.01, sample_ratio=0), r"Threshold: sample_ratio should be a number in \(0, 1\]"),
-    (lambda: DGC(momentum=-0.1), r"DGC: momentum should be a number in \[0, 1\), got -0.1"),
-    (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),
-    (lambda: DGC(clip_norm=0), r"DGC: clip_norm should be None or a positive number, got 0"),
-    (lambda: DGC(warmup_steps=-1), r"DGC: warmup_steps should be an integer >= 0, got -1"),
-    (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
-    (lambda: DGC(momentum_masking=1), r"DGC: momentum_masking should be True or False, got 1"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (
+            lambda: Threshold(ratio=0.01, quantize="3bit"),
+            r"Threshold: quantize should be one of None, 'fp16', 'bf16', "
+            r"'1bit', '2bit', got '3bit'",
+        ),
+        (lambda: Threshold(ratio=0.01, sample_ratio=0), r"Threshold: sample_ratio should be a number in \(0, 1\]"),
+        (lambda: DGC(momentum=-0.1), r"DGC: momentum should be a number in \[0, 1\), got -0.1"),
+        (lambda: DGC(momentum=1.0), r"DGC: momentum should be a number in \[0, 1\), got 1.0"),
+        (lambda: DGC(clip_norm=0), r"DGC: clip_norm should be None or a positive number, got 0"),
+        (lambda: DGC(warmup_steps=-1), r"DGC: warmup_steps should be an integer >= 0, got -1"),
+        (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
+        (lambda: DGC(momentum_masking=1), r"DGC: momentum_masking should be True or False, got 1"),
+    ],
+)
 def test_bad_threshold_and_dgc_settings_are_named(make, message):
     with pytest.raises((ValueError, TypeError), match=message):
         make()
@@ -312,19 +329,29 @@ def test_the_default_policy_sends_small_and_1d_tensors_dense():
         kinds[name] = "dense" if ctx is None else "sparse"
         assert ctx is not None or (sent is p.grad and comp.decompress(sent, ctx) is p.grad)
     # 0.weight: 2048 elements, compressed; 1.weight: matches "1.*"; biases and the norm: 1-D.
-    assert kinds == {"0.weight": "sparse", "0.bias": "dense", "1.weight": "dense", "1.bias": "dense",
-                     "2.weight": "dense", "2.bias": "dense"}
+    assert kinds == {
+        "0.weight": "sparse",
+        "0.bias": "dense",
+        "1.weight": "dense",
+        "1.bias": "dense",
+        "2.weight": "dense",
+        "2.bias": "dense",
+    }
     small = RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), dense_1d=False, min_numel=0)
     assert not any(small.goes_dense(n, p) for n, p in model.named_parameters())
     assert RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), min_numel=4096).goes_dense(
-        "0.weight", model[0].weight)
+        "0.weight", model[0].weight
+    )
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(min_numel=-1), r"min_numel should be an integer >= 0, got -1"),
-    (dict(dense_1d="no"), r"dense_1d should be True or False, got 'no'"),
-    (dict(dense="*.bias"), r"dense should be a list of name patterns, got '\*.bias'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(min_numel=-1), r"min_numel should be an integer >= 0, got -1"),
+        (dict(dense_1d="no"), r"dense_1d should be True or False, got 'no'"),
+        (dict(dense="*.bias"), r"dense should be a list of name patterns, got '\*.bias'"),
+    ],
+)
 def test_bad_policy_settings_are_named(kwargs, message):
     with pytest.raises((ValueError, TypeError), match=message):
         TopK(ratio=0.1, **kwargs)
@@ -357,14 +384,18 @@ def _huge_parameter():
     return p
 
 
-@pytest.mark.parametrize("make", [
-    lambda named: TopK(ratio=0.01, named_parameters=named),
-    lambda named: RTopK(ratio=0.01, named_parameters=named),
-    lambda named: Threshold(ratio=0.01, quantize="2bit", named_parameters=named),
-    lambda named: DGC(ratio=0.01, named_parameters=named, exchange="spardl"),
-    lambda named: DGC(ratio=0.3, warmup_steps=10, warmup_stages=1, named_parameters=named),  # stage 0 dense
-    lambda named: RandomK(ratio=0.01, named_parameters=named),
-], ids=["TopK", "RTopK", "Threshold", "DGC", "DGC-dense-first-stage", "RandomK"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda named: TopK(ratio=0.01, named_parameters=named),
+        lambda named: RTopK(ratio=0.01, named_parameters=named),
+        lambda named: Threshold(ratio=0.01, quantize="2bit", named_parameters=named),
+        lambda named: DGC(ratio=0.01, named_parameters=named, exchange="spardl"),
+        lambda named: DGC(ratio=0.3, warmup_steps=10, warmup_stages=1, named_parameters=named),  # stage 0 dense
+        lambda named: RandomK(ratio=0.01, named_parameters=named),
+    ],
+    ids=["TopK", "RTopK", "Threshold", "DGC", "DGC-dense-first-stage", "RandomK"],
+)
 def test_a_gradient_beyond_int32_indices_is_refused_before_any_collective(make):
     """Refused on the first compress, before the settings check and the network measurement
     start their collectives (here on 2 pretended ranks), naming the compressor, the
@@ -374,23 +405,32 @@ def test_a_gradient_beyond_int32_indices_is_refused_before_any_collective(make):
 
     def collective(*args):
         raise AssertionError("a collective started")
+
     comp._ranks, comp._allgather_ints, comp._measure_network = (lambda: 2), collective, collective
     owner = type(comp).__name__
-    with pytest.raises(ValueError, match=(
+    with pytest.raises(
+        ValueError,
+        match=(
             rf"^{owner}: 'embedding.weight' has 2147483648 elements, more than 2147483647 \(2\*\*31 - 1\), the most "
             rf"that int32 indices can address, so it cannot be sent sparse. List it in dense=\['embedding.weight'\] "
             rf"to send it dense through Horovod's allreduce, or split the parameter into tensors of at most "
-            rf"2147483647 elements.$")):
+            rf"2147483647 elements.$"
+        ),
+    ):
         comp.compress(p.grad)
     assert comp.stats()["calls"] == 0 and comp._state.parameters["embedding.weight"].residual is None
 
 
-@pytest.mark.parametrize("make", [
-    lambda named: TopK(ratio=0.01, named_parameters=named, dense=["embedding.*"]),
-    lambda named: Threshold(ratio=0.01, named_parameters=named, min_numel=2**32),
-    lambda named: RandomK(ratio=0.01, named_parameters=named, dense_1d=True, dense=["embedding.weight"]),
-    lambda named: TopK(ratio=0.5, named_parameters=named),  # the dense fallback: sparse would be larger
-], ids=["dense=", "min_numel", "RandomK-dense=", "dense-fallback"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda named: TopK(ratio=0.01, named_parameters=named, dense=["embedding.*"]),
+        lambda named: Threshold(ratio=0.01, named_parameters=named, min_numel=2**32),
+        lambda named: RandomK(ratio=0.01, named_parameters=named, dense_1d=True, dense=["embedding.weight"]),
+        lambda named: TopK(ratio=0.5, named_parameters=named),  # the dense fallback: sparse would be larger
+    ],
+    ids=["dense=", "min_numel", "RandomK-dense=", "dense-fallback"],
+)
 def test_a_gradient_beyond_int32_indices_routed_dense_goes_to_horovod_untouched(make):
     p = _huge_parameter()
     comp = make([("embedding.weight", p)])
@@ -418,11 +458,17 @@ def test_every_compressor_conserves_the_gradient_over_steps(tmp_path):
     """Over 20 steps (1 rank, real Horovod): total applied update + final residual == total
     gradient, per parameter, to float32 rounding, for every compressor."""
     from launch import horovodrun
+
     horovodrun(1, "torch_conservation.py", "--out", tmp_path)
     results = torch.load(tmp_path / "rank0.pt")
     assert len(results) == 8
     for config, r in results.items():
         for name in r["grad"]:
-            torch.testing.assert_close(r["sent"][name] + r["residual"][name], r["grad"][name], rtol=0, atol=1e-5,
-                                       msg=lambda m: f"{config} {name}: {m}")
+            torch.testing.assert_close(
+                r["sent"][name] + r["residual"][name],
+                r["grad"][name],
+                rtol=0,
+                atol=1e-5,
+                msg=lambda m: f"{config} {name}: {m}",
+            )
             assert r["residual"][name].abs().sum() > 0, (config, name)  # something was held back

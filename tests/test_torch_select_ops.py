@@ -1,13 +1,14 @@
 """Selection with error feedback (sample_threshold, accumulate_candidates, select_top,
 send_selected, sparse_unpack, the wire rows and the pack_* composites) against plain torch and
 numpy references."""
+
 import math
 
 import numpy as np
 import pytest
+import reference
 import torch
 
-import reference
 from sparsecomm.core import wire
 from sparsecomm.torch import ops
 
@@ -36,8 +37,9 @@ def test_pack_above_is_exactly_the_elements_at_or_above_the_threshold(device, dt
     if mode in ("plain", "momentum-only"):
         residual = None
     m = 0.9 if mode.startswith("momentum") else 0.0
-    acc, u = reference.accumulate(grad.cpu(), None if residual is None else residual.cpu(),
-                                  None if momentum is None else momentum.cpu(), m)
+    acc, u = reference.accumulate(
+        grad.cpu(), None if residual is None else residual.cpu(), None if momentum is None else momentum.cpu(), m
+    )
     threshold = 1.0
     want = reference.send(acc, u, reference.above(acc, threshold), dtype, residual, momentum)
     total_before = acc.clone()
@@ -54,8 +56,9 @@ def test_pack_above_is_exactly_the_elements_at_or_above_the_threshold(device, dt
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("numel,k", [(1000, 10), (1000, 1000), (1000, 0), (1, 1), (0, 0), (100_003, 100),
-                                     (100_003, 5000)])
+@pytest.mark.parametrize(
+    "numel,k", [(1000, 10), (1000, 1000), (1000, 0), (1, 1), (0, 0), (100_003, 100), (100_003, 5000)]
+)
 def test_pack_topk_is_the_exact_top_k(device, dtype, numel, k):
     grad = _grad(numel, dtype, device)
     residual, _ = _state(numel, device)
@@ -175,8 +178,20 @@ def test_accumulate_candidates_applies_the_rule_in_every_lane(device, dtype, mod
     loop (16-bit gradients, the tail) and CUDA's must all give the reference's candidates and
     state."""
     numel = 3 * 64 + 13
-    special = {3: float("nan"), 9: float("inf"), 17: -float("inf"), 30: -0.0, 63: 1.0, 64: -1.0,
-               100: 1.0 - 2 ** -7, 127: float("nan"), 150: -(1.0 - 2 ** -7), 191: 2.0, 195: -1.0, 204: float("nan")}
+    special = {
+        3: float("nan"),
+        9: float("inf"),
+        17: -float("inf"),
+        30: -0.0,
+        63: 1.0,
+        64: -1.0,
+        100: 1.0 - 2**-7,
+        127: float("nan"),
+        150: -(1.0 - 2**-7),
+        191: 2.0,
+        195: -1.0,
+        204: float("nan"),
+    }
     at = torch.tensor(list(special))
     grad = _grad(numel, torch.float32, "cpu") * 0.5
     grad[at] = torch.tensor(list(special.values()))
@@ -188,8 +203,9 @@ def test_accumulate_candidates_applies_the_rule_in_every_lane(device, dtype, mod
     if mode in ("plain", "momentum-only"):
         residual = None
     m = 0.9 if mode.startswith("momentum") else 0.0
-    acc, u = reference.accumulate(grad.cpu(), None if residual is None else residual.cpu(),
-                                  None if momentum is None else momentum.cpu(), m)
+    acc, u = reference.accumulate(
+        grad.cpu(), None if residual is None else residual.cpu(), None if momentum is None else momentum.cpu(), m
+    )
     got_acc, got_index = ops.accumulate_candidates(grad, residual, threshold, momentum=momentum, momentum_factor=m)
     want_index = reference.above(acc, threshold).nonzero().reshape(-1)
     if threshold == 1.0:  # the case is made: the edges on both sides of the threshold
@@ -238,8 +254,10 @@ def test_sparse_unpack_equals_index_add_with_duplicates(device, dtype, scale):
     dense = ops.sparse_unpack(values.to(device), index.to(device), 500, scale)
     want = (torch.zeros(500).index_add_(0, index.long(), values.float()) * scale).to(dtype)
     assert dense.dtype == dtype and torch.equal(dense.cpu(), want)
-    assert torch.equal(ops.sparse_unpack(torch.empty(0, dtype=dtype), torch.empty(0, dtype=torch.int32), 4, 1.0),
-                       torch.zeros(4, dtype=dtype))
+    assert torch.equal(
+        ops.sparse_unpack(torch.empty(0, dtype=dtype), torch.empty(0, dtype=torch.int32), 4, 1.0),
+        torch.zeros(4, dtype=dtype),
+    )
 
 
 def _gathered_selections(numel, per_rank, ranks, dtype, seed):
@@ -359,21 +377,32 @@ def test_grad_scale_reads_the_gradient_as_if_it_were_scaled_first(device, dtype,
 @pytest.mark.usefixtures("host_binding")
 def test_grad_scale_passes_opcheck_and_names_bad_arguments():
     grad, s = torch.randn(300), torch.tensor(0.5)
-    torch.library.opcheck(ops._ops.sample_threshold.default,
-                          (grad, torch.zeros(300), torch.zeros(300), 0.9, 0.01, 64, 1, 2, 3, s))
-    torch.library.opcheck(ops._ops.accumulate_candidates.default,
-                          (grad, None, torch.zeros(300), 0.9, torch.tensor(1.0), s))
+    torch.library.opcheck(
+        ops._ops.sample_threshold.default, (grad, torch.zeros(300), torch.zeros(300), 0.9, 0.01, 64, 1, 2, 3, s)
+    )
+    torch.library.opcheck(
+        ops._ops.accumulate_candidates.default, (grad, None, torch.zeros(300), 0.9, torch.tensor(1.0), s)
+    )
     torch.library.opcheck(ops._ops.momentum_step.default, (grad, torch.zeros(300), 0.9, s))
     acc, index = ops.accumulate_candidates(torch.empty(0), None, 1.0, momentum=torch.empty(0), grad_scale=s)
     assert acc.numel() == index.numel() == 0  # (an empty tensor's state has no data to point at)
-    with pytest.raises(RuntimeError, match=r"accumulate_candidates: grad_scale needs a residual or a momentum, "
-                                           r"got neither"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"accumulate_candidates: grad_scale needs a residual or a momentum, "
+        r"got neither",
+    ):
         ops.accumulate_candidates(grad, None, 1.0, grad_scale=s)
-    with pytest.raises(RuntimeError, match=r"momentum_step: grad_scale should be a 1-element float32 tensor, "
-                                           r"got 2 Float"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"momentum_step: grad_scale should be a 1-element float32 tensor, "
+        r"got 2 Float",
+    ):
         ops.momentum_step(grad, torch.zeros(300), 0.9, grad_scale=torch.ones(2))
-    with pytest.raises(RuntimeError, match=r"sample_threshold: grad_scale should be a 1-element float32 tensor, "
-                                           r"got 1 Double"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"sample_threshold: grad_scale should be a 1-element float32 tensor, "
+        r"got 1 Double",
+    ):
         ops.sample_threshold(grad, None, 0.1, grad_scale=torch.tensor(0.5, dtype=torch.float64))
 
 
@@ -399,7 +428,7 @@ def test_sum_of_squares_is_the_float64_sum_in_its_fixed_order(device, dtype, num
     assert got.dtype == torch.float64 and got.shape == () and got.device == x.device
     values = x.cpu().float().numpy().astype(np.float64)
     assert got.item() == reference.sum_of_squares(values)
-    assert math.isclose(got.item(), math.fsum(values ** 2), rel_tol=1e-12)
+    assert math.isclose(got.item(), math.fsum(values**2), rel_tol=1e-12)
 
 
 def test_sum_of_squares_bits_do_not_depend_on_threads_or_layout(device):
@@ -428,7 +457,7 @@ def test_sum_of_squares_of_non_finite_values_and_extremes(device, dtype):
         x = base.clone()
         x[at] = value
         got = ops.sum_of_squares(x.to(device)).item()
-        assert (math.isnan(got) if want == "nan" else got == float(want)), (at, value, got)
+        assert math.isnan(got) if want == "nan" else got == float(want), (at, value, got)
     big = torch.finfo(dtype).max
     x = torch.full((10,), big, dtype=dtype).to(device)
     assert ops.sum_of_squares(x).item() == 10 * float(big) ** 2
@@ -446,8 +475,13 @@ def _reference_rows(values, index):
     """sparsecomm.core.wire's rows built in numpy, byte by byte: the int32 index (little-endian,
     as in memory), then the value's bytes."""
     value_bits = values.view({4: torch.int32, 2: torch.int16}[values.element_size()]).numpy()
-    return np.concatenate([index.numpy().astype("<i4").view(np.uint8).reshape(-1, 4),
-                           value_bits.view(np.uint8).reshape(-1, values.element_size())], axis=1)
+    return np.concatenate(
+        [
+            index.numpy().astype("<i4").view(np.uint8).reshape(-1, 4),
+            value_bits.view(np.uint8).reshape(-1, values.element_size()),
+        ],
+        axis=1,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -481,11 +515,17 @@ def _unpack_scale(scale, divisor, scale_form, device):
 
 @pytest.mark.parametrize("scale_form", ["tensor", "number"])
 @pytest.mark.parametrize("scale,divisor", UNPACK_SCALES)
-@pytest.mark.parametrize("value_dtype,dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16),
-                                               (torch.bfloat16, torch.bfloat16), (torch.float16, torch.float32),
-                                               (torch.bfloat16, torch.float32)])
-def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype, scale, divisor,
-                                                                 scale_form):
+@pytest.mark.parametrize(
+    "value_dtype,dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.float16, torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype, scale, divisor, scale_form):
     """Gathered rows of 3 ranks (overlapping index-ordered selections, values in value_dtype:
     fp16/bf16 values of a float32 gradient too) into a stale out: the sum, cast, scaled by
     scale / divisor."""
@@ -504,10 +544,14 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
     rows = ops.wire_rows(values, index)
     torch.library.opcheck(ops._ops.wire_rows.default, (values, index))
     torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
-    torch.library.opcheck(ops._ops.sparse_unpack_rows_into.default,
-                          (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40)))
-    with pytest.raises(RuntimeError, match=r"wire_columns: rows should be a 2-D uint8 tensor of 6 columns \(an "
-                                           r"int32 index, then a Half value\), got 2-D Byte of shape \[20, 8\]"):
+    torch.library.opcheck(
+        ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40))
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"wire_columns: rows should be a 2-D uint8 tensor of 6 columns \(an "
+        r"int32 index, then a Half value\), got 2-D Byte of shape \[20, 8\]",
+    ):
         ops.sparse_unpack_rows(rows, torch.float16, 40, out=torch.empty(40, dtype=torch.float16))
     with pytest.raises(RuntimeError, match=r"wire_rows: values and index should have the same length, got 20 and 19"):
         ops.wire_rows(values, index[1:])
@@ -531,8 +575,12 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
 def _reference_segment(codes, scales, index):
     """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
     little-endian), the scales' and the indices' bytes, the codes, zeros to a multiple of 8."""
-    parts = [np.array([index.size], "<i8").view(np.uint8), scales.astype("<f4").view(np.uint8),
-             index.astype("<i4").view(np.uint8), codes]
+    parts = [
+        np.array([index.size], "<i8").view(np.uint8),
+        scales.astype("<f4").view(np.uint8),
+        index.astype("<i4").view(np.uint8),
+        codes,
+    ]
     data = np.concatenate(parts)
     return np.concatenate([data, np.zeros(-data.size % 8, np.uint8)])
 
@@ -585,21 +633,34 @@ def test_segment_ops_pass_opcheck_and_name_bad_segments():
     codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
     segment = ops.quantized_segment(codes, scales, index, 2)
     torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2))
-    torch.library.opcheck(ops._ops.sparse_unpack_segments_into.default,
-                          (segment, 2, 1, torch.tensor([0.5]), 1, torch.empty(100)))
-    with pytest.raises(RuntimeError, match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
-                                           r"got 4"):
+    torch.library.opcheck(
+        ops._ops.sparse_unpack_segments_into.default, (segment, 2, 1, torch.tensor([0.5]), 1, torch.empty(100))
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
+        r"got 4",
+    ):
         ops.quantized_segment(codes[:4], scales, index, 2)
-    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: gathered \(\d+ bytes\) should hold 2 segments, "
-                                           r"got 1"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"sparse_unpack_segments: gathered \(\d+ bytes\) should hold 2 segments, "
+        r"got 1",
+    ):
         ops.sparse_unpack_segments(segment, 2, 2, 100, out=torch.empty(100))
-    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: 1 segments should fill gathered \(\d+ bytes\), "
-                                           r"got \d+ bytes"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"sparse_unpack_segments: 1 segments should fill gathered \(\d+ bytes\), "
+        r"got \d+ bytes",
+    ):
         ops.sparse_unpack_segments(torch.cat([segment, segment[:8]]), 2, 1, 100, out=torch.empty(100))
     broken = segment.clone()
     broken[:8] = torch.tensor([2**40], dtype=torch.int64).view(torch.uint8)
-    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: segment 0 at byte 0 has a count of "
-                                           r"1099511627776, which does not fit"):
+    with pytest.raises(
+        RuntimeError,
+        match=r"sparse_unpack_segments: segment 0 at byte 0 has a count of "
+        r"1099511627776, which does not fit",
+    ):
         ops.sparse_unpack_segments(broken, 2, 1, 100, out=torch.empty(100))
 
 
@@ -616,8 +677,10 @@ def test_sparse_unpack_of_many_runs_sums_each_index_in_input_order(device, dtype
     gen = torch.Generator().manual_seed(8)
     if order == "40 runs":  # each of 600 indices, 3,500 apart, in about 20 runs; then 600 lone ones
         numel = (1 << 21) + 3
-        index = torch.cat([torch.randperm(600, generator=gen)[:300].sort().values * 3500 for _ in range(40)]
-                          + [torch.arange(600) * 3500 + 1]).int()
+        index = torch.cat(
+            [torch.randperm(600, generator=gen)[:300].sort().values * 3500 for _ in range(40)]
+            + [torch.arange(600) * 3500 + 1]
+        ).int()
         values = torch.randn(index.numel(), generator=gen).to(dtype)
     else:  # ascending selections, flipped: every pair starts a run
         numel = 9_000
@@ -646,13 +709,13 @@ def test_unpacks_into_an_unaligned_out_write_exactly_its_elements(device, dtype,
     numel = STREAMED_BYTES // torch.empty(0, dtype=dtype).element_size() + 1 if large else 70_001
     values, index = _gathered_selections(numel, 2000, 2, dtype, seed=7)
     buffer = torch.full((numel + 16,), 7.0, dtype=dtype, device=device)
-    out = buffer[offset:offset + numel]
+    out = buffer[offset : offset + numel]
     want = torch.zeros(numel).index_add_(0, index.long(), values.float()).to(dtype)
     ops.sparse_unpack(values.to(device), index.to(device), numel, out=out)
     assert torch.equal(out.cpu(), want)
     ops.block_unpack(values[:500].to(device), numel, numel - 100, out=out)
     assert torch.equal(out.cpu(), reference.random_block_unpack(values[:500], numel, numel - 100))
-    untouched = torch.cat([buffer[:offset], buffer[offset + numel:]]).cpu()
+    untouched = torch.cat([buffer[:offset], buffer[offset + numel :]]).cpu()
     assert torch.equal(untouched, torch.full((16,), 7.0, dtype=dtype))
 
 
@@ -692,33 +755,53 @@ def test_select_top_counts_nan_as_inf_and_breaks_that_tie_by_index():
 def test_ops_pass_opcheck():
     grad = torch.randn(300)
     t = torch.tensor(1.0)
-    torch.library.opcheck(ops._ops.sample_threshold.default,
-                          (grad, torch.zeros(300), torch.zeros(300), 0.9, 0.01, 64, 1, 2, 3))
-    torch.library.opcheck(ops._ops.accumulate_candidates.default,
-                          (grad, torch.zeros(300), torch.zeros(300), 0.9, t))
+    torch.library.opcheck(
+        ops._ops.sample_threshold.default, (grad, torch.zeros(300), torch.zeros(300), 0.9, 0.01, 64, 1, 2, 3)
+    )
+    torch.library.opcheck(ops._ops.accumulate_candidates.default, (grad, torch.zeros(300), torch.zeros(300), 0.9, t))
     torch.library.opcheck(ops._ops.accumulate_candidates.default, (grad, None, None, 0.0, t))
     acc, index = ops.accumulate_candidates(grad, None, t)
     torch.library.opcheck(ops._ops.select_top.default, (acc, index, 5))
-    torch.library.opcheck(ops._ops.send_selected.default,
-                          (acc, index, torch.zeros(300), torch.zeros(300), True, torch.float16))
+    torch.library.opcheck(
+        ops._ops.send_selected.default, (acc, index, torch.zeros(300), torch.zeros(300), True, torch.float16)
+    )
     torch.library.opcheck(ops._ops.sparse_unpack.default, (acc, index, 300, 0.5))
     torch.library.opcheck(ops._ops.sparse_unpack_into.default, (acc, index, 0.5, torch.empty(300)))
 
 
-@pytest.mark.parametrize("call,message", [
-    (lambda: ops.pack_above(torch.randn(10), torch.zeros(9), 1.0), r"residual should have numel 10 like grad, got 9"),
-    (lambda: ops.pack_above(torch.randn(10), None, 1.0, momentum=torch.zeros(10, dtype=torch.float64)),
-     r"momentum should be float32, got Double"),
-    (lambda: ops.pack_above(torch.arange(10), None, 1.0), r"expected a float32, float16 or bfloat16 tensor, got Long"),
-    (lambda: ops.sample_threshold(torch.randn(10), None, 1.5), r"ratio should be in \(0, 1\], got 1.5"),
-    (lambda: ops.sparse_unpack(torch.ones(2), torch.tensor([0, 5], dtype=torch.int32), 5),
-     r"index should be in \[0, 5\), got values in \[0, 5\]"),
-    (lambda: ops.sparse_unpack(torch.ones(2), torch.tensor([0, 1]), 5), r"index should be a 1-D int32 tensor"),
-    (lambda: ops.select_top(torch.ones(2), torch.zeros(3, dtype=torch.int32), 1),
-     r"acc and index should have the same length, got 2 and 3"),
-    (lambda: ops.send_selected(torch.ones(1), torch.tensor([10], dtype=torch.int32), torch.zeros(10),
-                               torch.float32), r"index should be in \[0, 10\), got values in \[10, 10\]"),
-])
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda: ops.pack_above(torch.randn(10), torch.zeros(9), 1.0),
+            r"residual should have numel 10 like grad, got 9",
+        ),
+        (
+            lambda: ops.pack_above(torch.randn(10), None, 1.0, momentum=torch.zeros(10, dtype=torch.float64)),
+            r"momentum should be float32, got Double",
+        ),
+        (
+            lambda: ops.pack_above(torch.arange(10), None, 1.0),
+            r"expected a float32, float16 or bfloat16 tensor, got Long",
+        ),
+        (lambda: ops.sample_threshold(torch.randn(10), None, 1.5), r"ratio should be in \(0, 1\], got 1.5"),
+        (
+            lambda: ops.sparse_unpack(torch.ones(2), torch.tensor([0, 5], dtype=torch.int32), 5),
+            r"index should be in \[0, 5\), got values in \[0, 5\]",
+        ),
+        (lambda: ops.sparse_unpack(torch.ones(2), torch.tensor([0, 1]), 5), r"index should be a 1-D int32 tensor"),
+        (
+            lambda: ops.select_top(torch.ones(2), torch.zeros(3, dtype=torch.int32), 1),
+            r"acc and index should have the same length, got 2 and 3",
+        ),
+        (
+            lambda: ops.send_selected(
+                torch.ones(1), torch.tensor([10], dtype=torch.int32), torch.zeros(10), torch.float32
+            ),
+            r"index should be in \[0, 10\), got values in \[10, 10\]",
+        ),
+    ],
+)
 def test_bad_arguments_are_named(call, message):
     with pytest.raises(RuntimeError, match=message):
         call()
@@ -834,11 +917,30 @@ def test_quantize_ops_pass_opcheck_and_check_bits():
 
 
 @pytest.mark.usefixtures("host_binding")
-@pytest.mark.parametrize("numel,ratio", [(1000, 0.01), (100_000, 0.01), (50, 0.1), (147_456, 0.001), (73_728, 0.01),
-                                         (4096, 0.01), (4097, 0.01), (3_000_017, 0.01)])
-@pytest.mark.parametrize("state,dtype", [("none", torch.float32), ("residual", torch.float32),
-                                         ("momentum", torch.float32), ("both", torch.float32),
-                                         ("both", torch.float16), ("both", torch.bfloat16)])
+@pytest.mark.parametrize(
+    "numel,ratio",
+    [
+        (1000, 0.01),
+        (100_000, 0.01),
+        (50, 0.1),
+        (147_456, 0.001),
+        (73_728, 0.01),
+        (4096, 0.01),
+        (4097, 0.01),
+        (3_000_017, 0.01),
+    ],
+)
+@pytest.mark.parametrize(
+    "state,dtype",
+    [
+        ("none", torch.float32),
+        ("residual", torch.float32),
+        ("momentum", torch.float32),
+        ("both", torch.float32),
+        ("both", torch.float16),
+        ("both", torch.bfloat16),
+    ],
+)
 def test_sampled_threshold_is_the_exact_kth_of_the_documented_sample(numel, ratio, state, dtype):
     """Every plan (strided runs of 1 or 16, or one contiguous stretch: a tensor sampled whole),
     every state (residual, DGC momentum, both, none) and both selections (direct up to 4096
@@ -849,8 +951,9 @@ def test_sampled_threshold_is_the_exact_kth_of_the_documented_sample(numel, rati
     momentum = torch.randn(numel, generator=gen) if state in ("momentum", "both") else None
     acc, _ = reference.accumulate(grad, residual, momentum, 0.9)
     for step in (0, 3):
-        t = ops.sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=0.9, seed=9, tensor_id=7,
-                                 step=step).item()
+        t = ops.sample_threshold(
+            grad, residual, ratio, momentum=momentum, momentum_factor=0.9, seed=9, tensor_id=7, step=step
+        ).item()
         assert t == reference.sampled_threshold(acc, ratio, 9, 7, step), (step, t)
 
 
@@ -866,9 +969,9 @@ def _ordered(values, order, gen):
     if order == "descending":
         return by_magnitude.flip(0)
     if order == "ascending after random":
-        return torch.cat([values[:numel // 2], values[numel // 2:][values[numel // 2:].abs().argsort()]])
+        return torch.cat([values[: numel // 2], values[numel // 2 :][values[numel // 2 :].abs().argsort()]])
     if order == "largest last":  # the 1% largest at the end (the filter's blocks, then its tail of under 16)
-        largest = values.abs().argsort(descending=True)[:max(1, numel // 100)]
+        largest = values.abs().argsort(descending=True)[: max(1, numel // 100)]
         rest = torch.ones(numel, dtype=torch.bool)
         rest[largest] = False
         return torch.cat([values[rest], values[largest]])
@@ -889,11 +992,24 @@ def _ordered(values, order, gen):
 
 
 @pytest.mark.usefixtures("host_binding")
-@pytest.mark.parametrize("numel,ratio", [(4096, 0.01), (4099, 0.01), (16_384, 0.01), (147_456, 0.001),
-                                         (1_000_003, 0.001), (100_000, 0.01)])
-@pytest.mark.parametrize("order", ["random", "ascending", "descending", "ascending after random", "largest last",
-                                   "some largest first, then ascending", "few levels", "mostly zeros", "all equal",
-                                   "inf and nan"])
+@pytest.mark.parametrize(
+    "numel,ratio", [(4096, 0.01), (4099, 0.01), (16_384, 0.01), (147_456, 0.001), (1_000_003, 0.001), (100_000, 0.01)]
+)
+@pytest.mark.parametrize(
+    "order",
+    [
+        "random",
+        "ascending",
+        "descending",
+        "ascending after random",
+        "largest last",
+        "some largest first, then ascending",
+        "few levels",
+        "mostly zeros",
+        "all equal",
+        "inf and nan",
+    ],
+)
 def test_sampled_threshold_is_exact_whatever_the_order_of_the_values(numel, ratio, order):
     """The CPU finds a few among many (a tensor sampled whole: rank = ratio * count) by a running
     bound that gives up where the order lets most values pass, the rest by a histogram or one

@@ -1,11 +1,12 @@
 // CPU launchers for csrc/kernels/block.h. The cyclic block splits the tensor into at most
 // three contiguous ranges, each a branch-free loop the compiler vectorizes.
+#include "../kernels/block.h"
+
 #include <algorithm>
 
 #include "launchers.h"
 #include "parallel.h"
 #include "stream.h"
-#include "../kernels/block.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -38,26 +39,26 @@ void for_block_ranges(int64_t numel, int64_t start, int64_t length, InBlock in_b
 }  // namespace
 
 template <typename T>
-void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
-                int64_t numel, int64_t start, int64_t length) {
+void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values, int64_t numel, int64_t start,
+                int64_t length) {
   Feedback fb;
   fb.residual_in = residual_in;
   fb.residual_out = residual_out;
-  for_block_ranges(numel, start, length,
+  for_block_ranges(
+      numel, start, length,
       [&](int64_t i0, int64_t i1, int64_t j0) {
-        for (int64_t i = i0; i < i1; ++i)
-          block_pack_element(i, j0 + (i - i0), true, grad, fb, values);
+        for (int64_t i = i0; i < i1; ++i) block_pack_element(i, j0 + (i - i0), true, grad, fb, values);
       },
       [&](int64_t i0, int64_t i1) {
         if (!residual_out) return;  // no error feedback: nothing to do outside the block
-        for (int64_t i = i0; i < i1; ++i)
-          block_pack_element(i, 0, false, grad, fb, values);
+        for (int64_t i = i0; i < i1; ++i) block_pack_element(i, 0, false, grad, fb, values);
       });
 }
 
 template <typename T>
 void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64_t length, float scale) {
-  for_block_ranges(numel, start, length,
+  for_block_ranges(
+      numel, start, length,
       [&](int64_t i0, int64_t i1, int64_t j0) {
         for (int64_t i = i0; i < i1; ++i) dense[i] = block_unpack_element(j0 + (i - i0), true, values, scale);
       },
@@ -67,7 +68,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
       });
 }
 
-#define SC_INSTANTIATE(T)                                                                       \
+#define SC_INSTANTIATE(T)                                                                     \
   template void block_pack<T>(const T*, const float*, float*, T*, int64_t, int64_t, int64_t); \
   template void block_unpack<T>(const T*, T*, int64_t, int64_t, int64_t, float);
 SC_INSTANTIATE(float)

@@ -2,14 +2,15 @@
 // T = float, half16, bfloat16. Called by csrc/torch and csrc/tensorflow.
 #pragma once
 #include <cstdint>
+
 #include "../kernels/common.h"
 
 namespace sparsecomm {
 namespace cpu {
 
 template <typename T>
-void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
-                int64_t numel, int64_t start, int64_t length);
+void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values, int64_t numel, int64_t start,
+                int64_t length);
 
 template <typename T>
 void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64_t length, float scale);
@@ -18,10 +19,11 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 }  // namespace sparsecomm
 
 #include <vector>
+
 #include "../kernels/feedback.h"
-#include "../kernels/sample.h"
 #include "../kernels/permutation.h"
 #include "../kernels/quantize.h"
+#include "../kernels/sample.h"
 #include "../kernels/squares.h"
 
 namespace sparsecomm {
@@ -45,8 +47,8 @@ void kept_capacity(V& list) {
 }
 
 template <typename T>
-void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold,
-                           std::vector<float>& acc, std::vector<int32_t>& index);
+void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold, std::vector<float>& acc,
+                           std::vector<int32_t>& index);
 
 // Keeps, in place and in index order, the k candidates of largest magnitude (ties: lower
 // index first). Returns the new count, min(count, k).
@@ -87,8 +89,8 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out);
 // Sends the selected candidates quantized to `bits` (1 or 2; quantize.h): codes (packed,
 // quantized_bytes(count, bits)) and scales (quantized_scales(bits) float32). The state of each
 // sent element keeps acc - decoded value (and loses its momentum when masking).
-void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
-                    uint8_t* codes, float* scales);
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits, uint8_t* codes,
+                    float* scales);
 
 // values[j] = scales[code j] for j < count.
 void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values);

@@ -8,8 +8,8 @@
 namespace sparsecomm {
 namespace cpu {
 
-void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
-                    uint8_t* codes, float* scales) {
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits, uint8_t* codes,
+                    float* scales) {
   double split_sum = 0.0;
   for (int64_t j = 0; j < count; ++j) split_sum += std::fabs(acc[j]);
   const float split = count ? float(split_sum / double(count)) : 0.0f;  // mean |v| (2 bit only)

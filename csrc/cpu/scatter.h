@@ -5,6 +5,7 @@
 // 19 ns (docs/kernels.md).
 #pragma once
 #include <cstdint>
+
 #include "../kernels/feedback.h"
 
 namespace sparsecomm {

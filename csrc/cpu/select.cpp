@@ -1,8 +1,8 @@
 // CPU launchers for threshold / top-k selection with error feedback (feedback.h, sample.h).
 #include <algorithm>
-#include <cstring>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <type_traits>
@@ -193,8 +193,7 @@ constexpr int64_t kBlock = 64;
 // finish() cuts the lists to what was appended.
 class CandidateLists {
  public:
-  CandidateLists(std::vector<float>& acc, std::vector<int32_t>& index)
-      : acc_(acc), index_(index), size_(acc.size()) {}
+  CandidateLists(std::vector<float>& acc, std::vector<int32_t>& index) : acc_(acc), index_(index), size_(acc.size()) {}
 
   // Appends the block's candidates, the set bits of mask: acc[j] at index first + j.
   void append(const float* acc, uint64_t mask, int64_t first) {
@@ -297,8 +296,8 @@ void accumulate_blocks_avx2(const float* grad, const Feedback& fb, int64_t begin
 }  // namespace
 
 template <typename T>
-void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold,
-                           std::vector<float>& acc, std::vector<int32_t>& index) {
+void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, float threshold, std::vector<float>& acc,
+                           std::vector<int32_t>& index) {
   // The state layout is fixed per call: specialize the hot loop on it. A state is read and
   // written (in place, or in -> out), or absent.
   const bool residual = fb.residual_in && fb.residual_out, momentum = fb.momentum_in && fb.momentum_out;
@@ -308,14 +307,14 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
   if (fb.grad_scale && !residual && !momentum && numel > 0)
     throw std::invalid_argument("accumulate_candidates: a grad_scale needs a residual or a momentum");
   auto pass = residual && momentum ? accumulate_blocks<T, true, true>
-            : residual             ? accumulate_blocks<T, true, false>
-            : momentum             ? accumulate_blocks<T, false, true>
+              : residual           ? accumulate_blocks<T, true, false>
+              : momentum           ? accumulate_blocks<T, false, true>
                                    : accumulate_blocks<T, false, false>;
 #ifdef __AVX2__
   if constexpr (std::is_same_v<T, float>)
     pass = residual && momentum ? accumulate_blocks_avx2<true, true>
-         : residual             ? accumulate_blocks_avx2<true, false>
-         : momentum             ? accumulate_blocks_avx2<false, true>
+           : residual           ? accumulate_blocks_avx2<true, false>
+           : momentum           ? accumulate_blocks_avx2<false, true>
                                 : accumulate_blocks_avx2<false, false>;
 #endif
   const int chunks = pass_threads(numel);
@@ -397,8 +396,8 @@ struct Runs {
 // (streamed if `stream`: stream.h). Each output element is written once, the old contents are
 // not read when streamed, and a pair costs a few L1 accesses: no search over the run heads.
 template <typename T>
-void merge_range(const T* values, const int32_t* index, const Runs& runs, float scale, int64_t lo, int64_t hi,
-                 T* dense, bool stream) {
+void merge_range(const T* values, const int32_t* index, const Runs& runs, float scale, int64_t lo, int64_t hi, T* dense,
+                 bool stream) {
   constexpr int64_t kBlock = 1 << 12;  // 16 KB of float32: both buffers stay in L1
   float sum[kBlock];
   T staged[kBlock];
@@ -421,7 +420,8 @@ void merge_range(const T* values, const int32_t* index, const Runs& runs, float 
     }
     std::fill(staged, staged + (block_end - block), from_float<T>(0.0f));
     for (size_t r = 0; r < count; ++r)  // a duplicate writes the same value again
-      for (int64_t j = next[r]; j < block_stop[r]; ++j) staged[index[j] - block] = from_float<T>(scale * sum[index[j] - block]);
+      for (int64_t j = next[r]; j < block_stop[r]; ++j)
+        staged[index[j] - block] = from_float<T>(scale * sum[index[j] - block]);
     for (size_t r = 0; r < count; ++r)  // the sums back to zero for the next block
       for (; next[r] < block_stop[r]; ++next[r]) sum[index[next[r]] - block] = 0.0f;
     copy_streaming(dense + block, staged, (block_end - block) * int64_t(sizeof(T)), stream);
@@ -589,14 +589,14 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {
   std::sort(out, out + k);
 }
 
-#define SC_INSTANTIATE(T)                                                                                     \
-  template float sample_threshold<T>(const T*, const Feedback&, int64_t, const SamplePlan&);                  \
-  template void accumulate_candidates<T>(const T*, const Feedback&, int64_t, float, std::vector<float>&,       \
-                                         std::vector<int32_t>&);                                             \
-  template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*);                  \
-  template void sparse_unpack<T>(const T*, const int32_t*, int64_t, float, int64_t, T*);                     \
-  template void accumulate<T>(const T*, const Feedback&, int64_t);                                            \
-  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*);                                     \
+#define SC_INSTANTIATE(T)                                                                                \
+  template float sample_threshold<T>(const T*, const Feedback&, int64_t, const SamplePlan&);             \
+  template void accumulate_candidates<T>(const T*, const Feedback&, int64_t, float, std::vector<float>&, \
+                                         std::vector<int32_t>&);                                         \
+  template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*);            \
+  template void sparse_unpack<T>(const T*, const int32_t*, int64_t, float, int64_t, T*);                 \
+  template void accumulate<T>(const T*, const Feedback&, int64_t);                                       \
+  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*);                                \
   template void sum_of_squares<T>(const T*, int64_t, double*, double*);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)

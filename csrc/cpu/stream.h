@@ -39,9 +39,13 @@ inline void copy_streaming(void* dst_in, const void* src_in, int64_t bytes, bool
   auto plain = [&](int64_t j, int64_t n) { std::memcpy(dst + j, src + j, n); };
   if (!stream) return plain(0, bytes);
 #if defined(__SSE2__)
-  split_aligned(dst, bytes, [&](int64_t j) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
-  }, plain);
+  split_aligned(
+      dst, bytes,
+      [&](int64_t j) {
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + j),
+                         _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j)));
+      },
+      plain);
 #else
   plain(0, bytes);
 #endif

@@ -1,15 +1,14 @@
 // CUDA launchers for csrc/kernels/block.h: one grid-stride pass over the tensor.
+#include "../kernels/block.h"
 #include "grid.cuh"
 #include "launchers.h"
-#include "../kernels/block.h"
 
 namespace sparsecomm {
 namespace cuda {
 namespace {
 
 template <typename T>
-__global__ void block_pack_kernel(const T* grad, Feedback fb, T* values, int64_t numel, int64_t start,
-                                  int64_t length) {
+__global__ void block_pack_kernel(const T* grad, Feedback fb, T* values, int64_t numel, int64_t start, int64_t length) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < numel; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = block_position(i, start, numel);
     block_pack_element(i, j, j < length, grad, fb, values);
@@ -28,8 +27,8 @@ __global__ void block_unpack_kernel(const T* values, T* dense, int64_t numel, in
 }  // namespace
 
 template <typename T>
-void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
-                int64_t numel, int64_t start, int64_t length, cudaStream_t stream) {
+void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values, int64_t numel, int64_t start,
+                int64_t length, cudaStream_t stream) {
   if (numel == 0) return;
   Feedback fb;
   fb.residual_in = residual_in;
@@ -46,7 +45,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
   check_launch("block_unpack_kernel");
 }
 
-#define SC_INSTANTIATE(T)                                                                                 \
+#define SC_INSTANTIATE(T)                                                                                   \
   template void block_pack<T>(const T*, const float*, float*, T*, int64_t, int64_t, int64_t, cudaStream_t); \
   template void block_unpack<T>(const T*, T*, int64_t, int64_t, int64_t, float, cudaStream_t);
 SC_INSTANTIATE(float)

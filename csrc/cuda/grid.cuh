@@ -1,9 +1,10 @@
 // Launch geometry and launch checking shared by the CUDA launchers.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 #include <stdexcept>
 #include <string>
-#include <cuda_runtime_api.h>
 
 // The grid cap of grid_for. Tests lower it (-DSC_MAX_BLOCKS=3) so that small inputs run the
 // grid-stride loops; production builds keep the default.

@@ -1,20 +1,22 @@
 // CUDA launchers: raw device pointers, sizes and the caller's stream; no framework types,
 // no host synchronisation. Instantiated for T = float, half16, bfloat16.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-#include <cuda_runtime_api.h>
+
 #include "../kernels/feedback.h"
-#include "../kernels/sample.h"
 #include "../kernels/permutation.h"
+#include "../kernels/sample.h"
 #include "../kernels/squares.h"
 
 namespace sparsecomm {
 namespace cuda {
 
 template <typename T>
-void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values,
-                int64_t numel, int64_t start, int64_t length, cudaStream_t stream);
+void block_pack(const T* grad, const float* residual_in, float* residual_out, T* values, int64_t numel, int64_t start,
+                int64_t length, cudaStream_t stream);
 
 template <typename T>
 void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64_t length, float scale,
@@ -39,8 +41,8 @@ void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const fl
                       cudaStream_t stream);
 
 template <typename S>
-void compact_candidates(const S* source, int64_t numel, const float* threshold, const int64_t* tile_offsets,
-                        float* acc, int32_t* index, cudaStream_t stream);
+void compact_candidates(const S* source, int64_t numel, const float* threshold, const int64_t* tile_offsets, float* acc,
+                        int32_t* index, cudaStream_t stream);
 
 template <typename T>
 void send_selected(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, T* values,
@@ -61,11 +63,10 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out, cud
 template <typename T>
 void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out, cudaStream_t stream);
 
-void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
-                    uint8_t* codes, float* scales, cudaStream_t stream);
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits, uint8_t* codes,
+                    float* scales, cudaStream_t stream);
 
-void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values,
-                cudaStream_t stream);
+void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values, cudaStream_t stream);
 
 // Deterministic scatter-add: sorted_index ascending (a stable sort of the indices) with
 // order[p] the input position of sorted_index[p]. Each run of equal indices is summed in
@@ -96,8 +97,8 @@ size_t sort_ascending(const int32_t* in, int64_t n, int32_t* out, void* scratch,
 
 // cpu::select_top out of place: the min(count, k) candidates of largest magnitude (ties: lower
 // position first) to acc_top / index_top, in input order. count < 2^31 (int32 positions).
-size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t k, float* acc_top,
-                  int32_t* index_top, void* scratch, cudaStream_t stream);
+size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t k, float* acc_top, int32_t* index_top,
+                  void* scratch, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace sparsecomm

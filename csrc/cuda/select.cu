@@ -1,8 +1,8 @@
 // CUDA launchers for selection with error feedback (feedback.h, sample.h, permutation.h, squares.h,
 // quantize.h). Everything runs on the caller's stream; nothing here synchronises with the host.
+#include "../kernels/quantize.h"
 #include "grid.cuh"
 #include "launchers.h"
-#include "../kernels/quantize.h"
 
 namespace sparsecomm {
 namespace cuda {
@@ -12,7 +12,8 @@ constexpr int kItems = int(kCandidateTile / kThreads);  // elements per thread i
 
 template <typename T>
 __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan, float* sample) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < plan.count; j += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < plan.count;
+       j += int64_t(gridDim.x) * blockDim.x) {
     float u;
     sample[j] = magnitude(accumulated(grad, fb, plan.position(j), &u));
   }
@@ -38,7 +39,8 @@ __global__ void radix_select_kernel(const float* values, int64_t n, int64_t rank
     const uint32_t prefix = prefix_shared;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) {
       const uint32_t bits = float_bits(values[j]) & 0x7fffffffu;
-      if ((bits & mask) == prefix) atomicAdd(reinterpret_cast<unsigned long long*>(&histogram[(bits >> shift) & 255]), 1ull);
+      if ((bits & mask) == prefix)
+        atomicAdd(reinterpret_cast<unsigned long long*>(&histogram[(bits >> shift) & 255]), 1ull);
     }
     __syncthreads();
     if (threadIdx.x == 0) {  // the digit holding the rank-th largest, counting from the top
@@ -174,7 +176,10 @@ __global__ void send_quantized_kernel(const float* acc, const int32_t* index, in
   for (int c = 0; c < quantized_scales(bits); ++c) {
     double sum = 0.0, n = 0.0;
     for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
-      if (quantize_code(acc[j], bits, split) == uint32_t(c)) { sum += acc[j]; n += 1.0; }
+      if (quantize_code(acc[j], bits, split) == uint32_t(c)) {
+        sum += acc[j];
+        n += 1.0;
+      }
     const double class_sum = block_sum(sum, scratch), class_n = block_sum(n, scratch);
     if (threadIdx.x == 0) scale[c] = class_n > 0.0 ? float(class_sum / class_n) : 0.0f;
   }
@@ -236,17 +241,17 @@ template <typename T>
 void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const float* threshold, int32_t* tile_counts,
                       cudaStream_t stream) {
   if (numel == 0) return;
-  accumulate_count_kernel<T><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(grad, fb, numel, threshold,
-                                                                                  tile_counts);
+  accumulate_count_kernel<T>
+      <<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(grad, fb, numel, threshold, tile_counts);
   check_launch("accumulate_count_kernel");
 }
 
 template <typename S>
-void compact_candidates(const S* source, int64_t numel, const float* threshold, const int64_t* tile_offsets,
-                        float* acc, int32_t* index, cudaStream_t stream) {
+void compact_candidates(const S* source, int64_t numel, const float* threshold, const int64_t* tile_offsets, float* acc,
+                        int32_t* index, cudaStream_t stream) {
   if (numel == 0) return;
-  compact_candidates_kernel<S><<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(source, numel, threshold,
-                                                                                    tile_offsets, acc, index);
+  compact_candidates_kernel<S>
+      <<<int(candidate_tiles(numel)), kThreads, 0, stream>>>(source, numel, threshold, tile_offsets, acc, index);
   check_launch("compact_candidates_kernel");
 }
 
@@ -284,8 +289,8 @@ void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out, c
   check_launch("sum_tiles_kernel");
 }
 
-void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits,
-                    uint8_t* codes, float* scales, cudaStream_t stream) {
+void send_quantized(const float* acc, const int32_t* index, int64_t count, const Feedback& fb, int bits, uint8_t* codes,
+                    float* scales, cudaStream_t stream) {
   send_quantized_kernel<<<1, kQuantThreads, 0, stream>>>(acc, index, count, fb, bits, codes, scales);
   check_launch("send_quantized_kernel");
 }
@@ -301,8 +306,8 @@ template <typename T>
 void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const int64_t* order, int64_t count,
                           UnpackScale scale, T* dense, cudaStream_t stream) {
   if (count == 0) return;
-  sparse_unpack_sorted_kernel<T><<<grid_for(count), kThreads, 0, stream>>>(values, sorted_index, order, count, scale,
-                                                                          dense);
+  sparse_unpack_sorted_kernel<T>
+      <<<grid_for(count), kThreads, 0, stream>>>(values, sorted_index, order, count, scale, dense);
   check_launch("sparse_unpack_sorted_kernel");
 }
 
@@ -312,17 +317,17 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
   check_launch("random_k_kernel");
 }
 
-#define SC_INSTANTIATE(T)                                                                                       \
-  template void sample_threshold<T>(const T*, const Feedback&, int64_t, const SamplePlan&, float*, float*,      \
+#define SC_INSTANTIATE(T)                                                                                      \
+  template void sample_threshold<T>(const T*, const Feedback&, int64_t, const SamplePlan&, float*, float*,     \
                                     cudaStream_t);                                                             \
-  template void accumulate_count<T>(const T*, const Feedback&, int64_t, const float*, int32_t*, cudaStream_t);  \
-  template void compact_candidates<T>(const T*, int64_t, const float*, const int64_t*, float*, int32_t*,        \
+  template void accumulate_count<T>(const T*, const Feedback&, int64_t, const float*, int32_t*, cudaStream_t); \
+  template void compact_candidates<T>(const T*, int64_t, const float*, const int64_t*, float*, int32_t*,       \
                                       cudaStream_t);                                                           \
-  template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);     \
-  template void accumulate<T>(const T*, const Feedback&, int64_t, cudaStream_t);                              \
-  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*, cudaStream_t);                                 \
-  template void sum_of_squares<T>(const T*, int64_t, double*, double*, cudaStream_t);                                  \
-  template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, UnpackScale, T*,  \
+  template void send_selected<T>(const float*, const int32_t*, int64_t, const Feedback&, T*, cudaStream_t);    \
+  template void accumulate<T>(const T*, const Feedback&, int64_t, cudaStream_t);                               \
+  template void momentum_step<T>(const T*, const Feedback&, int64_t, T*, cudaStream_t);                        \
+  template void sum_of_squares<T>(const T*, int64_t, double*, double*, cudaStream_t);                          \
+  template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, UnpackScale, T*,    \
                                         cudaStream_t);
 SC_INSTANTIATE(float)
 SC_INSTANTIATE(half16)

@@ -89,8 +89,8 @@ size_t sort_ascending(const int32_t* in, int64_t n, int32_t* out, void* scratch,
   return carve.bytes();
 }
 
-size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t k, float* acc_top,
-                  int32_t* index_top, void* scratch, cudaStream_t stream) {
+size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t k, float* acc_top, int32_t* index_top,
+                  void* scratch, cudaStream_t stream) {
   k = std::clamp<int64_t>(k, 0, count);
   Carve carve(scratch);
   float* key = carve.take<float>(count);
@@ -99,8 +99,8 @@ size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t
   int32_t* by_magnitude = carve.take<int32_t>(count);
   int32_t* kept = carve.take<int32_t>(k);
   size_t cub_bytes = 0;
-  cub::DeviceRadixSort::SortPairsDescending(nullptr, cub_bytes, key, sorted_key, position, by_magnitude, count, 0,
-                                            32, stream);
+  cub::DeviceRadixSort::SortPairsDescending(nullptr, cub_bytes, key, sorted_key, position, by_magnitude, count, 0, 32,
+                                            stream);
   const size_t pair_bytes = cub_bytes;
   const size_t sort_bytes = sort_ascending(nullptr, k, nullptr, nullptr, stream);
   void* cub_scratch = carve.take<char>(int64_t(std::max(pair_bytes, sort_bytes)));
@@ -116,8 +116,8 @@ size_t select_top(const float* acc, const int32_t* index, int64_t count, int64_t
   check_launch("iota_kernel");
   // Stable: equal magnitudes keep the lower position first, as cpu::select_top.
   cub_bytes = pair_bytes;
-  cub::DeviceRadixSort::SortPairsDescending(cub_scratch, cub_bytes, key, sorted_key, position, by_magnitude, count,
-                                            0, 32, stream);
+  cub::DeviceRadixSort::SortPairsDescending(cub_scratch, cub_bytes, key, sorted_key, position, by_magnitude, count, 0,
+                                            32, stream);
   sort_ascending(by_magnitude, k, kept, cub_scratch, stream);  // the first k, back to input order
   gather_kernel<<<grid_for(k), kThreads, 0, stream>>>(acc, index, kept, k, acc_top, index_top);
   check_launch("gather_kernel");

@@ -19,6 +19,8 @@
 // `::sc_emu::launch("k", k, grid, block, shared, stream)(args)` by the test's rewrite step.
 #pragma once
 
+#include <math.h>  // CUDA's math functions live in the global namespace (fabs, ...)
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -30,7 +32,6 @@
 #include <cstring>
 #include <deque>
 #include <functional>
-#include <math.h>  // CUDA's math functions live in the global namespace (fabs, ...)
 #include <semaphore>
 #include <source_location>
 #include <thread>
@@ -43,7 +44,9 @@
 // Blocks run one after another: one static instance serves as each block's shared memory in turn.
 #define __shared__ static
 
-struct uint3 { unsigned int x, y, z; };
+struct uint3 {
+  unsigned int x, y, z;
+};
 struct dim3 {
   unsigned int x, y, z;
   constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -55,8 +58,10 @@ using cudaStream_t = CUstream_st*;
 
 inline const char* cudaGetErrorString(cudaError_t err) {  // CUDA's own wording
   switch (err) {
-    case cudaSuccess: return "no error";
-    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaSuccess:
+      return "no error";
+    case cudaErrorInvalidConfiguration:
+      return "invalid configuration argument";
   }
   return "unrecognized error code";
 }
@@ -144,7 +149,8 @@ class Barrier {
 
   void exit_thread() {
     const unsigned before = counts_.fetch_add(1u << 16, std::memory_order_acq_rel);
-    if (before & 0xffff) fail("a thread exited while others of its block or warp wait at a barrier (divergent barrier)");
+    if (before & 0xffff)
+      fail("a thread exited while others of its block or warp wait at a barrier (divergent barrier)");
   }
 
  private:
@@ -156,7 +162,7 @@ class Barrier {
     fail(message);
   }
 
-  const unsigned count_;  // at most 1024
+  const unsigned count_;                     // at most 1024
   std::vector<std::source_location> sites_;  // each member's latest call site
   std::atomic<unsigned> counts_{0};          // arrivals in this phase | exits << 16
   std::atomic<unsigned> phase_{0};
@@ -296,7 +302,8 @@ inline unsigned __ballot_sync(unsigned mask, int predicate,
   const unsigned t = sc_emu::linear_thread(), first = t / 32 * 32;
   const unsigned lanes = std::min(32u, unsigned(b.votes.size()) - first);
   const unsigned active = lanes == 32 ? 0xffffffffu : (1u << lanes) - 1u;
-  if (mask != active) sc_emu::fail("__ballot_sync: the mask must name exactly the warp's lanes (full-warp ballots only)");
+  if (mask != active)
+    sc_emu::fail("__ballot_sync: the mask must name exactly the warp's lanes (full-warp ballots only)");
   sc_emu::Barrier& warp = b.warps[t / 32];
   b.votes[t] = predicate != 0;
   warp.arrive_and_wait(t % 32, "__ballot_sync", where);

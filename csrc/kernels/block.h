@@ -31,8 +31,10 @@ SC_HOST_DEVICE void block_pack_element(int64_t i, int64_t j, bool in_block, cons
                                        T* values) {
   float u;
   const float acc = accumulated(grad, fb, i, &u);
-  if (in_block) values[j] = send<T>(fb, i, acc);
-  else keep(fb, i, acc, u);
+  if (in_block)
+    values[j] = send<T>(fb, i, acc);
+  else
+    keep(fb, i, acc, u);
 }
 
 template <typename T>

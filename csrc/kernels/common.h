@@ -17,14 +17,20 @@
 
 namespace sparsecomm {
 
-struct half16 { uint16_t bits; };
-struct bfloat16 { uint16_t bits; };
+struct half16 {
+  uint16_t bits;
+};
+struct bfloat16 {
+  uint16_t bits;
+};
 
 SC_HOST_DEVICE uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
-  uint32_t u; std::memcpy(&u, &f, sizeof u); return u;
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
 #endif
 }
 
@@ -32,7 +38,9 @@ SC_HOST_DEVICE float bits_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
-  float f; std::memcpy(&f, &u, sizeof f); return f;
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
 #endif
 }
 
@@ -52,18 +60,24 @@ SC_HOST_DEVICE float to_float(half16 x) {
   return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 
-template <typename T> SC_HOST_DEVICE T from_float(float x);
+template <typename T>
+SC_HOST_DEVICE T from_float(float x);
 
-template <> SC_HOST_DEVICE float from_float<float>(float x) { return x; }
+template <>
+SC_HOST_DEVICE float from_float<float>(float x) {
+  return x;
+}
 
-template <> SC_HOST_DEVICE bfloat16 from_float<bfloat16>(float x) {
+template <>
+SC_HOST_DEVICE bfloat16 from_float<bfloat16>(float x) {
   uint32_t u = float_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16{uint16_t((u >> 16) | 0x40u)};  // quiet nan
-  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  u += 0x7fffu + ((u >> 16) & 1u);                                                    // round to nearest, ties to even
   return bfloat16{uint16_t(u >> 16)};
 }
 
-template <> SC_HOST_DEVICE half16 from_float<half16>(float x) {
+template <>
+SC_HOST_DEVICE half16 from_float<half16>(float x) {
   const uint32_t u = float_bits(x);
   const uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t a = u & 0x7fffffffu;
@@ -92,9 +106,7 @@ struct UnpackScale {
   UnpackScale(float f) : factor(f) {}  // NOLINT(google-explicit-constructor): a plain number is a scale
   UnpackScale(const float* n, int64_t d) : numerator(n), divisor(d) {}
 
-  SC_HOST_DEVICE float value() const {
-    return numerator ? float(double(*numerator) / double(divisor)) : factor;
-  }
+  SC_HOST_DEVICE float value() const { return numerator ? float(double(*numerator) / double(divisor)) : factor; }
 };
 
 }  // namespace sparsecomm

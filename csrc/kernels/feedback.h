@@ -36,7 +36,9 @@ struct Feedback {
 
 // g times a gradient scale, rounded once to T: what scaling the gradient in place leaves.
 template <typename T>
-SC_HOST_DEVICE float scaled(float g, float scale) { return to_float(from_float<T>(g * scale)); }
+SC_HOST_DEVICE float scaled(float g, float scale) {
+  return to_float(from_float<T>(g * scale));
+}
 
 // acc of element i, and the momentum term u, without writing anything.
 template <typename T>

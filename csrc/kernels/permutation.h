@@ -29,7 +29,11 @@ struct Permutation {
   }
 
   SC_HOST_DEVICE static uint32_t mix(uint32_t h) {  // murmur3 fmix32
-    h ^= h >> 16; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
+    h ^= h >> 16;
+    h *= 0x85ebca6bu;
+    h ^= h >> 13;
+    h *= 0xc2b2ae35u;
+    h ^= h >> 16;
     return h;
   }
 

@@ -22,10 +22,17 @@ struct Philox4x32x10 {
       const uint64_t p0 = uint64_t(kMul0) * c0, p1 = uint64_t(kMul1) * c2;
       const uint32_t hi0 = uint32_t(p0 >> 32), lo0 = uint32_t(p0);
       const uint32_t hi1 = uint32_t(p1 >> 32), lo1 = uint32_t(p1);
-      c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
-      k0 += kWeyl0; k1 += kWeyl1;
+      c0 = hi1 ^ c1 ^ k0;
+      c1 = lo1;
+      c2 = hi0 ^ c3 ^ k1;
+      c3 = lo0;
+      k0 += kWeyl0;
+      k1 += kWeyl1;
     }
-    out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+    out[0] = c0;
+    out[1] = c1;
+    out[2] = c2;
+    out[3] = c3;
   }
 };
 

@@ -2,9 +2,9 @@
 // csrc/cuda/block.cu: the same launchers as the torch ops, so both frameworks compute
 // identical bits from identical inputs. TF ops are functional: the residual comes in and the
 // updated residual goes out (the Python layer assigns it).
+#include "../kernels/philox.h"
 #include "common.h"
 #include "cpu.h"
-#include "../kernels/philox.h"
 #if GOOGLE_CUDA
 #include "gpu.h"
 #endif
@@ -15,8 +15,7 @@ namespace tf_binding {
 namespace {
 
 absl::Status check_block(int64_t numel, int64_t start, int64_t length) {
-  if (length < 0 || length > numel)
-    return invalid("length should be in [0, numel=", numel, "], got ", length);
+  if (length < 0 || length > numel) return invalid("length should be in [0, numel=", numel, "], got ", length);
   if (numel == 0 ? start != 0 : (start < 0 || start >= numel))
     return invalid("start should be in [0, numel=", numel, "), got ", start);
   return absl::OkStatus();
@@ -39,8 +38,7 @@ class RandomBlockStartOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* c) override {
     int64_t seed, tensor_id, step, numel;
-    OP_REQUIRES_OK(c, scalar_inputs(c, 0, {"seed", "tensor_id", "step", "numel"},
-                                    {&seed, &tensor_id, &step, &numel}));
+    OP_REQUIRES_OK(c, scalar_inputs(c, 0, {"seed", "tensor_id", "step", "numel"}, {&seed, &tensor_id, &step, &numel}));
     OP_REQUIRES_OK(c, check_stream(tensor_id, step));
     OP_REQUIRES(c, numel >= 0, invalid("numel should be >= 0, got ", numel));
     Tensor* out = nullptr;
@@ -120,8 +118,8 @@ class BlockUnpackOp : public OpKernel {
     OP_REQUIRES_OK(c, check_block(numel_, start, values.NumElements()));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));
-    OP_REQUIRES_OK(c, Device(c).block_unpack(raw<T>(values), raw<T>(dense), numel_, start, values.NumElements(),
-                                             scale_));
+    OP_REQUIRES_OK(c,
+                   Device(c).block_unpack(raw<T>(values), raw<T>(dense), numel_, start, values.NumElements(), scale_));
   }
 
  private:

@@ -17,14 +17,14 @@
 #include <algorithm>
 #include <initializer_list>
 
+#include "../kernels/common.h"
+#include "../kernels/feedback.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "../kernels/common.h"
-#include "../kernels/feedback.h"
 
 namespace sparsecomm {
 namespace tf_binding {
@@ -33,13 +33,25 @@ using namespace tensorflow;  // NOLINT: the REGISTER_* macros expect it
 using shape_inference::InferenceContext;
 
 template <typename... Args>
-absl::Status invalid(const Args&... args) { return absl::InvalidArgumentError(absl::StrCat(args...)); }
+absl::Status invalid(const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(args...));
+}
 
 // TF element type -> framework-free storage type (same layout).
-template <typename T> struct Storage;
-template <> struct Storage<float> { using type = float; };
-template <> struct Storage<Eigen::half> { using type = half16; };
-template <> struct Storage<Eigen::bfloat16> { using type = bfloat16; };
+template <typename T>
+struct Storage;
+template <>
+struct Storage<float> {
+  using type = float;
+};
+template <>
+struct Storage<Eigen::half> {
+  using type = half16;
+};
+template <>
+struct Storage<Eigen::bfloat16> {
+  using type = bfloat16;
+};
 
 template <typename T>
 const typename Storage<T>::type* raw(const Tensor& t) {
@@ -52,7 +64,7 @@ typename Storage<T>::type* raw(Tensor* t) {
 
 // The float kernels Kernel<Device, T> of a kernel builder (Name(...).Device(...)), T = float,
 // half, bfloat16 bound to its type attr `attr`.
-#define SC_REGISTER_FLOAT_KERNELS(builder, attr, Kernel, Device)                                    \
+#define SC_REGISTER_FLOAT_KERNELS(builder, attr, Kernel, Device)                                   \
   REGISTER_KERNEL_BUILDER(builder.TypeConstraint<float>(attr), Kernel<Device, float>);             \
   REGISTER_KERNEL_BUILDER(builder.TypeConstraint<Eigen::half>(attr), Kernel<Device, Eigen::half>); \
   REGISTER_KERNEL_BUILDER(builder.TypeConstraint<Eigen::bfloat16>(attr), Kernel<Device, Eigen::bfloat16>)
@@ -132,8 +144,8 @@ inline absl::Status check_indexable(int64_t numel) {
 // Two inputs that go together (acc and index, values and index): 1-D, of the same length.
 inline absl::Status check_pair(const Tensor& a, const Tensor& b, const char* a_name, const char* b_name) {
   if (a.dims() != 1 || b.dims() != 1 || a.NumElements() != b.NumElements())
-    return invalid(a_name, " and ", b_name, " should be 1-D of the same length, got ", a.shape().DebugString(),
-                   " and ", b.shape().DebugString());
+    return invalid(a_name, " and ", b_name, " should be 1-D of the same length, got ", a.shape().DebugString(), " and ",
+                   b.shape().DebugString());
   return absl::OkStatus();
 }
 

@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "common.h"
 #include "../cpu/launchers.h"
+#include "common.h"
 
 namespace sparsecomm {
 namespace tf_binding {
@@ -23,35 +23,43 @@ class CpuDevice {
   }
 
   // The launchers, as they are.
-  template <typename... Args> absl::Status block_pack(Args... args) const {
+  template <typename... Args>
+  absl::Status block_pack(Args... args) const {
     cpu::block_pack(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status block_unpack(Args... args) const {
+  template <typename... Args>
+  absl::Status block_unpack(Args... args) const {
     cpu::block_unpack(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status send_selected(Args... args) const {
+  template <typename... Args>
+  absl::Status send_selected(Args... args) const {
     cpu::send_selected(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status accumulate(Args... args) const {
+  template <typename... Args>
+  absl::Status accumulate(Args... args) const {
     cpu::accumulate(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status momentum_step(Args... args) const {
+  template <typename... Args>
+  absl::Status momentum_step(Args... args) const {
     cpu::momentum_step(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status sum_of_squares(Args... args) const {
+  template <typename... Args>
+  absl::Status sum_of_squares(Args... args) const {
     cpu::sum_of_squares(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status send_quantized(Args... args) const {
+  template <typename... Args>
+  absl::Status send_quantized(Args... args) const {
     cpu::send_quantized(args...);
     return absl::OkStatus();
   }
-  template <typename... Args> absl::Status dequantize(Args... args) const {
+  template <typename... Args>
+  absl::Status dequantize(Args... args) const {
     cpu::dequantize(args...);
     return absl::OkStatus();
   }

@@ -6,20 +6,21 @@
 // outputs). Nothing else waits for the device: the threshold stays there, select_top's size
 // min(count, k) is known on the host, and index ranges are not checked (check_index).
 #pragma once
-#include <algorithm>
 #include <cuda_runtime_api.h>
 
-#include "xla/stream_executor/stream.h"
-#include "common.h"
+#include <algorithm>
+
 #include "../cuda/launchers.h"
+#include "common.h"
+#include "xla/stream_executor/stream.h"
 
 namespace sparsecomm {
 namespace tf_binding {
 
 inline absl::Status cuda_status(cudaError_t error, const char* what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat("sparsecomm: ", what, " failed: ", cudaGetErrorName(error), " (",
-                                          cudaGetErrorString(error), ")"));
+  return absl::InternalError(
+      absl::StrCat("sparsecomm: ", what, " failed: ", cudaGetErrorName(error), " (", cudaGetErrorString(error), ")"));
 }
 
 class GpuDevice {
@@ -37,35 +38,43 @@ class GpuDevice {
   }
 
   // The launchers, on TF's stream.
-  template <typename... Args> absl::Status block_pack(Args... args) const {
+  template <typename... Args>
+  absl::Status block_pack(Args... args) const {
     cuda::block_pack(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status block_unpack(Args... args) const {
+  template <typename... Args>
+  absl::Status block_unpack(Args... args) const {
     cuda::block_unpack(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status send_selected(Args... args) const {
+  template <typename... Args>
+  absl::Status send_selected(Args... args) const {
     cuda::send_selected(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status accumulate(Args... args) const {
+  template <typename... Args>
+  absl::Status accumulate(Args... args) const {
     cuda::accumulate(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status momentum_step(Args... args) const {
+  template <typename... Args>
+  absl::Status momentum_step(Args... args) const {
     cuda::momentum_step(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status sum_of_squares(Args... args) const {
+  template <typename... Args>
+  absl::Status sum_of_squares(Args... args) const {
     cuda::sum_of_squares(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status send_quantized(Args... args) const {
+  template <typename... Args>
+  absl::Status send_quantized(Args... args) const {
     cuda::send_quantized(args..., stream_);
     return launched();
   }
-  template <typename... Args> absl::Status dequantize(Args... args) const {
+  template <typename... Args>
+  absl::Status dequantize(Args... args) const {
     cuda::dequantize(args..., stream_);
     return launched();
   }
@@ -98,8 +107,8 @@ class GpuDevice {
       cuda::compact_candidates(state, numel, t, offset, acc->flat<float>().data(), index->flat<int32_t>().data(),
                                stream_);
     } else {
-      cuda::compact_candidates(raw<T>(grad), numel, t, offset, acc->flat<float>().data(),
-                               index->flat<int32_t>().data(), stream_);
+      cuda::compact_candidates(raw<T>(grad), numel, t, offset, acc->flat<float>().data(), index->flat<int32_t>().data(),
+                               stream_);
     }
     return launched();
   }
@@ -130,8 +139,8 @@ class GpuDevice {
       return cuda::sort_index(index.flat<int32_t>().data(), count, sorted_index.flat<int32_t>().data(),
                               order.flat<int64_t>().data(), scratch, stream_);
     }));
-    cuda::sparse_unpack_sorted(raw<T>(values), sorted_index.flat<int32_t>().data(), order.flat<int64_t>().data(),
-                               count, scale, raw<T>(dense), stream_);
+    cuda::sparse_unpack_sorted(raw<T>(values), sorted_index.flat<int32_t>().data(), order.flat<int64_t>().data(), count,
+                               scale, raw<T>(dense), stream_);
     return launched();
   }
 
@@ -171,9 +180,8 @@ class GpuDevice {
     int64_t* offset = offsets->flat<int64_t>().data();
     TF_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(count, 0, counts.TotalBytes(), stream_), "zeroing"));
     cuda::accumulate_count(grad, fb, numel, threshold, count, stream_);
-    TF_RETURN_IF_ERROR(with_scratch([&](void* scratch) {
-      return cuda::candidate_offsets(count, tiles, offset, scratch, stream_);
-    }));
+    TF_RETURN_IF_ERROR(
+        with_scratch([&](void* scratch) { return cuda::candidate_offsets(count, tiles, offset, scratch, stream_); }));
     // The one host synchronisation of the TF GPU kernels: the total sizes the op's outputs.
     TF_RETURN_IF_ERROR(cuda_status(
         cudaMemcpyAsync(total, offset + tiles, sizeof(int64_t), cudaMemcpyDeviceToHost, stream_), "reading the count"));

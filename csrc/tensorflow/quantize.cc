@@ -51,8 +51,8 @@ class SendQuantizedOp : public OpKernel {
     Tensor *codes = nullptr, *scales = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({quantized_bytes(acc.NumElements(), bits_)}), &codes));
     OP_REQUIRES_OK(c, c->allocate_output(1, TensorShape({quantized_scales(bits_)}), &scales));
-    OP_REQUIRES_OK(c, dev.send_quantized(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(),
-                                         fb, bits_, codes->flat<uint8_t>().data(), scales->flat<float>().data()));
+    OP_REQUIRES_OK(c, dev.send_quantized(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(), fb,
+                                         bits_, codes->flat<uint8_t>().data(), scales->flat<float>().data()));
   }
 
  private:

@@ -23,7 +23,7 @@ REGISTER_OP("SparsecommSampleThreshold")
     .Input("seed: int64")
     .Input("tensor_id: int64")
     .Input("step: int64")
-    .Input("ratio: double")  // an input, not an attr: attrs are float32, and ceil(ratio * count) needs the double
+    .Input("ratio: double")      // an input, not an attr: attrs are float32, and ceil(ratio * count) needs the double
     .Input("grad_scale: float")  // 1 element: grad is read times it (DGC's clipping factor); 0: none
     .Output("threshold: float")
     .SetShapeFn(shape_inference::ScalarShape);
@@ -50,8 +50,8 @@ class SampleThresholdOp : public OpKernel {
                 invalid("ratio should be a scalar, got shape ", c->input(6).shape().DebugString()));
     const double ratio = c->input(6).scalar<double>()();
     OP_REQUIRES(c, ratio > 0.0 && ratio <= 1.0, invalid("ratio should be in (0, 1], got ", ratio));
-    const SamplePlan plan = plan_sample(numel, sample_count_, ratio, uint64_t(seed), uint32_t(tensor_id),
-                                        uint64_t(step));
+    const SamplePlan plan =
+        plan_sample(numel, sample_count_, ratio, uint64_t(seed), uint32_t(tensor_id), uint64_t(step));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &out));
     OP_REQUIRES_OK(c, Device(c).template sample_threshold<T>(grad, fb, plan, out));
@@ -207,8 +207,8 @@ class SumOfSquaresOp : public OpKernel {
     OP_REQUIRES_OK(c, c->allocate_temp(DT_DOUBLE, TensorShape({square_tiles(numel)}), &tile_sums));
     Tensor* sum = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({}), &sum));
-    OP_REQUIRES_OK(c, Device(c).sum_of_squares(raw<T>(x), numel, tile_sums.flat<double>().data(),
-                                               sum->flat<double>().data()));
+    OP_REQUIRES_OK(
+        c, Device(c).sum_of_squares(raw<T>(x), numel, tile_sums.flat<double>().data(), sum->flat<double>().data()));
   }
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSumOfSquares").Device(DEVICE_CPU), "T", SumOfSquaresOp, CpuDevice);
@@ -268,8 +268,8 @@ class SendSelectedOp : public OpKernel {
     const Tensor& index = c->input(1);
     Tensor* values = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, acc.shape(), &values));
-    OP_REQUIRES_OK(c, dev.send_selected(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(),
-                                        fb, raw<T>(values)));
+    OP_REQUIRES_OK(c, dev.send_selected(acc.flat<float>().data(), index.flat<int32_t>().data(), acc.NumElements(), fb,
+                                        raw<T>(values)));
   }
 
  private:
@@ -309,8 +309,8 @@ class SparseUnpackOp : public OpKernel {
     OP_REQUIRES_OK(c, dev.check_index(index, numel_, "index"));
     Tensor* dense = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({numel_}), &dense));
-    OP_REQUIRES_OK(c, dev.template sparse_unpack<T>(values, index, UnpackScale(scale.flat<float>().data(), divisor_),
-                                                    dense));
+    OP_REQUIRES_OK(
+        c, dev.template sparse_unpack<T>(values, index, UnpackScale(scale.flat<float>().data(), divisor_), dense));
   }
 
  private:
@@ -335,15 +335,15 @@ class RandomKIndicesOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* c) override {
     int64_t seed, tensor_id, step, numel, k;
-    OP_REQUIRES_OK(c, scalar_inputs(c, 0, {"seed", "tensor_id", "step", "numel", "k"},
-                                    {&seed, &tensor_id, &step, &numel, &k}));
+    OP_REQUIRES_OK(
+        c, scalar_inputs(c, 0, {"seed", "tensor_id", "step", "numel", "k"}, {&seed, &tensor_id, &step, &numel, &k}));
     OP_REQUIRES_OK(c, check_indexable(numel));
     OP_REQUIRES(c, k >= 0 && k <= numel, invalid("k should be in [0, numel=", numel, "], got ", k));
     OP_REQUIRES_OK(c, check_stream(tensor_id, step));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({k}), &out));
-    OP_REQUIRES_OK(c, Device(c).random_k_indices(
-                          Permutation(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel), k, out));
+    OP_REQUIRES_OK(
+        c, Device(c).random_k_indices(Permutation(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel), k, out));
   }
 };
 REGISTER_KERNEL_BUILDER(Name("SparsecommRandomKIndices").Device(DEVICE_CPU), RandomKIndicesOp<CpuDevice>);

@@ -1,8 +1,8 @@
 // The block family's torch ops (csrc/kernels/block.h, philox.h), each body written once over
 // a device policy (common.h says what a policy provides; cpu.cpp and cuda.cpp define one).
 #pragma once
-#include "common.h"
 #include "../kernels/philox.h"
+#include "common.h"
 
 namespace sparsecomm {
 namespace torch_binding {
@@ -10,8 +10,8 @@ namespace torch_binding {
 // Device-free (a pure function of its arguments): registered with its schema in ops.cpp.
 inline int64_t random_block_start(int64_t seed, int64_t tensor_id, int64_t step, int64_t numel) {
   TORCH_CHECK(numel >= 0, "random_block_start: numel should be >= 0, got ", numel);
-  TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL,
-              "random_block_start: tensor_id should be a uint32, got ", tensor_id);
+  TORCH_CHECK(tensor_id >= 0 && tensor_id <= 0xffffffffLL, "random_block_start: tensor_id should be a uint32, got ",
+              tensor_id);
   TORCH_CHECK(step >= 0, "random_block_start: step should be >= 0, got ", step);
   return sparsecomm::random_block_start(uint64_t(seed), uint32_t(tensor_id), uint64_t(step), numel);
 }
@@ -25,8 +25,8 @@ at::Tensor block_pack(const at::Tensor& grad_in, const c10::optional<at::Tensor>
   float* res = state_ptr("block_pack", "residual", grad, residual);
   at::Tensor values = at::empty({length}, grad.options());
   SC_DISPATCH_FLOAT_TYPES(grad.scalar_type(), "block_pack", [&] {
-    Device::template block_pack<scalar_t>(data_as<scalar_t>(grad), res, res, data_as<scalar_t>(values),
-                                           grad.numel(), start, length);
+    Device::template block_pack<scalar_t>(data_as<scalar_t>(grad), res, res, data_as<scalar_t>(values), grad.numel(),
+                                          start, length);
   });
   return values;
 }

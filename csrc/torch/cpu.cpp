@@ -4,30 +4,56 @@
 #include <cstring>
 #include <vector>
 
+#include "../cpu/launchers.h"
 #include "block.h"
 #include "quantize.h"
 #include "select.h"
-#include "../cpu/launchers.h"
 
 namespace sparsecomm {
 namespace torch_binding {
 namespace {
 
 struct CpuDevice {
-  struct Guard { explicit Guard(const at::Device&) {} };
+  struct Guard {
+    explicit Guard(const at::Device&) {}
+  };
 
   static void check_index_range(const char* op, const at::Tensor& index, int64_t numel) {
     torch_binding::check_index_range(op, index, numel);
   }
 
-  template <typename T, typename... Args> static void block_pack(Args... args) { cpu::block_pack<T>(args...); }
-  template <typename T, typename... Args> static void block_unpack(Args... args) { cpu::block_unpack<T>(args...); }
-  template <typename T, typename... Args> static void send_selected(Args... args) { cpu::send_selected<T>(args...); }
-  template <typename T, typename... Args> static void accumulate(Args... args) { cpu::accumulate<T>(args...); }
-  template <typename T, typename... Args> static void momentum_step(Args... args) { cpu::momentum_step<T>(args...); }
-  template <typename T, typename... Args> static void sum_of_squares(Args... args) { cpu::sum_of_squares<T>(args...); }
-  template <typename... Args> static void send_quantized(Args... args) { cpu::send_quantized(args...); }
-  template <typename... Args> static void dequantize(Args... args) { cpu::dequantize(args...); }
+  template <typename T, typename... Args>
+  static void block_pack(Args... args) {
+    cpu::block_pack<T>(args...);
+  }
+  template <typename T, typename... Args>
+  static void block_unpack(Args... args) {
+    cpu::block_unpack<T>(args...);
+  }
+  template <typename T, typename... Args>
+  static void send_selected(Args... args) {
+    cpu::send_selected<T>(args...);
+  }
+  template <typename T, typename... Args>
+  static void accumulate(Args... args) {
+    cpu::accumulate<T>(args...);
+  }
+  template <typename T, typename... Args>
+  static void momentum_step(Args... args) {
+    cpu::momentum_step<T>(args...);
+  }
+  template <typename T, typename... Args>
+  static void sum_of_squares(Args... args) {
+    cpu::sum_of_squares<T>(args...);
+  }
+  template <typename... Args>
+  static void send_quantized(Args... args) {
+    cpu::send_quantized(args...);
+  }
+  template <typename... Args>
+  static void dequantize(Args... args) {
+    cpu::dequantize(args...);
+  }
 
   // Raw bytes on the host (quantize.h's segments): a few small copies, each a memcpy.
   // (An empty tensor's data pointer may be null, which memcpy and memset must not be given.)

@@ -3,14 +3,15 @@
 // instantiated with it. Compiled only into CUDA builds (setup.py); syntax-checked without a
 // GPU by the tests. Host synchronisation happens only where a size is needed (the candidate
 // count, to allocate the output; each rank's count in gathered 1-/2-bit segments).
-#include <cstring>
-
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include <cstring>
+
+#include "../cuda/launchers.h"
 #include "block.h"
 #include "quantize.h"
 #include "select.h"
-#include "../cuda/launchers.h"
 
 namespace sparsecomm {
 namespace torch_binding {
@@ -24,26 +25,38 @@ struct CudaDevice {
   // Not checked: reading the indices back would need a host synchronisation.
   static void check_index_range(const char*, const at::Tensor&, int64_t) {}
 
-  template <typename T, typename... Args> static void block_pack(Args... args) {
+  template <typename T, typename... Args>
+  static void block_pack(Args... args) {
     cuda::block_pack<T>(args..., stream());
   }
-  template <typename T, typename... Args> static void block_unpack(Args... args) {
+  template <typename T, typename... Args>
+  static void block_unpack(Args... args) {
     cuda::block_unpack<T>(args..., stream());
   }
-  template <typename T, typename... Args> static void send_selected(Args... args) {
+  template <typename T, typename... Args>
+  static void send_selected(Args... args) {
     cuda::send_selected<T>(args..., stream());
   }
-  template <typename T, typename... Args> static void accumulate(Args... args) {
+  template <typename T, typename... Args>
+  static void accumulate(Args... args) {
     cuda::accumulate<T>(args..., stream());
   }
-  template <typename T, typename... Args> static void momentum_step(Args... args) {
+  template <typename T, typename... Args>
+  static void momentum_step(Args... args) {
     cuda::momentum_step<T>(args..., stream());
   }
-  template <typename T, typename... Args> static void sum_of_squares(Args... args) {
+  template <typename T, typename... Args>
+  static void sum_of_squares(Args... args) {
     cuda::sum_of_squares<T>(args..., stream());
   }
-  template <typename... Args> static void send_quantized(Args... args) { cuda::send_quantized(args..., stream()); }
-  template <typename... Args> static void dequantize(Args... args) { cuda::dequantize(args..., stream()); }
+  template <typename... Args>
+  static void send_quantized(Args... args) {
+    cuda::send_quantized(args..., stream());
+  }
+  template <typename... Args>
+  static void dequantize(Args... args) {
+    cuda::dequantize(args..., stream());
+  }
 
   // Raw bytes (quantize.h's segments) by torch's copies and fills on the stream; a count is read
   // back to the host (a synchronisation: the walk over the segments needs each one).
@@ -77,7 +90,8 @@ struct CudaDevice {
     const at::Tensor units = row_units(rows, values.element_size());
     const int64_t index_units = kWireIndexBytes / units.element_size(), k = rows.size(0);
     index.view(units.scalar_type()).view({k, index_units}).copy_(units.narrow(1, 0, index_units));
-    values.view(units.scalar_type()).view({k, units.size(1) - index_units})
+    values.view(units.scalar_type())
+        .view({k, units.size(1) - index_units})
         .copy_(units.narrow(1, index_units, units.size(1) - index_units));
   }
 
@@ -99,8 +113,8 @@ struct CudaDevice {
     const at::Tensor threshold = threshold_in.to(a.grad.device(), at::kFloat).reshape({});
     const int64_t tiles = cuda::candidate_tiles(numel);
     at::Tensor counts = at::zeros({tiles}, a.grad.options().dtype(at::kInt));
-    cuda::accumulate_count<T>(data_as<T>(a.grad), a.fb, numel, threshold.data_ptr<float>(),
-                              counts.data_ptr<int32_t>(), stream());
+    cuda::accumulate_count<T>(data_as<T>(a.grad), a.fb, numel, threshold.data_ptr<float>(), counts.data_ptr<int32_t>(),
+                              stream());
     const at::Tensor inclusive = counts.cumsum(0, at::kLong);
     const at::Tensor offsets = inclusive - counts;
     const int64_t total = tiles ? inclusive[tiles - 1].item<int64_t>() : 0;  // the one sync: the output's size
@@ -112,9 +126,8 @@ struct CudaDevice {
       cuda::compact_candidates<float>(state, numel, threshold.data_ptr<float>(), offsets.data_ptr<int64_t>(),
                                       acc.data_ptr<float>(), index.data_ptr<int32_t>(), stream());
     } else {
-      cuda::compact_candidates<T>(data_as<T>(a.grad), numel, threshold.data_ptr<float>(),
-                                  offsets.data_ptr<int64_t>(), acc.data_ptr<float>(), index.data_ptr<int32_t>(),
-                                  stream());
+      cuda::compact_candidates<T>(data_as<T>(a.grad), numel, threshold.data_ptr<float>(), offsets.data_ptr<int64_t>(),
+                                  acc.data_ptr<float>(), index.data_ptr<int32_t>(), stream());
     }
     return {acc, index};
   }

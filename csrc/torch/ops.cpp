@@ -3,6 +3,7 @@
 // kernels that make the ops traceable (torch.compile, opcheck) are in sparsecomm/torch/fakes.py.
 #include <Python.h>
 #include <torch/library.h>
+
 #include "block.h"
 
 // `import sparsecomm._C` loads this library, which registers the ops below.
@@ -21,8 +22,7 @@ namespace sparsecomm {
 
 SC_TORCH_LIBRARY {
   // The start of the cyclic random block of a tensor at a step: Philox4x32-10 selection stream.
-  m.def("random_block_start(int seed, int tensor_id, int step, int numel) -> int",
-        &torch_binding::random_block_start);
+  m.def("random_block_start(int seed, int tensor_id, int step, int numel) -> int", &torch_binding::random_block_start);
   // Error-feedback pack of the cyclic block [start, start+length) of grad (flattened).
   // Returns the block's values in grad's dtype; updates residual (float32) in place.
   m.def("block_pack(Tensor grad, Tensor(a!)? residual, int start, int length) -> Tensor");
@@ -37,24 +37,28 @@ SC_TORCH_LIBRARY {
   // factor, not read by the host).
   // The magnitude threshold (0-d float32) such that about `ratio` of a strided sample of |acc|
   // passes (rank ceil(ratio * count) of sample_count positions; csrc/kernels/sample.h).
-  m.def("sample_threshold(Tensor grad, Tensor? residual, Tensor? momentum, float momentum_factor, float ratio, "
-        "int sample_count, int seed, int tensor_id, int step, Tensor? grad_scale=None) -> Tensor");
+  m.def(
+      "sample_threshold(Tensor grad, Tensor? residual, Tensor? momentum, float momentum_factor, float ratio, "
+      "int sample_count, int seed, int tensor_id, int step, Tensor? grad_scale=None) -> Tensor");
   // One pass: residual <- acc, momentum <- m * momentum + grad for every element; returns the
   // candidates |acc| >= threshold (NaN included) as (acc float32, index int32) in index order.
-  m.def("accumulate_candidates(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor, "
-        "Tensor threshold, Tensor? grad_scale=None) -> (Tensor, Tensor)");
+  m.def(
+      "accumulate_candidates(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor, "
+      "Tensor threshold, Tensor? grad_scale=None) -> (Tensor, Tensor)");
   // The same pass with nothing selected: the state takes acc for every element.
   m.def("accumulate(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor) -> ()");
   // The k candidates of largest |acc| (ties: lower index), in index order.
   m.def("select_top(Tensor acc, Tensor index, int k) -> (Tensor, Tensor)");
   // Sends the selected candidates as `dtype` values; their residual keeps only the rounding
   // error, their momentum is zeroed when masking.
-  m.def("send_selected(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
-        "ScalarType dtype) -> Tensor");
+  m.def(
+      "send_selected(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
+      "ScalarType dtype) -> Tensor");
   // send_selected quantized to 1 or 2 bits with per-tensor scales (csrc/kernels/quantize.h):
   // (codes uint8, packed; scales float32); the quantization error stays in the residual.
-  m.def("send_quantized(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
-        "int bits) -> (Tensor, Tensor)");
+  m.def(
+      "send_quantized(Tensor acc, Tensor index, Tensor(a!)? residual, Tensor(b!)? momentum, bool masking, "
+      "int bits) -> (Tensor, Tensor)");
   // The float32 values of `count` codes.
   m.def("dequantize(Tensor codes, Tensor scales, int count, int bits) -> Tensor");
   // One rank's 1-/2-bit segment of sparsecomm/core/wire.py (uint8): count, scales, index, codes.
@@ -62,8 +66,9 @@ SC_TORCH_LIBRARY {
   // sparse_unpack_into of every rank's segment, gathered in rank order (values cast to out's
   // dtype), the sums scaled by scale[0] / divisor: a factor the host need not read (scale: a
   // 1-element float32 tensor on out's device, such as Horovod's reduced placeholder).
-  m.def("sparse_unpack_segments_into(Tensor gathered, int bits, int ranks, Tensor scale, int divisor, "
-        "Tensor(a!) out) -> ()");
+  m.def(
+      "sparse_unpack_segments_into(Tensor gathered, int bits, int ranks, Tensor scale, int divisor, "
+      "Tensor(a!) out) -> ()");
   // k distinct indices of [0, like.numel()) from (seed, tensor_id, step), sorted, int32 on
   // like's device: the same on every rank (csrc/kernels/permutation.h).
   m.def("random_k_indices(Tensor like, int seed, int tensor_id, int step, int k) -> Tensor");
@@ -84,8 +89,9 @@ SC_TORCH_LIBRARY {
   m.def("wire_columns(Tensor rows, ScalarType value_dtype) -> (Tensor, Tensor)");
   // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's
   // dtype), the sums scaled by scale[0] / divisor, as sparse_unpack_segments_into's.
-  m.def("sparse_unpack_rows_into(Tensor rows, ScalarType value_dtype, Tensor scale, int divisor, "
-        "Tensor(a!) out) -> ()");
+  m.def(
+      "sparse_unpack_rows_into(Tensor rows, ScalarType value_dtype, Tensor scale, int divisor, "
+      "Tensor(a!) out) -> ()");
 }
 
 }  // namespace sparsecomm

@@ -32,8 +32,7 @@ at::Tensor dequantize(const at::Tensor& codes_in, const at::Tensor& scales_in, i
   check_quantized("dequantize", codes_in, scales_in, count, bits);
   const at::Tensor codes = codes_in.contiguous(), scales = scales_in.contiguous();
   at::Tensor values = at::empty({count}, scales.options());
-  Device::dequantize(codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), count, int(bits),
-                     values.data_ptr<float>());
+  Device::dequantize(codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), count, int(bits), values.data_ptr<float>());
   return values;
 }
 
@@ -96,9 +95,9 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
     TORCH_CHECK(start + QuantizedSegment::kCountBytes <= gathered.numel(), "sparse_unpack_segments: gathered (",
                 gathered.numel(), " bytes) should hold ", ranks, " segments, got ", r);
     const int64_t count = Device::read_count(gathered, start);
-    TORCH_CHECK(count >= 0 && count <= (gathered.numel() - start) / kWireIndexBytes,
-                "sparse_unpack_segments: segment ", r, " at byte ", start, " has a count of ", count,
-                ", which does not fit in gathered (", gathered.numel(), " bytes)");
+    TORCH_CHECK(count >= 0 && count <= (gathered.numel() - start) / kWireIndexBytes, "sparse_unpack_segments: segment ",
+                r, " at byte ", start, " has a count of ", count, ", which does not fit in gathered (",
+                gathered.numel(), " bytes)");
     segments.emplace_back(count, int(bits));
     starts.push_back(start);
     start += segments.back().size;
@@ -113,8 +112,8 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
   for (size_t r = 0; r < segments.size(); ++r) {
     const QuantizedSegment& s = segments[r];
     const uint8_t* segment = base + starts[r];
-    Device::dequantize(segment + s.codes_at, reinterpret_cast<const float*>(segment + s.scales_at), s.count,
-                       int(bits), values.data_ptr<float>() + filled);
+    Device::dequantize(segment + s.codes_at, reinterpret_cast<const float*>(segment + s.scales_at), s.count, int(bits),
+                       values.data_ptr<float>() + filled);
     Device::copy_bytes(gathered.narrow(0, starts[r] + s.index_at, kWireIndexBytes * s.count),
                        index.narrow(0, filled, s.count));
     filled += s.count;

@@ -15,9 +15,8 @@ at::Tensor sample_threshold(const at::Tensor& grad, const c10::optional<at::Tens
   const typename Device::Guard guard(grad.device());
   FeedbackArgs a("sample_threshold", grad, residual, momentum, momentum_factor, grad_scale);
   const SamplePlan plan = checked_sample_plan(a.grad.numel(), ratio, sample_count, seed, tensor_id, step);
-  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "sample_threshold", [&] {
-    return Device::template sample_threshold<scalar_t>(a, plan);
-  });
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "sample_threshold",
+                                 [&] { return Device::template sample_threshold<scalar_t>(a, plan); });
 }
 
 template <typename Device>
@@ -33,9 +32,8 @@ std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
   TORCH_CHECK(!grad_scale.has_value() || residual.has_value() || momentum.has_value(),
               "accumulate_candidates: grad_scale needs a residual or a momentum, got neither");
   FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor, grad_scale);
-  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates", [&] {
-    return Device::template accumulate_candidates<scalar_t>(a, threshold);
-  });
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates",
+                                 [&] { return Device::template accumulate_candidates<scalar_t>(a, threshold); });
 }
 
 template <typename Device>
@@ -68,9 +66,8 @@ void unpack_into(const at::Tensor& values_in, const at::Tensor& index_in, Unpack
   check_unpack_args(values_in, index_in, out);
   const at::Tensor values = values_in.contiguous(), index = index_in.contiguous();
   Device::check_index_range("sparse_unpack", index, out.numel());
-  SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "sparse_unpack", [&] {
-    Device::template sparse_unpack<scalar_t>(values, index, scale, out);
-  });
+  SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "sparse_unpack",
+                          [&] { Device::template sparse_unpack<scalar_t>(values, index, scale, out); });
 }
 
 template <typename Device>
@@ -142,8 +139,8 @@ at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index) {
               values.numel(), " and ", index.numel());
   TORCH_CHECK(index.device() == values.device(), "wire_rows: values and index should be on one device");
   check_wire_value_dtype("wire_rows", values.scalar_type());
-  at::Tensor rows = at::empty({index.numel(), kWireIndexBytes + values.element_size()},
-                              values.options().dtype(at::kByte));
+  at::Tensor rows =
+      at::empty({index.numel(), kWireIndexBytes + values.element_size()}, values.options().dtype(at::kByte));
   Device::wire_rows(values.contiguous(), index.contiguous(), rows);
   return rows;
 }

@@ -1,14 +1,15 @@
 """python -m sparsecomm.bench {kernels,e2e,convergence,all,report} ...
 
-  kernels      every kernel against memcpy and torch.topk in the same run
-  e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
-               and a compute-heavy model: no exchange (the floor), dense, each method, PyTorch DDP
-               (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
-               per rank; the default where namespaces work) or shared (one shaped loopback)
-  convergence  dense vs each method on real data (digits CNN, character-level LM)
-  all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
-  report       the figures and docs/results.md again from --out's results.json, measuring nothing
+kernels      every kernel against memcpy and torch.topk in the same run
+e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
+             and a compute-heavy model: no exchange (the floor), dense, each method, PyTorch DDP
+             (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
+             per rank; the default where namespaces work) or shared (one shaped loopback)
+convergence  dense vs each method on real data (digits CNN, character-level LM)
+all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
+report       the figures and docs/results.md again from --out's results.json, measuring nothing
 """
+
 import argparse
 import json
 import os
@@ -24,10 +25,19 @@ from . import kernels, network
 
 
 def _kernels(args):
-    total = sum(kernels.count(d, args.device) * len(args.sizes) + kernels.model_count(d) * len(args.kernel_models)
-                for d in args.densities)
-    records = kernels.run(args.device, getattr(torch, args.dtype), args.sizes, args.densities, args.repeats,
-                          _progress("kernels", total, lambda r: f"{r['op']} {r['numel']:,}"), args.kernel_models)
+    total = sum(
+        kernels.count(d, args.device) * len(args.sizes) + kernels.model_count(d) * len(args.kernel_models)
+        for d in args.densities
+    )
+    records = kernels.run(
+        args.device,
+        getattr(torch, args.dtype),
+        args.sizes,
+        args.densities,
+        args.repeats,
+        _progress("kernels", total, lambda r: f"{r['op']} {r['numel']:,}"),
+        args.kernel_models,
+    )
     print("\n" + kernels.table(records))
     return records
 
@@ -45,11 +55,13 @@ def _progress(what, total, describe):
         bar.update(1)
         if bar.n >= total:
             bar.close()
+
     return advance
 
 
 def _e2e(args):
     from . import e2e
+
     records = []
     runs = [(ranks, net, model) for model in args.models for ranks in args.ranks for net in args.networks]
     advance = _progress("e2e", len(runs), lambda r: r)
@@ -58,8 +70,16 @@ def _e2e(args):
         advance_label = label
         print(f"\n== {label}, {args.network_model} network model", flush=True)
         steps = args.steps or e2e.STEPS[model]
-        records += e2e.run_one(ranks, net, model, args.methods, args.warmup, steps,
-                               network_model=args.network_model, rounds=args.rounds or steps)
+        records += e2e.run_one(
+            ranks,
+            net,
+            model,
+            args.methods,
+            args.warmup,
+            steps,
+            network_model=args.network_model,
+            rounds=args.rounds or steps,
+        )
         advance(advance_label)
     print("\n" + e2e.table(records))
     return records
@@ -67,6 +87,7 @@ def _e2e(args):
 
 def _convergence(args):
     from . import convergence
+
     records = []
     advance = _progress("convergence", len(args.tasks), lambda r: r)
     for task in args.tasks:
@@ -91,8 +112,9 @@ def _network_model(parser, asked):
 
 
 def _parser():
-    parser = argparse.ArgumentParser(prog="python -m sparsecomm.bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m sparsecomm.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernels", help="time every kernel against memcpy and torch.topk in the same run")
     e = sub.add_parser("e2e", help="end-to-end step time on emulated networks")
@@ -105,24 +127,39 @@ def _parser():
         p.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
         p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
         p.add_argument("--repeats", type=int, default=7)
-        p.add_argument("--kernel-models", nargs="*", default=list(kernels.MODELS), choices=list(kernels.MODELS),
-                       help="models whose gradients' whole path is timed too (default: all; none: no such rows)")
+        p.add_argument(
+            "--kernel-models",
+            nargs="*",
+            default=list(kernels.MODELS),
+            choices=list(kernels.MODELS),
+            help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
+        )
     for p in (e, a):
         from .e2e_worker import ROWS
+
         p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
         p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
         p.add_argument("--models", nargs="+", default=["comm", "compute"])
         p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(ROWS), choices=list(ROWS))
-        p.add_argument("--network-model", choices=list(network.MODELS),
-                       help="per-host: one namespace and one shaped NIC per rank (default where it can be "
-                            "built); shared: all ranks behind one shaped loopback")
+        p.add_argument(
+            "--network-model",
+            choices=list(network.MODELS),
+            help="per-host: one namespace and one shaped NIC per rank (default where it can be "
+            "built); shared: all ranks behind one shaped loopback",
+        )
         p.add_argument("--warmup", type=int, default=3)
-        p.add_argument("--steps", type=int,
-                       help="timed steps of each row (default: 8 for the comm model, 16 for the compute model, "
-                            "whose steps are short and noisy)")
-        p.add_argument("--rounds", type=int,
-                       help="time the rows in this many interleaved turns where they fit in memory together "
-                            "(default: --steps, one step of each row a turn; 1: one row at a time)")
+        p.add_argument(
+            "--steps",
+            type=int,
+            help="timed steps of each row (default: 8 for the comm model, 16 for the compute model, "
+            "whose steps are short and noisy)",
+        )
+        p.add_argument(
+            "--rounds",
+            type=int,
+            help="time the rows in this many interleaved turns where they fit in memory together "
+            "(default: --steps, one step of each row a turn; 1: one row at a time)",
+        )
     for p in (c, a):
         p.add_argument("--tasks", nargs="+", default=["digits", "charlm"])
         p.add_argument("-np", type=int, default=2)
@@ -131,13 +168,17 @@ def _parser():
     for p in (k, e, c):
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
-    r.add_argument("--out", default="docs/results", help="directory of results.json and the figures "
-                                                          "(default: docs/results)")
+    r.add_argument(
+        "--out", default="docs/results", help="directory of results.json and the figures (default: docs/results)"
+    )
     for p in (a, r):
         p.add_argument("--results-md", default="docs/results.md")
-    a.add_argument("--convergence-from", metavar="RESULTS_JSON",
-                   help="take the convergence records of another run's results.json instead of training again "
-                        "(results.md says so)")
+    a.add_argument(
+        "--convergence-from",
+        metavar="RESULTS_JSON",
+        help="take the convergence records of another run's results.json instead of training again "
+        "(results.md says so)",
+    )
     return parser
 
 
@@ -159,11 +200,14 @@ def main():
     started = time.time()
     if args.command == "report":
         from . import report
+
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
         report.write(results, args.out, args.results_md)
-        print(f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "
-              f"{args.results_md} from {args.out}/results.json")
+        print(
+            f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "
+            f"{args.results_md} from {args.out}/results.json"
+        )
         return
     if args.command == "kernels":
         records = _kernels(args)
@@ -173,10 +217,15 @@ def main():
         records = _convergence(args)
     else:
         from . import report
+
         os.makedirs(args.out, exist_ok=True)
         command = report.relative_command("python -m sparsecomm.bench " + " ".join(map(shlex.quote, sys.argv[1:])))
-        results = {"machine": report.machine(), "command": command, "commit": report.code_version(),
-                   "kernels": _kernels(args)}
+        results = {
+            "machine": report.machine(),
+            "command": command,
+            "commit": report.code_version(),
+            "kernels": _kernels(args),
+        }
         results["e2e"] = _e2e(args)
         args.methods = args.conv_methods
         if args.convergence_from:
@@ -190,13 +239,18 @@ def main():
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
         report.write(results, args.out, args.results_md)
-        print(f"\nwrote {args.out}/results.json, {args.out}/e2e_speedup.png, {args.out}/convergence.png and "
-              f"{args.results_md} ({results['minutes']:.1f} min)")
+        print(
+            f"\nwrote {args.out}/results.json, {args.out}/e2e_speedup.png, {args.out}/convergence.png and "
+            f"{args.results_md} ({results['minutes']:.1f} min)"
+        )
         return
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"machine": {"python": platform.python_version(), "torch": torch.__version__},
-                       "records": records}, f, indent=1)
+            json.dump(
+                {"machine": {"python": platform.python_version(), "torch": torch.__version__}, "records": records},
+                f,
+                indent=1,
+            )
         print(f"\nwrote {args.json}")
 
 

@@ -1,5 +1,6 @@
 """Convergence benchmark driver: runs sparsecomm.bench.convergence_worker under horovodrun
 (unshaped loopback: accuracy does not depend on the network) and returns its records."""
+
 import json
 import os
 import tempfile
@@ -10,8 +11,11 @@ from .network import horovodrun
 def run(task, ranks=2, methods=None, epochs=None, log=print):
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "records.json")
-        args = ["--task", task, "--out", out] + (["--methods", *methods] if methods else []) + \
-            (["--epochs", str(epochs)] if epochs else [])
+        args = (
+            ["--task", task, "--out", out]
+            + (["--methods", *methods] if methods else [])
+            + (["--epochs", str(epochs)] if epochs else [])
+        )
         horovodrun(ranks, "sparsecomm.bench.convergence_worker", args, "[convergence]", log=log)
         with open(out) as f:
             return json.load(f)

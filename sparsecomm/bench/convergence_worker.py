@@ -10,6 +10,7 @@ ships offline:
 
 Each rank trains on its own shard; the curves are rank 0's (the ranks stay identical).
 """
+
 import argparse
 import glob
 import hashlib
@@ -38,27 +39,42 @@ def methods(task, steps_per_epoch):
     named = lambda m: dict(named_parameters=m.named_parameters())  # noqa: E731
     return {
         "dense": (lambda m: hvd.Compression.none, 0.9),
-        "DGC 0.1%": (lambda m: DGC(ratio=0.001, momentum=0.9, warmup_steps=warmup, exchange="allgather",
-                                   clip_norm=TASKS[task]["clip_norm"], **named(m)), 0.0),
+        "DGC 0.1%": (
+            lambda m: DGC(
+                ratio=0.001,
+                momentum=0.9,
+                warmup_steps=warmup,
+                exchange="allgather",
+                clip_norm=TASKS[task]["clip_norm"],
+                **named(m),
+            ),
+            0.0,
+        ),
         "Threshold 1%": (lambda m: Threshold(ratio=0.01, exchange="allgather", **named(m)), 0.9),
         "Threshold 1% 2bit": (lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather", **named(m)), 0.9),
         "RTopK 1% of 4%": (lambda m: RTopK(ratio=0.01, seed=1, exchange="allgather", **named(m)), 0.9),
         "RandomBlock 1%": (lambda m: RandomBlock(ratio=0.01, seed=1, **named(m)), 0.0),
         "TopK 1%": (lambda m: TopK(ratio=0.01, exchange="allgather", **named(m)), 0.9),
-        "TopK 1% no feedback": (lambda m: TopK(ratio=0.01, error_feedback=False, exchange="allgather", **named(m)),
-                                0.9),
+        "TopK 1% no feedback": (
+            lambda m: TopK(ratio=0.01, error_feedback=False, exchange="allgather", **named(m)),
+            0.9,
+        ),
     }
 
 
 # --- digits -------------------------------------------------------------------------------
 
+
 def digits_data():
     """((train x, train y), (test x, test y), the data's provenance)."""
     import sklearn
     from sklearn.datasets import load_digits
+
     x, y = load_digits(return_X_y=True)
-    data = {"source": f"scikit-learn {sklearn.__version__} load_digits",
-            "sha256": hashlib.sha256(np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes()).hexdigest()}
+    data = {
+        "source": f"scikit-learn {sklearn.__version__} load_digits",
+        "sha256": hashlib.sha256(np.ascontiguousarray(x).tobytes() + np.ascontiguousarray(y).tobytes()).hexdigest(),
+    }
     x = torch.tensor(x / 16.0, dtype=torch.float32).reshape(-1, 1, 8, 8)
     order = np.random.default_rng(0).permutation(len(y))
     test, train = order[:360], order[360:]
@@ -67,12 +83,21 @@ def digits_data():
 
 def digits_model():
     torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Conv2d(1, 16, 3, padding=1), torch.nn.ReLU(),
-                               torch.nn.Conv2d(16, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-                               torch.nn.Flatten(), torch.nn.Linear(512, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 16, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(16, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(512, 64),
+        torch.nn.ReLU(),
+        torch.nn.Linear(64, 10),
+    )
 
 
 # --- character-level language model -----------------------------------------------------
+
 
 def corpus(limit=600_000):
     """(bytes of the standard library's .py sources (ASCII, tabs/newlines kept), in sorted file
@@ -89,8 +114,11 @@ def corpus(limit=600_000):
         if len(text) >= limit:
             break
     text = bytes(text[:limit])
-    data = {"source": f"Python {platform.python_version()} standard library, {files[0]} to {files[-1]} "
-                      f"({len(files)} files)", "sha256": hashlib.sha256(text).hexdigest()}
+    data = {
+        "source": f"Python {platform.python_version()} standard library, {files[0]} to {files[-1]} "
+        f"({len(files)} files)",
+        "sha256": hashlib.sha256(text).hexdigest(),
+    }
     return torch.tensor(list(text), dtype=torch.long), data
 
 
@@ -115,13 +143,14 @@ def charlm_batches(text, batch, rank, size, epoch):
     starts = starts[torch.randperm(len(starts), generator=torch.Generator().manual_seed(epoch))]
     per_step = batch * size
     for first in range(0, len(starts) - per_step + 1, per_step):
-        mine = starts[first + rank * batch:first + (rank + 1) * batch]
+        mine = starts[first + rank * batch : first + (rank + 1) * batch]
         idx = mine[:, None] + torch.arange(SEQ + 1)
         chunk = text[idx]
         yield chunk[:, :-1], chunk[:, 1:]
 
 
 # --- training -----------------------------------------------------------------------------
+
 
 def train(task, method, size, rank):
     settings = TASKS[task]
@@ -138,16 +167,21 @@ def train(task, method, size, rank):
         steps_per_epoch = (len(train_text) // SEQ) // (settings["batch"] * size)
     make, momentum = methods(task, steps_per_epoch)[method]
     compression = make(model)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=settings["lr"], momentum=momentum),
-                                   named_parameters=model.named_parameters(), compression=compression)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=settings["lr"], momentum=momentum),
+        named_parameters=model.named_parameters(),
+        compression=compression,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     curve = []
     for epoch in range(settings["epochs"]):
         model.train()
         if task == "digits":
             order = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(epoch))]
-            batches = ((x[order[i:i + settings["batch"]]], y[order[i:i + settings["batch"]]])
-                       for i in range(0, steps_per_epoch * settings["batch"], settings["batch"]))
+            batches = (
+                (x[order[i : i + settings["batch"]]], y[order[i : i + settings["batch"]]])
+                for i in range(0, steps_per_epoch * settings["batch"], settings["batch"])
+            )
         else:
             batches = charlm_batches(train_text, settings["batch"], rank, size, epoch)
         for inputs, targets in batches:
@@ -160,7 +194,7 @@ def train(task, method, size, rank):
             if task == "digits":
                 curve.append(float((model(x_test).argmax(1) == y_test).float().mean()))
             else:
-                chunk = valid_text[:len(valid_text) // (SEQ + 1) * (SEQ + 1)].reshape(-1, SEQ + 1)
+                chunk = valid_text[: len(valid_text) // (SEQ + 1) * (SEQ + 1)].reshape(-1, SEQ + 1)
                 logits = model(chunk[:, :-1])
                 loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
                 curve.append(float(loss))
@@ -169,9 +203,18 @@ def train(task, method, size, rank):
     stats = compression.stats() if hasattr(compression, "stats") else None
     dense = sum(p.numel() for p in model.parameters()) * 4
     sent = stats["sent_bytes"] / max(1, stats["calls"]) * len(list(model.parameters())) if stats else dense
-    return {"task": task, "method": method, "ranks": size, "metric": "accuracy" if task == "digits" else "val_loss",
-            "curve": curve, "final": curve[-1], "sent_bytes_per_step": sent, "dense_bytes_per_step": dense,
-            "epochs": settings["epochs"], "data": data}
+    return {
+        "task": task,
+        "method": method,
+        "ranks": size,
+        "metric": "accuracy" if task == "digits" else "val_loss",
+        "curve": curve,
+        "final": curve[-1],
+        "sent_bytes_per_step": sent,
+        "dense_bytes_per_step": dense,
+        "epochs": settings["epochs"],
+        "data": data,
+    }
 
 
 def main():
@@ -190,8 +233,10 @@ def main():
     for method in names:
         records.append(train(args.task, method, hvd.size(), hvd.rank()))
         if hvd.rank() == 0:
-            print(f"[convergence] {args.task} {method:<22} final {records[-1]['metric']} {records[-1]['final']:.4f}",
-                  flush=True)
+            print(
+                f"[convergence] {args.task} {method:<22} final {records[-1]['metric']} {records[-1]['final']:.4f}",
+                flush=True,
+            )
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

@@ -7,6 +7,7 @@ is the same figure, kept for older readers), vs_floor = this row's step time / t
 step by step where the rows were timed in interleaved turns (step_ratio), and for a method with a
 `local` row, vs_local = its vs floor / its local row's (local_ratio): what its exchange adds to
 the floor plus its kernels."""
+
 import json
 import math
 import os
@@ -41,7 +42,9 @@ def rows_at_once(model, ranks, available=None):
     0.6 GB a row per rank) a few."""
     import psutil
     import torch
+
     from .e2e_worker import model_and_batch
+
     with torch.device("meta"):  # counted, not allocated
         parameters = sum(p.numel() for p in model_and_batch(model)[0].parameters())
     available = psutil.virtual_memory().available if available is None else available
@@ -54,6 +57,7 @@ def interleaving(model, ranks, methods, rounds, available=None):
     and as many other rows as fit; (1, 0), one row at a time, where not even the baselines and
     one more row fit."""
     from .e2e_worker import BASELINES
+
     size = rows_at_once(model, ranks, available)
     if rounds > 1 and size >= len(methods):
         return rounds, 0
@@ -68,10 +72,28 @@ def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model=
     rounds, group_size = interleaving(model, ranks, methods, rounds)
     with tempfile.TemporaryDirectory() as tmp, network.emulated(network_model, net, ranks) as placed:
         out = os.path.join(tmp, "records.json")
-        placed.launch(ranks, "sparsecomm.bench.e2e_worker",
-                      ["--model", model, "--out", out, "--warmup", str(warmup), "--steps", str(steps),
-                       "--rounds", str(rounds), "--group-size", str(group_size), "--methods", *methods],
-                      "[e2e]", log)
+        placed.launch(
+            ranks,
+            "sparsecomm.bench.e2e_worker",
+            [
+                "--model",
+                model,
+                "--out",
+                out,
+                "--warmup",
+                str(warmup),
+                "--steps",
+                str(steps),
+                "--rounds",
+                str(rounds),
+                "--group-size",
+                str(group_size),
+                "--methods",
+                *methods,
+            ],
+            "[e2e]",
+            log,
+        )
         with open(out) as f:
             records = json.load(f)
     for record in records:
@@ -143,8 +165,8 @@ def median_interval(values, confidence=0.95):
     1 - confidence. None where n is too small for any (n < 6 at 95%)."""
     n, tail = len(values), (1 - confidence) / 2
     j, below = 0, 0.0
-    while j < n and below + math.comb(n, j) / 2 ** n <= tail:
-        below += math.comb(n, j) / 2 ** n
+    while j < n and below + math.comb(n, j) / 2**n <= tail:
+        below += math.comb(n, j) / 2**n
         j += 1
     if j == 0:
         return None
@@ -161,20 +183,30 @@ def ratio_text(value, interval=None):
 
 def table(records):
     """A text table: one row per (model, ranks, network, method)."""
-    header = (f"{'model':<8}{'ranks':>6}  {'network':<9}{'net model':<10}{'method':<21}{'ms/step':>10}"
-              f"{'vs dense':>20}{'vs floor':>20}{'recv MB/rank/step':>19}  exchange")
+    header = (
+        f"{'model':<8}{'ranks':>6}  {'network':<9}{'net model':<10}{'method':<21}{'ms/step':>10}"
+        f"{'vs dense':>20}{'vs floor':>20}{'recv MB/rank/step':>19}  exchange"
+    )
     lines = [header, "-" * len(header)]
     for r in records:
-        lines.append(f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['network_model']:<10}{r['method']:<21}"
-                     f"{r['step_ms']:>10.1f}{ratio_text(r['vs_dense'], r.get('vs_dense_interval')):>20}"
-                     f"{ratio_text(r['vs_floor'], r.get('vs_floor_interval')):>20}"
-                     f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}")
+        lines.append(
+            f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['network_model']:<10}{r['method']:<21}"
+            f"{r['step_ms']:>10.1f}{ratio_text(r['vs_dense'], r.get('vs_dense_interval')):>20}"
+            f"{ratio_text(r['vs_floor'], r.get('vs_floor_interval')):>20}"
+            f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}"
+        )
     timed = [r for r in records if "phases_ms" in r]
     if timed:  # where the step goes: each phase's median on its slowest rank (the worker's PHASES)
-        lines += ["", f"{'model':<8}{'ranks':>6}  {'network':<9}{'method':<21}"
-                      + "".join(f"{p:>10}" for p in PHASES) + f"{'vs local':>20}"]
+        lines += [
+            "",
+            f"{'model':<8}{'ranks':>6}  {'network':<9}{'method':<21}"
+            + "".join(f"{p:>10}" for p in PHASES)
+            + f"{'vs local':>20}",
+        ]
         for r in timed:
-            lines.append(f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['method']:<21}"
-                         + "".join(f"{r['phases_ms'][p]:>10.1f}" for p in PHASES)
-                         + f"{ratio_text(r.get('vs_local'), r.get('vs_local_interval')):>20}")
+            lines.append(
+                f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['method']:<21}"
+                + "".join(f"{r['phases_ms'][p]:>10.1f}" for p in PHASES)
+                + f"{ratio_text(r.get('vs_local'), r.get('vs_local_interval')):>20}"
+            )
     return "\n".join(lines)

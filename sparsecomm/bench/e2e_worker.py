@@ -27,14 +27,15 @@ Models (data content does not change the step time, so inputs are fixed random t
            little compute, a large gradient: communication dominates on a slow network.
   compute  a CNN on 32x32x3 images (0.29M parameters), batch 32: compute dominates.
 """
+
 import argparse
 import gc
 import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import horovod.torch as hvd
 import torch
@@ -49,8 +50,9 @@ FLOOR_SYNCED = "floor synced"
 
 def ours(cls, **settings):
     """A sparsecomm row's compression(model, process set): cls on the model's parameters."""
-    return lambda model, process_set: cls(named_parameters=model.named_parameters(), process_set=process_set,
-                                          **settings)
+    return lambda model, process_set: cls(
+        named_parameters=model.named_parameters(), process_set=process_set, **settings
+    )
 
 
 # name -> (compression(model, process set), optimizer momentum). Every row steps SGD with momentum
@@ -81,13 +83,26 @@ POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with 
 def model_and_batch(kind):
     torch.manual_seed(0)
     if kind == "comm":
-        model = torch.nn.Sequential(torch.nn.Linear(1024, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096),
-                                    torch.nn.ReLU(), torch.nn.Linear(4096, 1024))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(1024, 4096),
+            torch.nn.ReLU(),
+            torch.nn.Linear(4096, 4096),
+            torch.nn.ReLU(),
+            torch.nn.Linear(4096, 1024),
+        )
         return model, torch.randn(8, 1024), torch.randint(0, 1024, (8,))
     conv = lambda i, o: [torch.nn.Conv2d(i, o, 3, padding=1), torch.nn.ReLU()]  # noqa: E731
-    model = torch.nn.Sequential(*conv(3, 32), *conv(32, 64), torch.nn.MaxPool2d(2), *conv(64, 128),
-                                torch.nn.MaxPool2d(2), *conv(128, 128), torch.nn.AdaptiveAvgPool2d(1),
-                                torch.nn.Flatten(), torch.nn.Linear(128, 10))
+    model = torch.nn.Sequential(
+        *conv(3, 32),
+        *conv(32, 64),
+        torch.nn.MaxPool2d(2),
+        *conv(64, 128),
+        torch.nn.MaxPool2d(2),
+        *conv(128, 128),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(128, 10),
+    )
     return model, torch.randn(32, 3, 32, 32), torch.randint(0, 10, (32,))
 
 
@@ -96,6 +111,7 @@ class Row:
     """One row, ready to step: what is stepped (the model, or its DDP wrapper), its optimizer and
     batch, its warm-up steps, `finish(times)`, which makes its record, and `warmed()`, called
     after the warm-up (a compressor's byte counts start there)."""
+
     method: str
     model: torch.nn.Module
     opt: torch.optim.Optimizer
@@ -151,10 +167,14 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
         for row in rows:
             times[row.method] += in_group[row.method]
             if last_group[row.method] == i:
-                yield (row, times[row.method], phases[row.method],
-                       None if row.method in BASELINES else baselines or None)
+                yield (
+                    row,
+                    times[row.method],
+                    phases[row.method],
+                    None if row.method in BASELINES else baselines or None,
+                )
         del rows, row  # a group's models go before the next group's are built: collected now,
-        gc.collect()   # as the optimizers' hooks hold them in reference cycles
+        gc.collect()  # as the optimizers' hooks hold them in reference cycles
 
 
 def groups(methods, size):
@@ -168,7 +188,7 @@ def groups(methods, size):
     room = size - len(base)
     if room < 1:
         raise ValueError(f"group_size: expected room for the baselines {base} and one more row, got {size}")
-    return [base + others[i:i + room] for i in range(0, len(others), room)]
+    return [base + others[i : i + room] for i in range(0, len(others), room)]
 
 
 def turns(rows, steps, rounds):
@@ -198,10 +218,19 @@ def record(kind, method, family, model, times, sent, received, exchanges=()):
     median."""
     step_times = slowest_ms(times, f"bench.{method}")
     numel = sum(p.numel() for p in model.parameters())
-    return {"model": kind, "method": method, "family": family, "ranks": hvd.size(),
-            "step_ms": statistics.median(step_times), "step_times_ms": step_times,
-            "sent_bytes": sent, "received_bytes": received, "dense_bytes": numel * 4, "parameters": numel,
-            "exchanges": list(exchanges)}
+    return {
+        "model": kind,
+        "method": method,
+        "family": family,
+        "ranks": hvd.size(),
+        "step_ms": statistics.median(step_times),
+        "step_times_ms": step_times,
+        "sent_bytes": sent,
+        "received_bytes": received,
+        "dense_bytes": numel * 4,
+        "parameters": numel,
+        "exchanges": list(exchanges),
+    }
 
 
 class Synced:
@@ -246,9 +275,12 @@ def horovod_row(kind, method, warmup):
     compression = make(model, process_set)
     if getattr(compression, "exchange", None) == "auto":  # its timed steps start with its routes final
         warmup = max(warmup, SETTLING_STEPS)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
-                                   named_parameters=model.named_parameters(), compression=compression,
-                                   process_set=process_set)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
+        named_parameters=model.named_parameters(),
+        compression=compression,
+        process_set=process_set,
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
     counted = ("calls", "sent_bytes", "received_bytes", "compress_seconds")
@@ -266,30 +298,45 @@ def horovod_row(kind, method, warmup):
             sent, received = timed["sent_bytes"] / calls, timed["received_bytes"] / calls
             exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
             if method in LOCAL_ROWS:  # what it would send; nothing leaves the rank
-                return dict(record(kind, method, "local", model, times, sent, received),
-                            local_of=LOCAL_ROWS[method])
+                return dict(record(kind, method, "local", model, times, sent, received), local_of=LOCAL_ROWS[method])
             trial = next((t for t in stats["tensors"].values() if "route_trial_seconds" in t), None)
-            tried = {} if trial is None else {"route_trial": {
-                "kept": trial["route_trial"],
-                "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
-                "ratio": trial["route_trial_ratio"], "steps": trial["route_trial_steps"]}}
+            tried = (
+                {}
+                if trial is None
+                else {
+                    "route_trial": {
+                        "kept": trial["route_trial"],
+                        "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
+                        "ratio": trial["route_trial_ratio"],
+                        "steps": trial["route_trial_steps"],
+                    }
+                }
+            )
             # wall time in compress a timed step (its packs, routes, DGC's momentum; time the rank was preempted
             # included), averaged over the ranks
-            compress_ms = hvd.allreduce(torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),
-                                        name=f"bench.compress_ms.{method}").item()
-            return dict(record(kind, method, "sparsecomm", model, times, sent, received, exchanges),
-                        compress_ms=compress_ms, **tried)
+            compress_ms = hvd.allreduce(
+                torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),
+                name=f"bench.compress_ms.{method}",
+            ).item()
+            return dict(
+                record(kind, method, "sparsecomm", model, times, sent, received, exchanges),
+                compress_ms=compress_ms,
+                **tried,
+            )
         # Horovod's ring allreduce of the (maybe fp16) gradient
         size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
         return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
+
     return Row(method, model, opt, x, y, warmup, finish, warmed_up)
 
 
 def init_torch_distributed():
     """torch.distributed (gloo) over the interface Horovod's Gloo uses: rank 0 opens a TCPStore
     on a free port (port 0: no race for it) of that interface's address and broadcasts it."""
-    import psutil
     import socket
+
+    import psutil
+
     iface = os.environ.get("HOROVOD_GLOO_IFACE", "lo")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", iface)  # the hostname may not resolve inside a namespace
     store = None
@@ -306,19 +353,22 @@ def ddp_row(kind, method, warmup):
     """DistributedDataParallel with the hook of `method`; PowerSGD in ONE bucket (Gloo aborts on
     several) and warmed up past its vanilla-allreduce iterations, so every timed step compresses."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
     model, x, y = model_and_batch(kind)
     numel = sum(p.numel() for p in model.parameters())
-    one_bucket_mb = numel * 4 / 2 ** 20 + 1
+    one_bucket_mb = numel * 4 / 2**20 + 1
     ddp = torch.nn.parallel.DistributedDataParallel(
-        model, bucket_cap_mb=one_bucket_mb if method == "DDP PowerSGD" else None)
+        model, bucket_cap_mb=one_bucket_mb if method == "DDP PowerSGD" else None
+    )
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
     payload = numel * 4
     if method == "DDP fp16":
         ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         payload = numel * 2
     elif method == "DDP PowerSGD":
-        state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=POWERSGD_RANK,
-                                            start_powerSGD_iter=POWERSGD_START)
+        state = powerSGD_hook.PowerSGDState(
+            None, matrix_approximation_rank=POWERSGD_RANK, start_powerSGD_iter=POWERSGD_START
+        )
         ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         warmup = max(warmup, POWERSGD_START)
 
@@ -327,6 +377,7 @@ def ddp_row(kind, method, warmup):
         if method == "DDP PowerSGD":  # elements sent per step, counted by PowerSGD over its compressed steps
             sent = state.compression_stats()[2] / (warmup + len(times) - POWERSGD_START) * 4
         return record(kind, method, "ddp", model, times, ring_bytes(sent), ring_bytes(sent))
+
     return Row(method, ddp, opt, x, y, warmup, finish)
 
 
@@ -345,10 +396,18 @@ def main():
     parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="1: one row at a time; R > 1: the rows of a group alive, timed in R interleaved turns")
-    parser.add_argument("--group-size", type=int, default=0,
-                        help="with --rounds R > 1: rows alive at once, the baselines among them (0: every row)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="1: one row at a time; R > 1: the rows of a group alive, timed in R interleaved turns",
+    )
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=0,
+        help="with --rounds R > 1: rows alive at once, the baselines among them (0: every row)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     init_horovod(args.methods)
@@ -361,14 +420,16 @@ def main():
         records.append(dict(row.finish(times), rounds=args.rounds))
         # each phase on its slowest rank, step by step: so a phase never exceeds its step's time, and
         # a step's phases add up to at least its time (the slowest rank of each may differ)
-        records[-1]["phase_times_ms"] = {name: slowest_ms([p[j] for p in phases], f"bench.{row.method}.{name}")
-                                         for j, name in enumerate(PHASES)}
+        records[-1]["phase_times_ms"] = {
+            name: slowest_ms([p[j] for p in phases], f"bench.{row.method}.{name}") for j, name in enumerate(PHASES)
+        }
         records[-1]["phases_ms"] = {name: statistics.median(t) for name, t in records[-1]["phase_times_ms"].items()}
         if baselines:  # what this row is compared with: the baselines' steps in its own turns
             records[-1]["baselines"] = {m: slowest_ms(t, f"bench.{row.method}.{m}") for m, t in baselines.items()}
         if hvd.rank() == 0:
-            print(f"[e2e] {args.model} np{hvd.size()} {row.method:<20} {records[-1]['step_ms']:9.1f} ms/step",
-                  flush=True)
+            print(
+                f"[e2e] {args.model} np{hvd.size()} {row.method:<20} {records[-1]['step_ms']:9.1f} ms/step", flush=True
+            )
         del row  # not kept alive while the next group is built
     records.sort(key=lambda r: args.methods.index(r["method"]))  # baselines finish after their last group
     if torch.distributed.is_initialized():

@@ -8,6 +8,7 @@ a model's many (`MODELS`: ResNet-50's 161 gradients, the same 25.6M elements in 
 and a torch.topk per tensor on the same tensors. Medians of repeated runs after a warm-up.
 Each op's memcpy is timed in turn with the op itself, call for call, so a machine whose speed
 drifts (a shared host) moves both alike."""
+
 import importlib.util
 import json
 import math
@@ -35,8 +36,17 @@ def resnet50_shapes():
     for width, blocks in ((64, 3), (128, 4), (256, 6), (512, 3)):
         outputs = 4 * width
         for block in range(blocks):
-            shapes += [(width, inputs, 1, 1), (width,), (width,), (width, width, 3, 3), (width,), (width,),
-                       (outputs, width, 1, 1), (outputs,), (outputs,)]
+            shapes += [
+                (width, inputs, 1, 1),
+                (width,),
+                (width,),
+                (width, width, 3, 3),
+                (width,),
+                (width,),
+                (outputs, width, 1, 1),
+                (outputs,),
+                (outputs,),
+            ]
             if block == 0:
                 shapes += [(outputs, inputs, 1, 1), (outputs,), (outputs,)]
             inputs = outputs
@@ -94,8 +104,11 @@ def cases(x, density):
         ("topk (exact, no EF)", lambda: ops.pack_topk(x, None, k), None),
         ("block_pack (random block, EF)", lambda r: ops.block_pack(x, r, 12345 % numel, k), fresh_residual),
         ("sparse_unpack (k values, into a buffer)", lambda: ops.sparse_unpack(values, index, numel, out=dense), None),
-        ("block_unpack (k values, into a buffer)", lambda: ops.block_unpack(values, numel, 12345 % numel, out=dense),
-         None),
+        (
+            "block_unpack (k values, into a buffer)",
+            lambda: ops.block_unpack(values, numel, 12345 % numel, out=dense),
+            None,
+        ),
     ]
 
 
@@ -104,6 +117,7 @@ def _path_cases(x, density):
     runs it: compress -> Horovod allreduce (of what compress hands over) -> decompress. The
     gradient buffer is refilled before each call (untimed): decompress writes its result there."""
     import horovod.torch as hvd
+
     hvd.init()
     param = torch.nn.Parameter(torch.empty_like(x))
     grad = torch.empty_like(x)
@@ -111,8 +125,9 @@ def _path_cases(x, density):
     cases = []
     for name in path_methods(density):
         make = makers[name]
-        compressor = make(ratio=density, exchange="allgather", named_parameters=[("w", param)], min_numel=0,
-                          dense_1d=False)
+        compressor = make(
+            ratio=density, exchange="allgather", named_parameters=[("w", param)], min_numel=0, dense_1d=False
+        )
 
         def path(compressor=compressor):
             handed, ctx = compressor.compress(param.grad)
@@ -121,6 +136,7 @@ def _path_cases(x, density):
         def refill():
             param.grad = grad.copy_(x)
             return ()
+
         cases.append((f"{name} whole path (1 rank)", path, refill))
     return cases
 
@@ -136,8 +152,19 @@ def _tf_path_timings(numel, density, dtype, repeats):
     and density, timed by sparsecomm.bench.tf_paths in a process of its own: horovod.tensorflow
     and horovod.torch both initialised in one process without horovodrun (MPI) crash there, as
     their two libraries share the controller's symbols."""
-    command = [sys.executable, "-m", "sparsecomm.bench.tf_paths", "--numel", str(numel), "--density", str(density),
-               "--dtype", str(dtype).replace("torch.", ""), "--repeats", str(repeats)]
+    command = [
+        sys.executable,
+        "-m",
+        "sparsecomm.bench.tf_paths",
+        "--numel",
+        str(numel),
+        "--density",
+        str(density),
+        "--dtype",
+        str(dtype).replace("torch.", ""),
+        "--repeats",
+        str(repeats),
+    ]
     proc = subprocess.run(command, capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -157,6 +184,7 @@ def _model_gradients(device, dtype, shapes):
         for (_, param), buffer, grad in zip(params, buffers, grads):
             param.grad = buffer.copy_(grad)
         return ()
+
     return params, grads, refill
 
 
@@ -167,6 +195,7 @@ def _model_path_cases(params, refill, label, density):
     tensors and those under 1,024 elements go dense), then for the baseline, Horovod with no
     compression on the same tensors."""
     import horovod.torch as hvd
+
     hvd.init()
 
     def path(compression):
@@ -176,15 +205,21 @@ def _model_path_cases(params, refill, label, density):
             compression.decompress(hvd.synchronize(handle), ctx)
 
     makers = _compressor_classes()
-    cases = [(f"{name} whole path, {label} (1 rank)",
-              lambda c=makers[name](ratio=density, exchange="allgather", named_parameters=params): path(c), refill)
-             for name in path_methods(density)]
+    cases = [
+        (
+            f"{name} whole path, {label} (1 rank)",
+            lambda c=makers[name](ratio=density, exchange="allgather", named_parameters=params): path(c),  # noqa: B008
+            refill,
+        )
+        for name in path_methods(density)
+    ]
     return cases + [(f"Horovod, no compression, {label} (1 rank)", lambda: path(hvd.Compression.none), refill)]
 
 
 def _compressor_classes():
     """The compressors whose whole path is timed, by name (imported here: they need Horovod)."""
     from ..torch import DGC, Threshold, TopK
+
     return {"TopK": TopK, "Threshold": Threshold, "DGC": DGC}
 
 
@@ -216,8 +251,9 @@ def memcpy_of(numel, device="cpu"):
     return lambda: dst.copy_(src)
 
 
-def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print,
-        models=tuple(MODELS)):
+def run(
+    device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print, models=tuple(MODELS)
+):
     device = torch.device(device)
     records = []
     for numel in sizes:
@@ -226,13 +262,23 @@ def run(device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, rep
         for density in densities:
             k = selected_count(density, numel)
             topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
-            timings = [(name, *paired_median_ms(fn, memcpy, device, repeats, setup))
-                       for name, fn, setup in cases(x, density) + _path_cases(x, density)]
+            timings = [
+                (name, *paired_median_ms(fn, memcpy, device, repeats, setup))
+                for name, fn, setup in cases(x, density) + _path_cases(x, density)
+            ]
             if _tf_paths(device):
                 timings += _tf_path_timings(numel, density, dtype, repeats)
             for name, ms, memcpy_ms in timings:
-                record = {"op": name, "numel": numel, "density": density, "dtype": str(dtype).replace("torch.", ""),
-                          "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms}
+                record = {
+                    "op": name,
+                    "numel": numel,
+                    "density": density,
+                    "dtype": str(dtype).replace("torch.", ""),
+                    "device": device.type,
+                    "median_ms": ms,
+                    "memcpy_ms": memcpy_ms,
+                    "topk_ms": topk_ms,
+                }
                 records.append(record)
                 progress(record)
     for model in models:
@@ -253,13 +299,22 @@ def _model_records(device, dtype, model, densities, repeats, progress):
     memcpy = lambda: dst.copy_(src)  # noqa: E731
     for density in densities:
         ks = [selected_count(density, g.numel()) for g in grads]
-        topk_ms = median_ms(lambda: [torch.topk(g.abs().view(-1), k, sorted=False) for g, k in zip(grads, ks)],
-                            device, repeats)
+        topk_ms = median_ms(
+            lambda: [torch.topk(g.abs().view(-1), k, sorted=False) for g, k in zip(grads, ks)], device, repeats
+        )
         for name, fn, setup in _model_path_cases(params, refill, label, density):
             ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
-            record = {"op": name, "numel": src.numel(), "density": density, "dtype": str(dtype).replace("torch.", ""),
-                      "device": device.type, "median_ms": ms, "memcpy_ms": memcpy_ms, "topk_ms": topk_ms,
-                      "tensors": len(shapes)}
+            record = {
+                "op": name,
+                "numel": src.numel(),
+                "density": density,
+                "dtype": str(dtype).replace("torch.", ""),
+                "device": device.type,
+                "median_ms": ms,
+                "memcpy_ms": memcpy_ms,
+                "topk_ms": topk_ms,
+                "tensors": len(shapes),
+            }
             records.append(record)
             progress(record)
     return records
@@ -267,22 +322,32 @@ def _model_records(device, dtype, model, densities, repeats, progress):
 
 def table(records):
     width = max([40] + [len(r["op"]) + 2 for r in records])
-    header = (f"{'op':<{width}}{'numel':>12}{'density':>9}{'dtype':>10}{'device':>7}{'median ms':>11}"
-              f"{'x memcpy':>10}{'topk / op':>11}")
+    header = (
+        f"{'op':<{width}}{'numel':>12}{'density':>9}{'dtype':>10}{'device':>7}{'median ms':>11}"
+        f"{'x memcpy':>10}{'topk / op':>11}"
+    )
     lines = [header, "-" * len(header)]
     for r in records:
-        lines.append(f"{r['op']:<{width}}{r['numel']:>12,}{r['density']:>9}{r['dtype']:>10}{r['device']:>7}"
-                     f"{r['median_ms']:>11.3f}{r['median_ms'] / r['memcpy_ms']:>10.2f}"
-                     f"{r['topk_ms'] / r['median_ms']:>10.1f}x")
+        lines.append(
+            f"{r['op']:<{width}}{r['numel']:>12,}{r['density']:>9}{r['dtype']:>10}{r['device']:>7}"
+            f"{r['median_ms']:>11.3f}{r['median_ms'] / r['memcpy_ms']:>10.2f}"
+            f"{r['topk_ms'] / r['median_ms']:>10.1f}x"
+        )
     lines.append("")
-    lines.append("baselines in the same run: memcpy = float32 copy of the same numel, timed in turn with each op "
-                 "(its ratio is to that memcpy); topk = torch.topk(x.abs(), k) (a model's rows: one per tensor)")
-    lines.append("whole path: compress -> Horovod allreduce of what it hands over -> decompress, one rank, as "
-                 "hvd.DistributedOptimizer runs it (TF: horovod.tensorflow's allreduce in a tf.function)")
+    lines.append(
+        "baselines in the same run: memcpy = float32 copy of the same numel, timed in turn with each op "
+        "(its ratio is to that memcpy); topk = torch.topk(x.abs(), k) (a model's rows: one per tensor)"
+    )
+    lines.append(
+        "whole path: compress -> Horovod allreduce of what it hands over -> decompress, one rank, as "
+        "hvd.DistributedOptimizer runs it (TF: horovod.tensorflow's allreduce in a tf.function)"
+    )
     for numel, density, tensors in sorted({(r["numel"], r["density"], r.get("tensors", 1)) for r in records}):
         mine = [r for r in records if (r["numel"], r["density"], r.get("tensors", 1)) == (numel, density, tensors)]
         copies = [r["memcpy_ms"] for r in mine]
         where = f" in {tensors} tensors" if tensors > 1 else ""
-        lines.append(f"  numel {numel:>12,}{where}  density {density:<6}  memcpy {min(copies):8.3f} to "
-                     f"{max(copies):8.3f} ms  topk {mine[0]['topk_ms']:9.3f} ms")
+        lines.append(
+            f"  numel {numel:>12,}{where}  density {density:<6}  memcpy {min(copies):8.3f} to "
+            f"{max(copies):8.3f} ms  topk {mine[0]['topk_ms']:9.3f} ms"
+        )
     return "\n".join(lines)

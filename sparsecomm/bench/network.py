@@ -13,6 +13,7 @@
 
 Where namespaces cannot be made, `shared` runs on plain, unshaped loopback and says why;
 `per_host` raises (`per_host_unavailable` tells beforehand)."""
+
 import contextlib
 import itertools
 import os
@@ -41,21 +42,44 @@ def _why(error):
 def _tbf(namespace, device, rate):
     """Shapes the egress of `device` in `namespace` to `rate` with a token bucket."""
     burst = max(128 * 1024, int(RATES[rate] / 1000))  # about 1 ms of traffic (tbf needs burst >= rate / HZ)
-    _run("ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", rate,
-         "burst", str(burst), "latency", "10ms")
+    _run(
+        "ip",
+        "netns",
+        "exec",
+        namespace,
+        "tc",
+        "qdisc",
+        "add",
+        "dev",
+        device,
+        "root",
+        "tbf",
+        "rate",
+        rate,
+        "burst",
+        str(burst),
+        "latency",
+        "10ms",
+    )
 
 
 def _env():
     """The environment of every rank: one thread each, quiet TF, horovodrun on the PATH."""
     bin_dir = os.path.dirname(sys.executable)
-    return dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="3", PYTHONUNBUFFERED="1",
-                PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""))
+    return dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        TF_CPP_MIN_LOG_LEVEL="3",
+        PYTHONUNBUFFERED="1",
+        PATH=bin_dir + os.pathsep + os.environ.get("PATH", ""),
+    )
 
 
 def _follow(procs, stream, marker, log):
     """Reads the ranks' merged output until every rank has exited; forwards the lines holding
     `marker` to `log`; kills the others as soon as one fails (a lone rank would wait forever).
     Returns the last 40 lines."""
+
     def watch():
         while any(p.poll() is None for p in procs):
             if any(p.poll() not in (None, 0) for p in procs):
@@ -63,6 +87,7 @@ def _follow(procs, stream, marker, log):
                     if p.poll() is None:
                         p.kill()
             time.sleep(0.2)
+
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     tail = []
@@ -79,8 +104,18 @@ def horovodrun(ranks, module, args, marker, prefix=None, log=print):
     namespace) when given; forwards the lines holding `marker` to `log`; raises with the tail
     of the output on failure."""
     bin_dir = os.path.dirname(sys.executable)
-    cmd = (prefix or []) + [os.path.join(bin_dir, "horovodrun"), "-np", str(ranks), "-H", f"localhost:{ranks}",
-                            "--gloo", sys.executable, "-m", module, *args]
+    cmd = (prefix or []) + [
+        os.path.join(bin_dir, "horovodrun"),
+        "-np",
+        str(ranks),
+        "-H",
+        f"localhost:{ranks}",
+        "--gloo",
+        sys.executable,
+        "-m",
+        module,
+        *args,
+    ]
     proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         tail = _follow([proc], proc.stdout, marker, log)
@@ -98,6 +133,7 @@ def horovodrun(ranks, module, args, marker, prefix=None, log=print):
 class SharedLink:
     """Ranks of one horovodrun behind one link: a namespace's shaped loopback (prefix), or
     plain loopback (prefix None: unshaped)."""
+
     model = "shared"
 
     def __init__(self, prefix, rate):
@@ -139,6 +175,7 @@ def shaped(rate):
 class PerHostNics:
     """One namespace per rank, each with its own (shaped) NIC on a shared bridge. build() makes
     them, remove() deletes every namespace made so far (and with them the veths and bridge)."""
+
     model = "per-host"
 
     def __init__(self, ranks, rate):
@@ -185,9 +222,13 @@ class PerHostNics:
     def _start_rendezvous(self):
         """Horovod's rendezvous server in the bridge's namespace, reachable from every host;
         returns the process and its port."""
-        server = subprocess.Popen(["ip", "netns", "exec", self.bridge, sys.executable, "-m",
-                                   "sparsecomm.bench.rendezvous", str(self.ranks)],
-                                  env=_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            ["ip", "netns", "exec", self.bridge, sys.executable, "-m", "sparsecomm.bench.rendezvous", str(self.ranks)],
+            env=_env(),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         line = server.stdout.readline()
         if not line.startswith("port "):
             server.kill()
@@ -197,7 +238,9 @@ class PerHostNics:
     def _rank_envs(self, port):
         """What horovodrun's Gloo launcher gives each rank (its own functions), one host per rank."""
         from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+
         from .rendezvous import host_slots
+
         slots = host_slots(self.ranks)
         common = {k: str(v) for k, v in create_run_env_vars(BRIDGE_ADDRESS, [IFACE], port).items()}
         return [dict(_env(), **common, **create_slot_env_vars(slot)) for slot in slots]
@@ -207,8 +250,18 @@ class PerHostNics:
         hostname (own UTS namespace). Horovod 0.28.1 builds the Gloo device of its process sets
         from the hostname, not from HOROVOD_GLOO_IFACE; the machine's name resolves to 127.0.0.1,
         which from a namespace of its own reaches no other rank. An address resolves to itself."""
-        return ["ip", "netns", "exec", self.hosts[rank], "unshare", "--uts", "sh", "-c", 'hostname "$0" && exec "$@"',
-                self.address(rank)]
+        return [
+            "ip",
+            "netns",
+            "exec",
+            self.hosts[rank],
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            'hostname "$0" && exec "$@"',
+            self.address(rank),
+        ]
 
     def launch(self, ranks, module, args, marker, log=print):
         """Runs `python -m module args` once per host namespace, as ranks of one Gloo job."""
@@ -220,8 +273,14 @@ class PerHostNics:
         try:
             with os.fdopen(read, "r", errors="replace") as stream:
                 for rank, env in enumerate(self._rank_envs(port)):
-                    procs.append(subprocess.Popen(self._rank_command(rank) + [sys.executable, "-m", module, *args],
-                                                  env=env, stdout=write, stderr=subprocess.STDOUT))
+                    procs.append(
+                        subprocess.Popen(
+                            self._rank_command(rank) + [sys.executable, "-m", module, *args],
+                            env=env,
+                            stdout=write,
+                            stderr=subprocess.STDOUT,
+                        )
+                    )
                 os.close(write)
                 write = None
                 tail = _follow(procs, stream, marker, log)
@@ -234,8 +293,9 @@ class PerHostNics:
                 proc.wait()
         if any(p.returncode != 0 for p in procs):
             codes = [p.returncode for p in procs]
-            raise RuntimeError(f"per-host ranks failed (exit codes {codes}; {module} {' '.join(args[:4])} ...):\n"
-                               f"{''.join(tail)}")
+            raise RuntimeError(
+                f"per-host ranks failed (exit codes {codes}; {module} {' '.join(args[:4])} ...):\n{''.join(tail)}"
+            )
 
 
 @contextlib.contextmanager

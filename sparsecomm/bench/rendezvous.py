@@ -2,6 +2,7 @@
 (sparsecomm.bench.network, per-host model), where horovodrun cannot start them:
 `python -m sparsecomm.bench.rendezvous RANKS` serves one host per rank, prints `port N`, and
 serves until its stdin closes."""
+
 import sys
 
 from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts

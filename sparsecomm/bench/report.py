@@ -4,6 +4,7 @@
 `python -m sparsecomm.bench all` calls it after measuring, `python -m sparsecomm.bench report`
 on a recorded run, measuring nothing. The page: a summary table, the figures, one table per
 kind of result (a row per configuration, a column per number), how it was measured last."""
+
 import os
 import platform
 import shlex
@@ -15,8 +16,10 @@ from .e2e import PHASES, ratio_text
 
 def _plt():
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -31,9 +34,18 @@ def speed_figure(records, path):
     width = 0.8 / max(1, len(networks))
     for ax, (model, ranks, netmodel) in zip(axes[0], panels):
         for j, net in enumerate(networks):
-            values = [next((r["speedup_vs_dense"] or 0 for r in records
-                            if (r["model"], r["ranks"], r["network_model"], r["network"], r["method"]) ==
-                            (model, ranks, netmodel, net, m)), 0) for m in methods]
+            values = [
+                next(
+                    (
+                        r["speedup_vs_dense"] or 0
+                        for r in records
+                        if (r["model"], r["ranks"], r["network_model"], r["network"], r["method"])
+                        == (model, ranks, netmodel, net, m)
+                    ),
+                    0,
+                )
+                for m in methods
+            ]
             ax.bar([i + j * width for i in range(len(methods))], values, width, label=net)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks([i + width * (len(networks) - 1) / 2 for i in range(len(methods))])
@@ -53,8 +65,12 @@ def convergence_figure(records, path):
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
     for ax, task in zip(axes[0], tasks):
         for r in (r for r in records if r["task"] == task):
-            ax.plot(range(1, len(r["curve"]) + 1), r["curve"], label=r["method"],
-                    linewidth=2.2 if r["method"] == "dense" else 1.2)
+            ax.plot(
+                range(1, len(r["curve"]) + 1),
+                r["curve"],
+                label=r["method"],
+                linewidth=2.2 if r["method"] == "dense" else 1.2,
+            )
         ax.set_xlabel("epoch")
         ax.set_ylabel("test accuracy" if task == "digits" else "validation loss (nats/char)")
         ax.set_title({"digits": "CNN on digits", "charlm": "char GRU on stdlib sources"}.get(task, task))
@@ -68,18 +84,27 @@ def convergence_figure(records, path):
 
 def machine():
     import torch
+
     cores = os.cpu_count()
-    return (f"{platform.machine()} Linux, {cores} CPU cores, Python {platform.python_version()}, "
-            f"torch {torch.__version__}, Horovod 0.28.1 (Gloo)")
+    return (
+        f"{platform.machine()} Linux, {cores} CPU cores, Python {platform.python_version()}, "
+        f"torch {torch.__version__}, Horovod 0.28.1 (Gloo)"
+    )
 
 
 def code_version():
     """The commit of the code being measured (with -dirty for uncommitted changes), or None
     outside a git checkout."""
     import subprocess
+
     try:
-        out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], capture_output=True, text=True,
-                             cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10)
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty", "--abbrev=7"],
+            capture_output=True,
+            text=True,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     if out.returncode != 0 or not out.stdout.strip():
@@ -98,6 +123,7 @@ def relative_command(command, root=None):
             return word
         inside = os.path.commonpath([root, os.path.abspath(word)]) == root
         return os.path.relpath(word, root) if inside else os.path.basename(word.rstrip("/"))
+
     return shlex.join(relative(word) for word in shlex.split(command))
 
 
@@ -112,8 +138,13 @@ def convergence_source(earlier, path):
 
 def _para(text):
     """A paragraph (or a "- " list item) wrapped at 100 characters."""
-    return textwrap.fill(text, 100, subsequent_indent="  " if text.startswith("- ") else "",
-                         break_long_words=False, break_on_hyphens=False)
+    return textwrap.fill(
+        text,
+        100,
+        subsequent_indent="  " if text.startswith("- ") else "",
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
 
 
 def _md_table(header, rows):
@@ -125,8 +156,10 @@ def _md_table(header, rows):
 # -- the records, in the page's order --------------------------------------------------------
 
 NETWORK_ORDER = ("1gbit", "10gbit", "unshaped")
-MODELS = {"comm": "an MLP 1024-4096-4096-1024, 25.2M parameters, 101 MB of gradient, batch 8",
-          "compute": "a CNN on 32x32x3 images, 0.29M parameters, batch 32"}
+MODELS = {
+    "comm": "an MLP 1024-4096-4096-1024, 25.2M parameters, 101 MB of gradient, batch 8",
+    "compute": "a CNN on 32x32x3 images, 0.29M parameters, batch 32",
+}
 SHORT = {"comm": "an MLP with 101 MB of gradient", "compute": "a small CNN"}
 # The peers a user compares with, as the summary names them: Horovod's own compression and
 # PyTorch DDP's communication hooks.
@@ -134,9 +167,11 @@ PEERS = {"dense fp16": "Horovod fp16", "DDP fp16": "DDP fp16 hook", "DDP PowerSG
 EXCHANGES = ("allgather", "spardl", "auto")  # a method's e2e rows are named "<method> <exchange>"
 AUTO = "DGC 0.1% auto"
 WITHIN = 0.97  # exchange="auto" is to be within 3% of dense's step time, or faster
-VERDICTS = ("within 3% of dense or faster",
-            "slower at the median, but its interval reaches the 3% margin: not told apart from it",
-            "**slower than dense by more than 3%**")
+VERDICTS = (
+    "within 3% of dense or faster",
+    "slower at the median, but its interval reaches the 3% margin: not told apart from it",
+    "**slower than dense by more than 3%**",
+)
 
 
 def _networks(records):
@@ -148,17 +183,34 @@ def _ordered(values):
 
 
 def _cell_of(records, model, netmodel, ranks, network, method):
-    return next((r for r in records if (r["model"], r["network_model"], r["ranks"], r["network"], r["method"]) ==
-                 (model, netmodel, ranks, network, method)), None)
+    return next(
+        (
+            r
+            for r in records
+            if (r["model"], r["network_model"], r["ranks"], r["network"], r["method"])
+            == (model, netmodel, ranks, network, method)
+        ),
+        None,
+    )
 
 
 def _cells(e2e):
     """(network model, ranks, network, its records) of the comm-model runs, in a stable order."""
-    keys = sorted({(r["network_model"], r["ranks"], r["network"]) for r in e2e if r["model"] == "comm"},
-                  key=lambda c: (c[0], c[1], (NETWORK_ORDER + (c[2],)).index(c[2])))
+    keys = sorted(
+        {(r["network_model"], r["ranks"], r["network"]) for r in e2e if r["model"] == "comm"},
+        key=lambda c: (c[0], c[1], (NETWORK_ORDER + (c[2],)).index(c[2])),
+    )
     for netmodel, ranks, net in keys:
-        yield netmodel, ranks, net, [r for r in e2e if (r["model"], r["network_model"], r["ranks"], r["network"]) ==
-                                     ("comm", netmodel, ranks, net)]
+        yield (
+            netmodel,
+            ranks,
+            net,
+            [
+                r
+                for r in e2e
+                if (r["model"], r["network_model"], r["ranks"], r["network"]) == ("comm", netmodel, ranks, net)
+            ],
+        )
 
 
 def _joined(values, sep=" / "):
@@ -168,6 +220,7 @@ def _joined(values, sep=" / "):
 
 
 # -- summary ---------------------------------------------------------------------------------
+
 
 def _trained_as(method, trained):
     """The convergence method an e2e row runs: its own name, or its name less the exchange."""
@@ -196,8 +249,11 @@ def _summary(results):
     e2e, conv = results["e2e"], results["convergence"]
     model = "comm" if any(r["model"] == "comm" for r in e2e) else next((r["model"] for r in e2e), None)
     rows = [r for r in e2e if r["model"] == model]
-    netmodel = "per-host" if any(r["network_model"] == "per-host" for r in rows) else next(
-        (r["network_model"] for r in rows), None)
+    netmodel = (
+        "per-host"
+        if any(r["network_model"] == "per-host" for r in rows)
+        else next((r["network_model"] for r in rows), None)
+    )
     rows = [r for r in rows if r["network_model"] == netmodel]
     networks = [n for n in ("1gbit", "10gbit") if any(r["network"] == n for r in rows)] or _networks(rows)
     ranks = sorted({r["ranks"] for r in rows})
@@ -229,25 +285,36 @@ def _summary(results):
             row.append("-" if record is None else _final_text(record, trained.get((task, "dense"))))
         table.append(row)
     described = f"the {model} model ({SHORT[model]})" if model in SHORT else f"the {model} model"
-    intro = (f"Speed on {described}, {netmodel} network, {' / '.join(f'{n} ranks' for n in ranks)} in each "
-             f"cell: above 1.0x the method is faster than the dense or peer row of the same run.")
+    intro = (
+        f"Speed on {described}, {netmodel} network, {' / '.join(f'{n} ranks' for n in ranks)} in each "
+        f"cell: above 1.0x the method is faster than the dense or peer row of the same run."
+    )
     lines = [_para(intro), "", _md_table(header, table), ""]
     if conv:
         trained_ranks = " or ".join(_ordered(str(r.get("ranks", "?")) for r in conv))
-        lines.append(_para(f"- Accuracy on {trained_ranks} ranks, with the change against dense (a loss is better "
-                           f"when lower). More methods and the intervals: below."))
+        lines.append(
+            _para(
+                f"- Accuracy on {trained_ranks} ranks, with the change against dense (a loss is better "
+                f"when lower). More methods and the intervals: below."
+            )
+        )
     other = [r for r in e2e if r["model"] != model and r["family"] == "sparsecomm" and r["vs_dense"] is not None]
     if other:
         low, high = min(r["vs_dense"] for r in other), max(r["vs_dense"] for r in other)
         names = " and ".join(f"the {m} model" for m in _ordered(r["model"] for r in other))
         auto = [r for r in other if r["method"] == AUTO]
         dense = " `auto` sends it all dense." if auto and all(r["exchanges"] == ["dense"] for r in auto) else ""
-        lines.append(_para(f"- On {names}, compute dominates: every method runs at {low:.2f}x to {high:.2f}x of "
-                           f"dense's speed.{dense}"))
+        lines.append(
+            _para(
+                f"- On {names}, compute dominates: every method runs at {low:.2f}x to {high:.2f}x of "
+                f"dense's speed.{dense}"
+            )
+        )
     return "\n".join(lines)
 
 
 # -- end-to-end tables -----------------------------------------------------------------------
+
 
 def _e2e_tables(e2e):
     """Per network model: a row per (model, method); its received MB and exchange (per ranks),
@@ -264,15 +331,26 @@ def _e2e_tables(e2e):
         for model, method in _ordered((r["model"], r["method"]) for r in rows):
             found = [_cell_of(rows, model, netmodel, n, net, method) for n, net in cells]
             per_ranks = [[c for (m, _), c in zip(cells, found) if m == n and c is not None] for n in ranks]
-            row = [model, method,
-                   " / ".join(_joined([f"{c['received_bytes'] / 1e6:.3f}" for c in have], ", ")
-                              for have in per_ranks if have),
-                   _joined([", ".join(_ordered(e for c in have for e in c["exchanges"])) or "-"
-                            for have in per_ranks if have])]
+            row = [
+                model,
+                method,
+                " / ".join(
+                    _joined([f"{c['received_bytes'] / 1e6:.3f}" for c in have], ", ") for have in per_ranks if have
+                ),
+                _joined(
+                    [", ".join(_ordered(e for c in have for e in c["exchanges"])) or "-" for have in per_ranks if have]
+                ),
+            ]
             for c in found:
-                row += ["", "", ""] if c is None else [
-                    f"{c['step_ms']:.1f}", ratio_text(c.get("vs_dense"), c.get("vs_dense_interval")),
-                    ratio_text(c.get("vs_floor"), c.get("vs_floor_interval"))]
+                row += (
+                    ["", "", ""]
+                    if c is None
+                    else [
+                        f"{c['step_ms']:.1f}",
+                        ratio_text(c.get("vs_dense"), c.get("vs_dense_interval")),
+                        ratio_text(c.get("vs_floor"), c.get("vs_floor_interval")),
+                    ]
+                )
             body.append(row)
         named = len({r["network_model"] for r in e2e}) > 1
         blocks.append((f"**{netmodel.capitalize()} network.**\n\n" if named else "") + _md_table(header, body))
@@ -288,8 +366,18 @@ def _verdict(record):
     return VERDICTS[2]
 
 
-AUTO_HEADER = ("model", "ranks", "network", "vs dense", "sent by", "route trial, ms a step", "median pair",
-               "kept", "compress hooks, ms a step", "verdict")
+AUTO_HEADER = (
+    "model",
+    "ranks",
+    "network",
+    "vs dense",
+    "sent by",
+    "route trial, ms a step",
+    "median pair",
+    "kept",
+    "compress hooks, ms a step",
+    "verdict",
+)
 
 
 def _auto_rows(e2e):
@@ -304,9 +392,20 @@ def _auto_rows(e2e):
         sides = ", ".join(f"{side} {ms:.0f}" for side, ms in trial.get("step_ms", {}).items()) or "-"
         pair = f"{trial['ratio']:.2f} over {trial['steps']} steps" if "ratio" in trial else "-"
         hooks = "-" if "compress_ms" not in r else f"{r['compress_ms']:.2f} ({r['compress_ms'] / r['step_ms']:.1%})"
-        rows.append((r["model"], r["ranks"], f"{r['network']} ({r['network_model']})",
-                     ratio_text(r["vs_dense"], r.get("vs_dense_interval")), ", ".join(r["exchanges"]) or "-",
-                     sides, pair, trial.get("kept", "-"), hooks, _verdict(r)))
+        rows.append(
+            (
+                r["model"],
+                r["ranks"],
+                f"{r['network']} ({r['network_model']})",
+                ratio_text(r["vs_dense"], r.get("vs_dense_interval")),
+                ", ".join(r["exchanges"]) or "-",
+                sides,
+                pair,
+                trial.get("kept", "-"),
+                hooks,
+                _verdict(r),
+            )
+        )
     return rows
 
 
@@ -330,21 +429,36 @@ def _phase_rows(e2e):
     for _, ranks, net, cell in _cells(e2e):
         by = {r["method"]: r for r in cell}
         timed = {m: r for m, r in by.items() if "phases_ms" in r}
-        shown = ["floor", "floor synced"] + [m for r in by.values() if r["family"] == "local"
-                                             for m in (r["method"], r["local_of"])]
-        over = {r["local_of"]: by[r["local_of"]] for r in by.values()
-                if r["family"] == "local" and by.get(r["local_of"], {}).get("vs_local") is not None}
+        shown = ["floor", "floor synced"] + [
+            m for r in by.values() if r["family"] == "local" for m in (r["method"], r["local_of"])
+        ]
+        over = {
+            r["local_of"]: by[r["local_of"]]
+            for r in by.values()
+            if r["family"] == "local" and by.get(r["local_of"], {}).get("vs_local") is not None
+        }
         shown = [m for m in _ordered(shown) if m in timed]
         if shown or over:
             cells.append((ranks, net, timed, shown, over))
     methods = _ordered(m for *_, shown, _ in cells for m in shown)
     locals_of = _ordered(m for *_, over in cells for m in over)
-    header = (["ranks", "network"] + [f"{m} {p}" if i == 0 else p for m in methods for i, p in enumerate(PHASES)]
-              + [f"{m} over kernels alone" for m in locals_of])
-    rows = [(ranks, net, *(f"{timed[m]['phases_ms'][p]:.1f}" if m in timed else "-" for m in methods for p in PHASES),
-             *(ratio_text(over[m]["vs_local"], over[m].get("vs_local_interval")) if m in over else "-"
-               for m in locals_of))
-            for ranks, net, timed, _, over in cells]
+    header = (
+        ["ranks", "network"]
+        + [f"{m} {p}" if i == 0 else p for m in methods for i, p in enumerate(PHASES)]
+        + [f"{m} over kernels alone" for m in locals_of]
+    )
+    rows = [
+        (
+            ranks,
+            net,
+            *(f"{timed[m]['phases_ms'][p]:.1f}" if m in timed else "-" for m in methods for p in PHASES),
+            *(
+                ratio_text(over[m]["vs_local"], over[m].get("vs_local_interval")) if m in over else "-"
+                for m in locals_of
+            ),
+        )
+        for ranks, net, timed, _, over in cells
+    ]
     return header, rows
 
 
@@ -383,6 +497,7 @@ def _timing(e2e):
 
 # -- convergence and kernels -----------------------------------------------------------------
 
+
 def _convergence_rows(conv):
     """(header, rows): a row per method, per task its final value, the change against dense and
     the bytes dense sends per step over the method's."""
@@ -405,8 +520,11 @@ def _convergence_rows(conv):
             row += [final, delta, f"{r['dense_bytes_per_step'] / max(r['sent_bytes_per_step'], 1):.0f}x"]
         rows.append(row)
     metric = {r["task"]: r["metric"] for r in conv}
-    header = ["method"] + [h for t in tasks for h in (f"{t} {'accuracy' if metric[t] == 'accuracy' else 'loss'}",
-                                                      "vs dense", "bytes/step vs dense")]
+    header = ["method"] + [
+        h
+        for t in tasks
+        for h in (f"{t} {'accuracy' if metric[t] == 'accuracy' else 'loss'}", "vs dense", "bytes/step vs dense")
+    ]
     return header, rows
 
 
@@ -420,8 +538,14 @@ def _data_text(conv):
             if r["task"] == task and r.get("data") not in kinds:
                 kinds.append(r.get("data"))
         for d in kinds:
-            lines.append(f"- {task} data: " + (f"{d['source']}, sha256 {d['sha256'][:16]}." if d else
-                                               "not recorded by the run that trained these records."))
+            lines.append(
+                f"- {task} data: "
+                + (
+                    f"{d['source']}, sha256 {d['sha256'][:16]}."
+                    if d
+                    else "not recorded by the run that trained these records."
+                )
+            )
         if len(kinds) > 1:
             lines.append(f"- **{task}'s methods were not all trained on the same data**: compare them with care.")
     return "\n".join(lines)
@@ -432,15 +556,23 @@ def _kernel_rows(kernels):
     of the same numel, and torch.topk's time over it."""
     groups = _ordered((k["numel"], k["density"]) for k in kernels)
     by = {(k["op"], k["numel"], k["density"]): k for k in kernels}
-    header = ["kernel"] + [h for numel, density in groups
-                           for h in (f"{numel:,} at {density:g}: ms", "/ memcpy", "topk / this")]
+    header = ["kernel"] + [
+        h for numel, density in groups for h in (f"{numel:,} at {density:g}: ms", "/ memcpy", "topk / this")
+    ]
     rows = []
     for op in _ordered(k["op"] for k in kernels):
         row = [op]
         for numel, density in groups:
             k = by.get((op, numel, density))
-            row += ["", "", ""] if k is None else [f"{k['median_ms']:.3f}", f"{k['median_ms'] / k['memcpy_ms']:.2f}",
-                                                   f"{k['topk_ms'] / k['median_ms']:.2f}"]
+            row += (
+                ["", "", ""]
+                if k is None
+                else [
+                    f"{k['median_ms']:.3f}",
+                    f"{k['median_ms'] / k['memcpy_ms']:.2f}",
+                    f"{k['topk_ms'] / k['median_ms']:.2f}",
+                ]
+            )
         rows.append(row)
     return header, rows
 
@@ -449,8 +581,10 @@ def _model_rows_text(kernels):
     """What a model's rows are, where the run has them (`bench kernels --kernel-models`)."""
     if not any("tensors" in k for k in kernels):
         return ""
-    return (" A \"ResNet-50's 161 tensors\" row runs it on ResNet-50's gradients, 25.6M elements in tensors of "
-            "64 to 2.4M (1-D ones and those under 1,024 elements dense), one torch.topk per tensor.")
+    return (
+        " A \"ResNet-50's 161 tensors\" row runs it on ResNet-50's gradients, 25.6M elements in tensors of "
+        "64 to 2.4M (1-D ones and those under 1,024 elements dense), one torch.topk per tensor."
+    )
 
 
 def _of_code(results):
@@ -460,8 +594,9 @@ def _of_code(results):
 def _reused(results):
     if "convergence_from" not in results:
         return ""
-    return (f"\nThese convergence records were trained by another run ({results['convergence_from']}), "
-            f"not by this one.\n")
+    return (
+        f"\nThese convergence records were trained by another run ({results['convergence_from']}), not by this one.\n"
+    )
 
 
 # -- how it was measured ---------------------------------------------------------------------
@@ -498,17 +633,21 @@ ROWS = """- **Floor and peers.** `floor`: the step with no exchange, which none 
 def _method_section(results, rel, scaling_method):
     e2e = results["e2e"]
     models = "\n".join(f"- {m} model: {MODELS[m]}." for m in _ordered(r["model"] for r in e2e) if m in MODELS)
-    netmodels = "\n\n".join(f"### Network model: {m}\n\n{NETWORK_MODELS[m]}"
-                            for m in sorted({r["network_model"] for r in e2e}))
+    netmodels = "\n\n".join(
+        f"### Network model: {m}\n\n{NETWORK_MODELS[m]}" for m in sorted({r["network_model"] for r in e2e})
+    )
     runs = _para(
         "Every method trains on 2 ranks, same seeds, data order and epochs. digits: a small CNN, 1,437 training / "
         "360 held-out images. charlm: a GRU (64-dim embedding, 192 hidden) on the Python standard library's "
         "sources (600 kB, last 10% held out). Kernels are timed in turn with a float32 memcpy of the same numel "
-        "and torch.topk(x.abs(), k) ([kernels.md](kernels.md#measured-speed-cpu)). A \"whole path (1 rank)\" row "
-        "is compress, Horovod's allreduce and decompress; a \"TF\" row the same in a tf.function."
-        + _model_rows_text(results["kernels"]))
-    ran = _para(f"`make bench` ran `{relative_command(results['command'])}` for {results['minutes']:.0f} "
-                f"minutes{_of_code(results)}. `python -m sparsecomm.bench report` rewrites this page from it.")
+        'and torch.topk(x.abs(), k) ([kernels.md](kernels.md#measured-speed-cpu)). A "whole path (1 rank)" row '
+        'is compress, Horovod\'s allreduce and decompress; a "TF" row the same in a tf.function.'
+        + _model_rows_text(results["kernels"])
+    )
+    ran = _para(
+        f"`make bench` ran `{relative_command(results['command'])}` for {results['minutes']:.0f} "
+        f"minutes{_of_code(results)}. `python -m sparsecomm.bench report` rewrites this page from it."
+    )
     return f"""## How it was measured
 
 {ran}
@@ -542,8 +681,10 @@ def write_markdown(results, out, path):
     kernel_header, kernel_rows = _kernel_rows(results["kernels"])
     scaled = scaling.parts(results, out)
     e2e = results["e2e"]
-    top = _para(f"`make bench` on {results['machine']}; every ratio is against a baseline of the same run. "
-                f"Raw records: [{rel}/results.json]({rel}/results.json); the method: [last](#how-it-was-measured).")
+    top = _para(
+        f"`make bench` on {results['machine']}; every ratio is against a baseline of the same run. "
+        f"Raw records: [{rel}/results.json]({rel}/results.json); the method: [last](#how-it-was-measured)."
+    )
     text = f"""# Results
 
 {top}

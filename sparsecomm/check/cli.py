@@ -14,6 +14,7 @@ Checks that sparsecomm works on this machine, on its GPUs when it has any:
 
 Each step PASSes, FAILs, or is SKIPped with the reason. The exit code is 0 when nothing FAILed
 (a SKIP is not a failure), 1 otherwise."""
+
 import argparse
 import json
 import time
@@ -60,14 +61,18 @@ def finish(results, json_path=None, env=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m sparsecomm.check", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true",
-                        help="small benchmark sizes and few training steps (about a minute on a CPU)")
+    parser = argparse.ArgumentParser(
+        prog="python -m sparsecomm.check", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="small benchmark sizes and few training steps (about a minute on a CPU)"
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the environment and the results here")
     args = parser.parse_args(argv)
     env = environment.probe()
-    print("sparsecomm self-check" + (" (--quick)" if args.quick else "") + "\n  "
-          + "\n  ".join(environment.lines(env)), flush=True)
+    print(
+        "sparsecomm self-check" + (" (--quick)" if args.quick else "") + "\n  " + "\n  ".join(environment.lines(env)),
+        flush=True,
+    )
     results = [run_step(name, function) for name, function in plan(env, args.quick)]
     return finish(results, args.json, env)

@@ -1,6 +1,7 @@
 """What the self-check finds on this machine: torch and its CUDA, the GPUs, sparsecomm's
 extension (and whether it carries CUDA kernels), Horovod's backends, TensorFlow, and whether
 this is a source checkout with the tests. Also why a cuda step cannot run here, if it cannot."""
+
 import dataclasses
 import glob
 import importlib.metadata
@@ -9,7 +10,6 @@ import os
 import platform
 import subprocess
 import sys
-from typing import List, Optional
 
 import torch
 
@@ -23,21 +23,21 @@ NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 class Environment:
     python: str
     torch: str
-    torch_cuda: Optional[str]  # torch.version.cuda: None for a CPU-only torch build
+    torch_cuda: str | None  # torch.version.cuda: None for a CPU-only torch build
     cuda_warning: str  # what torch said while looking for a GPU (e.g. a driver too old)
-    gpus: List[str]  # the GPUs torch can use
+    gpus: list[str]  # the GPUs torch can use
     driver_gpus: int  # the NVIDIA GPUs the driver lists (torch may not see them: a CPU-only torch)
-    extension_error: Optional[str]  # None when sparsecomm._C loads
+    extension_error: str | None  # None when sparsecomm._C loads
     extension_cuda: bool  # the extension registered CUDA kernels
-    horovod: Optional[str]
+    horovod: str | None
     horovod_error: str
     nccl: int  # horovod.torch.nccl_built(): NCCL's version code, 0 when built without
     gloo: bool
     mpi: bool
     horovod_cuda: bool
-    tensorflow: Optional[str]
+    tensorflow: str | None
     tf_ops: bool  # sparsecomm's TF op library is built
-    tests: Optional[str]  # the tests directory of a source checkout, None for an installed package
+    tests: str | None  # the tests directory of a source checkout, None for an installed package
 
 
 # Run in a child process: this one never opens a CUDA context, which on GPUs in exclusive-process
@@ -114,10 +114,25 @@ def probe():
     extension_error, extension_cuda = _extension()
     horovod, horovod_error, nccl, gloo, mpi, horovod_cuda = _horovod()
     package = os.path.join(ROOT, "sparsecomm")
-    return Environment(platform.python_version(), torch.__version__, torch.version.cuda, said, gpus, _driver_gpus(),
-                       extension_error, extension_cuda, horovod, horovod_error, nccl, gloo, mpi, horovod_cuda,
-                       _version("tensorflow", "tensorflow-cpu", "tf-nightly"),
-                       bool(glob.glob(os.path.join(package, "tensorflow", "_ops*.so"))), _tests_dir())
+    return Environment(
+        platform.python_version(),
+        torch.__version__,
+        torch.version.cuda,
+        said,
+        gpus,
+        _driver_gpus(),
+        extension_error,
+        extension_cuda,
+        horovod,
+        horovod_error,
+        nccl,
+        gloo,
+        mpi,
+        horovod_cuda,
+        _version("tensorflow", "tensorflow-cpu", "tf-nightly"),
+        bool(glob.glob(os.path.join(package, "tensorflow", "_ops*.so"))),
+        _tests_dir(),
+    )
 
 
 def nccl_version(code):
@@ -135,13 +150,22 @@ def lines(env):
         f"GPUs        {', '.join(env.gpus) or 'none that torch can use'}"
         + (f" (the NVIDIA driver lists {env.driver_gpus})" if env.driver_gpus != len(env.gpus) else "")
         + (f" ({env.cuda_warning})" if env.cuda_warning else ""),
-        "sparsecomm  " + (f"extension does NOT load: {env.extension_error}" if env.extension_error else
-                          f"extension loads, CUDA kernels: {yes[env.extension_cuda]}") + f"  ({ROOT})",
-        "horovod     " + (f"{env.horovod}: NCCL {nccl_version(env.nccl) if env.nccl else 'no'}, "
-                          f"Gloo {yes[env.gloo]}, MPI {yes[env.mpi]}, CUDA {yes[env.horovod_cuda]}"
-                          if env.horovod else f"does not import: {env.horovod_error}"),
-        "tensorflow  " + (f"{env.tensorflow}, sparsecomm TF ops built: {yes[env.tf_ops]}" if env.tensorflow
-                          else "not installed"),
+        "sparsecomm  "
+        + (
+            f"extension does NOT load: {env.extension_error}"
+            if env.extension_error
+            else f"extension loads, CUDA kernels: {yes[env.extension_cuda]}"
+        )
+        + f"  ({ROOT})",
+        "horovod     "
+        + (
+            f"{env.horovod}: NCCL {nccl_version(env.nccl) if env.nccl else 'no'}, "
+            f"Gloo {yes[env.gloo]}, MPI {yes[env.mpi]}, CUDA {yes[env.horovod_cuda]}"
+            if env.horovod
+            else f"does not import: {env.horovod_error}"
+        ),
+        "tensorflow  "
+        + (f"{env.tensorflow}, sparsecomm TF ops built: {yes[env.tf_ops]}" if env.tensorflow else "not installed"),
         f"tests       {env.tests or 'not found (an installed package, not a source checkout)'}",
     ]
 
@@ -150,10 +174,17 @@ def summary(env):
     """The environment on one line (the table's detail)."""
     backends = [name for name, built in (("NCCL", env.nccl), ("Gloo", env.gloo), ("MPI", env.mpi)) if built]
     hvd = f"horovod {env.horovod} ({', '.join(backends) or 'no backend'})" if env.horovod else "no horovod"
-    ext = ("extension does NOT load" if env.extension_error else
-           "extension with CUDA kernels" if env.extension_cuda else "extension CPU-only")
-    return (f"torch {env.torch} (CUDA {env.torch_cuda or 'none'}), {len(env.gpus)} GPU(s), {ext}, {hvd}, "
-            f"TF {env.tensorflow or 'none'}")
+    ext = (
+        "extension does NOT load"
+        if env.extension_error
+        else "extension with CUDA kernels"
+        if env.extension_cuda
+        else "extension CPU-only"
+    )
+    return (
+        f"torch {env.torch} (CUDA {env.torch_cuda or 'none'}), {len(env.gpus)} GPU(s), {ext}, {hvd}, "
+        f"TF {env.tensorflow or 'none'}"
+    )
 
 
 def blocker(env, device):
@@ -163,8 +194,10 @@ def blocker(env, device):
     if env.extension_error:
         return FAIL, f"sparsecomm's extension does not load: {env.extension_error}"
     if device == "cuda" and not env.extension_cuda:
-        return FAIL, (f"{len(env.gpus)} GPU(s) found but sparsecomm's extension has no CUDA kernels: rebuild it "
-                      "with a CUDA toolkit on the PATH (SPARSECOMM_WITH_CUDA=1 make build)")
+        return FAIL, (
+            f"{len(env.gpus)} GPU(s) found but sparsecomm's extension has no CUDA kernels: rebuild it "
+            "with a CUDA toolkit on the PATH (SPARSECOMM_WITH_CUDA=1 make build)"
+        )
     return None
 
 
@@ -172,6 +205,8 @@ def _why_no_cuda(env):
     if env.cuda_warning:
         return f": {env.cuda_warning}"
     if env.torch_cuda is None and env.driver_gpus:
-        return (f": torch {env.torch} is a CPU-only build, yet the NVIDIA driver lists {env.driver_gpus} GPU(s): "
-                "install a CUDA build of torch")
+        return (
+            f": torch {env.torch} is a CPU-only build, yet the NVIDIA driver lists {env.driver_gpus} GPU(s): "
+            "install a CUDA build of torch"
+        )
     return "; torch is a CPU-only build" if env.torch_cuda is None else ""

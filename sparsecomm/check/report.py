@@ -2,6 +2,7 @@
 
 A step PASSes, FAILs, or is SKIPped with the reason it could not run here. SKIP is not a
 failure: the verdict is OK when nothing FAILed, and says which steps did not run."""
+
 import dataclasses
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
@@ -46,5 +47,8 @@ def table(results):
 
 
 def as_dict(results):
-    return {"steps": [dataclasses.asdict(r) for r in results], "exit_code": exit_code(results),
-            "verdict": verdict(results)}
+    return {
+        "steps": [dataclasses.asdict(r) for r in results],
+        "exit_code": exit_code(results),
+        "verdict": verdict(results),
+    }

@@ -1,6 +1,7 @@
 """The self-check's steps. Each returns (status, one-line detail). Every run happens in a child
 process with a time limit (pytest, the kernel benchmark's CLI, horovodrun), so a crashed
 kernel or a hung rank fails its own step and not the whole check."""
+
 import importlib.util
 import json
 import math
@@ -21,12 +22,16 @@ OP_TEST_FILES = ("test_torch_select_ops.py", "test_torch_block_ops.py")
 # (device, quick) -> kernel benchmark sizes, densities, repeats, models. The CPU runs are kept
 # small: there they only show the kernels work; the GPU timings are the ones worth reading (and
 # the full GPU run times the whole path on ResNet-50's 161 tensors too: what a tensor costs).
-BENCH = {("cuda", False): ((1_000_000, 25_557_032), (0.001, 0.01), 7, ("resnet50",)),
-         ("cuda", True): ((1_000_000,), (0.01,), 3, ()),
-         ("cpu", False): ((1_000_000,), (0.001, 0.01), 3, ()),
-         ("cpu", True): ((100_000,), (0.01,), 2, ())}
-SUMMARY_OPS = (("pack_sampled (estimate + pack + band)", "DGC/Threshold pack"),
-               ("pack_topk (exact top-k, EF)", "exact top-k pack"))
+BENCH = {
+    ("cuda", False): ((1_000_000, 25_557_032), (0.001, 0.01), 7, ("resnet50",)),
+    ("cuda", True): ((1_000_000,), (0.01,), 3, ()),
+    ("cpu", False): ((1_000_000,), (0.001, 0.01), 3, ()),
+    ("cpu", True): ((100_000,), (0.01,), 2, ()),
+}
+SUMMARY_OPS = (
+    ("pack_sampled (estimate + pack + band)", "DGC/Threshold pack"),
+    ("pack_topk (exact top-k, EF)", "exact top-k pack"),
+)
 
 
 def child_env():
@@ -44,8 +49,15 @@ def run_command(cmd, timeout, cwd=None):
     """(exit code, or None on a time-out, combined output). On a time-out the whole process
     group is killed, so no rank or worker is left behind."""
     print("[check] $ " + shlex.join(cmd), flush=True)
-    proc = subprocess.Popen(cmd, cwd=cwd, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         output, _ = proc.communicate(timeout=timeout)
         return proc.returncode, output
@@ -74,11 +86,13 @@ def op_tests(env, device, quick):
     select = "cuda and not emulated" if device == "cuda" else "not cuda"
     files = [os.path.join(env.tests, f) for f in OP_TEST_FILES]
     timeout = 300 if quick else 900
-    code, output = run_command([sys.executable, "-m", "pytest", *files, "-q", "-rf", "-p", "no:cacheprovider",
-                                "-k", select], timeout, cwd=ROOT)
+    code, output = run_command(
+        [sys.executable, "-m", "pytest", *files, "-q", "-rf", "-p", "no:cacheprovider", "-k", select], timeout, cwd=ROOT
+    )
     counts = re.findall(r"^=*\s*(\d+ (?:passed|failed|error).*?) in [\d.]+s", output, re.M)
-    counts = (re.sub(r", \d+ deselected", "", counts[-1]) if counts
-              else f"pytest exited {code} without a summary (a crash?)")
+    counts = (
+        re.sub(r", \d+ deselected", "", counts[-1]) if counts else f"pytest exited {code} without a summary (a crash?)"
+    )
     where = f"pytest -k '{select}' tests/{{{','.join(OP_TEST_FILES)}}}"
     if code == 0:
         return PASS, f"{counts} ({where})"
@@ -94,6 +108,7 @@ def op_tests(env, device, quick):
 def packaged_self_test(device, timeout):
     """An installed package has no tests/: its own self-test (sparsecomm.selftest) instead."""
     from ..info import selftest
+
     result = selftest("torch", device, timeout)
     return result.status, f"{result.detail} (python -m sparsecomm.selftest: no tests/ in an installed package)"
 
@@ -110,19 +125,43 @@ def kernel_bench(env, device, quick):
     timeout = 300 if quick else 900
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernels.json")
-        code, output = run_command([sys.executable, "-m", "sparsecomm.bench", "kernels", "--device", device,
-                                    "--sizes", *map(str, sizes), "--densities", *map(str, densities),
-                                    "--repeats", str(repeats), "--kernel-models", *models, "--json", path], timeout)
+        code, output = run_command(
+            [
+                sys.executable,
+                "-m",
+                "sparsecomm.bench",
+                "kernels",
+                "--device",
+                device,
+                "--sizes",
+                *map(str, sizes),
+                "--densities",
+                *map(str, densities),
+                "--repeats",
+                str(repeats),
+                "--kernel-models",
+                *models,
+                "--json",
+                path,
+            ],
+            timeout,
+        )
         if code != 0:
             show_tail(output)
             return FAIL, f"the benchmark {'timed out' if code is None else f'exited {code}'}"
         with open(path) as f:
             records = json.load(f)["records"]
     from ..bench import kernels
+
     print(kernels.table(records), flush=True)
     measured = {(r["numel"], r["density"], r["op"]) for r in records if 0 < r["median_ms"] < math.inf}
-    missing = [f"{op} at {numel:,}/{density:g}" for numel in sizes for density in densities
-               for op, _ in SUMMARY_OPS if (numel, density, op) not in measured]
+    missing = [
+        f"{op} at {numel:,}/{density:g}"
+        for numel in sizes
+        for density in densities
+        for op, _ in SUMMARY_OPS
+        if (numel, density, op) not in measured
+    ]
     invalid = [r["op"] for r in records if not 0 < r["median_ms"] < math.inf]
     if missing or invalid:
         return FAIL, "no valid timing for " + ", ".join(missing + invalid)
@@ -157,12 +196,16 @@ def launch_plan(env, device):
         return flag, controller
     if env.nccl:  # Horovod reduces cuda tensors with NCCL, and NCCL refuses two ranks on one GPU
         if len(env.gpus) < 2:
-            return None, ("horovod reduces cuda tensors with NCCL, which needs one GPU per rank, and only 1 GPU "
-                          "is visible (2 ranks on one GPU: NCCL 'Duplicate GPU detected')")
+            return None, (
+                "horovod reduces cuda tensors with NCCL, which needs one GPU per rank, and only 1 GPU "
+                "is visible (2 ranks on one GPU: NCCL 'Duplicate GPU detected')"
+            )
         return flag, f"NCCL {environment.nccl_version(env.nccl)}, one GPU per rank"
     if not env.horovod_cuda:
-        return None, ("horovod was built without CUDA (horovod.torch.cuda_built() is False), so it cannot take cuda "
-                      "tensors (make env builds it so): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL")
+        return None, (
+            "horovod was built without CUDA (horovod.torch.cuda_built() is False), so it cannot take cuda "
+            "tensors (make env builds it so): rebuild it with HOROVOD_GPU_OPERATIONS=NCCL"
+        )
     gpus = "one GPU per rank" if len(env.gpus) >= 2 else "both ranks on GPU 0"
     return flag, f"{controller}, cuda tensors staged through host memory (horovod without NCCL), {gpus}"
 
@@ -187,18 +230,38 @@ def smoke(env, device, quick):
     steps, timeout = (10, 240) if quick else (30, 600)
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "smoke.json")
-        code, output = run_command([horovodrun, "-np", "2", "-H", "localhost:2", flag, sys.executable, "-m",
-                                    "sparsecomm.check.worker", "--device", device, "--steps", str(steps),
-                                    "--out", out], timeout)
+        code, output = run_command(
+            [
+                horovodrun,
+                "-np",
+                "2",
+                "-H",
+                "localhost:2",
+                flag,
+                sys.executable,
+                "-m",
+                "sparsecomm.check.worker",
+                "--device",
+                device,
+                "--steps",
+                str(steps),
+                "--out",
+                out,
+            ],
+            timeout,
+        )
         if code != 0 or not os.path.exists(out):
             show_tail(output)
             return FAIL, f"{backend}: horovodrun " + ("timed out" if code is None else f"exited {code}")
         with open(out) as f:
             records = json.load(f)
     for r in records:
-        print(f"[check]   {r['config']:<15} loss {r['loss_before']:.4f} -> {r['loss_after']:.4f}, "
-              f"ranks equal {r['ranks_equal']}, sent {r['sent_bytes']:,} of {r['dense_bytes']:,} dense bytes, "
-              f"exchanges {r['exchanges']}", flush=True)
+        print(
+            f"[check]   {r['config']:<15} loss {r['loss_before']:.4f} -> {r['loss_after']:.4f}, "
+            f"ranks equal {r['ranks_equal']}, sent {r['sent_bytes']:,} of {r['dense_bytes']:,} dense bytes, "
+            f"exchanges {r['exchanges']}",
+            flush=True,
+        )
     problems = [p for r in records for p in smoke_problems(r)]
     if problems:
         return FAIL, f"{backend}: " + "; ".join(problems)
@@ -206,9 +269,12 @@ def smoke(env, device, quick):
     share = max(r["sent_bytes"] / r["dense_bytes"] for r in records)
     methods = "/".join(dict.fromkeys(r["config"].split()[0] for r in records))
     exchanges = "/".join(dict.fromkeys(r["exchange"] for r in records))
-    return PASS, (f"{backend}: {methods} x {exchanges}, {steps} steps each: loss "
-                  f"{records[0]['loss_before']:.2f} -> {min(after):.2f}..{max(after):.2f}, ranks bitwise equal, "
-                  f"sent <= {share:.0%} of dense bytes")
+    return PASS, (
+        f"{backend}: {methods} x {exchanges}, {steps} steps each: loss "
+        f"{records[0]['loss_before']:.2f} -> {min(after):.2f}..{max(after):.2f}, ranks bitwise equal, "
+        f"sent <= {share:.0%} of dense bytes"
+    )
+
 
 def smoke_problems(record):
     """What is wrong with one configuration's record (nothing: an empty list)."""

@@ -8,6 +8,7 @@ the exchanges the compressor used and the bytes it sent against a dense allreduc
 
 Needs nothing but torch, Horovod and sparsecomm: the data is synthetic (a fixed random linear
 teacher labels Gaussian inputs), identical on every rank, and each rank reads its own rows."""
+
 import argparse
 import json
 
@@ -38,16 +39,16 @@ def dataset(device):
 
 def tiny_model(device):
     torch.manual_seed(0)  # same initial weights on every rank (broadcast makes sure anyway)
-    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(),
-                               torch.nn.Linear(64, CLASSES)).to(device)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(), torch.nn.Linear(64, CLASSES)).to(device)
 
 
 def train(name, steps, lr, x, y):
     model = tiny_model(x.device)
     kind, settings = CONFIGS[name]
     compression = kind(named_parameters=model.named_parameters(), **settings, **EVERY)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
-                                   named_parameters=model.named_parameters(), compression=compression)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=lr), named_parameters=model.named_parameters(), compression=compression
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     loss = torch.nn.functional.cross_entropy
     with torch.no_grad():
@@ -64,11 +65,20 @@ def train(name, steps, lr, x, y):
     everyone = hvd.allgather(flat, name=f"check.params.{name}")  # one row per rank
     stats = compression.stats()
     exchanges = sorted({t.get("exchange") or "" for t in stats["tensors"].values()} - {""})
-    return {"config": name, "exchange": settings["exchange"], "device": str(x.device), "ranks": hvd.size(),
-            "steps": steps, "loss_before": before, "loss_after": after,
-            "ranks_equal": all(torch.equal(everyone[0], row) for row in everyone[1:]),
-            "max_rank_difference": (everyone - everyone[0]).abs().max().item(),
-            "exchanges": exchanges, "sent_bytes": stats["sent_bytes"], "dense_bytes": stats["dense_bytes"]}
+    return {
+        "config": name,
+        "exchange": settings["exchange"],
+        "device": str(x.device),
+        "ranks": hvd.size(),
+        "steps": steps,
+        "loss_before": before,
+        "loss_after": after,
+        "ranks_equal": all(torch.equal(everyone[0], row) for row in everyone[1:]),
+        "max_rank_difference": (everyone - everyone[0]).abs().max().item(),
+        "exchanges": exchanges,
+        "sent_bytes": stats["sent_bytes"],
+        "dense_bytes": stats["dense_bytes"],
+    }
 
 
 def main():
@@ -88,8 +98,11 @@ def main():
     records = []
     for name in CONFIGS:
         record = train(name, args.steps, args.lr, x, y)
-        print(f"[check] rank {hvd.rank()} {device}: {name}: loss {record['loss_before']:.4f} -> "
-              f"{record['loss_after']:.4f}, ranks equal: {record['ranks_equal']}", flush=True)
+        print(
+            f"[check] rank {hvd.rank()} {device}: {name}: loss {record['loss_before']:.4f} -> "
+            f"{record['loss_after']:.4f}, ranks equal: {record['ranks_equal']}",
+            flush=True,
+        )
         records.append(record)
     if hvd.rank() == 0:
         with open(args.out, "w") as f:

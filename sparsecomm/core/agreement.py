@@ -14,6 +14,7 @@ Only when the digests differ is the shared state itself gathered (a second colle
 `allgather(ints, part) -> every rank's ints, concatenated in rank order` is one collective
 of the framework, named with `part`.
 """
+
 import hashlib
 import json
 
@@ -27,8 +28,10 @@ def check(owner, settings, shared, reset, allgather):
     texts = [claim[0] for claim in claims]
     if len(set(texts)) > 1:
         listed = "; ".join(f"rank {r}: {t}" for r, t in enumerate(texts))
-        raise ValueError(f"{owner}: compressor settings differ across ranks ({listed}). "
-                         f"Every rank must construct the compressor with the same arguments.")
+        raise ValueError(
+            f"{owner}: compressor settings differ across ranks ({listed}). "
+            f"Every rank must construct the compressor with the same arguments."
+        )
     if len({claim[1] for claim in claims}) == 1:
         return None
     everyone = [json.loads(text) for text in gather_texts(json.dumps(shared, sort_keys=True), allgather, "state")]
@@ -52,10 +55,12 @@ def disagreement(owner, everyone):
     field = next(f for f in fields if len({json.dumps((s.get(name) or {}).get(f)) for s in everyone}) > 1)
     values = ", ".join(f"rank {r}: {(s.get(name) or {}).get(field, 'absent')}" for r, s in enumerate(everyone))
     more = f" (and {len(differing) - 1} more tensors)" if len(differing) > 1 else ""
-    return (f"{owner}: the ranks' compressor state differs: tensor {name!r}, {field}: {values}{more}. "
-            f"Ranks at different steps pick different coordinates and would train different models. "
-            f"Load the same checkpoint on every rank (each rank its own compressor state_dict, saved at "
-            f"the same step), or none.")
+    return (
+        f"{owner}: the ranks' compressor state differs: tensor {name!r}, {field}: {values}{more}. "
+        f"Ranks at different steps pick different coordinates and would train different models. "
+        f"Load the same checkpoint on every rank (each rank its own compressor state_dict, saved at "
+        f"the same step), or none."
+    )
 
 
 def gather_texts(text, allgather, part):

@@ -7,6 +7,7 @@ method's compressor class declares its hooks (sparsecomm/<framework>/compression
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
 """
+
 import abc
 
 from . import agreement, report
@@ -48,8 +49,13 @@ class Settings(abc.ABC):
             self.planner.forget_measurement()
         if ranks > 1:
             name = f"sparsecomm.agreement.{self._instance}"
-            adopted = agreement.check(self.method.owner, self.settings(), self._shared_state(), self._reset_seen,
-                                      lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"))
+            adopted = agreement.check(
+                self.method.owner,
+                self.settings(),
+                self._shared_state(),
+                self._reset_seen,
+                lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"),
+            )
             if adopted is not None:
                 self._adopt_shared_state(adopted)
         self._world, self._reset_seen = ranks, False  # (after the check: one that raised runs again)

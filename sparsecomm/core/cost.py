@@ -36,6 +36,7 @@ time from its hand-off to the last gradient's), less what the tensors handed bef
 occupy of the link (one queue, like Horovod's one background thread). With no window (TF, a
 network given by the user) hidden is 0: every second of the exchange is paid.
 """
+
 import math
 import time
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ class Network:
     latency: seconds per message step of a collective (e.g. 5e-5).
     copy_bandwidth: bytes per second of a local memory copy (the sparse methods' own work).
     """
+
     bandwidth: float
     latency: float
     copy_bandwidth: float = 1e10
@@ -61,8 +63,13 @@ class Network:
     def __post_init__(self):
         for name in ("bandwidth", "latency", "copy_bandwidth"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or \
-                    (name != "latency" and not value > 0) or math.isinf(value):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value >= 0
+                or (name != "latency" and not value > 0)
+                or math.isinf(value)
+            ):
                 raise ValueError(f"Network: {name} should be a finite number > 0 (latency >= 0), got {value!r}")
 
 
@@ -71,6 +78,7 @@ class LocalCost:
     """Measured seconds of one compressor's sparse path (pack + unpack of its own selection)
     on this machine: per call, per element of the tensor, and per extra (index, value) pair
     that arrives from another rank and is unpacked."""
+
     per_call: float
     per_element: float
     per_pair: float
@@ -101,8 +109,10 @@ def local_and_wire(numel, k, size, value_size, ranks, network, local=None):
     else:  # allgather unpacks the k pairs of each other rank; SparDL sums and unpacks 2 (N-1) blocks of per_rank
         gathered, reduced = local.seconds(numel, (n - 1) * k), local.seconds(numel, 2 * (n - 1) * per_rank)
     return {
-        "dense": (0.0, 2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES)
-                  + 2 * (n - 1) / n * numel * size * beta),
+        "dense": (
+            0.0,
+            2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES) + 2 * (n - 1) / n * numel * size * beta,
+        ),
         "allgather": (gathered, (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta),
         "spardl": (reduced, 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * (value_size + 4) * beta),
     }
@@ -111,8 +121,10 @@ def local_and_wire(numel, k, size, value_size, ranks, network, local=None):
 def costs(numel, k, size, value_size, ranks, network, local=None, hidden=0.0):
     """Predicted seconds per step each exchange adds to the step: its local work plus the part of
     its wire time that `hidden` seconds of backward compute do not cover."""
-    return {e: work + max(0.0, wire - hidden)
-            for e, (work, wire) in local_and_wire(numel, k, size, value_size, ranks, network, local).items()}
+    return {
+        e: work + max(0.0, wire - hidden)
+        for e, (work, wire) in local_and_wire(numel, k, size, value_size, ranks, network, local).items()
+    }
 
 
 def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=None, hidden=0.0):
@@ -121,8 +133,9 @@ def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=
     (also where dense costs nothing: its wire time is all hidden)."""
     predicted = costs(numel, k, size, value_size, ranks, network, local, hidden)
     sparse = min((e for e in EXCHANGES[1:] if e in allowed), key=lambda e: predicted[e], default=None)
-    if "dense" in allowed and (sparse is None or predicted["dense"] == 0.0
-                               or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]):
+    if "dense" in allowed and (
+        sparse is None or predicted["dense"] == 0.0 or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]
+    ):
         return "dense", predicted
     return sparse, predicted
 

@@ -22,6 +22,7 @@ DistributedOptimizer compresses every parameter every step (zeros for a missing 
 The frameworks apply the decision (sparsecomm/torch/state.py; in TF inside the graph), with
 `decide` evaluated on floats (torch) or tensors (TF: `select=tf.where`).
 """
+
 import numbers
 from dataclasses import dataclass
 
@@ -35,8 +36,9 @@ def _select(condition, then, otherwise):
 @dataclass(frozen=True)
 class Decision:
     """What one state does at a compress (or when settled for a checkpoint)."""
+
     rollback: object  # restore the backup (state and step): the last update's step overflowed
-    factor: object    # then multiply residual and momentum by this (1: leave them)
+    factor: object  # then multiply residual and momentum by this (1: leave them)
 
 
 def decide(remembered, current, backed_up=True, select=_select):
@@ -53,12 +55,17 @@ def decide(remembered, current, backed_up=True, select=_select):
 def check_factors(owner, backoff_factor, growth_factor):
     """The scaler must lower its scale after an overflow (that is how an overflow is seen here)
     and raise it otherwise: backoff_factor in (0, 1), growth_factor > 1."""
+
     def number(value):
         return not isinstance(value, bool) and isinstance(value, numbers.Real)
-    if not (number(backoff_factor) and 0.0 < backoff_factor < 1.0):
-        raise ValueError(f"{owner}: loss_scaler's backoff_factor should be in (0, 1): an overflow is detected from a "
-                         f"lowered scale; got {backoff_factor!r}")
-    if not (number(growth_factor) and growth_factor > 1.0):
-        raise ValueError(f"{owner}: loss_scaler's growth_factor should be > 1: a lowered scale must mean an "
-                         f"overflow; got {growth_factor!r}")
 
+    if not (number(backoff_factor) and 0.0 < backoff_factor < 1.0):
+        raise ValueError(
+            f"{owner}: loss_scaler's backoff_factor should be in (0, 1): an overflow is detected from a "
+            f"lowered scale; got {backoff_factor!r}"
+        )
+    if not (number(growth_factor) and growth_factor > 1.0):
+        raise ValueError(
+            f"{owner}: loss_scaler's growth_factor should be > 1: a lowered scale must mean an "
+            f"overflow; got {growth_factor!r}"
+        )

@@ -5,6 +5,7 @@ one value costs on the wire, which exchanges may carry it, which state it keeps,
 step counts. The torch and TF compressors hold one and add only the kernels and collectives
 of their framework (sparsecomm/torch/compression.py, sparsecomm/tensorflow/compression.py).
 """
+
 import math
 
 from . import validate
@@ -19,11 +20,11 @@ class Method:
     override the class flags and the schedule where they differ."""
 
     shared_coordinates = False  # every rank picks the same coordinates: values ride Horovod's allreduce
-    keeps_momentum = False      # a float32 momentum per tensor (DGC's momentum correction)
+    keeps_momentum = False  # a float32 momentum per tensor (DGC's momentum correction)
     counts_dense_steps = False  # a step sent dense advances the step (DGC: the warm-up counts it)
-    bits = None                 # 1 or 2: values travel as quantized codes (Threshold's quantize=)
-    indexed = True              # coordinates are int32 indices: at most core.wire.MAX_INDEXED_NUMEL elements
-    value_dtype = None          # a dtype name values travel as; None: the gradient's own
+    bits = None  # 1 or 2: values travel as quantized codes (Threshold's quantize=)
+    indexed = True  # coordinates are int32 indices: at most core.wire.MAX_INDEXED_NUMEL elements
+    value_dtype = None  # a dtype name values travel as; None: the gradient's own
 
     def __init__(self, owner, ratio, error_feedback=True):
         self.owner = owner
@@ -62,6 +63,7 @@ class Method:
 
 class RandomBlock(Method):
     """Random-block (Eghlidi & Jaggi 2020): one cyclic block per step from (seed, step, name)."""
+
     shared_coordinates = True
     indexed = False  # the block is an int64 start: no indices, no size limit of its own
 
@@ -72,6 +74,7 @@ class RandomBlock(Method):
 
 class RandomK(RandomBlock):
     """Random-k with a shared seed: k distinct coordinates per step from (seed, step, name)."""
+
     indexed = True
 
 
@@ -91,8 +94,7 @@ class RTopK(Method):
 class Threshold(Method):
     """Gradient dropping (Aji & Heafield 2017): a sampled threshold, optionally quantized values."""
 
-    def __init__(self, owner, ratio=0.01, quantize=None, sample_ratio=0.01, error_feedback=True,
-                 exchange="auto"):
+    def __init__(self, owner, ratio=0.01, quantize=None, sample_ratio=0.01, error_feedback=True, exchange="auto"):
         super().__init__(owner, ratio, error_feedback)
         self.sample_ratio = validate.check_ratio(owner, sample_ratio, "sample_ratio")
         self.quantize = validate.check_quantize(owner, quantize, exchange)
@@ -121,11 +123,21 @@ class Threshold(Method):
 class DGC(Method):
     """Deep Gradient Compression (Lin et al. 2017): momentum correction, local clipping,
     momentum factor masking and the warm-up schedule ratio ** ((s + 1) / (stages + 1))."""
+
     keeps_momentum = True
     counts_dense_steps = True
 
-    def __init__(self, owner, ratio=0.001, momentum=0.9, momentum_masking=True, clip_norm=None, warmup_steps=0,
-                 warmup_stages=4, sample_ratio=0.01):
+    def __init__(
+        self,
+        owner,
+        ratio=0.001,
+        momentum=0.9,
+        momentum_masking=True,
+        clip_norm=None,
+        warmup_steps=0,
+        warmup_stages=4,
+        sample_ratio=0.01,
+    ):
         super().__init__(owner, ratio, True)
         self.sample_ratio = validate.check_ratio(owner, sample_ratio, "sample_ratio")
         self.momentum = validate.check_dgc(owner, momentum, momentum_masking, clip_norm, warmup_steps, warmup_stages)

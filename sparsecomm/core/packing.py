@@ -9,6 +9,7 @@ acc = residual + (momentum_factor * momentum + grad), element-wise. Every pack r
 (values, index, residual, momentum): the values to send (or (codes, scales) when quantized),
 their int32 indices in index order, and the state after the pack (None where absent).
 """
+
 import math
 
 from .selection import BAND, candidate_ratio, selected_count
@@ -21,8 +22,9 @@ def _accumulated(grad, residual, momentum):
 
 def _send(K, acc, index, residual, momentum, masking, dtype=None, bits=None):
     if bits is not None:
-        codes, scales, residual, momentum = K.send_quantized(acc, index, residual, bits, momentum=momentum,
-                                                             masking=masking)
+        codes, scales, residual, momentum = K.send_quantized(
+            acc, index, residual, bits, momentum=momentum, masking=masking
+        )
         return (codes, scales), index, residual, momentum
     values, residual, momentum = K.send_selected(acc, index, residual, dtype, momentum=momentum, masking=masking)
     return values, index, residual, momentum
@@ -30,8 +32,9 @@ def _send(K, acc, index, residual, momentum, masking, dtype=None, bits=None):
 
 def pack_above(K, grad, residual, threshold, *, momentum=None, momentum_factor=0.0, masking=True):
     """Exactly the elements with |acc| >= threshold, in index order: one pass."""
-    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                             momentum_factor=momentum_factor)
+    acc, index, residual, momentum = K.accumulate_candidates(
+        grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor
+    )
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
 
 
@@ -49,32 +52,89 @@ def top_candidates(K, grad, residual, k, *, momentum, momentum_factor, sample_ra
     candidate (selection.candidate_ratio)."""
     numel = K.numel(grad)
     k = min(k, numel)
-    threshold = float("inf") if k == 0 else K.sample_threshold(
-        grad, residual, candidate_ratio(k, numel, sample_ratio), momentum=momentum, momentum_factor=momentum_factor,
-        sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
-    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                             momentum_factor=momentum_factor)
-    acc, index = K.cond(K.size(acc) < k, lambda: _every_element(K, grad, residual, momentum, k),
-                        lambda: K.select_top(acc, index, k))
+    threshold = (
+        float("inf")
+        if k == 0
+        else K.sample_threshold(
+            grad,
+            residual,
+            candidate_ratio(k, numel, sample_ratio),
+            momentum=momentum,
+            momentum_factor=momentum_factor,
+            sample_ratio=sample_ratio,
+            seed=seed,
+            tensor_id=tensor_id,
+            step=step,
+        )
+    )
+    acc, index, residual, momentum = K.accumulate_candidates(
+        grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor
+    )
+    acc, index = K.cond(
+        K.size(acc) < k, lambda: _every_element(K, grad, residual, momentum, k), lambda: K.select_top(acc, index, k)
+    )
     return acc, index, residual, momentum
 
 
-def pack_topk(K, grad, residual, k, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
-              seed=0, tensor_id=0, step=0):
+def pack_topk(
+    K,
+    grad,
+    residual,
+    k,
+    *,
+    momentum=None,
+    momentum_factor=0.0,
+    masking=True,
+    sample_ratio=0.01,
+    seed=0,
+    tensor_id=0,
+    step=0,
+):
     """Exactly the k elements of largest |acc| (ties: lower index), in index order."""
-    acc, index, residual, momentum = top_candidates(K, grad, residual, k, momentum=momentum,
-                                                    momentum_factor=momentum_factor, sample_ratio=sample_ratio,
-                                                    seed=seed, tensor_id=tensor_id, step=step)
+    acc, index, residual, momentum = top_candidates(
+        K,
+        grad,
+        residual,
+        k,
+        momentum=momentum,
+        momentum_factor=momentum_factor,
+        sample_ratio=sample_ratio,
+        seed=seed,
+        tensor_id=tensor_id,
+        step=step,
+    )
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
 
 
-def pack_rtopk(K, grad, residual, r, k, *, seed, tensor_id, step, momentum=None, momentum_factor=0.0, masking=True,
-               sample_ratio=0.01):
+def pack_rtopk(
+    K,
+    grad,
+    residual,
+    r,
+    k,
+    *,
+    seed,
+    tensor_id,
+    step,
+    momentum=None,
+    momentum_factor=0.0,
+    masking=True,
+    sample_ratio=0.01,
+):
     """rTop-k (Barnes et al. 2020): k elements drawn uniformly (shared-seed stream) from the r
     of largest |acc|, in index order."""
-    acc, index, residual, momentum = top_candidates(K, grad, residual, max(r, k), momentum=momentum,
-                                                    momentum_factor=momentum_factor, sample_ratio=sample_ratio,
-                                                    seed=seed, tensor_id=tensor_id, step=step)
+    acc, index, residual, momentum = top_candidates(
+        K,
+        grad,
+        residual,
+        max(r, k),
+        momentum=momentum,
+        momentum_factor=momentum_factor,
+        sample_ratio=sample_ratio,
+        seed=seed,
+        tensor_id=tensor_id,
+        step=step,
+    )
     pick = K.random_k_indices(acc, k, seed=seed, tensor_id=tensor_id, step=step)
     acc, index = K.gather(acc, pick), K.gather(index, pick)
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
@@ -93,12 +153,26 @@ def pack_randomk(K, grad, residual, k, *, seed, tensor_id, step, momentum=None, 
     """Shared-seed random-k: every rank packs the same k coordinates, so the values can be
     summed by an allreduce with no indices on the wire."""
     index = K.random_k_indices(grad, k, seed=seed, tensor_id=tensor_id, step=step)
-    return pack_indices(K, grad, residual, index, momentum=momentum, momentum_factor=momentum_factor,
-                        masking=masking)
+    return pack_indices(K, grad, residual, index, momentum=momentum, momentum_factor=momentum_factor, masking=masking)
 
 
-def pack_sampled(K, grad, residual, ratio, *, momentum=None, momentum_factor=0.0, masking=True, sample_ratio=0.01,
-                 seed=0, tensor_id=0, step=0, value_dtype=None, bits=None, grad_scale=None):
+def pack_sampled(
+    K,
+    grad,
+    residual,
+    ratio,
+    *,
+    momentum=None,
+    momentum_factor=0.0,
+    masking=True,
+    sample_ratio=0.01,
+    seed=0,
+    tensor_id=0,
+    step=0,
+    value_dtype=None,
+    bits=None,
+    grad_scale=None,
+):
     """Sampled threshold with bounded correction (gradient dropping, DGC): about
     k = ratio * numel elements, always between BAND[0] k and BAND[1] k (above the band, the
     exact top k of the candidates; below it, a second, read-only pass takes the exact top k).
@@ -111,16 +185,28 @@ def pack_sampled(K, grad, residual, ratio, *, momentum=None, momentum_factor=0.0
     if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
         threshold = 0.0
     else:
-        threshold = K.sample_threshold(grad, residual, ratio, momentum=momentum, momentum_factor=momentum_factor,
-                                       sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step,
-                                       grad_scale=grad_scale)
-    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                                             momentum_factor=momentum_factor, grad_scale=grad_scale)
+        threshold = K.sample_threshold(
+            grad,
+            residual,
+            ratio,
+            momentum=momentum,
+            momentum_factor=momentum_factor,
+            sample_ratio=sample_ratio,
+            seed=seed,
+            tensor_id=tensor_id,
+            step=step,
+            grad_scale=grad_scale,
+        )
+    acc, index, residual, momentum = K.accumulate_candidates(
+        grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor, grad_scale=grad_scale
+    )
     count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
     too_many, too_few = math.floor(BAND[1] * k), math.ceil(BAND[0] * k)
-    acc, index = K.cond(count > too_many, lambda: K.select_top(acc, index, k),
-                        lambda: K.cond(count < too_few, lambda: _every_element(K, grad, residual, momentum, k),
-                                       lambda: (acc, index)))
+    acc, index = K.cond(
+        count > too_many,
+        lambda: K.select_top(acc, index, k),
+        lambda: K.cond(count < too_few, lambda: _every_element(K, grad, residual, momentum, k), lambda: (acc, index)),
+    )
     return _send(K, acc, index, residual, momentum, masking, value_dtype or K.dtype(grad), bits)
 
 
@@ -130,9 +216,12 @@ COMPOSITES = (pack_above, pack_topk, pack_rtopk, pack_indices, pack_randomk, pac
 def bound(K, results=4):
     """COMPOSITES on the kernels K, in that order, each returning its first `results` results
     (torch: 2, the values and the index; its state is updated in place)."""
+
     def bind(composite):
         def pack(*args, **kwargs):
             return composite(K, *args, **kwargs)[:results]
+
         pack.__name__, pack.__doc__ = composite.__name__, composite.__doc__
         return pack
+
     return tuple(bind(composite) for composite in COMPOSITES)

@@ -17,6 +17,7 @@ tensor dense), in rounds of TRIAL_PAIRS pairs, until every pair agrees on whethe
 extreme is faster by more than TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median pair
 decides; the model's routes stand unless the other extreme wins.
 """
+
 import collections
 import fnmatch
 import statistics
@@ -64,18 +65,25 @@ class Policy:
     ``min_numel`` elements, when it is 1-D and ``dense_1d`` (biases, norm scales: the DGC paper
     compresses only tensors of dim > 1), or when its name matches one of the fnmatch patterns in
     ``dense`` (e.g. ``["*.embedding.*"]``)."""
+
     min_numel: int = 1024
     dense_1d: bool = True
     dense: tuple = ()
 
     @classmethod
     def checked(cls, owner, min_numel=1024, dense_1d=True, dense=()):
-        return cls(validate.check_count(owner, "min_numel", min_numel, 0),
-                   validate.check_flag(owner, "dense_1d", dense_1d), validate.check_patterns(owner, dense))
+        return cls(
+            validate.check_count(owner, "min_numel", min_numel, 0),
+            validate.check_flag(owner, "dense_1d", dense_1d),
+            validate.check_patterns(owner, dense),
+        )
 
     def sends_dense(self, name, numel, ndim):
-        return (numel < self.min_numel or (self.dense_1d and ndim == 1)
-                or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense))
+        return (
+            numel < self.min_numel
+            or (self.dense_1d and ndim == 1)
+            or any(fnmatch.fnmatchcase(name, pattern) for pattern in self.dense)
+        )
 
 
 def sparse_is_larger(k, numel, element_size):
@@ -132,20 +140,22 @@ class Planner:
     def always_dense(self, name, numel, ndim, element_size):
         """Whether the per-layer policy or the dense fallback send this tensor dense at every
         density of the method's schedule (whatever exchange="auto" would choose on a network)."""
-        return all(self.route(name, numel, ndim, element_size, density, ranks=1, record=False) == "dense"
-                   for density in self.method.densities())
+        return all(
+            self.route(name, numel, ndim, element_size, density, ranks=1, record=False) == "dense"
+            for density in self.method.densities()
+        )
 
     def check_indexable(self, name, numel, ndim, element_size):
         """Refuses a tensor of more than MAX_INDEXED_NUMEL elements that would travel with int32
         indices at some density of the method's schedule. Only the policy and the dense fallback
         exempt it, not auto choosing dense, which depends on the network. Starts nothing."""
-        if numel > MAX_INDEXED_NUMEL and self.method.indexed and not self.always_dense(name, numel, ndim,
-                                                                                        element_size):
+        if numel > MAX_INDEXED_NUMEL and self.method.indexed and not self.always_dense(name, numel, ndim, element_size):
             raise ValueError(
                 f"{self.owner}: {name!r} has {numel} elements, more than {MAX_INDEXED_NUMEL} (2**31 - 1), the most "
                 f"that int32 indices can address, so it cannot be sent sparse. List it in dense=[{name!r}] to send "
                 f"it dense through Horovod's allreduce, or split the parameter into tensors of at most "
-                f"{MAX_INDEXED_NUMEL} elements.")
+                f"{MAX_INDEXED_NUMEL} elements."
+            )
 
     def route(self, name, numel, ndim, element_size, density, ranks, record=True):
         """How this tensor travels at `density` (see the module docstring). Once routes are final
@@ -221,8 +231,9 @@ class AutoRouter:
     def timing_steps(self):
         """Whether the adapter should still feed the StepClock (its hooks' times): from the watch
         until the route trial is decided (or the measurement found no tensor for auto)."""
-        return self.steps is not None and (not self._network_measured or (self.trial is not None and
-                                                                           self.trial.winner is None))
+        return self.steps is not None and (
+            not self._network_measured or (self.trial is not None and self.trial.winner is None)
+        )
 
     def routes_final(self):
         """Whether a route decided now stands for the same inputs: not while auto watches the
@@ -282,8 +293,9 @@ class AutoRouter:
         if side == ALL_DENSE:
             choice = "dense"
         elif side == ALL_SPARSE:  # the sparse exchange the model predicts cheapest
-            choice = self._cost_choice(numel, k, element_size, ranks, hidden,
-                                       tuple(e for e in self.method.exchanges() if e != "dense"))[0]
+            choice = self._cost_choice(
+                numel, k, element_size, ranks, hidden, tuple(e for e in self.method.exchanges() if e != "dense")
+            )[0]
         chosen = {"exchange": choice, "predicted_seconds": predicted}
         if name in self._hidden:
             chosen["hidden_seconds"] = hidden
@@ -293,26 +305,42 @@ class AutoRouter:
 
     def _cost_choice(self, numel, k, element_size, ranks, hidden, allowed=None):
         """cost.choose for this method on the measured network: (route, every prediction)."""
-        return cost.choose(numel, k, element_size, self.method.value_bytes(element_size), ranks, self.network,
-                           self.method.exchanges() if allowed is None else allowed, self.local, hidden)
+        return cost.choose(
+            numel,
+            k,
+            element_size,
+            self.method.value_bytes(element_size),
+            ranks,
+            self.network,
+            self.method.exchanges() if allowed is None else allowed,
+            self.local,
+            hidden,
+        )
 
     def _alternative(self, ranks):
         """The side the model's routes are tried against: ALL_SPARSE where the model sends some
         watched tensor dense, else ALL_DENSE."""
         for name, (numel, size, density, by_auto) in self._shapes.items():
-            if by_auto and self._cost_choice(numel, selected_count(density, numel), size, ranks,
-                                             self._hidden.get(name, 0.0))[0] == "dense":
+            if (
+                by_auto
+                and self._cost_choice(numel, selected_count(density, numel), size, ranks, self._hidden.get(name, 0.0))[
+                    0
+                ]
+                == "dense"
+            ):
                 return ALL_SPARSE
         return ALL_DENSE
 
     def _hidden_times(self, ranks):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
         its route at its density in the last watched step (dense where the settings send it dense)."""
+
         def wire_seconds(name, hidden):
             numel, size, density, by_auto = self._shapes[name]
             k, value_size = selected_count(density, numel), self.method.value_bytes(size)
             route = self._cost_choice(numel, k, size, ranks, hidden)[0] if by_auto else "dense"
             return cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local)[route][1]
+
         watched = [(name, window) for name, window in self._windows.items() if name in self._shapes]
         return cost.hidden_times(watched, wire_seconds)
 
@@ -425,15 +453,19 @@ class RouteTrial:
         kept, each side's median step seconds, the median pair's ratio and the steps counted."""
         if self.winner is None:
             return {"route_trial": self.arm(step)}
-        return {"route_trial": self.winner,
-                "route_trial_seconds": {side: statistics.median(s) for side, s in self.seconds.items()},
-                "route_trial_ratio": self.ratio(), "route_trial_steps": 2 * len(self.ratios)}
+        return {
+            "route_trial": self.winner,
+            "route_trial_seconds": {side: statistics.median(s) for side, s in self.seconds.items()},
+            "route_trial_ratio": self.ratio(),
+            "route_trial_steps": 2 * len(self.ratios),
+        }
 
 
 @dataclass(frozen=True)
 class SparDLLayout:
     """SparDL's blocks (Zhao et al. 2023): the tensor split into one contiguous block per rank,
     rank b owning block b, and at most `per_rank` pairs sent to each owner and kept by it."""
+
     numel: int
     ranks: int
     block: int

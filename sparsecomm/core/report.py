@@ -1,5 +1,6 @@
 """What a compressor says about itself, written once: its settings text and stats() (the
 cross-rank check of the settings is sparsecomm.core.agreement)."""
+
 import itertools
 
 _instances = itertools.count()  # names each compressor's settings check, in construction order (same on every rank)

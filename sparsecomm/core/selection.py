@@ -1,5 +1,6 @@
 """How many elements a selection takes, and the constants of the sampled selections (both
 frameworks and every kernel composite read them from here)."""
+
 import math
 import zlib
 

@@ -1,5 +1,6 @@
 """Argument checks of every compressor setting (both frameworks). Every message names the
 owner and the argument, what was expected and what came."""
+
 import numbers
 
 _UINT64 = 2**64
@@ -44,8 +45,9 @@ def check_dgc(owner, momentum, momentum_masking, clip_norm, warmup_steps, warmup
     if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0.0 <= momentum < 1.0:
         raise ValueError(f"{owner}: momentum should be a number in [0, 1), got {momentum!r}")
     check_flag(owner, "momentum_masking", momentum_masking)
-    if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real)
-                                  or not clip_norm > 0):
+    if clip_norm is not None and (
+        isinstance(clip_norm, bool) or not isinstance(clip_norm, numbers.Real) or not clip_norm > 0
+    ):
         raise ValueError(f"{owner}: clip_norm should be None or a positive number, got {clip_norm!r}")
     check_count(owner, "warmup_steps", warmup_steps, 0)
     check_count(owner, "warmup_stages", warmup_stages, 1)
@@ -55,12 +57,14 @@ def check_dgc(owner, momentum, momentum_masking, clip_norm, warmup_steps, warmup
 def check_exchange(owner, exchange, network):
     """exchange= and network= of the per-rank-coordinate methods."""
     from .cost import Network
+
     if exchange not in EXCHANGE_CHOICES:
         listed = ", ".join(repr(e) for e in EXCHANGE_CHOICES)
         raise ValueError(f"{owner}: exchange should be one of {listed}, got {exchange!r}")
     if network is not None and not isinstance(network, Network):
-        raise TypeError(f"{owner}: network should be None (measured) or a sparsecomm.Network, got "
-                        f"{type(network).__name__}")
+        raise TypeError(
+            f"{owner}: network should be None (measured) or a sparsecomm.Network, got {type(network).__name__}"
+        )
     return exchange, network
 
 
@@ -78,6 +82,8 @@ def check_quantize(owner, quantize, exchange):
         listed = ", ".join(repr(q) for q in QUANTIZE_CHOICES)
         raise ValueError(f"{owner}: quantize should be one of {listed}, got {quantize!r}")
     if quantize in ("1bit", "2bit") and exchange == "spardl":
-        raise ValueError(f"{owner}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
-                         f"use exchange='allgather' (or 'auto') with quantize={quantize!r}")
+        raise ValueError(
+            f"{owner}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
+            f"use exchange='allgather' (or 'auto') with quantize={quantize!r}"
+        )
     return quantize

@@ -22,6 +22,7 @@ dtypes, whatever the value size).
 
 The segments' lengths differ per rank (count), so the reader walks them in rank order.
 """
+
 from dataclasses import dataclass
 
 INDEX_BYTES = 4  # indices travel as int32,
@@ -44,6 +45,7 @@ def code_bytes(count, bits):
 @dataclass(frozen=True)
 class Segment:
     """Byte offsets of one rank's quantized segment, relative to its start."""
+
     count: int
     n_scales: int
     bits: int

@@ -7,6 +7,7 @@ a few minutes. Two ranks, dense allreduce vs DGC at 0.1%:
   2. accuracy: a small CNN on scikit-learn's digits, same seeds and epochs.
 
 Prints a table and writes a figure (--out)."""
+
 import argparse
 import json
 import os
@@ -52,19 +53,33 @@ def main():
     rows = []
     for r in speed:
         acc = by_method[ACCURACY[r["method"]]]
-        rows.append({"method": r["method"], "network": r["network"], "step_ms": r["step_ms"],
-                     "speedup": r["speedup_vs_dense"], "received_mb": r["received_bytes"] / 1e6,
-                     "exchange": ",".join(r["exchanges"]) or "allreduce", "accuracy": acc["final"],
-                     "bytes_vs_dense": acc["dense_bytes_per_step"] / max(acc["sent_bytes_per_step"], 1)})
-    header = (f"{'method':<16}{'ms/step':>10}{'speedup':>9}{'recv MB/step':>14}  {'exchange':<10}"
-              f"{'digits accuracy':>16}{'bytes vs dense':>16}")
+        rows.append(
+            {
+                "method": r["method"],
+                "network": r["network"],
+                "step_ms": r["step_ms"],
+                "speedup": r["speedup_vs_dense"],
+                "received_mb": r["received_bytes"] / 1e6,
+                "exchange": ",".join(r["exchanges"]) or "allreduce",
+                "accuracy": acc["final"],
+                "bytes_vs_dense": acc["dense_bytes_per_step"] / max(acc["sent_bytes_per_step"], 1),
+            }
+        )
+    header = (
+        f"{'method':<16}{'ms/step':>10}{'speedup':>9}{'recv MB/step':>14}  {'exchange':<10}"
+        f"{'digits accuracy':>16}{'bytes vs dense':>16}"
+    )
     print(f"\nsparsecomm demo: 2 ranks on {speed[0]['network']} loopback\n{header}\n{'-' * len(header)}")
     for r in rows:
-        print(f"{r['method']:<16}{r['step_ms']:>10.1f}{r['speedup']:>8.1f}x{r['received_mb']:>14.3f}  "
-              f"{r['exchange']:<10}{100 * r['accuracy']:>15.1f}%{r['bytes_vs_dense']:>15.0f}x")
-    print("speedup: dense step time / this one, measured in the same run. recv: bytes each rank receives per "
-          "step (the speed model).\nbytes vs dense: payload per step in the digits run (DGC's warm-up included). "
-          "The full matrix is `make bench` (docs/results.md).")
+        print(
+            f"{r['method']:<16}{r['step_ms']:>10.1f}{r['speedup']:>8.1f}x{r['received_mb']:>14.3f}  "
+            f"{r['exchange']:<10}{100 * r['accuracy']:>15.1f}%{r['bytes_vs_dense']:>15.0f}x"
+        )
+    print(
+        "speedup: dense step time / this one, measured in the same run. recv: bytes each rank receives per "
+        "step (the speed model).\nbytes vs dense: payload per step in the digits run (DGC's warm-up included). "
+        "The full matrix is `make bench` (docs/results.md)."
+    )
     figure(speed, accuracy, os.path.join(args.out, "demo.png"))
     with open(os.path.join(args.out, "demo.json"), "w") as f:
         json.dump({"rows": rows, "speed": speed, "accuracy": accuracy}, f, indent=1)

@@ -7,6 +7,7 @@ allreduce, the tf-keras DistributedOptimizer) and a Keras 3 path (``sparsecomm.t
     compression = sctf.DGC(ratio=0.01, variables=model.trainable_variables)
     tape = hvd.DistributedGradientTape(tape, compression=compression)
 """
+
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 

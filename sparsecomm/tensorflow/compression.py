@@ -10,7 +10,6 @@ Compressors are tf.Modules: ``tf.train.Checkpoint(compression=compressor)`` save
 residuals, momenta and steps. The methods' rules are sparsecomm.core's; a compressor class
 declares its core method and its `pack` hook (DGC also `dense_payload`).
 """
-from typing import Optional
 
 import tensorflow as tf
 
@@ -18,8 +17,8 @@ from ..core import methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
 from . import elastic, exchange, loss_scaling, ops, stages
-from .exchange import EXCHANGES, Packed, Wire
 from . import state as state_module
+from .exchange import EXCHANGES, Packed, Wire
 from .state import VariableBinding, VariableState
 
 
@@ -109,15 +108,18 @@ class Compressor(Settings, tf.Module):
 
     def goes_dense(self, name: str, variable) -> bool:
         """Whether the route of this variable's gradient is dense (starts nothing)."""
-        shape = tf.TensorShape(variable.shape)
+        shape, size = tf.TensorShape(variable.shape), tf.as_dtype(variable.dtype).size
         ranks = self._routing_ranks(self._ranks(), measure=False)
-        return self.planner.route(name, shape.num_elements(), shape.rank, tf.as_dtype(variable.dtype).size,
-                                  self.method.ratio, ranks, record=False) == "dense"
+        return (
+            self.planner.route(name, shape.num_elements(), shape.rank, size, self.method.ratio, ranks, False) == "dense"
+        )
 
     def route(self, state, tensor, density, record=True):
         """The route of a variable's gradient at `density` (measuring the network first if auto needs it)."""
-        return self.planner.route(state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density,
-                                  self._routing_ranks(self._ranks(), measure=True), record)
+        ranks = self._routing_ranks(self._ranks(), measure=True)
+        return self.planner.route(
+            state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density, ranks, record
+        )
 
     def _measure_network(self):
         """The network, eagerly; no local cost (TF's pack runs in the graph): the copy estimate."""
@@ -128,10 +130,7 @@ class Compressor(Settings, tf.Module):
         return Wire(state.variable_name, state.shape, tensor.dtype, self.collective_set(), self._ranks(), k)
 
     def _state_for(self, tensor) -> VariableState:
-        if self._binding is None:
-            raise RuntimeError(f"{self._name} keeps per-variable state and needs variables=: construct it as "
-                               f"{self._name}(..., variables=model.trainable_variables)")
-        state_module.checked_gradient(self._name, tensor)
+        state_module.checked_gradient(self._name, tensor, self._binding)
         return self.state[self._binding.attribute(tensor)]
 
     def collective_set(self):
@@ -142,10 +141,7 @@ class Compressor(Settings, tf.Module):
         return self.collective_set().size() if exchange.horovod().is_initialized() else 1
 
     def _allgather_ints(self, ints, name):
-        hvd = exchange.horovod()
-        with tf.init_scope():  # eagerly, even inside a trace
-            return hvd.allgather(tf.constant(ints, tf.int64), name=name, process_set=self.collective_set()
-                                 ).numpy().tolist()
+        return exchange.allgather_ints(ints, name, self.collective_set())
 
     # -- elastic Horovod (sparsecomm.tensorflow.elastic) -----------------------------------------
 
@@ -180,12 +176,26 @@ class RandomBlock(Compressor):
     feedback: sparsecomm.torch.RandomBlock for TensorFlow (same arguments; ``variables``
     instead of ``named_parameters``: the model's trainable variables, or (name, variable)
     pairs)."""
+
     method_type = methods.RandomBlock
 
-    def __init__(self, ratio: float, seed: int = 0, variables=None, error_feedback: bool = True, process_set=None,
-                 loss_scaler=None, **policy):
-        super().__init__(self.method_type(type(self).__name__, ratio, seed, error_feedback), variables,
-                         process_set, loss_scaler, **policy)
+    def __init__(
+        self,
+        ratio: float,
+        seed: int = 0,
+        variables=None,
+        error_feedback: bool = True,
+        process_set=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            self.method_type(type(self).__name__, ratio, seed, error_feedback),
+            variables,
+            process_set,
+            loss_scaler,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
         start = ops.random_block_start(self.method.seed, state.tensor_id, state.step, state.numel)
@@ -195,13 +205,18 @@ class RandomBlock(Compressor):
 
 class RandomK(RandomBlock):
     """Random-k with a shared seed, with error feedback: sparsecomm.torch.RandomK for TensorFlow."""
+
     method_type = methods.RandomK
 
     def pack(self, tensor, state, density):
-        values, index, residual, _ = ops.pack_randomk(tensor, state.read_residual(),
-                                                      selected_count(density, state.numel),
-                                                      seed=self.method.seed, tensor_id=state.tensor_id,
-                                                      step=state.step)
+        values, index, residual, _ = ops.pack_randomk(
+            tensor,
+            state.read_residual(),
+            selected_count(density, state.numel),
+            seed=self.method.seed,
+            tensor_id=state.tensor_id,
+            step=state.step,
+        )
         return Packed(values, index, residual=residual)
 
 
@@ -209,31 +224,80 @@ class TopK(Compressor):
     """Exact top-k with error feedback: sparsecomm.torch.TopK for TensorFlow (values and int32
     indices by the exchange: allgather, SparDL, or exchange="auto")."""
 
-    def __init__(self, ratio: float, variables=None, error_feedback: bool = True, process_set=None,
-                 dense_fallback: bool = True, exchange: str = "auto", network=None, loss_scaler=None, **policy):
-        super().__init__(methods.TopK(type(self).__name__, ratio, error_feedback), variables, process_set,
-                         loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float,
+        variables=None,
+        error_feedback: bool = True,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.TopK(type(self).__name__, ratio, error_feedback),
+            variables,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
-        values, index, residual, _ = ops.pack_topk(tensor, state.read_residual(), selected_count(density, state.numel),
-                                                   seed=0, tensor_id=state.tensor_id, step=state.step)
+        values, index, residual, _ = ops.pack_topk(
+            tensor,
+            state.read_residual(),
+            selected_count(density, state.numel),
+            seed=0,
+            tensor_id=state.tensor_id,
+            step=state.step,
+        )
         return Packed(values, index, residual=residual)
 
 
 class RTopK(Compressor):
     """rTop-k (Barnes et al. 2020) with error feedback: sparsecomm.torch.RTopK for TensorFlow."""
 
-    def __init__(self, ratio: float, r: float = None, seed: int = 0, variables=None, error_feedback: bool = True,
-                 process_set=None, dense_fallback: bool = True, exchange: str = "auto", network=None, loss_scaler=None,
-                 **policy):
-        super().__init__(methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback), variables, process_set,
-                         loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float,
+        r: float = None,
+        seed: int = 0,
+        variables=None,
+        error_feedback: bool = True,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback),
+            variables,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
         numel, method = state.numel, self.method
-        values, index, residual, _ = ops.pack_rtopk(tensor, state.read_residual(), selected_count(method.r, numel),
-                                                    selected_count(density, numel), seed=method.seed,
-                                                    tensor_id=state.tensor_id, step=state.step)
+        values, index, residual, _ = ops.pack_rtopk(
+            tensor,
+            state.read_residual(),
+            selected_count(method.r, numel),
+            selected_count(density, numel),
+            seed=method.seed,
+            tensor_id=state.tensor_id,
+            step=state.step,
+        )
         return Packed(values, index, residual=residual)
 
 
@@ -242,12 +306,21 @@ def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
     values, index, residual, momentum = ops.pack_sampled(
-        tensor, state.read_residual(), density, momentum=momentum, momentum_factor=momentum_factor,
-        masking=masking, sample_ratio=method.sample_ratio, tensor_id=state.tensor_id, step=state.step,
-        value_dtype=value_dtype and tf.as_dtype(value_dtype), bits=bits, grad_scale=grad_scale)
+        tensor,
+        state.read_residual(),
+        density,
+        momentum=momentum,
+        momentum_factor=momentum_factor,
+        masking=masking,
+        sample_ratio=method.sample_ratio,
+        tensor_id=state.tensor_id,
+        step=state.step,
+        value_dtype=value_dtype and tf.as_dtype(value_dtype),
+        bits=bits,
+        grad_scale=grad_scale,
+    )
     if bits is not None:
-        return Packed(index=index, codes=values[0], scales=values[1], bits=bits, residual=residual,
-                      momentum=momentum)
+        return Packed(index=index, codes=values[0], scales=values[1], bits=bits, residual=residual, momentum=momentum)
     return Packed(values, index, residual=residual, momentum=momentum)
 
 
@@ -255,12 +328,30 @@ class Threshold(Compressor):
     """Gradient dropping (Aji & Heafield 2017) with error feedback, optionally quantized:
     sparsecomm.torch.Threshold for TensorFlow (same arguments and defaults)."""
 
-    def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, variables=None,
-                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
-                 network=None, loss_scaler=None, **policy):
-        super().__init__(methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback,
-                                           exchange), variables, process_set, loss_scaler,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float = 0.01,
+        quantize=None,
+        sample_ratio: float = 0.01,
+        variables=None,
+        error_feedback: bool = True,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback, exchange),
+            variables,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
         return _sampled(self, tensor, state, density)
@@ -272,13 +363,42 @@ class DGC(Compressor):
     momentum factor masking, warm-up). A variable sent dense gets DGC's momentum too
     (u = momentum * u + g, sent dense): pair DGC with a plain SGD optimizer."""
 
-    def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
-                 clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
-                 sample_ratio: float = 0.01, variables=None, process_set=None, dense_fallback: bool = True,
-                 exchange: str = "auto", network=None, loss_scaler=None, **policy):
-        super().__init__(methods.DGC(type(self).__name__, ratio, momentum, momentum_masking, clip_norm, warmup_steps,
-                                     warmup_stages, sample_ratio), variables, process_set, loss_scaler,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float = 0.001,
+        momentum: float = 0.9,
+        momentum_masking: bool = True,
+        clip_norm: float | None = None,
+        warmup_steps: int = 0,
+        warmup_stages: int = 4,
+        sample_ratio: float = 0.01,
+        variables=None,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.DGC(
+                type(self).__name__,
+                ratio,
+                momentum,
+                momentum_masking,
+                clip_norm,
+                warmup_steps,
+                warmup_stages,
+                sample_ratio,
+            ),
+            variables,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def _clip_factor(self, tensor, state):
         """Local gradient clipping: the factor limit / norm (1 below the limit), a float32 scalar
@@ -295,11 +415,19 @@ class DGC(Compressor):
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced."""
-        payload, momentum = ops.momentum_step(tensor, state.momentum.read_value(), self.method.momentum,
-                                              grad_scale=self._clip_factor(tensor, state))
+        payload, momentum = ops.momentum_step(
+            tensor, state.momentum.read_value(), self.method.momentum, grad_scale=self._clip_factor(tensor, state)
+        )
         return Packed(payload, momentum=momentum)
 
     def pack(self, tensor, state, density):
-        return _sampled(self, tensor, state, density, momentum=state.momentum.read_value(),
-                        momentum_factor=self.method.momentum, masking=self.method.momentum_masking,
-                        grad_scale=self._clip_factor(tensor, state))
+        return _sampled(
+            self,
+            tensor,
+            state,
+            density,
+            momentum=state.momentum.read_value(),
+            momentum_factor=self.method.momentum,
+            masking=self.method.momentum_masking,
+            grad_scale=self._clip_factor(tensor, state),
+        )

@@ -25,6 +25,7 @@ own commit, restore and sync, which adds:
   create the tf.function inside the function decorated by ``hvd.elastic.run``, so each reset
   traces it anew.
 """
+
 import os
 
 
@@ -58,6 +59,7 @@ def run(func):
         hvd.shutdown()
         hvd.init()
         _resets += 1
+
     return run_fn(wrapper, reset)
 
 
@@ -74,13 +76,17 @@ def track(state, *compressors):
     """Chains `compressors` (sparsecomm.tensorflow compressors) to a Horovod elastic state's
     save, restore and sync; returns the state."""
     from .compression import Compressor
+
     for compressor in compressors:
         if not isinstance(compressor, Compressor):
-            raise TypeError(f"track: compressors should be sparsecomm.tensorflow compressors, got "
-                            f"{type(compressor).__name__}")
+            raise TypeError(
+                f"track: compressors should be sparsecomm.tensorflow compressors, got {type(compressor).__name__}"
+            )
     if not all(hasattr(state, method) for method in ("save", "restore", "sync")):
-        raise TypeError(f"track: state should be a Horovod elastic state (hvd.elastic.TensorFlowKerasState or "
-                        f"TensorFlowState), got {type(state).__name__}")
+        raise TypeError(
+            f"track: state should be a Horovod elastic state (hvd.elastic.TensorFlowKerasState or "
+            f"TensorFlowState), got {type(state).__name__}"
+        )
     snapshots = {}
     save, restore, sync = state.save, state.restore, state.sync
 
@@ -110,11 +116,16 @@ def checked_ranks(owner, ranks, process_set, tensor, finish):
     if not int(os.environ.get("HOROVOD_ELASTIC", 0)):
         return tensor, finish
     import tensorflow as tf
+
     from . import exchange
+
     now = exchange.horovod().size_op(process_set_id=process_set.process_set_id)
     check = tf.debugging.assert_equal(
-        now, ranks, message=f"{owner}: this step was traced for {ranks} ranks and the job now has a different "
-                            f"number (elastic Horovod): create the tf.function inside the function decorated by "
-                            f"hvd.elastic.run, so that each reset traces it again")
+        now,
+        ranks,
+        message=f"{owner}: this step was traced for {ranks} ranks and the job now has a different "
+        f"number (elastic Horovod): create the tf.function inside the function decorated by "
+        f"hvd.elastic.run, so that each reset traces it again",
+    )
     with tf.control_dependencies([check]):
         return tf.identity(tensor), finish

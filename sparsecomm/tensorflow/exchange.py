@@ -18,16 +18,16 @@ the decompress function and the counts) instead.
 Adding an exchange: a class here with `run`, an entry in EXCHANGES, its cost in
 sparsecomm/core/cost.py.
 """
+
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import tensorflow as tf
 
-from . import ops
 from .. import prerequisites
 from ..core import wire as wire_format
 from ..core.plan import SparDLLayout
+from . import ops
 
 # Horovod 0.28.1's TF collectives have no bfloat16. Summed bfloat16 values travel as float32
 # (exact); gathered ones as their 2 bytes in the uint8 buffer of sparsecomm.core.wire.
@@ -60,20 +60,22 @@ def placeholder(name):
 @dataclass
 class Packed:
     """What a method's pack produced (TF ops are functional: with the state after it)."""
-    values: Optional[tf.Tensor] = None
-    index: Optional[tf.Tensor] = None
-    start: Optional[tf.Tensor] = None
-    codes: Optional[tf.Tensor] = None
-    scales: Optional[tf.Tensor] = None
-    bits: Optional[int] = None
-    residual: Optional[tf.Tensor] = None
-    momentum: Optional[tf.Tensor] = None
+
+    values: tf.Tensor | None = None
+    index: tf.Tensor | None = None
+    start: tf.Tensor | None = None
+    codes: tf.Tensor | None = None
+    scales: tf.Tensor | None = None
+    bits: int | None = None
+    residual: tf.Tensor | None = None
+    momentum: tf.Tensor | None = None
 
 
 @dataclass
 class Wire:
     """One variable's exchange: its name, numel, shape and dtype, the process set and its number
     of ranks, and k."""
+
     name: str
     shape: tf.TensorShape
     dtype: tf.DType
@@ -90,6 +92,7 @@ class Wire:
 class Handed:
     """What a Horovod-carried route gives compress: the tensor for Horovod's allreduce, the
     decompress function, and this rank's counts (elements, bytes sent, bytes received)."""
+
     tensor: tf.Tensor
     finish: object
     count: object
@@ -102,10 +105,11 @@ class Outcome:
     """What a per-rank exchange leaves in the graph (int64 counters): every rank's values (in the
     gradient's dtype) and indices, in rank order, for decompress to add up; or, for a stage sent
     dense, the float32 sum itself (`dense`)."""
-    values: Optional[tf.Tensor]
-    index: Optional[tf.Tensor]
-    dense: Optional[tf.Tensor]
-    residual: Optional[tf.Tensor]
+
+    values: tf.Tensor | None
+    index: tf.Tensor | None
+    dense: tf.Tensor | None
+    residual: tf.Tensor | None
     count: tf.Tensor
     sent: tf.Tensor
     received: tf.Tensor
@@ -140,18 +144,31 @@ class Dense:
     def start(self, packed, wire):
         handed = to_wire(packed.values)  # bfloat16 is summed as float32
         dtype, size, ranks = wire.dtype, wire.numel * handed.dtype.size, wire.ranks
-        return Handed(handed, lambda output: output if output.dtype == dtype else tf.cast(output, dtype),
-                      wire.numel, size, int(2 * (ranks - 1) / ranks * size))
+        return Handed(
+            handed,
+            lambda output: output if output.dtype == dtype else tf.cast(output, dtype),
+            wire.numel,
+            size,
+            int(2 * (ranks - 1) / ranks * size),
+        )
 
     def run(self, packed, wire):
         hvd = horovod()
-        summed = hvd.allreduce(to_wire(packed.values), op=hvd.Sum, name=collective_name(wire.name, "dense"),
-                               process_set=wire.process_set)
+        summed = hvd.allreduce(
+            to_wire(packed.values), op=hvd.Sum, name=collective_name(wire.name, "dense"), process_set=wire.process_set
+        )
         count = tf.constant(wire.numel, tf.int64)
         size = count * wire_bytes(wire.dtype)
         ranks = wire.ranks
-        return Outcome(None, None, tf.cast(tf.cast(summed, wire.dtype), tf.float32), packed.residual, count, size,
-                       tf.cast(2 * (ranks - 1) * size // ranks, tf.int64))
+        return Outcome(
+            None,
+            None,
+            tf.cast(tf.cast(summed, wire.dtype), tf.float32),
+            packed.residual,
+            count,
+            size,
+            tf.cast(2 * (ranks - 1) * size // ranks, tf.int64),
+        )
 
 
 class Shared:
@@ -167,8 +184,12 @@ class Shared:
             index = packed.index
             unpack = lambda summed: ops.sparse_unpack(summed, index, numel)  # noqa: E731
         count = tf.size(packed.values, out_type=tf.int64)
-        return Handed(handed, lambda output: tf.reshape(unpack(tf.cast(output, dtype)), shape), count,
-                      count * wire_bytes(packed.values.dtype))
+        return Handed(
+            handed,
+            lambda output: tf.reshape(unpack(tf.cast(output, dtype)), shape),
+            count,
+            count * wire_bytes(packed.values.dtype),
+        )
 
 
 class Allgather:
@@ -185,8 +206,15 @@ class Allgather:
             values, index = _from_rows(gathered, packed.values.dtype)
         values = tf.cast(values, wire.dtype)  # values may travel in 16 bits (or quantized)
         sent = tf.size(buffer, out_type=tf.int64)
-        return Outcome(values, index, None, packed.residual, tf.size(packed.index, out_type=tf.int64), sent,
-                       tf.size(gathered, out_type=tf.int64) - sent)
+        return Outcome(
+            values,
+            index,
+            None,
+            packed.residual,
+            tf.size(packed.index, out_type=tf.int64),
+            sent,
+            tf.size(gathered, out_type=tf.int64) - sent,
+        )
 
 
 def _bytes(tensor, shape):
@@ -223,18 +251,19 @@ def _from_segments(gathered, bits, ranks):
     values, indices, start = [], [], 0
     n_scales = wire_format.scale_count(bits)
     for _ in range(ranks):
-        count = _view(gathered[start:start + wire_format.COUNT_BYTES], tf.int64)[0]
+        count = _view(gathered[start : start + wire_format.COUNT_BYTES], tf.int64)[0]
         layout = wire_format.Segment(count, n_scales, bits)
-        part = gathered[start:start + layout.size]
-        scales = _view(part[layout.scales:layout.index], tf.float32)
-        codes = part[layout.codes:layout.codes + wire_format.code_bytes(count, bits)]
+        part = gathered[start : start + layout.size]
+        scales = _view(part[layout.scales : layout.index], tf.float32)
+        codes = part[layout.codes : layout.codes + wire_format.code_bytes(count, bits)]
         values.append(ops.dequantize(codes, scales, count, bits))
-        indices.append(_view(part[layout.index:layout.codes], tf.int32))
+        indices.append(_view(part[layout.index : layout.codes], tf.int32))
         start += layout.size
     return tf.concat(values, 0), tf.concat(indices, 0)
 
 
 # --- SparDL: the torch exchange's twin (sparsecomm/torch/exchange.py explains it) ---------
+
 
 def _keep_largest(values, index, k, residual):
     """(kept values, kept index, residual): the k of largest |value| (ties: lower index), in
@@ -244,8 +273,9 @@ def _keep_largest(values, index, k, residual):
         position = tf.searchsorted(kept_index, index)
         found = tf.gather(kept_index, tf.minimum(position, tf.maximum(tf.size(kept_index) - 1, 0)))
         dropped = tf.logical_not((position < tf.size(kept_index)) & tf.equal(found, index))
-        residual = tf.tensor_scatter_nd_add(residual, tf.expand_dims(tf.boolean_mask(index, dropped), 1),
-                                            tf.boolean_mask(values, dropped))
+        residual = tf.tensor_scatter_nd_add(
+            residual, tf.expand_dims(tf.boolean_mask(index, dropped), 1), tf.boolean_mask(values, dropped)
+        )
     return kept_values, kept_index, residual
 
 
@@ -268,8 +298,9 @@ class SparDL:
         layout, rank = SparDLLayout.of(wire.numel, wire.k, wire.ranks), ps.rank()
         value_dtype = packed.values.dtype
         payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
-        received, received_splits = hvd.alltoall(payload, splits=tf.stack(splits),
-                                                 name=collective_name(wire.name, "scatter"), process_set=ps)
+        received, received_splits = hvd.alltoall(
+            payload, splits=tf.stack(splits), name=collective_name(wire.name, "scatter"), process_set=ps
+        )
         parts = tf.split(received, received_splits, num=layout.ranks)
         parts[rank] = own
         values, index = _from_rows(tf.concat(parts, 0), value_dtype)
@@ -284,8 +315,11 @@ class SparDL:
         values = tf.cast(values, wire.dtype)  # as the allgather exchange
         sent_pairs = _i64(tf.shape(payload)[0] + tf.shape(final)[0])
         sent = tf.size(payload, out_type=tf.int64) + tf.size(final, out_type=tf.int64)
-        received_bytes = tf.size(received, out_type=tf.int64) + tf.size(gathered, out_type=tf.int64) - \
-            tf.size(final, out_type=tf.int64)
+        received_bytes = (
+            tf.size(received, out_type=tf.int64)
+            + tf.size(gathered, out_type=tf.int64)
+            - tf.size(final, out_type=tf.int64)
+        )
         return Outcome(values, index, None, residual, sent_pairs, sent, received_bytes)
 
     @staticmethod
@@ -296,9 +330,9 @@ class SparDL:
         bounds = tf.searchsorted(index, tf.constant(layout.bounds(), tf.int32))
         rows, splits, own = [], [], None
         for b in range(layout.ranks):
-            v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
+            v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
             if b == rank:
-                own = _rows(packed.values[bounds[b]:bounds[b + 1]], i)
+                own = _rows(packed.values[bounds[b] : bounds[b + 1]], i)
                 splits.append(tf.constant(0, tf.int32))
                 continue
             v, i, residual = _keep_largest(v, i, layout.per_rank, residual)
@@ -311,9 +345,17 @@ class SparDL:
 EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
 
 
+def allgather_ints(ints, name, process_set):
+    """Every rank's `ints`, concatenated in rank order: one allgather, run eagerly even inside a trace."""
+    with tf.init_scope():
+        tensor = horovod().allgather(tf.constant(ints, tf.int64), name=name, process_set=process_set)
+        return tensor.numpy().tolist()
+
+
 def measure_network(process_set):
     """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
     from ..core import cost
+
     hvd = horovod()
     ranks = process_set.size()
 
@@ -326,7 +368,11 @@ def measure_network(process_set):
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
     t_copy = cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
-    mean = hvd.allreduce(tf.constant([t_small, t_big, t_copy], tf.float64), op=hvd.Average,
-                         name="sparsecomm.measure.mean", process_set=process_set).numpy()
+    mean = hvd.allreduce(
+        tf.constant([t_small, t_big, t_copy], tf.float64),
+        op=hvd.Average,
+        name="sparsecomm.measure.mean",
+        process_set=process_set,
+    ).numpy()
     latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, *map(float, mean[:2]), 1 << 22, float(mean[2]))
     return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth)

@@ -23,6 +23,7 @@ With tf-keras (``TF_USE_LEGACY_KERAS=1``), use Horovod's own
 ``horovod.tensorflow.keras.DistributedOptimizer(opt, compression=compression)``: the
 compressors work there as they are.
 """
+
 import keras
 import tensorflow as tf
 
@@ -46,11 +47,13 @@ def _reduce(grads, variables, compression, op, process_set):
         name = f"sparsecomm.keras.grad_{i}"
         if binding is not None and not isinstance(grad, tf.IndexedSlices):
             with binding.expect(variable):
-                reduced.append(hvd.allreduce(grad, op=op, compression=compression, name=name,
-                                             process_set=process_set))
+                reduced.append(hvd.allreduce(grad, op=op, compression=compression, name=name, process_set=process_set))
         else:
-            reduced.append(hvd.allreduce(grad, op=op, compression=compression or hvd.Compression.none, name=name,
-                                         process_set=process_set))
+            reduced.append(
+                hvd.allreduce(
+                    grad, op=op, compression=compression or hvd.Compression.none, name=name, process_set=process_set
+                )
+            )
     return reduced
 
 
@@ -63,9 +66,11 @@ def DistributedOptimizer(optimizer, compression=None, op=None, process_set=None)
     precision: pass a ``keras.optimizers.LossScaleOptimizer``; a compressor whose
     ``loss_scaler`` is that optimizer follows the returned one's scale instead."""
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"DistributedOptimizer: optimizer should be a Keras 3 optimizer (keras.optimizers.*), got "
-                        f"{type(optimizer).__module__}.{type(optimizer).__name__}; with tf-keras use "
-                        f"horovod.tensorflow.keras.DistributedOptimizer")
+        raise TypeError(
+            f"DistributedOptimizer: optimizer should be a Keras 3 optimizer (keras.optimizers.*), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}; with tf-keras use "
+            f"horovod.tensorflow.keras.DistributedOptimizer"
+        )
     hvd = _hvd()
     op = hvd.Average if op is None else op
     process_set = process_set or hvd.global_process_set
@@ -117,5 +122,6 @@ def __getattr__(name):
     subclasses Horovod's ObjectState, and this module imports without Horovod."""
     if name == "ElasticState":
         from .keras_elastic import ElasticState
+
         return ElasticState
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,7 @@ TF collectives ignore ``name=`` and pair up by call order (checked on 2 ranks: t
 named "a" and "b", called in opposite orders, swapped their data), so `sync` first checks
 that every rank holds the same list of variable shapes and dtypes.
 """
+
 import keras
 import tensorflow as tf
 
@@ -57,8 +58,10 @@ class ElasticState(ObjectState):
         self.compressors = _checked_compressors(compression)
         clashes = sorted(k for k in kwargs if k in _OWN or k.startswith("_") or hasattr(type(self), k))
         if clashes:
-            raise ValueError(f"ElasticState: keyword arguments {clashes} would hide the state's own attributes or "
-                             f"methods; name them otherwise")
+            raise ValueError(
+                f"ElasticState: keyword arguments {clashes} would hide the state's own attributes or "
+                f"methods; name them otherwise"
+            )
         _build(self.optimizer, self.model)  # the snapshot below then holds every optimizer variable
         self._save_variables()
         super().__init__(bcast_object=hvd.broadcast_object, get_rank=hvd.rank, **kwargs)
@@ -74,9 +77,11 @@ class ElasticState(ObjectState):
     def restore(self):
         variables = self.variables()
         if len(variables) != len(self._saved_values):
-            raise RuntimeError(f"ElasticState.restore: the model and optimizer now hold {len(variables)} variables, "
-                               f"the last commit {len(self._saved_values)}; do not add variables after the state "
-                               f"is made")
+            raise RuntimeError(
+                f"ElasticState.restore: the model and optimizer now hold {len(variables)} variables, "
+                f"the last commit {len(self._saved_values)}; do not add variables after the state "
+                f"is made"
+            )
         for variable, value in zip(variables, self._saved_values):
             variable.assign(value)
         for compressor, snapshot in zip(self.compressors, self._saved_compressors):
@@ -105,12 +110,16 @@ class ElasticState(ObjectState):
 
 def _checked_model(model):
     if not isinstance(model, keras.layers.Layer):
-        raise TypeError(f"ElasticState: model should be a Keras 3 model (keras.Model), got "
-                        f"{type(model).__module__}.{type(model).__name__}; with tf-keras use "
-                        f"hvd.elastic.TensorFlowKerasState and sparsecomm.tensorflow.elastic.track")
+        raise TypeError(
+            f"ElasticState: model should be a Keras 3 model (keras.Model), got "
+            f"{type(model).__module__}.{type(model).__name__}; with tf-keras use "
+            f"hvd.elastic.TensorFlowKerasState and sparsecomm.tensorflow.elastic.track"
+        )
     if not model.built or not model.variables:
-        raise ValueError(f"ElasticState: model should be built (start it with keras.Input, or call "
-                         f"model.build(input_shape)), got {model.name!r} with no variables yet")
+        raise ValueError(
+            f"ElasticState: model should be built (start it with keras.Input, or call "
+            f"model.build(input_shape)), got {model.name!r} with no variables yet"
+        )
     return model
 
 
@@ -118,12 +127,15 @@ def _checked_optimizer(optimizer, model):
     if optimizer is None:
         optimizer = getattr(model, "optimizer", None)
         if optimizer is None:
-            raise ValueError("ElasticState: optimizer is None and the model is not compiled with one: pass the "
-                             "Keras 3 optimizer")
+            raise ValueError(
+                "ElasticState: optimizer is None and the model is not compiled with one: pass the Keras 3 optimizer"
+            )
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"ElasticState: optimizer should be a Keras 3 optimizer (keras.optimizers.*, or "
-                        f"sparsecomm.tensorflow.keras.DistributedOptimizer(...)), got "
-                        f"{type(optimizer).__module__}.{type(optimizer).__name__}")
+        raise TypeError(
+            f"ElasticState: optimizer should be a Keras 3 optimizer (keras.optimizers.*, or "
+            f"sparsecomm.tensorflow.keras.DistributedOptimizer(...)), got "
+            f"{type(optimizer).__module__}.{type(optimizer).__name__}"
+        )
     return optimizer
 
 
@@ -133,8 +145,10 @@ def _checked_compressors(compression):
     for i, compressor in enumerate(compressors):
         if not isinstance(compressor, Compressor):
             where = "compression" if single else f"compression[{i}]"
-            raise TypeError(f"ElasticState: {where} should be a sparsecomm.tensorflow compressor (DGC, TopK, ...), "
-                            f"got {type(compressor).__module__}.{type(compressor).__name__}")
+            raise TypeError(
+                f"ElasticState: {where} should be a sparsecomm.tensorflow compressor (DGC, TopK, ...), "
+                f"got {type(compressor).__module__}.{type(compressor).__name__}"
+            )
     if len({id(c) for c in compressors}) != len(compressors):
         raise ValueError("ElasticState: compression lists a compressor twice")
     return tuple(compressors)
@@ -156,8 +170,12 @@ def _check_same_variables(variables):
     everyone = hvd.allgather_object(mine, name="sparsecomm.elastic.variables")
     for rank, theirs in enumerate(everyone):
         if [s[1:] for s in theirs] != [s[1:] for s in everyone[0]]:
-            diff = next((i for i, (a, b) in enumerate(zip(theirs, everyone[0])) if a[1:] != b[1:]),
-                        min(len(theirs), len(everyone[0])))
-            raise ValueError(f"ElasticState.sync: rank {rank}'s model and optimizer hold {len(theirs)} variables, "
-                             f"rank 0's {len(everyone[0])}; first difference at #{diff}: rank {rank} "
-                             f"{theirs[diff:diff + 1]}, rank 0 {everyone[0][diff:diff + 1]}")
+            diff = next(
+                (i for i, (a, b) in enumerate(zip(theirs, everyone[0])) if a[1:] != b[1:]),
+                min(len(theirs), len(everyone[0])),
+            )
+            raise ValueError(
+                f"ElasticState.sync: rank {rank}'s model and optimizer hold {len(theirs)} variables, "
+                f"rank 0's {len(everyone[0])}; first difference at #{diff}: rank {rank} "
+                f"{theirs[diff : diff + 1]}, rank 0 {everyone[0][diff : diff + 1]}"
+            )

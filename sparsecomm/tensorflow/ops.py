@@ -3,6 +3,7 @@
 The same kernels as ``sparsecomm.torch.ops``: identical inputs give identical bits. TF ops
 are functional: ``block_pack`` returns the updated residual instead of writing it in place.
 """
+
 import glob
 import os
 
@@ -18,8 +19,9 @@ def _load():
     build_info.require("tensorflow", tf.__version__)
     found = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_ops*.so")))
     if not found:
-        raise build_info.BuildMismatch("sparsecomm's TensorFlow op library is missing; rebuild with:\n    "
-                                       + build_info.rebuild_command())
+        raise build_info.BuildMismatch(
+            "sparsecomm's TensorFlow op library is missing; rebuild with:\n    " + build_info.rebuild_command()
+        )
     return tf.load_op_library(found[0])
 
 
@@ -29,8 +31,9 @@ _lib = _load()
 def random_block_start(seed, tensor_id, step, numel):
     """Start (int64 scalar) of the cyclic random block; same stream as the torch op."""
     as_int64 = lambda x: tf.cast(x, tf.int64)  # noqa: E731
-    return _lib.sparsecomm_random_block_start(as_int64(seed_as_int64(seed)), as_int64(tensor_id),
-                                              as_int64(step), as_int64(numel))
+    return _lib.sparsecomm_random_block_start(
+        as_int64(seed_as_int64(seed)), as_int64(tensor_id), as_int64(step), as_int64(numel)
+    )
 
 
 def block_pack(grad, residual, start, length):
@@ -50,6 +53,7 @@ def block_unpack(values, numel, start, scale=1.0):
 # --- Selection with error feedback (the torch ops' twins) ------------------------------------
 # TF ops are functional: each returns the updated state (None where absent). Tensor sizes
 # must be static.
+
 
 def _flat(x):
     return tf.reshape(x, [-1])
@@ -74,15 +78,34 @@ def _i64(x):
     return tf.cast(x, tf.int64)
 
 
-def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,
-                     seed=0, tensor_id=0, step=0, grad_scale=None):
+def sample_threshold(
+    grad,
+    residual,
+    ratio,
+    *,
+    momentum=None,
+    momentum_factor=0.0,
+    sample_ratio=0.01,
+    seed=0,
+    tensor_id=0,
+    step=0,
+    grad_scale=None,
+):
     """0-d float32 threshold that about `ratio` of a strided sample of |acc| passes. grad_scale
     (a float32 scalar, or None): grad is read times it, rounded once to its dtype, as if scaled
     first (DGC's clipping factor)."""
     return _lib.sparsecomm_sample_threshold(
-        _flat(grad), _state(residual), _state(momentum), _i64(seed_as_int64(seed)), _i64(tensor_id), _i64(step),
-        tf.constant(float(ratio), tf.float64), _state(grad_scale), momentum_factor=float(momentum_factor),
-        sample_count=sample_count(_numel(grad), ratio, sample_ratio))
+        _flat(grad),
+        _state(residual),
+        _state(momentum),
+        _i64(seed_as_int64(seed)),
+        _i64(tensor_id),
+        _i64(step),
+        tf.constant(float(ratio), tf.float64),
+        _state(grad_scale),
+        momentum_factor=float(momentum_factor),
+        sample_count=sample_count(_numel(grad), ratio, sample_ratio),
+    )
 
 
 def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
@@ -90,16 +113,22 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
     are the elements with |acc| >= threshold (NaN included), in index order. grad_scale: as
     sample_threshold's (it needs a residual or a momentum)."""
     acc, index, res, mom = _lib.sparsecomm_accumulate_candidates(
-        _flat(grad), _state(residual), _state(momentum), tf.cast(threshold, tf.float32), _state(grad_scale),
-        momentum_factor=float(momentum_factor))
+        _flat(grad),
+        _state(residual),
+        _state(momentum),
+        tf.cast(threshold, tf.float32),
+        _state(grad_scale),
+        momentum_factor=float(momentum_factor),
+    )
     return acc, index, _given(res, residual), _given(mom, momentum)
 
 
 def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
     """(residual, momentum): accumulate_candidates with nothing selected, one pass; no output
     depends on the data, so a GPU need not be waited for."""
-    res, mom = _lib.sparsecomm_accumulate(_flat(grad), _state(residual), _state(momentum),
-                                          momentum_factor=float(momentum_factor))
+    res, mom = _lib.sparsecomm_accumulate(
+        _flat(grad), _state(residual), _state(momentum), momentum_factor=float(momentum_factor)
+    )
     return _given(res, residual), _given(mom, momentum)
 
 
@@ -107,8 +136,9 @@ def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
     """(payload, momentum): DGC's dense route in one pass. momentum_factor * momentum + grad is
     the new momentum (float32, flat) and, rounded to grad's dtype, the payload (grad's shape).
     grad_scale: as sample_threshold's."""
-    return tuple(_lib.sparsecomm_momentum_step(grad, _flat(momentum), _state(grad_scale),
-                                               momentum_factor=float(momentum_factor)))
+    return tuple(
+        _lib.sparsecomm_momentum_step(grad, _flat(momentum), _state(grad_scale), momentum_factor=float(momentum_factor))
+    )
 
 
 def sum_of_squares(x):
@@ -124,15 +154,17 @@ def select_top(acc, index, k):
 
 def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):
     """(values, residual, momentum): values in `dtype`; sent elements keep their rounding error."""
-    values, res, mom = _lib.sparsecomm_send_selected(acc, index, _state(residual), _state(momentum), dtype=dtype,
-                                                     masking=masking)
+    values, res, mom = _lib.sparsecomm_send_selected(
+        acc, index, _state(residual), _state(momentum), dtype=dtype, masking=masking
+    )
     return values, _given(res, residual), _given(mom, momentum)
 
 
 def send_quantized(acc, index, residual, bits, *, momentum=None, masking=True):
     """(codes, scales, residual, momentum): 1-/2-bit codes with per-class scales."""
-    codes, scales, res, mom = _lib.sparsecomm_send_quantized(acc, index, _state(residual), _state(momentum),
-                                                             bits=int(bits), masking=masking)
+    codes, scales, res, mom = _lib.sparsecomm_send_quantized(
+        acc, index, _state(residual), _state(momentum), bits=int(bits), masking=masking
+    )
     return codes, scales, _given(res, residual), _given(mom, momentum)
 
 
@@ -146,18 +178,19 @@ def sparse_unpack(values, index, numel, scale=1.0, divisor=1):
     reduced placeholder): the kernel reads it where it runs, so a GPU is not waited for."""
     if not isinstance(scale, (tf.Tensor, tf.Variable)):
         scale = tf.constant([scale], tf.float32)
-    return _lib.sparsecomm_sparse_unpack(values, index, tf.reshape(scale, [-1]), numel=int(numel),
-                                         divisor=int(divisor))
+    return _lib.sparsecomm_sparse_unpack(values, index, tf.reshape(scale, [-1]), numel=int(numel), divisor=int(divisor))
 
 
 def random_k_indices(numel, k, *, seed, tensor_id, step):
     """k distinct indices of [0, numel), sorted, int32; the torch op's stream."""
-    return _lib.sparsecomm_random_k_indices(_i64(seed_as_int64(seed)), _i64(tensor_id), _i64(step), _i64(numel),
-                                            _i64(k))
+    return _lib.sparsecomm_random_k_indices(
+        _i64(seed_as_int64(seed)), _i64(tensor_id), _i64(step), _i64(numel), _i64(k)
+    )
 
 
 class _Kernels:
     """These ops as sparsecomm.core.packing uses them."""
+
     sample_threshold = staticmethod(sample_threshold)
     accumulate_candidates = staticmethod(accumulate_candidates)
     accumulate = staticmethod(accumulate)

@@ -1,5 +1,6 @@
 """The per-rank-coordinate exchanges of a TF compressor, in the graph: one branch per stage of
 the method's schedule (DGC's warm-up stages may route differently), chosen by the step."""
+
 import tensorflow as tf
 
 from ..core.selection import selected_count
@@ -35,6 +36,7 @@ def _stage(compressor, tensor, state, density, routes, overflow):
     """One stage as a branch: its route at that density (appended to `routes`), pack and
     exchange, returning tensors only, the same structure in every branch (a stage's values and
     index, or its dense sum, 0 elements where the other kind ran)."""
+
     def run():
         route = compressor.route(state, tensor, density, record=False)
         routes.append(route)
@@ -50,4 +52,5 @@ def _stage(compressor, tensor, state, density, routes, overflow):
         index = tf.zeros([0], tf.int32) if outcome.index is None else outcome.index
         dense = tf.zeros([0], tf.float32) if outcome.dense is None else outcome.dense
         return values, index, dense, residual, packed.momentum, outcome.count, outcome.sent, outcome.received
+
     return run

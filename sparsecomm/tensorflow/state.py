@@ -22,6 +22,7 @@ compressor can neither see the variable nor keep Python counters per step. Hence
   shape, is avoided by binding only the variables that get dense gradients, or by
   sparsecomm's Keras wrapper, which tells the binding each gradient's variable (`expect`).
 """
+
 import contextlib
 import weakref
 
@@ -45,7 +46,12 @@ class VariableState(tf.Module):
         numel = shape.num_elements()
         counter = lambda: tf.Variable(0, dtype=tf.int64, trainable=False)  # noqa: E731
         self.step = counter()
-        self.calls, self.sent_elements, self.sent_bytes, self.received_bytes = counter(), counter(), counter(), counter()
+        self.calls, self.sent_elements, self.sent_bytes, self.received_bytes = (
+            counter(),
+            counter(),
+            counter(),
+            counter(),
+        )
         self.residual = tf.Variable(tf.zeros([numel]), trainable=False) if residual else None
         self.momentum = tf.Variable(tf.zeros([numel]), trainable=False) if momentum else None
         if scaled:
@@ -89,15 +95,19 @@ class VariableState(tf.Module):
 
     def _kept(self):
         """(state variable, its backup) pairs."""
-        return [(live, copy) for live, copy in ((self.residual, self.backup_residual),
-                                                (self.momentum, self.backup_momentum)) if live is not None]
+        return [
+            (live, copy)
+            for live, copy in ((self.residual, self.backup_residual), (self.momentum, self.backup_momentum))
+            if live is not None
+        ]
 
     def follow_loss_scale(self, scale):
         """sparsecomm.core.loss_scale's rule, in the graph: a scale lower than the remembered one
         restores the backup (state and step: the last update's step overflowed); a different
         one multiplies residual and momentum by new / remembered; then the state is in `scale`."""
-        decision = loss_scale.decide(self.loss_scale.read_value(), scale, self.backup_valid.read_value(),
-                                     select=tf.where)
+        decision = loss_scale.decide(
+            self.loss_scale.read_value(), scale, self.backup_valid.read_value(), select=tf.where
+        )
 
         def roll_back():
             self.step.assign(self.backup_step.read_value())
@@ -108,6 +118,7 @@ class VariableState(tf.Module):
         def rescale():
             for live, _ in self._kept():
                 live.assign(live.read_value() * decision.factor)
+
         tf.cond(decision.rollback, roll_back, lambda: None)
         tf.cond(tf.not_equal(decision.factor, 1.0), rescale, lambda: None)
         self.loss_scale.assign(scale)
@@ -121,9 +132,12 @@ class VariableState(tf.Module):
 
     def counted(self, tensor, sent_elements, sent_bytes, received_bytes):
         """`tensor`, once the stats counters of one compress are updated."""
-        updates = [self.calls.assign_add(1), self.sent_elements.assign_add(tf.cast(sent_elements, tf.int64)),
-                   self.sent_bytes.assign_add(tf.cast(sent_bytes, tf.int64)),
-                   self.received_bytes.assign_add(tf.cast(received_bytes, tf.int64))]
+        updates = [
+            self.calls.assign_add(1),
+            self.sent_elements.assign_add(tf.cast(sent_elements, tf.int64)),
+            self.sent_bytes.assign_add(tf.cast(sent_bytes, tf.int64)),
+            self.received_bytes.assign_add(tf.cast(received_bytes, tf.int64)),
+        ]
         with tf.control_dependencies(updates):
             return tf.identity(tensor)
 
@@ -167,15 +181,18 @@ class VariableBinding:
     def __init__(self, owner, variables):
         self.owner = owner
         if isinstance(variables, (tf.Module, tf.Variable)) or hasattr(variables, "trainable_variables"):
-            raise TypeError(f"{owner}: variables should be a list of variables or (name, variable) pairs such as "
-                            f"model.trainable_variables, got {type(variables).__name__}")
+            raise TypeError(
+                f"{owner}: variables should be a list of variables or (name, variable) pairs such as "
+                f"model.trainable_variables, got {type(variables).__name__}"
+            )
         self.names, self.variables, self.shapes, self.dtypes = [], [], [], []
         items = [item if isinstance(item, tuple) else (None, item) for item in variables]
         taken = {name for name, _ in items if isinstance(name, str)}  # names given in pairs stay as given
         for name, variable in items:
             if not (hasattr(variable, "shape") and hasattr(variable, "dtype") and hasattr(variable, "assign")):
-                raise TypeError(f"{owner}: variables should hold TF/Keras variables or (name, variable) pairs, "
-                                f"got {variable!r:.80}")
+                raise TypeError(
+                    f"{owner}: variables should hold TF/Keras variables or (name, variable) pairs, got {variable!r:.80}"
+                )
             if any(v is variable for v in self.variables):
                 raise ValueError(f"{owner}: the variable {name or _name_of(variable)!r} is listed twice")
             if name is None:
@@ -183,8 +200,9 @@ class VariableBinding:
             elif not isinstance(name, str):
                 raise TypeError(f"{owner}: a variable's name should be a str, got {name!r}")
             elif name in self.names:
-                raise ValueError(f"{owner}: two (name, variable) pairs are named {name!r}; names given in pairs "
-                                 f"should be unique")
+                raise ValueError(
+                    f"{owner}: two (name, variable) pairs are named {name!r}; names given in pairs should be unique"
+                )
             shape, dtype = tf.TensorShape(variable.shape), tf.as_dtype(variable.dtype)
             if not shape.is_fully_defined():
                 raise ValueError(f"{owner}: variable {name!r} should have a static shape, got {shape}")
@@ -216,9 +234,11 @@ class VariableBinding:
         fits = lambda i: grad.shape.is_compatible_with(self.shapes[i]) and grad.dtype == self.dtypes[i]  # noqa: E731
         if self._expected is not None:
             if not fits(self._expected):
-                raise ValueError(f"{self.owner}: the gradient of {self.names[self._expected]!r} should have shape "
-                                 f"{self.shapes[self._expected]} and dtype {self.dtypes[self._expected].name}, got "
-                                 f"{grad.shape} {grad.dtype.name}")
+                raise ValueError(
+                    f"{self.owner}: the gradient of {self.names[self._expected]!r} should have shape "
+                    f"{self.shapes[self._expected]} and dtype {self.dtypes[self._expected].name}, got "
+                    f"{grad.shape} {grad.dtype.name}"
+                )
             return self._expected
         trace = _trace_of(grad)
         used = self._eager_round if trace is None else self._rounds.setdefault(trace, set())
@@ -235,28 +255,41 @@ class VariableBinding:
         raise LookupError(
             f"{self.owner}: got a gradient of shape {grad.shape} and dtype {grad.dtype.name} that fits none of the "
             f"bound variables ({listed}{', ...' if len(self.names) > 8 else ''}). Bind the variables whose "
-            f"gradients are reduced: variables=model.trainable_variables, the same list as the tape's sources.")
+            f"gradients are reduced: variables=model.trainable_variables, the same list as the tape's sources."
+        )
 
 
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
-def checked_gradient(owner, tensor):
-    """Refuses what a compressor cannot take: IndexedSlices, and gradients not in a float dtype."""
+def checked_gradient(owner, tensor, binding):
+    """Refuses what a compressor cannot take: any gradient before it is bound to variables,
+    IndexedSlices, and gradients not in a float dtype."""
+    if binding is None:
+        raise RuntimeError(
+            f"{owner} keeps per-variable state and needs variables=: construct it as "
+            f"{owner}(..., variables=model.trainable_variables)"
+        )
     if isinstance(tensor, tf.IndexedSlices):
-        raise TypeError(f"{owner}: got tf.IndexedSlices; Horovod gathers those without compression "
-                        f"(or densify them with sparse_as_dense=True)")
+        raise TypeError(
+            f"{owner}: got tf.IndexedSlices; Horovod gathers those without compression "
+            f"(or densify them with sparse_as_dense=True)"
+        )
     dtype = getattr(tensor, "dtype", None)
     if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"{owner}: gradients should be float32, float16 or bfloat16, got "
-                        f"{getattr(dtype, 'name', type(tensor).__name__)}")
+        raise TypeError(
+            f"{owner}: gradients should be float32, float16 or bfloat16, got "
+            f"{getattr(dtype, 'name', type(tensor).__name__)}"
+        )
 
 
 def stats(states, choices):
     """stats() of a compressor's states: totals and, per variable, its counters, numel, density
     and the exchange chosen (`choices`, the planner's)."""
-    tensors = {state.variable_name: report.tensor_stats(state.counters(), state.numel, choices.get(state.variable_name))
-               for state in states}
+    tensors = {
+        state.variable_name: report.tensor_stats(state.counters(), state.numel, choices.get(state.variable_name))
+        for state in states
+    }
     return dict(report.totals(tensors), tensors=tensors)
 
 
@@ -268,8 +301,16 @@ def states_for(binding, planner, method, scaled):
         for name, shape, dtype in zip(binding.names, binding.shapes, binding.dtypes):
             planner.check_indexable(name, shape.num_elements(), shape.rank, dtype.size)
             sparse = not planner.always_dense(name, shape.num_elements(), shape.rank, dtype.size)
-            states.append(VariableState(name, shape, dtype, residual=sparse and method.keeps_residual,
-                                        momentum=method.keeps_momentum, scaled=scaled))
+            states.append(
+                VariableState(
+                    name,
+                    shape,
+                    dtype,
+                    residual=sparse and method.keeps_residual,
+                    momentum=method.keeps_momentum,
+                    scaled=scaled,
+                )
+            )
     return states
 
 

@@ -1,6 +1,7 @@
 """What exchange="auto" measures before it routes (torch): the network, this rank's cost of
 the sparse path (sparsecomm.core.cost.LocalCost) and the backward windows it watched, all
 averaged over the ranks in one collective."""
+
 import torch
 
 from ..core import cost
@@ -15,8 +16,9 @@ def measure(compressor):
     parameter (0 where it was not watched), all averaged over the ranks."""
     names = list(compressor.bound_parameters())  # the same order on every rank
     watched = compressor.planner.auto.backward.windows  # measured only after watching (watch_backward)
-    network, timings = exchange.measure_network(compressor.collective_set(), time_sparse_path(compressor)
-                                                + [watched.get(name, 0.0) for name in names])
+    network, timings = exchange.measure_network(
+        compressor.collective_set(), time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names]
+    )
     (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
     local = cost.LocalCost.fitted((SIZES[0], small), (SIZES[1], large), unpack, memset, pairs)
     return network, local, dict(zip(names, windows))
@@ -39,6 +41,7 @@ def time_sparse_path(compressor):
             unpacked[:] = unpacked_locally(compressor.pack(grad, state, compressor.method.ratio))
             ops.sparse_unpack(*unpacked, numel, out=out)
             sync()
+
         path()  # allocates the state
         timings.append(cost.median_seconds(path, 3))
     timings.append(cost.median_seconds(lambda: (ops.sparse_unpack(*unpacked, numel, out=out), sync()), 3))

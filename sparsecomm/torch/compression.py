@@ -10,9 +10,9 @@ them to parameters, keeps per-parameter state and runs the kernels (ops) and the
 (exchange.EXCHANGES). A compressor class declares its core method (`Method`) and its
 `pack` hook; DGC also overrides `dense_payload`.
 """
+
 import copy
 import time
-from typing import Iterable, Optional, Tuple
 
 import torch
 
@@ -36,8 +36,7 @@ class Compressor(Settings):
     ``process_set`` (the optimizer's; default all ranks) and ``loss_scaler`` (mixed precision:
     the ``torch.amp.GradScaler`` that scales the loss; see sparsecomm.core.loss_scale)."""
 
-    def __init__(self, method, named_parameters: Optional[Iterable[Tuple[str, torch.Tensor]]] = None,
-                 process_set=None, loss_scaler=None, **settings):
+    def __init__(self, method, named_parameters=None, process_set=None, loss_scaler=None, **settings):
         self._configure(method, **settings)
         self._name = method.owner
         self.process_set = process_set  # the optimizer's (None: all ranks); the agreement check runs over it
@@ -72,8 +71,9 @@ class Compressor(Settings):
             payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        handed, ctx, traffic = self._in_flight.start(route, payload, tensor, state, selected_count(density, numel),
-                                                     self.collective_set(), ranks)
+        handed, ctx, traffic = self._in_flight.start(
+            route, payload, tensor, state, selected_count(density, numel), self.collective_set(), ranks
+        )
         self._state.counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
         if planner.watching():
             planner.auto.backward.note_handoff(name, time.perf_counter())
@@ -100,11 +100,10 @@ class Compressor(Settings):
     # -- routes, ranks and what the core's Settings asks of an adapter ------------------------------
 
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
-        """Whether this parameter's gradient is sent dense at its current step (starts nothing:
-        see _routing_ranks)."""
-        return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(),
-                                  self.method.density(self._state.step_of(name)),
-                                  self._routing_ranks(self._ranks(), measure=False)) == "dense"
+        """Whether this parameter's gradient is sent dense at its current step (starts nothing)."""
+        density = self.method.density(self._state.step_of(name))
+        ranks = self._routing_ranks(self._ranks(), measure=False)
+        return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density, ranks) == "dense"
 
     def bound_parameters(self):
         """The bound parameters' names, in the order named_parameters gave them."""
@@ -118,13 +117,10 @@ class Compressor(Settings):
         return self.collective_set().size() if exchange.horovod().is_initialized() else 1
 
     def _allgather_ints(self, ints, name):
-        return exchange.horovod().allgather(torch.tensor(ints, dtype=torch.int64), name=name,
-                                         process_set=self.collective_set()).tolist()
+        return exchange.allgather_ints(ints, name, self.collective_set())
 
     def _mean_over_ranks(self, values, name):
-        hvd = exchange.horovod()
-        return hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=f"sparsecomm.{name}.{self._instance}",
-                             process_set=self.collective_set()).tolist()
+        return exchange.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}", self.collective_set())
 
     def _measure_network(self):
         return calibration.measure(self)
@@ -201,12 +197,26 @@ class RandomBlock(Compressor):
             (docs/compressors.md, "Mixed precision").
         min_numel, dense_1d, dense: the per-layer policy (every compressor; see Compressor).
     """
+
     method_type = methods.RandomBlock
 
-    def __init__(self, ratio: float, seed: int = 0, named_parameters=None, error_feedback: bool = True,
-                 process_set=None, loss_scaler=None, **policy):
-        super().__init__(self.method_type(type(self).__name__, ratio, seed, error_feedback), named_parameters,
-                         process_set, loss_scaler, **policy)
+    def __init__(
+        self,
+        ratio: float,
+        seed: int = 0,
+        named_parameters=None,
+        error_feedback: bool = True,
+        process_set=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            self.method_type(type(self).__name__, ratio, seed, error_feedback),
+            named_parameters,
+            process_set,
+            loss_scaler,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
         numel = tensor.numel()
@@ -224,12 +234,17 @@ class RandomK(RandomBlock):
     Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``,
     ``process_set``, ``loss_scaler``).
     """
+
     method_type = methods.RandomK
 
     def pack(self, tensor, state, density):
-        values, index = ops.pack_randomk(tensor, self._residual_of(state, tensor),
-                                         selected_count(density, tensor.numel()), seed=self.method.seed,
-                                         **_pack_args(state))
+        values, index = ops.pack_randomk(
+            tensor,
+            self._residual_of(state, tensor),
+            selected_count(density, tensor.numel()),
+            seed=self.method.seed,
+            **_pack_args(state),
+        )
         return Packed(values, index)
 
 
@@ -259,14 +274,39 @@ class TopK(_PerRank):
         dense_fallback, exchange, network: see _PerRank.
     """
 
-    def __init__(self, ratio: float, named_parameters=None, error_feedback: bool = True, process_set=None,
-                 dense_fallback: bool = True, exchange: str = "auto", network=None, loss_scaler=None, **policy):
-        super().__init__(methods.TopK(type(self).__name__, ratio, error_feedback), named_parameters, process_set,
-                         loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float,
+        named_parameters=None,
+        error_feedback: bool = True,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.TopK(type(self).__name__, ratio, error_feedback),
+            named_parameters,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
-        return Packed(*ops.pack_topk(tensor, self._residual_of(state, tensor),
-                                     selected_count(density, tensor.numel()), seed=0, **_pack_args(state)))
+        return Packed(
+            *ops.pack_topk(
+                tensor,
+                self._residual_of(state, tensor),
+                selected_count(density, tensor.numel()),
+                seed=0,
+                **_pack_args(state),
+            )
+        )
 
 
 class RTopK(_PerRank):
@@ -282,27 +322,62 @@ class RTopK(_PerRank):
         named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.
     """
 
-    def __init__(self, ratio: float, r: float = None, seed: int = 0, named_parameters=None,
-                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
-                 network=None, loss_scaler=None, **policy):
-        super().__init__(methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback), named_parameters,
-                         process_set, loss_scaler, dense_fallback=dense_fallback, exchange=exchange, network=network,
-                         **policy)
+    def __init__(
+        self,
+        ratio: float,
+        r: float = None,
+        seed: int = 0,
+        named_parameters=None,
+        error_feedback: bool = True,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback),
+            named_parameters,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
         numel, method = tensor.numel(), self.method
-        return Packed(*ops.pack_rtopk(tensor, self._residual_of(state, tensor), selected_count(method.r, numel),
-                                      selected_count(density, numel), seed=method.seed, **_pack_args(state)))
+        return Packed(
+            *ops.pack_rtopk(
+                tensor,
+                self._residual_of(state, tensor),
+                selected_count(method.r, numel),
+                selected_count(density, numel),
+                seed=method.seed,
+                **_pack_args(state),
+            )
+        )
 
 
 def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True, grad_scale=None):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
-    values, index = ops.pack_sampled(tensor, compressor._residual_of(state, tensor), density, momentum=momentum,
-                                     momentum_factor=momentum_factor, masking=masking, grad_scale=grad_scale,
-                                     sample_ratio=method.sample_ratio, value_dtype=value_dtype and getattr(
-                                         torch, value_dtype), bits=bits, **_pack_args(state))
+    values, index = ops.pack_sampled(
+        tensor,
+        compressor._residual_of(state, tensor),
+        density,
+        momentum=momentum,
+        momentum_factor=momentum_factor,
+        masking=masking,
+        grad_scale=grad_scale,
+        sample_ratio=method.sample_ratio,
+        value_dtype=value_dtype and getattr(torch, value_dtype),
+        bits=bits,
+        **_pack_args(state),
+    )
     if bits is not None:
         return Packed(index=index, codes=values[0], scales=values[1], bits=bits)
     return Packed(values, index)
@@ -323,12 +398,30 @@ class Threshold(_PerRank):
         named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.
     """
 
-    def __init__(self, ratio: float = 0.01, quantize=None, sample_ratio: float = 0.01, named_parameters=None,
-                 error_feedback: bool = True, process_set=None, dense_fallback: bool = True, exchange: str = "auto",
-                 network=None, loss_scaler=None, **policy):
-        super().__init__(methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback,
-                                           exchange), named_parameters, process_set, loss_scaler,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float = 0.01,
+        quantize=None,
+        sample_ratio: float = 0.01,
+        named_parameters=None,
+        error_feedback: bool = True,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback, exchange),
+            named_parameters,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def pack(self, tensor, state, density):
         return _sampled(self, tensor, state, density)
@@ -363,13 +456,42 @@ class DGC(_PerRank):
             and clip_norm applies to the unscaled gradient.
     """
 
-    def __init__(self, ratio: float = 0.001, momentum: float = 0.9, momentum_masking: bool = True,
-                 clip_norm: Optional[float] = None, warmup_steps: int = 0, warmup_stages: int = 4,
-                 sample_ratio: float = 0.01, named_parameters=None, process_set=None, dense_fallback: bool = True,
-                 exchange: str = "auto", network=None, loss_scaler=None, **policy):
-        super().__init__(methods.DGC(type(self).__name__, ratio, momentum, momentum_masking, clip_norm, warmup_steps,
-                                     warmup_stages, sample_ratio), named_parameters, process_set, loss_scaler,
-                         dense_fallback=dense_fallback, exchange=exchange, network=network, **policy)
+    def __init__(
+        self,
+        ratio: float = 0.001,
+        momentum: float = 0.9,
+        momentum_masking: bool = True,
+        clip_norm: float | None = None,
+        warmup_steps: int = 0,
+        warmup_stages: int = 4,
+        sample_ratio: float = 0.01,
+        named_parameters=None,
+        process_set=None,
+        dense_fallback: bool = True,
+        exchange: str = "auto",
+        network=None,
+        loss_scaler=None,
+        **policy,
+    ):
+        super().__init__(
+            methods.DGC(
+                type(self).__name__,
+                ratio,
+                momentum,
+                momentum_masking,
+                clip_norm,
+                warmup_steps,
+                warmup_stages,
+                sample_ratio,
+            ),
+            named_parameters,
+            process_set,
+            loss_scaler,
+            dense_fallback=dense_fallback,
+            exchange=exchange,
+            network=network,
+            **policy,
+        )
 
     def _clip_factor(self, tensor, state):
         """Local gradient clipping to clip_norm / sqrt(N): the factor limit / norm (1 below the
@@ -394,6 +516,13 @@ class DGC(_PerRank):
         return grad
 
     def pack(self, tensor, state, density):
-        return _sampled(self, tensor, state, density, momentum=state.momentum_for(tensor),
-                        momentum_factor=self.method.momentum, masking=self.method.momentum_masking,
-                        grad_scale=self._clip_factor(tensor, state))
+        return _sampled(
+            self,
+            tensor,
+            state,
+            density,
+            momentum=state.momentum_for(tensor),
+            momentum_factor=self.method.momentum,
+            masking=self.method.momentum_masking,
+            grad_scale=self._clip_factor(tensor, state),
+        )

@@ -16,6 +16,7 @@ A compressor is never pickled and broadcast as a plain object: residuals differ 
 Survivors keep their residuals; a joining rank starts from zero; a removed rank's residual is
 lost. Without either handler, a new number of ranks is still noticed by the next compress.
 """
+
 _registered = []
 
 
@@ -58,6 +59,9 @@ def register_handlers(compressor_class):
         pass
 
     # First: Horovod takes the first entry that matches, and the optimizer is also a torch Optimizer.
-    hvd_state.set_handler_registry([(CompressingOptimizer, CompressingOptimizerHandler)]
-                                   + hvd_state.get_handler_registry() + [(compressor_class, CompressorStateHandler)])
+    hvd_state.set_handler_registry(
+        [(CompressingOptimizer, CompressingOptimizerHandler)]
+        + hvd_state.get_handler_registry()
+        + [(compressor_class, CompressorStateHandler)]
+    )
     _registered.append(CompressorStateHandler)

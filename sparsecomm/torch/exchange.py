@@ -18,14 +18,14 @@ contributions by output / M, the optimizer's semantics, without being told the o
 Adding an exchange: a class here with start/finish (and `advances`/advance if it has a second
 phase), an entry in EXCHANGES, and its cost in sparsecomm/core/cost.py.
 """
+
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
-from . import ops
 from .. import prerequisites
 from ..core.plan import SparDLLayout
+from . import ops
 
 
 def horovod():
@@ -42,12 +42,13 @@ def to_wire(tensor):
 class Packed:
     """What a method's pack produced: values (or 1-/2-bit codes with their scales), and where
     they belong: int32 indices, or the start of a random block."""
-    values: Optional[torch.Tensor] = None
-    index: Optional[torch.Tensor] = None
-    start: Optional[int] = None
-    codes: Optional[torch.Tensor] = None
-    scales: Optional[torch.Tensor] = None
-    bits: Optional[int] = None
+
+    values: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    start: int | None = None
+    codes: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+    bits: int | None = None
 
 
 @dataclass
@@ -56,14 +57,15 @@ class Wire:
     ranks, the selected count k, the residual (SparDL adds what it drops there) and `out`, the
     contiguous buffer the dense result is written into (the gradient compress received: no
     allocation; a new one only for a gradient that is not contiguous; None for the dense route)."""
+
     name: str
     shape: torch.Size
     dtype: torch.dtype
     process_set: object
     ranks: int
     k: int = 0
-    residual: Optional[torch.Tensor] = None
-    out: Optional[torch.Tensor] = None
+    residual: torch.Tensor | None = None
+    out: torch.Tensor | None = None
 
     def output(self):
         """The flat buffer for the result."""
@@ -74,6 +76,7 @@ class Wire:
 class Context:
     """decompress's context: the exchange, the tensor's wire, this rank's byte counts, and the
     exchange's own in-flight state (`pending`)."""
+
     exchange: object
     wire: Wire
     sent_elements: int
@@ -124,8 +127,11 @@ class Allgather:
     allgather; each rank adds all contributions, in rank order, into the result."""
 
     def start(self, packed, wire):
-        buffer = ops.wire_rows(packed.values, packed.index) if packed.bits is None else \
-            ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
+        buffer = (
+            ops.wire_rows(packed.values, packed.index)
+            if packed.bits is None
+            else ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
+        )
         handle = horovod().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
         pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)
         return _placeholder(buffer.device), Context(self, wire, packed.index.numel(), buffer.numel(), pending=pending)
@@ -136,8 +142,9 @@ class Allgather:
         ctx.received_bytes = gathered.numel() - ctx.sent_bytes
         if bits is None:
             return _unpacked_rows(output, ctx, gathered, value_dtype)
-        ops.sparse_unpack_segments(gathered, bits, ctx.wire.ranks, ctx.wire.shape.numel(), output, ctx.wire.ranks,
-                                   out=ctx.wire.output())
+        ops.sparse_unpack_segments(
+            gathered, bits, ctx.wire.ranks, ctx.wire.shape.numel(), output, ctx.wire.ranks, out=ctx.wire.output()
+        )
         return ctx.wire.out
 
 
@@ -163,6 +170,7 @@ def _unpacked_rows(output, ctx, rows, value_dtype):
 # lost. Both phases send the (index, value) rows of sparsecomm.core.wire, values in the
 # method's value dtype (the gradient's): an owner's sum is rounded to it once, and that
 # rounding error is dropped into the owner's residual too.
+
 
 def _keep_largest(values, index, k, residual):
     """The k entries of largest |value| (ties: lower index), in index order; the rest are
@@ -193,7 +201,7 @@ class _SparDLState:
     handle: object
     value_dtype: torch.dtype
     own: torch.Tensor = None  # this rank's rows of the block it owns
-    own_bytes: int = 0        # bytes this rank put into the gather
+    own_bytes: int = 0  # bytes this rank put into the gather
     gather_handle: object = None
 
 
@@ -208,6 +216,7 @@ def _owned_scratch(wire, size):
 class SparDL:
     """Phase 1 in compress (per-block reselection, alltoall to the owners), phase 2 in
     `advance` (reduce the owned block, all-gather), phase 3 in finish."""
+
     advances = True
 
     def start(self, packed, wire):
@@ -218,19 +227,24 @@ class SparDL:
         bounds = torch.searchsorted(index, torch.tensor(layout.bounds(), dtype=torch.int32)).tolist()
         rows, splits, own = [], [], None
         for b in range(layout.ranks):
-            v, i = values[bounds[b]:bounds[b + 1]], index[bounds[b]:bounds[b + 1]]
+            v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
             if b == rank:
-                own = ops.wire_rows(packed.values[bounds[b]:bounds[b + 1]], i)
+                own = ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i)
                 splits.append(0)
                 continue
             v, i = _keep_largest(v, i, layout.per_rank, wire.residual)
             rows.append(ops.wire_rows(v.to(value_dtype), i))
             splits.append(i.numel())
         payload = torch.cat(rows) if rows else ops.wire_rows(packed.values[:0], index[:0])
-        handle = hvd.alltoall_async(payload, splits=torch.tensor(splits, dtype=torch.int32),
-                                    name=f"sparsecomm.{wire.name}.scatter", process_set=ps)
-        return _placeholder(values.device), Context(self, wire, payload.shape[0], payload.numel(),
-                                                    pending=_SparDLState(layout, rank, handle, value_dtype, own))
+        handle = hvd.alltoall_async(
+            payload,
+            splits=torch.tensor(splits, dtype=torch.int32),
+            name=f"sparsecomm.{wire.name}.scatter",
+            process_set=ps,
+        )
+        return _placeholder(values.device), Context(
+            self, wire, payload.shape[0], payload.numel(), pending=_SparDLState(layout, rank, handle, value_dtype, own)
+        )
 
     def advance(self, ctx):
         """Waits for the scatter, reduces the owned block in rank order, keeps its per_rank
@@ -250,8 +264,9 @@ class SparDL:
         ctx.sent_elements += payload.shape[0]
         ctx.sent_bytes += payload.numel()
         st.own, st.own_bytes = None, payload.numel()
-        st.gather_handle = hvd.allgather_async(payload, name=f"sparsecomm.{ctx.wire.name}.gather",
-                                               process_set=ctx.wire.process_set)
+        st.gather_handle = hvd.allgather_async(
+            payload, name=f"sparsecomm.{ctx.wire.name}.gather", process_set=ctx.wire.process_set
+        )
 
     def finish(self, output, ctx):
         gathered = horovod().synchronize(ctx.pending.gather_handle)
@@ -260,6 +275,18 @@ class SparDL:
 
 
 EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
+
+
+def allgather_ints(ints, name, process_set):
+    """Every rank's `ints`, concatenated in rank order (one allgather named `name`)."""
+    hvd = horovod()
+    return hvd.allgather(torch.tensor(ints, dtype=torch.int64), name=name, process_set=process_set).tolist()
+
+
+def mean_over_ranks(values, name, process_set):
+    """`values` averaged over the ranks (one allreduce named `name`)."""
+    hvd = horovod()
+    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=name, process_set=process_set).tolist()
 
 
 class InFlight:
@@ -292,8 +319,9 @@ class InFlight:
             for pending in self.pending:
                 sent_before, received_before = pending.sent_bytes, pending.received_bytes
                 pending.exchange.advance(pending)
-                account_later(pending.wire.name, pending.sent_bytes - sent_before,
-                              pending.received_bytes - received_before)
+                account_later(
+                    pending.wire.name, pending.sent_bytes - sent_before, pending.received_bytes - received_before
+                )
             self.pending = []
         received_before = ctx.received_bytes  # what compress already counted (a dense allreduce's)
         result = ctx.exchange.finish(output, ctx)
@@ -312,6 +340,7 @@ def measure_network(process_set=None, local=()):
     allreduce came out no slower than its 1-element one would make a mean bandwidth endless), so
     every rank makes the same choices. Returns (Network, the averaged local timings)."""
     from ..core import cost
+
     hvd = horovod()
     process_set = process_set or hvd.global_process_set
     ranks = process_set.size()
@@ -327,12 +356,18 @@ def measure_network(process_set=None, local=()):
     t_copy = cost.median_seconds(lambda: big.clone(), 3)
 
     def burst(count):  # `count` tiny allgathers in flight at once, as a step's exchanges are
-        handles = [hvd.allgather_async(small, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set)
-                   for _ in range(count)]
+        handles = [
+            hvd.allgather_async(small, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set)
+            for _ in range(count)
+        ]
         for handle in handles:
             hvd.synchronize(handle)
+
     per_op = max(0.0, (cost.median_seconds(lambda: burst(16), 3) - cost.median_seconds(lambda: burst(1), 3)) / 15)
-    mean = hvd.allreduce(torch.tensor([t_small, t_big, t_copy, per_op, *local], dtype=torch.float64),
-                         name="sparsecomm.measure.mean", process_set=process_set).tolist()
+    mean = hvd.allreduce(
+        torch.tensor([t_small, t_big, t_copy, per_op, *local], dtype=torch.float64),
+        name="sparsecomm.measure.mean",
+        process_set=process_set,
+    ).tolist()
     latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, mean[0], mean[1], big.numel() * 4, mean[2], mean[3])
     return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth), mean[4:]

@@ -5,11 +5,11 @@ trace under torch.compile and pass ``torch.library.opcheck``; each also serves a
 Meta kernel. Outputs whose size depends on the data (the candidates) get a dynamic size.
 ``random_block_start`` takes and returns no tensors and needs none.
 """
+
 import torch
 
 from .. import _C  # noqa: F401  (loads the extension: the ops must exist before their fakes)
 from ..core import wire
-
 
 FAKES = {}  # op name -> fake kernel (the emulated CUDA test build registers them for its namespace too)
 
@@ -18,10 +18,12 @@ def _fake(name):
     def register(fake):
         FAKES[name] = fake
         return torch.library.register_fake(f"sparsecomm::{name}")(fake)
+
     return register
 
 
 # --- block family (csrc/torch/block.h) ---
+
 
 @_fake("block_pack")
 def _block_pack(grad, residual, start, length):
@@ -40,9 +42,11 @@ def _block_unpack_into(values, start, scale, out):
 
 # --- select family (csrc/torch/select.h) ---
 
+
 @_fake("sample_threshold")
-def _sample_threshold(grad, residual, momentum, momentum_factor, ratio, sample_count, seed, tensor_id, step,
-                      grad_scale=None):
+def _sample_threshold(
+    grad, residual, momentum, momentum_factor, ratio, sample_count, seed, tensor_id, step, grad_scale=None
+):
     return grad.new_empty((), dtype=torch.float32)
 
 
@@ -121,6 +125,7 @@ def _random_k_indices(like, seed, tensor_id, step, k):
 
 
 # --- quantize family (csrc/torch/quantize.h; sizes from csrc/kernels/quantize.h) ---
+
 
 @_fake("send_quantized")
 def _send_quantized(acc, index, residual, momentum, masking, bits):

@@ -1,5 +1,6 @@
 """Mixed precision for the torch compressors (``loss_scaler=``): each parameter's residual and
 momentum follow the GradScaler's scale, by the rule of sparsecomm.core.loss_scale."""
+
 from typing import Optional
 
 import torch
@@ -22,8 +23,10 @@ class LossScaling:
         if scaler is None:
             return None
         if not isinstance(scaler, torch.amp.GradScaler):
-            raise TypeError(f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, "
-                            f"got {type(scaler).__name__}")
+            raise TypeError(
+                f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, "
+                f"got {type(scaler).__name__}"
+            )
         if not scaler.is_enabled():
             return None
         loss_scale.check_factors(owner, scaler.get_backoff_factor(), scaler.get_growth_factor())

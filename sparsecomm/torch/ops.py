@@ -3,7 +3,6 @@
 The ops are registered when ``sparsecomm._C`` is imported; the wrappers add nothing but
 argument normalisation, so ``torch.ops.sparsecomm.X`` may be called directly too.
 """
-from typing import Optional
 
 import torch
 
@@ -11,9 +10,9 @@ from .. import build_info
 
 build_info.require("torch", torch.__version__)  # before loading: a mismatch says which versions
 from .. import _C  # noqa: F401,E402  (loads the extension, registering torch.ops.sparsecomm)
+from ..core import packing  # noqa: E402
+from ..core.selection import sample_count, seed_as_int64  # noqa: E402
 from . import fakes  # noqa: F401,E402  (registers the ops' fake kernels)
-from ..core import packing
-from ..core.selection import sample_count, seed_as_int64
 
 _ops = torch.ops.sparsecomm
 
@@ -33,7 +32,7 @@ def random_block_start(seed: int, tensor_id: int, step: int, numel: int) -> int:
     return _ops.random_block_start(seed_as_int64(seed), tensor_id, step, numel)
 
 
-def block_pack(grad: torch.Tensor, residual: Optional[torch.Tensor], start: int, length: int) -> torch.Tensor:
+def block_pack(grad: torch.Tensor, residual: torch.Tensor | None, start: int, length: int) -> torch.Tensor:
     """Error-feedback pack of the cyclic block ``[start, start + length)`` of ``grad`` (flattened).
 
     Returns the block's values in ``grad``'s dtype. ``residual`` (float32, ``grad.numel()``
@@ -56,15 +55,36 @@ def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.
 # acc = residual + (momentum_factor * momentum + grad), element-wise; residual and momentum
 # (float32, grad's numel) are updated in place; None means that state is absent.
 
-def sample_threshold(grad, residual, ratio, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01,
-                     seed=0, tensor_id=0, step=0, grad_scale=None) -> torch.Tensor:
+
+def sample_threshold(
+    grad,
+    residual,
+    ratio,
+    *,
+    momentum=None,
+    momentum_factor=0.0,
+    sample_ratio=0.01,
+    seed=0,
+    tensor_id=0,
+    step=0,
+    grad_scale=None,
+) -> torch.Tensor:
     """0-d float32 magnitude threshold that about `ratio` of a strided sample of |acc| passes.
     The sample offset comes from the (seed, tensor_id, step) selection stream. grad_scale (a
     1-element float32 tensor on grad's device, or None): grad is read times it, rounded once to
     its dtype, as if scaled in place first (DGC's clipping factor, never read by the host)."""
-    return _ops.sample_threshold(grad, residual, momentum, momentum_factor, ratio,
-                                 sample_count(grad.numel(), ratio, sample_ratio), seed_as_int64(seed), tensor_id,
-                                 step, grad_scale)
+    return _ops.sample_threshold(
+        grad,
+        residual,
+        momentum,
+        momentum_factor,
+        ratio,
+        sample_count(grad.numel(), ratio, sample_ratio),
+        seed_as_int64(seed),
+        tensor_id,
+        step,
+        grad_scale,
+    )
 
 
 def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
@@ -176,6 +196,7 @@ def random_k_indices(like, k, *, seed, tensor_id, step):
 class _Kernels:
     """These ops in the functional form of sparsecomm.core.packing: the state is updated in
     place and returned as it is."""
+
     sample_threshold = staticmethod(sample_threshold)
     select_top = staticmethod(select_top)
 
@@ -185,8 +206,9 @@ class _Kernels:
 
     @staticmethod
     def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
-        acc, index = accumulate_candidates(grad, residual, threshold, momentum=momentum,
-                                           momentum_factor=momentum_factor, grad_scale=grad_scale)
+        acc, index = accumulate_candidates(
+            grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor, grad_scale=grad_scale
+        )
         return acc, index, residual, momentum
 
     @staticmethod

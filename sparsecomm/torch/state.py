@@ -6,8 +6,9 @@ parameter by identity (``p.grad is tensor``); this stays right when
 ``zero_grad(set_to_none=True)`` creates a new gradient tensor every step. A tensor that is
 no parameter's ``.grad`` is refused loudly: state is never mixed between tensors.
 """
+
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -21,24 +22,25 @@ class Backup:
     """A parameter state just before its last update (loss_scaler= only), so that an update
     whose step overflowed can be undone. The buffers are allocated on the first backup and
     copied into from then on: no allocation per step."""
+
     step: int = 0
-    valid: bool = False        # taken since the last rollback, settlement or restore
-    tensors: bool = False      # residual and momentum were copied (False: the update leaves them)
+    valid: bool = False  # taken since the last rollback, settlement or restore
+    tensors: bool = False  # residual and momentum were copied (False: the update leaves them)
     had_residual: bool = False
     had_momentum: bool = False
-    residual: Optional[torch.Tensor] = None
-    momentum: Optional[torch.Tensor] = None
+    residual: torch.Tensor | None = None
+    momentum: torch.Tensor | None = None
 
 
 @dataclass
 class ParameterState:
     name: str
     tensor_id: int
-    step: int = 0                            # compress calls so far (one per Horovod allreduce)
-    residual: Optional[torch.Tensor] = None  # float32, numel of the parameter (error feedback)
-    momentum: Optional[torch.Tensor] = None  # float32, numel of the parameter (DGC momentum correction)
-    loss_scale: float = UNSET                # the loss scale residual and momentum are in (loss_scaler= only)
-    backup: Optional[Backup] = None          # the state before the last update (loss_scaler= only)
+    step: int = 0  # compress calls so far (one per Horovod allreduce)
+    residual: torch.Tensor | None = None  # float32, numel of the parameter (error feedback)
+    momentum: torch.Tensor | None = None  # float32, numel of the parameter (DGC momentum correction)
+    loss_scale: float = UNSET  # the loss scale residual and momentum are in (loss_scaler= only)
+    backup: Backup | None = None  # the state before the last update (loss_scaler= only)
 
     @classmethod
     def fresh(cls, name, step=0):
@@ -77,8 +79,10 @@ class ParameterState:
         backup = self.backup
         self.step, backup.valid = backup.step, False
         if backup.tensors:
-            for live, had, saved in ((self.residual, backup.had_residual, backup.residual),
-                                     (self.momentum, backup.had_momentum, backup.momentum)):
+            for live, had, saved in (
+                (self.residual, backup.had_residual, backup.residual),
+                (self.momentum, backup.had_momentum, backup.momentum),
+            ):
                 if live is not None and had:
                     live.copy_(saved)
                 elif live is not None:
@@ -108,15 +112,14 @@ class Counters:
 
     def __init__(self):
         self.restored = dict.fromkeys(self.KEYS, 0)  # the totals of a loaded state_dict, before its counters
-        self.tensors: Dict[str, dict] = {}
+        self.tensors: dict[str, dict] = {}
 
     def account(self, name, numel, dense_bytes, sent_elements, sent_bytes, received_bytes, seconds):
         """One compress of a tensor of `numel` elements: what a dense allreduce would have been
         handed (dense_bytes), and what its route sent."""
         per = self.tensors.get(name)
         if per is None:
-            per = self.tensors[name] = dict({key: 0 for key in report.COUNTERS}, compress_seconds=0.0,
-                                            numel=numel)
+            per = self.tensors[name] = dict({key: 0 for key in report.COUNTERS}, compress_seconds=0.0, numel=numel)
         per["calls"] += 1
         per["dense_bytes"] += dense_bytes
         per["sent_elements"] += sent_elements
@@ -141,9 +144,10 @@ class Counters:
         self.restored = {key: self.restored[key] + totals.get(key, counted[key]) - counted[key] for key in self.KEYS}
 
     def stats(self, choices):
-        tensors = {name: report.tensor_stats({k: v for k, v in per.items() if k != "numel"}, per["numel"],
-                                             choices.get(name))
-                   for name, per in self.tensors.items()}
+        tensors = {
+            name: report.tensor_stats({k: v for k, v in per.items() if k != "numel"}, per["numel"], choices.get(name))
+            for name, per in self.tensors.items()
+        }
         return dict(self.totals, tensors=tensors)
 
 
@@ -151,11 +155,14 @@ def state_dict(owner, states, counters):
     """A compressor's state for checkpoints (each rank saves its own: residuals differ per
     rank): per parameter, the step, residual, momentum and the loss scale they are in (UNSET
     without loss_scaler); and the stats totals."""
-    return {"compressor": owner,
-            "parameters": {name: {"step": s.step, "residual": s.residual, "momentum": s.momentum,
-                                  "loss_scale": s.loss_scale}
-                           for name, s in states.items()},
-            "stats": dict(counters.totals)}
+    return {
+        "compressor": owner,
+        "parameters": {
+            name: {"step": s.step, "residual": s.residual, "momentum": s.momentum, "loss_scale": s.loss_scale}
+            for name, s in states.items()
+        },
+        "stats": dict(counters.totals),
+    }
 
 
 def load_states(owner, binding, saved, counters):
@@ -176,8 +183,9 @@ def load_states(owner, binding, saved, counters):
         for key in ("residual", "momentum"):
             tensor = entry.get(key)
             if tensor is not None and tensor.numel() != param.numel():
-                raise ValueError(f"{owner}: the saved {key} of {name!r} has {tensor.numel()} elements, "
-                                 f"the parameter {param.numel()}")
+                raise ValueError(
+                    f"{owner}: the saved {key} of {name!r} has {tensor.numel()} elements, the parameter {param.numel()}"
+                )
             setattr(restored, key, None if tensor is None else tensor.to(param.device, torch.float32).clone())
         states[name] = restored
     counters.restore(saved.get("stats", {}))
@@ -187,16 +195,22 @@ def load_states(owner, binding, saved, counters):
 class ParameterBinding:
     """The bound parameters of one compressor, and lookup of a gradient's owner."""
 
-    def __init__(self, owner: str, named_parameters: Iterable[Tuple[str, torch.Tensor]]):
+    def __init__(self, owner: str, named_parameters: Iterable[tuple[str, torch.Tensor]]):
         self.owner = owner
         if isinstance(named_parameters, torch.nn.Module):
-            raise TypeError(f"{owner}: named_parameters should be an iterable of (name, parameter) pairs such as "
-                            f"model.named_parameters(), got the module itself; pass model.named_parameters()")
-        self.params: Dict[str, torch.Tensor] = {}
+            raise TypeError(
+                f"{owner}: named_parameters should be an iterable of (name, parameter) pairs such as "
+                f"model.named_parameters(), got the module itself; pass model.named_parameters()"
+            )
+        self.params: dict[str, torch.Tensor] = {}
         names, seen = set(), set()
         for item in named_parameters:
-            if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
-                    and isinstance(item[1], torch.Tensor)):
+            if not (
+                isinstance(item, tuple)
+                and len(item) == 2
+                and isinstance(item[0], str)
+                and isinstance(item[1], torch.Tensor)
+            ):
                 raise TypeError(f"{owner}: named_parameters should yield (str, torch.Tensor) pairs, got {item!r:.80}")
             name, p = item
             if name in names:
@@ -235,7 +249,8 @@ class ParameterBinding:
                 f"parameter passed as named_parameters=. Pass the same model's named_parameters() to the compressor "
                 f"and to hvd.DistributedOptimizer. (op=hvd.Adasum compresses parameter deltas, not gradients, and "
                 f"sparse_as_dense densifies a sparse .grad into a new tensor, which is attributed only when "
-                f"exactly one parameter has a sparse .grad of that shape.)")
+                f"exactly one parameter has a sparse .grad of that shape.)"
+            )
         return name
 
     def _densified_sparse_grad(self, grad: torch.Tensor):
@@ -243,11 +258,14 @@ class ParameterBinding:
         it belongs to the one parameter whose .grad is sparse with that shape, if only one is."""
         if grad.is_sparse:
             return None
-        owners = [n for n, p in self.params.items()
-                  if p.grad is not None and p.grad.is_sparse and p.grad.shape == grad.shape]
+        owners = [
+            n for n, p in self.params.items() if p.grad is not None and p.grad.is_sparse and p.grad.shape == grad.shape
+        ]
         if len(owners) > 1:
-            raise LookupError(f"{self.owner}: a densified sparse gradient of shape {list(grad.shape)} could belong "
-                              f"to {owners}; give those parameters different shapes or list them in dense=")
+            raise LookupError(
+                f"{self.owner}: a densified sparse gradient of shape {list(grad.shape)} could belong "
+                f"to {owners}; give those parameters different shapes or list them in dense="
+            )
         return owners[0] if owners else None
 
 
@@ -261,7 +279,7 @@ class CompressorState:
     def __init__(self, owner: str, named_parameters=None):
         self.owner = owner
         self.binding = None if named_parameters is None else ParameterBinding(owner, named_parameters)
-        self.parameters: Dict[str, ParameterState] = {}
+        self.parameters: dict[str, ParameterState] = {}
         self.counters = Counters()
 
     def for_gradient(self, tensor: torch.Tensor) -> ParameterState:
@@ -269,7 +287,8 @@ class CompressorState:
         if self.binding is None:
             raise RuntimeError(
                 f"{self.owner} keeps per-parameter state and needs named_parameters=: construct it as "
-                f"{self.owner}(..., named_parameters=model.named_parameters())")
+                f"{self.owner}(..., named_parameters=model.named_parameters())"
+            )
         if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _FLOAT_DTYPES:
             got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise TypeError(f"{self.owner}: gradients should be float32, float16 or bfloat16, got {got}")

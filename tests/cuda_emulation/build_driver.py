@@ -8,6 +8,7 @@ The only rewrite of a .cu is its launches, `k<<<grid, block, shared, stream>>>(a
 
 By hand:  python tests/cuda_emulation/build_driver.py tsan /tmp/emu-tsan  (then /tmp/emu-tsan/driver --list)
 """
+
 import concurrent.futures
 import glob
 import os
@@ -30,8 +31,15 @@ DRIVER = os.path.join(ROOT, "tests", "cuda_emulation", "driver.cpp")
 # (setup.py / nvcc --fmad=false), so float results are comparable bit for bit. The CPU
 # launchers are built without -fopenmp (one thread: ThreadSanitizer cannot see OpenMP's own
 # synchronisation). SC_MAX_BLOCKS=3 makes small inputs run the grid-stride loops.
-COMMON_FLAGS = ["-std=c++20", "-O1", "-g", "-fno-omit-frame-pointer", "-ffp-contract=off", "-DSC_MAX_BLOCKS=3",
-                "-pthread"]
+COMMON_FLAGS = [
+    "-std=c++20",
+    "-O1",
+    "-g",
+    "-fno-omit-frame-pointer",
+    "-ffp-contract=off",
+    "-DSC_MAX_BLOCKS=3",
+    "-pthread",
+]
 VARIANTS = {
     "tsan": ["-fsanitize=thread"],
     # _GLIBCXX_SANITIZE_VECTOR: a read past a std::vector's size but within its capacity (an

@@ -16,6 +16,7 @@ ninja rebuilds only what changed: about 1 s when nothing did.
 
 By hand:  python tests/cuda_emulation/build_torch_binding.py [BUILD_DIR]
 """
+
 import fcntl
 import os
 import sys
@@ -47,9 +48,16 @@ def load(build_dir=DEFAULT_BUILD_DIR, verbose=False):
         if os.path.exists(os.path.join(build_dir, "lock")):
             os.remove(os.path.join(build_dir, "lock"))
         copies = build_driver.write_emulated_sources(os.path.join(build_dir, "sources"))
-        cpp_extension.load(name=NAMESPACE, sources=[SOURCE, *copies], extra_cflags=FLAGS, extra_ldflags=["-pthread"],
-                           extra_include_paths=[STUBS_INCLUDE, build_driver.EMULATION_INCLUDE],
-                           build_directory=build_dir, is_python_module=False, verbose=verbose)
+        cpp_extension.load(
+            name=NAMESPACE,
+            sources=[SOURCE, *copies],
+            extra_cflags=FLAGS,
+            extra_ldflags=["-pthread"],
+            extra_include_paths=[STUBS_INCLUDE, build_driver.EMULATION_INCLUDE],
+            build_directory=build_dir,
+            is_python_module=False,
+            verbose=verbose,
+        )
     for name, fake in fakes.FAKES.items():
         torch.library.register_fake(f"{NAMESPACE}::{name}")(fake)
     return getattr(torch.ops, NAMESPACE)

@@ -2,6 +2,7 @@
 hvd.DistributedGradientTape in a tf.function, run in a fresh environment with TensorFlow and no
 torch, where sparsecomm was installed from its sdist. Prints "in sync" when every rank ends with
 bitwise equal variables, the loss went down and fewer bytes went out than dense."""
+
 import sys
 
 import horovod.tensorflow as hvd
@@ -33,12 +34,15 @@ y = tf.argmax(x @ tf.random.stateless_normal([256, 10], seed=[3, 4]), axis=1, ou
 before = float(train_step(x[:16], y[:16]))
 for step in range(1, 30):
     first = (step * hvd.size() + hvd.rank()) * 16 % 512
-    after = float(train_step(x[first:first + 16], y[first:first + 16]))
+    after = float(train_step(x[first : first + 16], y[first : first + 16]))
 full = float(tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x @ w + b)))
 everyone = hvd.allgather(tf.reshape(tf.concat([tf.reshape(w, [-1]), b], 0), [1, -1]), name="user.variables")
 stats = compression.stats()
 assert all(bool(tf.reduce_all(everyone[0] == row)) for row in everyone[1:]), "ranks differ"
 assert full < before, f"loss {before} -> {full}"
 assert stats["sent_bytes"] < stats["dense_bytes"], stats
-print(f"rank {hvd.rank()}: sparsecomm {sparsecomm.__version__} from {sparsecomm.__file__}: in sync, "
-      f"loss {before:.3f} -> {full:.3f}, sent {stats['sent_bytes']} of {stats['dense_bytes']} dense bytes", flush=True)
+print(
+    f"rank {hvd.rank()}: sparsecomm {sparsecomm.__version__} from {sparsecomm.__file__}: in sync, "
+    f"loss {before:.3f} -> {full:.3f}, sent {stats['sent_bytes']} of {stats['dense_bytes']} dense bytes",
+    flush=True,
+)

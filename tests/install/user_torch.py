@@ -2,6 +2,7 @@
 hvd.DistributedOptimizer, run in a fresh environment where sparsecomm was installed from its
 sdist. Prints "in sync" when every rank ends with bitwise equal parameters, the loss went down
 and fewer bytes went out than a dense allreduce would send."""
+
 import horovod.torch as hvd
 import torch
 
@@ -11,10 +12,15 @@ import sparsecomm.torch as sct
 hvd.init()
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-compression = sct.DGC(ratio=0.01, momentum=0.9, exchange="allgather",  # auto may pick dense on loopback
-                      named_parameters=model.named_parameters())
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                               named_parameters=model.named_parameters(), compression=compression)
+compression = sct.DGC(
+    ratio=0.01,
+    momentum=0.9,
+    exchange="allgather",  # auto may pick dense on loopback
+    named_parameters=model.named_parameters(),
+)
+opt = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=compression
+)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 
 data = torch.Generator().manual_seed(1)
@@ -35,5 +41,8 @@ stats = compression.stats()
 assert all(torch.equal(everyone[0], row) for row in everyone[1:]), "ranks differ"
 assert after < before, f"loss {before} -> {after}"
 assert stats["sent_bytes"] < stats["dense_bytes"] / 10, stats
-print(f"rank {hvd.rank()}: sparsecomm {sparsecomm.__version__} from {sparsecomm.__file__}: in sync, "
-      f"loss {before:.3f} -> {after:.3f}, sent {stats['sent_bytes']} of {stats['dense_bytes']} dense bytes", flush=True)
+print(
+    f"rank {hvd.rank()}: sparsecomm {sparsecomm.__version__} from {sparsecomm.__file__}: in sync, "
+    f"loss {before:.3f} -> {after:.3f}, sent {stats['sent_bytes']} of {stats['dense_bytes']} dense bytes",
+    flush=True,
+)

@@ -1,6 +1,7 @@
 """What the multi-rank workers and the single-process references share: the data
 (scikit-learn's digits, real 8x8 images), which rows each rank reads at each step, and the
 model, the loss-scale tests' compressors and the elastic tests' scenario. Neither is code under test."""
+
 import os
 import time
 
@@ -19,8 +20,9 @@ def loss_scale_configs(framework):
     go dense with its momentum."""
     sc = framework
     return {
-        "dgc": lambda kw: sc.DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2,
-                                 clip_norm=0.5, **kw),
+        "dgc": lambda kw: sc.DGC(
+            exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.5, **kw
+        ),
         "threshold_2bit": lambda kw: sc.Threshold(exchange="allgather", ratio=0.1, quantize="2bit", **EVERY, **kw),
         "topk_spardl": lambda kw: sc.TopK(exchange="spardl", ratio=0.1, **EVERY, **kw),
         "rtopk": lambda kw: sc.RTopK(exchange="allgather", ratio=0.05, r=0.2, seed=7, **EVERY, **kw),
@@ -31,6 +33,7 @@ def loss_scale_configs(framework):
 
 def digits():
     from sklearn.datasets import load_digits
+
     x, y = load_digits(return_X_y=True)
     return (x / 16.0).astype(np.float32), y.astype(np.int64)
 
@@ -43,6 +46,7 @@ def rows(step, rank, size, n_rows, batch=BATCH):
 
 def torch_model():
     import torch
+
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
@@ -154,8 +158,11 @@ class ElasticScenario:
             agreed()
             if size != seen:
                 seen = size
-                print(f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
-                      f"residual {residual_norm():.6g}", flush=True)
+                print(
+                    f"world: rank {hvd.rank()} of {size} at step {state.step} joined {joined} "
+                    f"residual {residual_norm():.6g}",
+                    flush=True,
+                )
             if self.finished(state, hvd.rank(), size):
                 return
             yield rows(state.step, hvd.rank(), hvd.size(), examples)

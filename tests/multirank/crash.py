@@ -5,14 +5,14 @@ hvd.DistributedOptimizer (torch) or hvd.DistributedGradientTape in tf.function (
 must end, non-zero, without any rank printing "trained".
 
 --how exit: os._exit(3); --how kill: SIGKILL (as the kernel's OOM killer would)."""
+
 import argparse
 import os
 import signal
 import time
 
-import numpy as np
-
 import common
+import numpy as np
 from common import EVERY
 
 parser = argparse.ArgumentParser()
@@ -38,7 +38,9 @@ def maybe_die():
 
 def torch_training():
     import torch
+
     from sparsecomm.torch import TopK
+
     model = common.torch_model()
 
     def hook(grad):  # runs before the first layer's weight gradient is compressed
@@ -46,8 +48,9 @@ def torch_training():
 
     model[0].weight.register_hook(hook)
     compression = TopK(ratio=0.1, exchange=args.exchange, named_parameters=model.named_parameters(), **EVERY)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                   named_parameters=model.named_parameters(), compression=compression)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=compression
+    )
 
     def step(x, y):
         opt.zero_grad()
@@ -59,10 +62,13 @@ def torch_training():
 
 def tf_training():
     import tensorflow as tf
+
     from sparsecomm.tensorflow import TopK
+
     rng = np.random.default_rng(0)
-    w0, b0, w2, b2 = variables = [tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32))
-                                  for shape in ((64, 32), (32,), (32, 10), (10,))]
+    w0, b0, w2, b2 = variables = [
+        tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32)) for shape in ((64, 32), (32,), (32, 10), (10,))
+    ]
     compression = TopK(ratio=0.1, exchange=args.exchange, variables=variables, **EVERY)
 
     @tf.custom_gradient
@@ -70,6 +76,7 @@ def tf_training():
         def grad(dy):
             with tf.control_dependencies([tf.py_function(maybe_die, [], tf.int32)]):
                 return tf.identity(dy)
+
         return tf.identity(x), grad
 
     @tf.function
@@ -87,6 +94,7 @@ def tf_training():
 if args.framework == "torch":
     import horovod.torch as hvd
     import torch
+
     torch.set_num_threads(1)
 else:
     import horovod.tensorflow as hvd

@@ -2,12 +2,13 @@
 allreduce-with-compression, in PyTorch (--framework torch) or TensorFlow (--framework tf).
 Saves what every step returned and the compressor state, for a bitwise comparison of the
 two runs."""
+
 import argparse
 import os
 
+import common
 import numpy as np
 
-import common
 from sparsecomm import Network
 
 parser = argparse.ArgumentParser()
@@ -53,10 +54,13 @@ def gradient(name, step, rank):
 def run_torch():
     import horovod.torch as hvd
     import torch
+
     import sparsecomm.torch as family
+
     hvd.init()
-    params = {n: torch.nn.Parameter(torch.zeros(shape, dtype=getattr(torch, dtype)))
-              for n, (shape, dtype) in TENSORS.items()}
+    params = {
+        n: torch.nn.Parameter(torch.zeros(shape, dtype=getattr(torch, dtype))) for n, (shape, dtype) in TENSORS.items()
+    }
     out = {}
     for config, (cls, kwargs) in CONFIGS.items():
         kwargs = dict(kwargs)
@@ -79,7 +83,9 @@ def run_torch():
 def run_tf():
     import horovod.tensorflow as hvd
     import tensorflow as tf
+
     import sparsecomm.tensorflow as family
+
     hvd.init()
     variables = [(n, tf.Variable(tf.zeros(shape, dtype))) for n, (shape, dtype) in TENSORS.items()]
     out = {}

@@ -2,14 +2,15 @@
 each rank error-feedback packs the shared-seed random block of its gradient with the op
 library, hvd.allreduce sums the packed values, and the op library unpacks them. Also one
 DistributedGradientTape step of a small model, to show the TF training path runs."""
+
 import argparse
 import os
 
+import common
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-import horovod.tensorflow as hvd
 
-import common
 from sparsecomm.core import selection
 from sparsecomm.tensorflow import ops
 
@@ -30,8 +31,9 @@ def gradient(name, step, rank):
     return tf.cast(rng.standard_normal(shape).astype(np.float32), dtype)
 
 
-residuals = {name: tf.Variable(tf.zeros([int(np.prod(shape))]), name=f"res_{name}")
-             for name, (shape, _) in TENSORS.items()}
+residuals = {
+    name: tf.Variable(tf.zeros([int(np.prod(shape))]), name=f"res_{name}") for name, (shape, _) in TENSORS.items()
+}
 
 
 @tf.function
@@ -47,10 +49,16 @@ def exchange(grad, residual, step, name, numel, length):
 
 out = {}
 for step in range(args.steps):
-    for name, (shape, dtype) in TENSORS.items():
+    for name, (shape, _dtype) in TENSORS.items():
         numel = int(np.prod(shape))
-        dense = exchange(gradient(name, step, hvd.rank()), residuals[name], tf.constant(step, tf.int64), name, numel,
-                         selection.selected_count(RATIO, numel))
+        dense = exchange(
+            gradient(name, step, hvd.rank()),
+            residuals[name],
+            tf.constant(step, tf.int64),
+            name,
+            numel,
+            selection.selected_count(RATIO, numel),
+        )
         out[f"{name}/dense/{step}"] = tf.cast(dense, tf.float32).numpy()
         out[f"{name}/residual/{step}"] = residuals[name].numpy()
 

@@ -2,22 +2,23 @@
 train, a third joins, then leaves by discovery or dies mid-step) with hvd.DistributedGradientTape
 in a tf.function, the state in hvd.elastic.TensorFlowKerasState (tf-keras), with the compressors
 tracked by sparsecomm.tensorflow.elastic.track or (--recipe horovod) not. Every rank checks at
-every step that all ranks agree; the test reads the printed lines. The step function is made inside train(), so each reset traces it
-for the new number of ranks.
+every step that all ranks agree; the test reads the printed lines. The step function is made
+inside train(), so each reset traces it for the new number of ranks.
 
 (hvd.elastic.TensorFlowState cannot take a joiner under TF2 in Horovod 0.28.1: its constructor
 broadcasts the variables, a collective only the joiner starts, and its sync broadcasts nothing
 eagerly. TensorFlowKerasState broadcasts the model in sync, so the variables are held by a
 tf-keras Model here.)"""
+
 import argparse
 import hashlib
 
+import common
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-import horovod.tensorflow as hvd
 import tf_keras
 
-import common
 import sparsecomm.tensorflow as sctf
 from sparsecomm.tensorflow import elastic
 
@@ -34,8 +35,10 @@ SHAPES = {"0.weight": (32, 64), "0.bias": (32,), "2.weight": (10, 32), "2.bias":
 
 def model_for(method):
     rng = np.random.default_rng(0)
-    return [(f"{method}.{name}", tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32)))
-            for name, shape in SHAPES.items()]
+    return [
+        (f"{method}.{name}", tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32)))
+        for name, shape in SHAPES.items()
+    ]
 
 
 def loss_of(model, x, y):
@@ -58,21 +61,31 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", required=True)
     parser.add_argument("--fail", action="store_true")
-    parser.add_argument("--recipe", choices=("horovod", "sparsecomm"), default="sparsecomm",
-                        help="horovod: the compressors are not tracked by the state")
+    parser.add_argument(
+        "--recipe",
+        choices=("horovod", "sparsecomm"),
+        default="sparsecomm",
+        help="horovod: the compressors are not tracked by the state",
+    )
     args = parser.parse_args()
     hvd.init()
     x, y = common.digits()
     models = {m: model_for(m) for m in METHODS}
     compressors = {m: make(models[m]) for m, make in METHODS.items()}
-    state = hvd.elastic.TensorFlowKerasState(Held(v for model in models.values() for _, v in model),
-                                             tf_keras.optimizers.SGD(0.1), step=0, phase="grow", mark=0)
+    state = hvd.elastic.TensorFlowKerasState(
+        Held(v for model in models.values() for _, v in model),
+        tf_keras.optimizers.SGD(0.1),
+        step=0,
+        phase="grow",
+        mark=0,
+    )
     if args.recipe == "sparsecomm":
         elastic.track(state, *compressors.values())
     joined = hvd.size() == 3
     scenario = common.ElasticScenario(args.hosts, args.fail)
-    state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
-                                                  flush=True)])
+    state.register_reset_callbacks(
+        [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
+    )
 
     def steps_of(compressor):
         return [(s.variable_name, int(s.step.numpy())) for s in compressor.state]
@@ -96,8 +109,12 @@ def main():
             raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
 
     def residual_norm():
-        return sum(float(tf.reduce_sum(tf.abs(s.residual))) for c in compressors.values() for s in c.state
-                   if s.residual is not None)
+        return sum(
+            float(tf.reduce_sum(tf.abs(s.residual)))
+            for c in compressors.values()
+            for s in c.state
+            if s.residual is not None
+        )
 
     @elastic.run  # hvd.elastic.run would end train() silently on a failed alltoall (see elastic.run)
     def train(state):
@@ -112,7 +129,9 @@ def main():
                 tape = hvd.DistributedGradientTape(tape, compression=compression)
                 for v, g in zip(variables, tape.gradient(loss, variables)):
                     v.assign_sub(0.1 * g)
+
             return step
+
         steps = {m: make_step(models[m], compressors[m]) for m in METHODS}
         for rows in scenario.steps(state, hvd, len(x), agreed, joined, residual_norm):
             for i, method in enumerate(METHODS):
@@ -125,8 +144,11 @@ def main():
     for method, model in models.items():
         digest = hashlib.sha256(b"".join(v.numpy().tobytes() for _, v in model)).hexdigest()[:16]
         loss = float(loss_of(model, tf.constant(x[:256]), tf.constant(y[:256])))
-        print(f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} "
-              f"steps {steps_of(compressors[method])} loss {loss:.4f}", flush=True)
+        print(
+            f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} "
+            f"steps {steps_of(compressors[method])} loss {loss:.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

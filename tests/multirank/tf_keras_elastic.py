@@ -10,14 +10,15 @@ Every rank checks at every step that all ranks hold the same parameters and opti
 compress), and that the optimizer and every compressor counted exactly the committed steps. A
 survivor of a failure prints whether its uncommitted step had changed its state and whether the
 restore brought it back to the commit; the test reads the printed lines."""
+
 import argparse
 import hashlib
 
+import common
 import horovod.tensorflow as hvd
 import keras
 import tensorflow as tf
 
-import common
 import sparsecomm.tensorflow as sctf
 from sparsecomm.tensorflow import elastic
 from sparsecomm.tensorflow import keras as sckeras
@@ -33,8 +34,12 @@ LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 def branches_and_model():
     """A Keras 3 Sequential per method, and one functional model holding the three."""
     keras.utils.set_random_seed(hvd.rank() + 1)  # different initial weights on every rank
-    branches = {m: keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                                     keras.layers.Dense(10)], name=m) for m in METHODS}
+    branches = {
+        m: keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10)], name=m
+        )
+        for m in METHODS
+    }
     inputs = keras.Input((64,))
     return branches, keras.Model(inputs, [branch(inputs) for branch in branches.values()])
 
@@ -56,8 +61,9 @@ def main():
     state = sckeras.ElasticState(model, optimizer, list(compressors.values()), step=0, phase="grow", mark=0)
     joined = hvd.size() == 3
     scenario = common.ElasticScenario(args.hosts, args.fail)
-    state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
-                                                  flush=True)])
+    state.register_reset_callbacks(
+        [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
+    )
     compressor_variables = [v for c in compressors.values() for v in c.variables]
     local = lambda: digest(list(model.variables) + list(optimizer.variables) + compressor_variables)  # noqa: E731
     seen = {"committed": None, "failed": False}
@@ -71,8 +77,9 @@ def main():
         iterations = int(optimizer.iterations.numpy())
         if iterations != len(METHODS) * state.step:
             raise AssertionError(f"rank {hvd.rank()}: optimizer iterations {iterations} at step {state.step}")
-        same_everywhere((state.step, digest(model.variables), digest(optimizer.variables)),
-                        "parameters and optimizer variables")
+        same_everywhere(
+            (state.step, digest(model.variables), digest(optimizer.variables)), "parameters and optimizer variables"
+        )
 
     def counted():
         """After a step: every compressor counted exactly the committed steps and this one, on
@@ -88,14 +95,20 @@ def main():
             raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
 
     def residual_norm():
-        return sum(float(tf.reduce_sum(tf.abs(s.residual))) for c in compressors.values() for s in c.state
-                   if s.residual is not None)
+        return sum(
+            float(tf.reduce_sum(tf.abs(s.residual)))
+            for c in compressors.values()
+            for s in c.state
+            if s.residual is not None
+        )
 
     @elastic.run  # hvd.elastic.run would end train() silently on some failed collectives (see elastic.run)
     def train(state):
         if seen["failed"]:
-            print(f"rolled back: rank {hvd.rank()} at step {state.step} to the commit {local() == seen['committed']}",
-                  flush=True)
+            print(
+                f"rolled back: rank {hvd.rank()} at step {state.step} to the commit {local() == seen['committed']}",
+                flush=True,
+            )
             seen["failed"] = False
 
         def make_step(branch, compression):  # made here: each reset traces the steps again
@@ -109,7 +122,9 @@ def main():
                     loss = LOSS(yb, branch(xb, training=True))
                 tape = hvd.DistributedGradientTape(tape, compression=compression)
                 optimizer.apply(tape.gradient(loss, sources), variables)
+
             return step
+
         steps = {m: make_step(branches[m], compressors[m]) for m in METHODS}
         for rows in scenario.steps(state, hvd, len(x), agreed, joined, residual_norm):
             seen["committed"] = local()  # the state as committed after the previous step (or synced)
@@ -120,17 +135,20 @@ def main():
                     steps[method](tf.constant(x[rows]), tf.constant(y[rows]))
             except tf.errors.UnknownError:  # a rank failed
                 seen["failed"] = True
-                print(f"failed: rank {hvd.rank()} at step {state.step} changed {local() != seen['committed']}",
-                      flush=True)
+                print(
+                    f"failed: rank {hvd.rank()} at step {state.step} changed {local() != seen['committed']}", flush=True
+                )
                 raise
             counted()
 
     train(state)
     for method, branch in branches.items():
         loss = float(LOSS(y[:256], branch(x[:256])))
-        print(f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest(branch.variables)} "
-              f"optimizer {digest(optimizer.variables)} steps {steps_of(compressors[method])} loss {loss:.4f}",
-              flush=True)
+        print(
+            f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest(branch.variables)} "
+            f"optimizer {digest(optimizer.variables)} steps {steps_of(compressors[method])} loss {loss:.4f}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -13,15 +13,16 @@
   DistributedOptimizer around a LossScaleOptimizer: losses, finite state, and whether the
   compressor follows the wrapped optimizer.
 """
+
 import argparse
 import os
 
-import numpy as np
-import tensorflow as tf
+import common
 import horovod.tensorflow as hvd
 import keras
+import numpy as np
+import tensorflow as tf
 
-import common
 import sparsecomm.tensorflow
 from sparsecomm.tensorflow import keras as sckeras
 
@@ -37,8 +38,13 @@ RESUMED = ("dgc", "randomk")
 
 def mlp(dtype=None):
     keras.utils.set_random_seed(0)  # the same weights on every rank and in every run
-    return keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu", dtype=dtype),
-                             keras.layers.Dense(10, dtype=dtype)])
+    return keras.Sequential(
+        [
+            keras.Input((64,)),
+            keras.layers.Dense(32, activation="relu", dtype=dtype),
+            keras.layers.Dense(10, dtype=dtype),
+        ]
+    )
 
 
 class Run:
@@ -47,7 +53,7 @@ class Run:
         variables = self.model.trainable_variables
         self.opt = keras.optimizers.SGD(LR)
         if scaled:
-            self.opt = keras.optimizers.LossScaleOptimizer(self.opt, initial_scale=2.0 ** 10, dynamic_growth_steps=3)
+            self.opt = keras.optimizers.LossScaleOptimizer(self.opt, initial_scale=2.0**10, dynamic_growth_steps=3)
         self.opt.build(variables)  # the scale variable exists before the first trace
         named = [(f"v{i}", v) for i, v in enumerate(variables)]  # the same names (coordinate streams) in every run
         self.compression = make(dict(variables=named, loss_scaler=self.opt if scaled else None))
@@ -64,8 +70,10 @@ class Run:
                     loss = self.opt.scale_loss(loss)
             # Horovod's tape takes tf.Variables: a Keras 3 variable's is its .value
             grads = hvd.DistributedGradientTape(tape, compression=self.compression).gradient(
-                loss, [v.value for v in variables])
+                loss, [v.value for v in variables]
+            )
             self.opt.apply(grads, variables)
+
         self.step = step
 
     def train(self, steps, scales=None):
@@ -126,17 +134,34 @@ for i, w in enumerate(mlp().get_weights()):
 # model.fit under mixed_bfloat16, DGC, through sparsecomm's Keras 3 DistributedOptimizer
 model = mlp("mixed_bfloat16")
 optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
-compression = sparsecomm.tensorflow.DGC(ratio=0.1, momentum=0.9, exchange="allgather",
-                                        variables=model.trainable_variables, loss_scaler=optimizer)
-model.compile(optimizer=sckeras.DistributedOptimizer(optimizer, compression), jit_compile=False,
-              loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-shard = np.arange(len(y_all))[hvd.rank()::hvd.size()]
-history = model.fit(x_all[shard], y_all[shard], batch_size=32, epochs=4, shuffle=False, verbose=0,
-                    callbacks=[sckeras.BroadcastInitialVariables(root_rank=0)])
+compression = sparsecomm.tensorflow.DGC(
+    ratio=0.1, momentum=0.9, exchange="allgather", variables=model.trainable_variables, loss_scaler=optimizer
+)
+model.compile(
+    optimizer=sckeras.DistributedOptimizer(optimizer, compression),
+    jit_compile=False,
+    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+)
+shard = np.arange(len(y_all))[hvd.rank() :: hvd.size()]
+history = model.fit(
+    x_all[shard],
+    y_all[shard],
+    batch_size=32,
+    epochs=4,
+    shuffle=False,
+    verbose=0,
+    callbacks=[sckeras.BroadcastInitialVariables(root_rank=0)],
+)
 out["fit/losses"] = np.array(history.history["loss"])
 out["fit/follows_the_wrapper"] = np.array(compression._scaler is model.optimizer)
-out["fit/finite"] = np.array(all(bool(tf.reduce_all(tf.math.is_finite(v)).numpy()) for s in compression.state
-                                 for v in (s.residual, s.momentum) if v is not None))
+out["fit/finite"] = np.array(
+    all(
+        bool(tf.reduce_all(tf.math.is_finite(v)).numpy())
+        for s in compression.state
+        for v in (s.residual, s.momentum)
+        if v is not None
+    )
+)
 out["fit/loss_scale"] = np.array([float(s.loss_scale.numpy()) for s in compression.state])
 out["fit/optimizer_scale"] = np.array(float(model.optimizer.dynamic_scale.numpy()))
 np.savez(os.path.join(args.out, f"rank{hvd.rank()}.npz"), **out)

@@ -1,6 +1,7 @@
 """Worker: ranks construct TF compressors with different settings, or restore checkpoints of
 different steps before the step is traced (on every rank, or on one only); every rank must
 get the same clear error on the first (traced) step, with no hang, and equal settings must train."""
+
 import os
 import tempfile
 
@@ -19,6 +20,7 @@ def stepper(w, compression):
             loss = tf.reduce_sum(w * w)
         (grad,) = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, [w])
         w.assign_sub(0.1 * grad)
+
     return step
 
 

@@ -3,16 +3,17 @@ compressor configuration, after warm-up, recorded with a TorchDispatchMode (an o
 whose storage is none of its inputs' is new). Saves per config, for the timed steps: the
 largest new tensor of any one call in bytes and its op, the gradient's dense bytes, and whether every
 decompress returned the gradient buffer that compress received."""
+
 import argparse
 import json
 import os
 
 import horovod.torch as hvd
 import torch
+from common import EVERY
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 WARMUP, STEPS = 3, 10
@@ -27,8 +28,9 @@ class Allocations(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
                 self.sizes.append((str(func), t.untyped_storage().nbytes()))
@@ -79,7 +81,11 @@ for config, make in CONFIGS.items():
                 if size > largest:
                     largest, largest_op = size, op
             in_place &= result.data_ptr() == grad.data_ptr()
-    results[config] = {"largest_bytes": largest, "largest_op": largest_op, "dense_bytes": grad.numel() * grad.element_size(),
-                       "in_place": in_place}
+    results[config] = {
+        "largest_bytes": largest,
+        "largest_op": largest_op,
+        "dense_bytes": grad.numel() * grad.element_size(),
+        "in_place": in_place,
+    }
 with open(os.path.join(args.out, f"rank{hvd.rank()}.json"), "w") as f:
     json.dump(results, f)

@@ -1,15 +1,16 @@
 """Worker: checkpoint -> restore -> continue equals not stopping. Each config trains 5 steps
 straight; then 3 steps, saves model and compressor state (through torch.save bytes), builds
 everything anew, restores, and trains 2 more. Saves both final parameter sets."""
+
 import argparse
 import io
 import os
 
+import common
 import horovod.torch as hvd
 import torch
-
-import common
 from common import EVERY
+
 from sparsecomm.torch import DGC, RandomBlock
 
 parser = argparse.ArgumentParser()
@@ -19,8 +20,15 @@ hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
 CONFIGS = {
-    "dgc": lambda model: DGC(exchange="allgather", ratio=0.1, momentum=0.9, warmup_steps=4, warmup_stages=2,
-                             named_parameters=model.named_parameters(), **EVERY),
+    "dgc": lambda model: DGC(
+        exchange="allgather",
+        ratio=0.1,
+        momentum=0.9,
+        warmup_steps=4,
+        warmup_stages=2,
+        named_parameters=model.named_parameters(),
+        **EVERY,
+    ),
     "random_block": lambda model: RandomBlock(ratio=0.1, seed=5, named_parameters=model.named_parameters(), **EVERY),
 }
 
@@ -28,8 +36,9 @@ CONFIGS = {
 def build(make_compression):
     model = common.torch_model()
     compression = make_compression(model)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.5),
-                                   named_parameters=model.named_parameters(), compression=compression)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.5), named_parameters=model.named_parameters(), compression=compression
+    )
     return model, compression, opt
 
 

@@ -1,14 +1,15 @@
 """Worker (1 rank under horovodrun): error feedback conserves. For 20 steps, each compressor
 compresses a gradient and decompresses Horovod's result; saves per parameter the total
 gradient, the total applied update and the final residual."""
+
 import argparse
 import os
 
+import common
 import horovod.torch as hvd
 import torch
-
-import common
 from common import EVERY
+
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
@@ -20,9 +21,15 @@ CONFIGS = {
     "TopK": lambda m: TopK(exchange="allgather", ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
     "RTopK": lambda m: RTopK(exchange="allgather", ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
     "Threshold": lambda m: Threshold(exchange="allgather", ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
-    "Threshold_fp16": lambda m: Threshold(exchange="allgather", ratio=0.05, quantize="fp16", named_parameters=m.named_parameters(), **EVERY),
-    "Threshold_2bit": lambda m: Threshold(exchange="allgather", ratio=0.05, quantize="2bit", named_parameters=m.named_parameters(), **EVERY),
-    "DGC_no_momentum": lambda m: DGC(exchange="allgather", ratio=0.05, momentum=0.0, named_parameters=m.named_parameters(), **EVERY),
+    "Threshold_fp16": lambda m: Threshold(
+        exchange="allgather", ratio=0.05, quantize="fp16", named_parameters=m.named_parameters(), **EVERY
+    ),
+    "Threshold_2bit": lambda m: Threshold(
+        exchange="allgather", ratio=0.05, quantize="2bit", named_parameters=m.named_parameters(), **EVERY
+    ),
+    "DGC_no_momentum": lambda m: DGC(
+        exchange="allgather", ratio=0.05, momentum=0.0, named_parameters=m.named_parameters(), **EVERY
+    ),
     "RandomK": lambda m: RandomK(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
     "RandomBlock": lambda m: RandomBlock(ratio=0.05, named_parameters=m.named_parameters(), **EVERY),
 }

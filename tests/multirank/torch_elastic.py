@@ -8,14 +8,15 @@ docs/elastic.md's (the compressors too: their residuals roll back with the model
 Each method trains its own copy of the digits MLP in the same job. Every rank prints one line
 per reset and, at the end, a digest of each model's parameters and each compressor's steps:
 the test checks that every rank printed the same."""
+
 import argparse
 import hashlib
 import sys
 
-import torch
-import horovod.torch as hvd
-
 import common
+import horovod.torch as hvd
+import torch
+
 import sparsecomm.torch as sct
 
 METHODS = {
@@ -23,8 +24,7 @@ METHODS = {
     "Threshold": lambda named: sct.Threshold(ratio=0.05, exchange="spardl", named_parameters=named, **common.EVERY),
     "TopK": lambda named: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=named, **common.EVERY),
     "RTopK": lambda named: sct.RTopK(ratio=0.05, seed=3, exchange="allgather", named_parameters=named, **common.EVERY),
-    "RandomK": lambda named: sct.RandomK(ratio=0.05, seed=5, exchange="spardl", named_parameters=named,
-                                         **common.EVERY),
+    "RandomK": lambda named: sct.RandomK(ratio=0.05, seed=5, exchange="spardl", named_parameters=named, **common.EVERY),
     "RandomBlock": lambda named: sct.RandomBlock(ratio=0.05, seed=7, named_parameters=named, **common.EVERY),
 }
 
@@ -33,8 +33,12 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--hosts", required=True, help="the file the host discovery script prints")
     parser.add_argument("--fail", action="store_true", help="shrink by a rank dying mid-step, not by discovery")
-    parser.add_argument("--recipe", choices=("horovod", "sparsecomm"), default="sparsecomm",
-                        help="horovod: no compression= in the TorchState")
+    parser.add_argument(
+        "--recipe",
+        choices=("horovod", "sparsecomm"),
+        default="sparsecomm",
+        help="horovod: no compression= in the TorchState",
+    )
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
@@ -45,30 +49,43 @@ def main():
         models[method] = model = common.torch_model()
         named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
         compressors[method] = make(named)
-        optimizers[method] = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named,
-                                                      compression=compressors[method])
-    state = hvd.elastic.TorchState(step=0, phase="grow", mark=0,
-                                   **{f"model_{m}": v for m, v in models.items()},
-                                   **{f"optimizer_{m}": v for m, v in optimizers.items()},
-                                   **({f"compression_{m}": v for m, v in compressors.items()}
-                                      if args.recipe == "sparsecomm" else {}))
+        optimizers[method] = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named, compression=compressors[method]
+        )
+    state = hvd.elastic.TorchState(
+        step=0,
+        phase="grow",
+        mark=0,
+        **{f"model_{m}": v for m, v in models.items()},
+        **{f"optimizer_{m}": v for m, v in optimizers.items()},
+        **({f"compression_{m}": v for m, v in compressors.items()} if args.recipe == "sparsecomm" else {}),
+    )
     scenario = common.ElasticScenario(args.hosts, args.fail)
-    state.register_reset_callbacks([lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}",
-                                                  flush=True)])
+    state.register_reset_callbacks(
+        [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
+    )
 
     joined = hvd.size() == 3  # this process started in the grown world
 
     def residual_norm():
-        return sum(float(s["residual"].abs().sum()) for c in compressors.values()
-                   for s in c.state_dict()["parameters"].values() if s["residual"] is not None)
+        return sum(
+            float(s["residual"].abs().sum())
+            for c in compressors.values()
+            for s in c.state_dict()["parameters"].values()
+            if s["residual"] is not None
+        )
 
     def compressor_steps():
         return [sorted((n, s["step"]) for n, s in c.state_dict()["parameters"].items()) for c in compressors.values()]
 
     def agreed():
         """Before a step: every rank's step and parameters are the same."""
-        mine = (state.step, hashlib.sha256(b"".join(p.detach().numpy().tobytes() for m in models.values()
-                                                    for p in m.parameters())).hexdigest())
+        mine = (
+            state.step,
+            hashlib.sha256(
+                b"".join(p.detach().numpy().tobytes() for m in models.values() for p in m.parameters())
+            ).hexdigest(),
+        )
         same_everywhere(mine, "parameters")
 
     def counted():
@@ -101,8 +118,11 @@ def main():
         digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
         steps = sorted((n, s["step"]) for n, s in compressors[method].state_dict()["parameters"].items())
         loss = torch.nn.functional.cross_entropy(model(x[:256]), y[:256]).item()
-        print(f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} steps {steps} "
-              f"loss {loss:.4f}", flush=True)
+        print(
+            f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} steps {steps} "
+            f"loss {loss:.4f}",
+            flush=True,
+        )
     sys.stdout.flush()
 
 

@@ -5,14 +5,15 @@ steps) under stock hvd.DistributedOptimizer. Two variants: gradients set to None
 (model.zero_grad(set_to_none=False)) and the tied weight listed under both its names
 (named_parameters(remove_duplicate=False), to Horovod and to the compressor).
 Saves every rank's parameters after every step."""
+
 import argparse
 import os
 
+import common
 import horovod.torch as hvd
 import torch
-
-import common
 from common import EVERY
+
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
@@ -39,8 +40,11 @@ for method, make_compression in COMPRESSORS.items():
         model = common.torch_everyday_model()
         named = lambda: model.named_parameters(remove_duplicate=not listed_twice)  # noqa: E731
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr), named_parameters=named(),
-                                       compression=make_compression(named()))
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=args.lr),
+            named_parameters=named(),
+            compression=make_compression(named()),
+        )
         history = []
         for step in range(args.steps):
             if set_to_none:

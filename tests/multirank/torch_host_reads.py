@@ -3,17 +3,18 @@ bool(), tolist, numpy) that a compress + decompress makes, per compressor config
 the innermost sparsecomm function that made it. Saves {config: [(read, "file:function"), ...]}
 for the steps after the first (the first step also runs the one-off settings check). The
 configurations under a GradScaler change its scale between steps, as scaler.update() does."""
+
 import argparse
 import json
 import os
 import traceback
 
+import common
 import horovod.torch as hvd
 import torch
+from common import EVERY
 from torch.overrides import TorchFunctionMode
 
-import common
-from common import EVERY
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
 READS = {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__array__"}
@@ -57,7 +58,7 @@ CONFIGS = {
 results = {}
 for config, make in CONFIGS.items():
     model = common.torch_model()
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 10) if "loss_scaled" in config else None
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10) if "loss_scaled" in config else None
     compression = make(model)
     mode = HostReads()
     for step in range(3):

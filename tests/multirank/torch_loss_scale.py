@@ -12,14 +12,15 @@
 - "bf16": 40 steps under torch.autocast("cpu", dtype=torch.bfloat16) with a default GradScaler:
   the losses and whether the residuals and momenta stayed finite.
 """
+
 import argparse
 import io
 import os
 
+import common
 import horovod.torch as hvd
 import torch
 
-import common
 import sparsecomm.torch
 
 parser = argparse.ArgumentParser()
@@ -36,15 +37,18 @@ CONFIGS = common.loss_scale_configs(sparsecomm.torch)
 class Run:
     """A model, its compressor and Horovod optimizer, and (scaled) its GradScaler."""
 
-    def __init__(self, make, scaled, init_scale=2.0 ** 10, growth_interval=3):
+    def __init__(self, make, scaled, init_scale=2.0**10, growth_interval=3):
         self.model = common.torch_model()
         hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
-        self.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval) \
-            if scaled else None
+        self.scaler = (
+            torch.amp.GradScaler("cpu", init_scale=init_scale, growth_interval=growth_interval) if scaled else None
+        )
         self.compression = make(dict(named_parameters=self.model.named_parameters(), loss_scaler=self.scaler))
-        self.opt = hvd.DistributedOptimizer(torch.optim.SGD(self.model.parameters(), lr=LR),
-                                            named_parameters=self.model.named_parameters(),
-                                            compression=self.compression)
+        self.opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(self.model.parameters(), lr=LR),
+            named_parameters=self.model.named_parameters(),
+            compression=self.compression,
+        )
         self.step = None
         if hvd.rank() == 1:  # the forced overflow: one inf in one gradient of one rank
             name, where = POISONED
@@ -57,6 +61,7 @@ class Run:
             grad = grad.clone()
             grad[where] = float("inf")
             return grad
+
         return hook
 
     def train(self, steps, autocast=False):
@@ -66,8 +71,9 @@ class Run:
             idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
             self.opt.zero_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                loss = torch.nn.functional.cross_entropy(self.model(torch.from_numpy(x_all[idx])),
-                                                         torch.from_numpy(y_all[idx]))
+                loss = torch.nn.functional.cross_entropy(
+                    self.model(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx])
+                )
             losses.append(float(loss.detach()))
             if self.scaler is None:
                 loss.backward()
@@ -86,8 +92,14 @@ class Run:
 
     def checkpoint(self):
         buffer = io.BytesIO()
-        torch.save({"model": self.model.state_dict(), "compression": self.compression.state_dict(),
-                    "scaler": self.scaler.state_dict()}, buffer)
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "compression": self.compression.state_dict(),
+                "scaler": self.scaler.state_dict(),
+            },
+            buffer,
+        )
         buffer.seek(0)
         return torch.load(buffer)
 
@@ -105,7 +117,8 @@ for config, make in CONFIGS.items():
         scaled.train([step])
     states = scaled.compression._state.parameters.values()
     results[config] = {
-        "scaled": scaled.params(), "scales": scales,
+        "scaled": scaled.params(),
+        "scales": scales,
         "steps": {s.name: s.step for s in states},
         "loss_scales": {s.name: s.loss_scale for s in states},
     }
@@ -124,8 +137,12 @@ for config, make in CONFIGS.items():
         run.train(steps)
     results[config]["resumed"] = run.params()
 
-    smoke = Run(make, scaled=True, init_scale=2.0 ** 16, growth_interval=2000)
+    smoke = Run(make, scaled=True, init_scale=2.0**16, growth_interval=2000)
     results[config]["bf16_losses"] = smoke.train(range(40), autocast=True)
-    results[config]["bf16_finite"] = all(bool(torch.isfinite(t).all()) for s in smoke.compression._state.parameters.values()
-                                         for t in (s.residual, s.momentum) if t is not None)
+    results[config]["bf16_finite"] = all(
+        bool(torch.isfinite(t).all())
+        for s in smoke.compression._state.parameters.values()
+        for t in (s.residual, s.momentum)
+        if t is not None
+    )
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))

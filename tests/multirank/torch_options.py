@@ -2,14 +2,15 @@
 passes per step, grouped allreduce, gradients kept between steps (set_to_none=False), a
 parameter without gradient, fp16 parameters and gradients. Saves every rank's parameters
 after every step."""
+
 import argparse
 import os
 
+import common
 import horovod.torch as hvd
 import torch
-
-import common
 from common import EVERY
+
 from sparsecomm.torch import RandomBlock, TopK
 
 parser = argparse.ArgumentParser()
@@ -36,16 +37,20 @@ results = {}
 for config, (make_model, make_compression, options, passes, set_to_none, dtype) in CONFIGS.items():
     model = make_model().to(dtype)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr),
-                                   named_parameters=model.named_parameters(),
-                                   compression=make_compression(model), **options)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=args.lr),
+        named_parameters=model.named_parameters(),
+        compression=make_compression(model),
+        **options,
+    )
     history = []
     for step in range(args.steps):
         model.zero_grad(set_to_none=set_to_none)
         for p in range(passes):
             idx = common.rows(step * passes + p, hvd.rank(), hvd.size(), len(y_all))
-            loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x_all[idx]).to(dtype)).float(),
-                                                     torch.from_numpy(y_all[idx]))
+            loss = torch.nn.functional.cross_entropy(
+                model(torch.from_numpy(x_all[idx]).to(dtype)).float(), torch.from_numpy(y_all[idx])
+            )
             loss.backward()
         opt.step()
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})

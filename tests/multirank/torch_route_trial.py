@@ -3,14 +3,15 @@ The measurement runs (its collectives and timings), and then its inputs are set 
 model sends the first layer dense: a slow link, on which that layer's dense exchange is hidden
 by the long window it is given. Saves every rank's choices after every step, for the trial's
 schedule and its decision, which must be the same on every rank."""
+
 import argparse
 import copy
 import os
 
+import common
 import horovod.torch as hvd
 import torch
 
-import common
 from sparsecomm import Network
 from sparsecomm.torch import TopK
 
@@ -35,8 +36,9 @@ def measured_then_set():
 
 
 compression._measure_network = measured_then_set
-opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(),
-                               compression=compression)
+opt = hvd.DistributedOptimizer(
+    torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=model.named_parameters(), compression=compression
+)
 choices = []
 for step in range(args.steps):
     idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
