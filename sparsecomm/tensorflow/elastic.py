@@ -26,7 +26,23 @@ own commit, restore and sync, which adds:
   traces it anew.
 """
 
+import contextlib
 import os
+
+
+@contextlib.contextmanager
+def failed_collectives_as_resets():
+    """Raises a tf.errors.UnknownError that mentions Horovod or a sparsecomm collective as
+    HorovodInternalError, the error Horovod's elastic loop resets on; every other error as it is."""
+    import tensorflow as tf
+    from horovod.common.exceptions import HorovodInternalError
+
+    try:
+        yield
+    except tf.errors.UnknownError as error:
+        if "Horovod" in error.message or "sparsecomm." in error.message:
+            raise HorovodInternalError(error) from error
+        raise
 
 
 def run(func):
@@ -41,18 +57,12 @@ def run(func):
     import functools
 
     import horovod.tensorflow as hvd
-    import tensorflow as tf
     from horovod.common.elastic import run_fn
-    from horovod.common.exceptions import HorovodInternalError
 
     @functools.wraps(func)
     def wrapper(state, *args, **kwargs):
-        try:
+        with failed_collectives_as_resets():
             return func(state, *args, **kwargs)
-        except tf.errors.UnknownError as error:
-            if "Horovod" in error.message or "sparsecomm." in error.message:
-                raise HorovodInternalError(error) from error
-            raise
 
     def reset():
         global _resets

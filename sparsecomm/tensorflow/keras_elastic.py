@@ -19,12 +19,12 @@ import keras
 import tensorflow as tf
 
 from .. import prerequisites
+from . import elastic
 from .compression import Compressor
 from .keras import broadcast_variables
 
 hvd = prerequisites.horovod("tensorflow")
 from horovod.common.elastic import ObjectState  # noqa: E402  (after the check that Horovod imports)
-from horovod.common.exceptions import HorovodInternalError  # noqa: E402
 
 _OWN = ("model", "optimizer", "compressors")
 
@@ -89,7 +89,8 @@ class ElasticState(ObjectState):
         super().restore()
 
     def sync(self):
-        try:
+        # Horovod's elastic loop resets only on a HorovodInternalError raised by sync itself.
+        with elastic.failed_collectives_as_resets():
             _build(self.optimizer, self.model)
             variables = self.variables()
             _check_same_variables(variables)
@@ -97,10 +98,6 @@ class ElasticState(ObjectState):
             for compressor in self.compressors:
                 compressor.elastic_sync()
             super().sync()
-        except tf.errors.UnknownError as error:  # run_fn turns only HorovodInternalError from sync into a reset
-            if "Horovod" in error.message or "sparsecomm." in error.message:
-                raise HorovodInternalError(error) from error
-            raise
         self._save_variables()
 
     def _save_variables(self):
