@@ -53,6 +53,23 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     assert all(r["tensors"] == 161 and "ResNet-50's 161 tensors" in r["op"] for r in records[12:])
 
 
+def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path):
+    # A GPU machine's stock image has torch and no Horovod: the kernels are what it can time.
+    def bench(*args):
+        hide = "import runpy, sys; sys.modules['horovod'] = None; sys.argv[0] = 'bench'; "
+        code = hide + "runpy.run_module('sparsecomm.bench', run_name='__main__')"
+        return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+
+    out = tmp_path / "bench.json"
+    proc = bench("kernels", "--sizes", "20000", "--densities", "0.01", "--repeats", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Horovod is not installed: the whole-path rows" in proc.stdout
+    records = json.loads(out.read_text())["records"]
+    assert len(records) == 8 and not any("whole path" in r["op"] for r in records)
+    proc = bench("e2e", "--ranks", "2")
+    assert proc.returncode == 2 and "e2e: the end-to-end benchmark needs Horovod" in proc.stderr
+
+
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
     elements (no model's tensors), the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the

@@ -111,6 +111,18 @@ def _network_model(parser, asked):
     return "shared"
 
 
+def _e2e_rows():
+    """The end-to-end rows' names, from the worker, which imports Horovod: without Horovod, none
+    (main then stops e2e and all with the reason; the kernel benchmark runs on)."""
+    try:
+        from .e2e_worker import ROWS
+    except ModuleNotFoundError as error:
+        if (error.name or "").split(".")[0] != "horovod":
+            raise
+        return ()
+    return ROWS
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m sparsecomm.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -134,13 +146,12 @@ def _parser():
             choices=list(kernels.MODELS),
             help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
         )
+    rows = _e2e_rows()
     for p in (e, a):
-        from .e2e_worker import ROWS
-
         p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
         p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
         p.add_argument("--models", nargs="+", default=["comm", "compute"])
-        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(ROWS), choices=list(ROWS))
+        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(rows), choices=list(rows))
         p.add_argument(
             "--network-model",
             choices=list(network.MODELS),
@@ -191,6 +202,8 @@ def main():
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args()
+    if args.command in ("e2e", "all") and not _e2e_rows():
+        parser.error(f"{args.command}: the end-to-end benchmark needs Horovod (python -m sparsecomm.install_horovod)")
     if hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]
         args.network_model = _network_model(parser, args.network_model)

@@ -25,6 +25,9 @@ from ..torch import ops
 
 SIZES = (1_000_000, 25_557_032)  # 25,557,032 = one ResNet-50 gradient
 DENSITIES = (0.001, 0.01)
+# The whole-path rows run Horovod's cycle; the kernels alone need only torch (a GPU machine's
+# stock image has no Horovod).
+WITH_HOROVOD = importlib.util.find_spec("horovod") is not None
 
 
 def resnet50_shapes():
@@ -144,7 +147,7 @@ def _path_cases(x, density):
 def _tf_paths(device):
     """Whether the TF compressors' whole path is timed: on the CPU, where TensorFlow is installed
     (the TF GPU kernels have not run on a GPU yet)."""
-    return torch.device(device).type == "cpu" and importlib.util.find_spec("tensorflow") is not None
+    return torch.device(device).type == "cpu" and importlib.util.find_spec("tensorflow") is not None and WITH_HOROVOD
 
 
 def _tf_path_timings(numel, density, dtype, repeats):
@@ -255,6 +258,8 @@ def run(
     device="cpu", dtype=torch.float32, sizes=SIZES, densities=DENSITIES, repeats=7, progress=print, models=tuple(MODELS)
 ):
     device = torch.device(device)
+    if not WITH_HOROVOD:
+        print("[kernels] Horovod is not installed: the whole-path rows (compressor + Horovod) are left out")
     records = []
     for numel in sizes:
         x = gradient(numel, dtype, device)
@@ -264,7 +269,7 @@ def run(
             topk_ms = median_ms(lambda: torch.topk(x.abs(), k, sorted=False), device, repeats)
             timings = [
                 (name, *paired_median_ms(fn, memcpy, device, repeats, setup))
-                for name, fn, setup in cases(x, density) + _path_cases(x, density)
+                for name, fn, setup in cases(x, density) + (_path_cases(x, density) if WITH_HOROVOD else [])
             ]
             if _tf_paths(device):
                 timings += _tf_path_timings(numel, density, dtype, repeats)
@@ -281,7 +286,7 @@ def run(
                 }
                 records.append(record)
                 progress(record)
-    for model in models:
+    for model in models if WITH_HOROVOD else ():
         records += _model_records(device, dtype, model, densities, repeats, progress)
     return records
 
