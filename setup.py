@@ -110,6 +110,13 @@ def cpu_flags():
     return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}"] + no_fp16 if arch else [])
 
 
+def link_flags():
+    # A compiler that links its own libstdc++ statically (a GPU image's /opt/gcc did) would
+    # export that copy's symbols, which then mix with the libstdc++ torch loaded: formatting an
+    # integer into an error message crashed. Kept private, the copy serves this library alone.
+    return ["-fopenmp", "-Wl,--exclude-libs,ALL"]
+
+
 def cpu_features():
     """The instruction-set extensions the build may execute (AVX512-FP16 is switched off)."""
     return sorted(flag for macro, flag in CPU_FEATURES.items() if macro in march_macros() and macro != "__AVX512FP16__")
@@ -146,14 +153,14 @@ def torch_extension(info):
     sources = [s for s in _sources("csrc/torch/*.cpp") if s not in cuda_bindings] + _sources("csrc/cpu/*.cpp")
     if not with_cuda:
         return cpp_extension.CppExtension(
-            "sparsecomm._C", sources, extra_compile_args={"cxx": cpu_flags()}, extra_link_args=["-fopenmp"]
+            "sparsecomm._C", sources, extra_compile_args={"cxx": cpu_flags()}, extra_link_args=link_flags()
         )
     info["torch"]["cuda_arch_list"] = torch_cuda_arch_list(torch)
     return cpp_extension.CUDAExtension(
         "sparsecomm._C",
         sources + cuda_bindings + _sources("csrc/cuda/*.cu"),
         extra_compile_args={"cxx": cpu_flags(), "nvcc": ["-O3", "--fmad=false"]},
-        extra_link_args=["-fopenmp"],
+        extra_link_args=link_flags(),
     )
 
 
@@ -178,11 +185,11 @@ def tensorflow_extension(info, cuda_home):
         if with_tf:
             sys.exit("setup.py: SPARSECOMM_WITH_TF=1 but tensorflow does not import:\n" + result.stderr)
         return None
-    version, compile_flags, link_flags, tf_has_cuda = json.loads(result.stdout.strip().splitlines()[-1])
-    lib_dirs = [f[2:] for f in link_flags if f.startswith("-L")]
+    version, compile_flags, tf_link_flags, tf_has_cuda = json.loads(result.stdout.strip().splitlines()[-1])
+    lib_dirs = [f[2:] for f in tf_link_flags if f.startswith("-L")]
     sources = _sources("csrc/tensorflow/*.cc") + _sources("csrc/cpu/*.cpp")
     cxx_flags = compile_flags + cpu_flags() + ["-Wno-deprecated-declarations"]  # TF headers
-    link_args = link_flags + ["-fopenmp"] + [f"-Wl,-rpath,{d}" for d in lib_dirs]
+    link_args = tf_link_flags + link_flags() + [f"-Wl,-rpath,{d}" for d in lib_dirs]
     with_cuda = _switch("SPARSECOMM_WITH_CUDA")
     with_cuda = tf_has_cuda and cuda_home is not None if with_cuda is None else with_cuda
     info["tensorflow"] = {"version": version, "gpu_kernels": with_cuda}

@@ -76,6 +76,27 @@ def test_this_checkout_s_build_fits_this_machine():
     assert {"avx2", "f16c", "fma"} <= set(info["cpu_features"])  # the default x86-64-v3 target
 
 
+# libstdc++'s own code, which a library must neither define for others nor take from another copy:
+# mixed with the libstdc++ torch loads, formatting an integer crashed (setup.py's link_flags).
+LIBSTDCXX_INTERNALS = ("std::locale::classic()", "std::ios_base::Init::Init()", "std::ostream::_M_insert<long>(long)")
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+@pytest.mark.parametrize("library", ["sparsecomm/_C", "sparsecomm/tensorflow/_ops"])
+def test_the_libraries_keep_a_static_libstdcxx_to_themselves(library):
+    """A compiler that links libstdc++ in statically (a GPU image's /opt/gcc) must not make the
+    libraries export that copy; with the shared libstdc++ (this machine's g++) nothing changes."""
+    import glob
+
+    built = glob.glob(os.path.join(ROOT, library + ".*.so"))  # by file: importing _ops needs TF
+    if not built:
+        pytest.skip(f"{library} is not built here")
+    exported = subprocess.run(
+        ["nm", "-D", "-C", "--defined-only", built[0]], capture_output=True, text=True, check=True
+    ).stdout
+    assert [name for name in LIBSTDCXX_INTERNALS if name in exported] == []
+
+
 def _import_horovod_in_child(code):
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
 
