@@ -1,0 +1,59 @@
+"""Soak: every compressor trains the digits MLP on 2 ranks under real horovodrun for thousands
+of steps (tests/multirank/soak.py), and after warm-up its rank's resident memory and live
+tensors stay flat: no state, buffer or Python object piles up step after step. Figures and
+bounds: docs/testing.md, "Soak"."""
+
+import json
+import re
+
+from launch import horovodrun
+
+COMPRESSORS = ("TopK_auto", "TopK", "RTopK", "RandomK", "RandomBlock", "Threshold", "DGC", "Threshold_2bit")
+# Resident growth allowed from the warm-up sample to the last: ten times the largest growth
+# measured (docs/testing.md, "Soak"). TF's steps are slower: 2,000 keep its launch near 3 minutes.
+RSS_BOUND = 1 << 20
+STEPS = {"torch": 5000, "tf": 2000}
+WARMUP, EVERY = 500, 500
+
+
+def soak(framework, *extra, timeout=900):
+    """Runs the worker on 2 ranks: {(compressor, rank): its report (samples, seconds, routes)}."""
+    options = ["--framework", framework, "--steps", STEPS[framework], "--warmup", WARMUP, "--every", EVERY, *extra]
+    output = horovodrun(2, "soak.py", *options, timeout=timeout)
+    lines = re.findall(rf"soak {framework} (\w+) rank (\d) (\{{.*\}})", output)
+    reports = {(name, int(rank)): json.loads(line) for name, rank, line in lines}
+    assert sorted(reports) == sorted((c, r) for c in COMPRESSORS for r in (0, 1)), output[-4000:]
+    return reports
+
+
+def check_flat(reports, framework):
+    """Per compressor and rank: tensor counts (and TF's traces) exactly constant from the
+    warm-up sample on, resident growth within RSS_BOUND; every failure listed at once. Prints
+    the figures (pytest -rP shows them)."""
+    failures = []
+    for (name, rank), report in sorted(reports.items()):
+        samples = report["samples"]
+        assert [s["step"] for s in samples] == list(range(WARMUP, STEPS[framework] + 1, EVERY))
+        tensors = [s["tensors"] for s in samples]
+        growth = samples[-1]["rss"] - samples[0]["rss"]
+        figures = (
+            f"{name} rank {rank}: tensors {tensors}, RSS {samples[0]['rss'] / 2**20:.2f} -> "
+            f"{samples[-1]['rss'] / 2**20:.2f} MiB ({growth / 2**20:+.2f}, bound {RSS_BOUND / 2**20:g})"
+        )
+        if len(set(tensors)) != 1:
+            failures.append(f"live tensors changed: {figures}")
+        if growth > RSS_BOUND:
+            failures.append(f"resident memory grew: {figures}")
+        traces = [s.get("traces") for s in samples]
+        if len(set(traces)) != 1:
+            failures.append(f"the step was traced again: {traces}: {figures}")
+        print(f"{figures}, traces {traces[-1]}, {report['seconds']} s, routes {sorted(set(report['routes'].values()))}")
+    assert not failures, "\n".join(failures)
+
+
+def test_torch_compressors_hold_memory_and_tensors_flat_over_5000_steps():
+    check_flat(soak("torch", timeout=1200), "torch")
+
+
+def test_tf_compressors_hold_memory_tensors_and_traces_flat_over_2000_steps():
+    check_flat(soak("tf"), "tf")
