@@ -1,146 +1,13 @@
-"""RandomBlock under horovodrun -np 2 and -np 3 with stock hvd.DistributedOptimizer,
-against a single-process plain-torch simulation of the N ranks."""
+"""Every compressor under horovodrun -np 2 and -np 3 with stock hvd.DistributedOptimizer
+(tests/multirank/torch_train.py, 25 configurations: each method and its options, DGC's warm-up,
+clipping and policy, dense with and without momentum), each rank against a single-process
+simulation of the N ranks (simulated_training.py), and the ranks against each other bit for bit."""
 
 import common
 import pytest
-import reference
-import simulation
 import torch
 from launch import horovodrun
-from simulation import METHODS, dgc_density
-
-STEPS, LR = 5, 0.5
-
-
-def simulate_dgc(
-    size,
-    ratio,
-    momentum=0.9,
-    masking=True,
-    warmup_steps=0,
-    stages=4,
-    clip_norm=None,
-    dense_names=(),
-    dense_fallback=True,
-    steps=STEPS,
-    lr=LR,
-    make_model=common.torch_model,
-    forward=None,
-):
-    """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), then plain SGD. A
-    tensor in dense_names, or at a density where the sparse payload would not be smaller
-    (dense_fallback), gets momentum SGD."""
-    model = make_model()
-    state = [
-        {n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()} for _ in range(size)
-    ]
-    history = []
-    for step in range(steps):
-        grads = [rank_gradients(model, step, rank, size, forward=forward) for rank in range(size)]
-        density = dgc_density(ratio, step, warmup_steps, stages)
-        with torch.no_grad():
-            for name, p in trained(model):
-                larger = reference.count(density, p.numel()) * 8 >= p.numel() * 4
-                dense = name in dense_names or (dense_fallback and larger)
-                total = 0
-                for rank in range(size):
-                    sent, state[rank][name] = simulation.dgc(
-                        grads[rank][name],
-                        state[rank][name],
-                        density,
-                        name,
-                        step,
-                        momentum,
-                        masking,
-                        None if clip_norm is None else clip_norm / size**0.5,
-                        dense,
-                    )
-                    total = total + sent
-                p -= lr * (total / size).view(p.shape)
-        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    return history
-
-
-def rank_gradients(model, step, rank, size, passes=1, dtype=torch.float32, forward=None):
-    """What Horovod hands rank `rank`'s compressor at `step`, by parameter name: the gradients
-    of its rows (accumulated over `passes` backward passes, as in the workers; a sparse one
-    densified), zeros for a parameter that got none (Horovod submits zeros for it). `forward(model,
-    x, step, rank)` runs the model (default: model(x))."""
-    x_all, y_all = common.digits()
-    forward = forward or (lambda model, x, step, rank: model(x))
-    model.zero_grad()
-    for p in range(passes):
-        idx = common.rows(step * passes + p, rank, size, len(y_all))
-        torch.nn.functional.cross_entropy(
-            forward(model, torch.from_numpy(x_all[idx]).to(dtype), step, rank).float(), torch.from_numpy(y_all[idx])
-        ).backward()
-    return {
-        n: p.grad.to_dense()
-        if p.grad is not None and p.grad.is_sparse
-        else p.grad.clone()
-        if p.grad is not None
-        else torch.zeros_like(p)
-        for n, p in trained(model)
-    }
-
-
-def trained(model):
-    """The (name, parameter) pairs Horovod reduces: those that require a gradient."""
-    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-
-
-def simulate(
-    size,
-    method=None,
-    ratio=None,
-    seed=7,
-    op="average",
-    error_feedback=True,
-    momentum=0.0,
-    dense_names=(),
-    steps=STEPS,
-    lr=LR,
-    passes=1,
-    make_model=common.torch_model,
-    dtype=torch.float32,
-    forward=None,
-):
-    """N ranks in one process: per-rank gradients on the same rows as the workers
-    (rank_gradients), per-rank error feedback, the method's selection (plain torch), summed
-    over ranks and averaged like hvd.Average (or not, for hvd.Sum), plain SGD. Frozen
-    parameters are left alone, as Horovod leaves them."""
-    model = make_model().to(dtype)
-    residuals = [{n: torch.zeros(p.numel()) for n, p in model.named_parameters()} for _ in range(size)]
-    buffers = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}  # SGD momentum
-    history = []
-    for step in range(steps):
-        grads = [rank_gradients(model, step, rank, size, passes, dtype, forward) for rank in range(size)]
-        with torch.no_grad():
-            for name, p in trained(model):
-                if method is None or name in dense_names:  # dense allreduce
-                    total = sum(g[name].reshape(-1) for g in grads)
-                else:
-                    total = 0
-                    for rank in range(size):
-                        sent, new_residual = METHODS[method](
-                            grads[rank][name].reshape(-1),
-                            residuals[rank][name] if error_feedback else None,
-                            ratio,
-                            name,
-                            step,
-                            seed,
-                        )
-                        if error_feedback:
-                            residuals[rank][name] = new_residual
-                        total = total + sent
-                update = total / size if op == "average" else total
-                if momentum:  # torch.optim.SGD: buf = m * buf + update (the first step: buf = update)
-                    buffers[name] = update.clone() if step == 0 else momentum * buffers[name] + update
-                    update = buffers[name]
-                # SGD adds -lr * grad, the grad in the parameter's dtype (what decompress returns)
-                p.add_(update.view(p.shape).to(p.dtype), alpha=-lr)
-        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    return history
+from simulated_training import LR, STEPS, assert_history_close, simulate, simulate_dgc
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
@@ -149,12 +16,6 @@ def run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"torch_np{size}")
     horovodrun(size, "torch_train.py", "--out", out, "--steps", STEPS, "--lr", LR)
     return size, [torch.load(out / f"rank{r}.pt") for r in range(size)]
-
-
-def _assert_history_close(got, want, **tol):
-    for step, (g, w) in enumerate(zip(got, want)):
-        for name in w:
-            torch.testing.assert_close(g[name], w[name], msg=lambda m: f"step {step}, {name}: {m}", **tol)
 
 
 SIMULATIONS = {
@@ -194,9 +55,9 @@ def test_every_rank_equals_the_simulation(run, config):
     settings = dict(SIMULATIONS[config])
     want = simulate_dgc(size, **settings.pop("dgc")) if "dgc" in settings else simulate(size, **settings)
     for rank in range(size):
-        _assert_history_close(ranks[rank][config], want, rtol=1e-5, atol=1e-6)
+        assert_history_close(ranks[rank][config], want, rtol=1e-5, atol=1e-6)
     for rank in range(1, size):  # and the ranks agree with each other exactly
-        _assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
+        assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
 
 
 def test_sparse_training_actually_moved_every_parameter(run):
@@ -223,10 +84,10 @@ def test_sparse_training_actually_moved_every_parameter(run):
 def test_ratio_one_equals_dense_allreduce(run, config):
     size, ranks = run
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)  # 3 ranks: Gloo's chunked sum order
-    _assert_history_close(ranks[0][config], ranks[0]["dense"], **tol)
+    assert_history_close(ranks[0][config], ranks[0]["dense"], **tol)
 
 
 def test_dgc_at_ratio_one_without_masking_is_momentum_sgd(run):
     """The paper's equivalence: momentum in DGC + plain SGD == dense momentum SGD."""
     _, ranks = run
-    _assert_history_close(ranks[0]["dgc_1.0_no_masking"], ranks[0]["dense_momentum"], rtol=1e-5, atol=1e-6)
+    assert_history_close(ranks[0]["dgc_1.0_no_masking"], ranks[0]["dense_momentum"], rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import common
 import pytest
 import torch
 from launch import horovodrun
-from test_multirank_torch import simulate, simulate_dgc
+from simulated_training import simulate, simulate_dgc
 
 STEPS, LR, SIZE = 6, 0.5, 2
 METHODS = {

@@ -5,7 +5,7 @@ import common
 import pytest
 import torch
 from launch import horovodrun
-from test_multirank_torch import _assert_history_close, simulate
+from simulated_training import assert_history_close, simulate
 
 STEPS, LR = 4, 0.5
 SIMULATIONS = {
@@ -34,9 +34,9 @@ def test_every_rank_equals_the_simulation(run, config):
     # fp16 parameters: the simulation's float32 sums round differently by one fp16 unit at most
     tol = dict(rtol=2e-3, atol=2e-3) if config == "topk_fp16" else dict(rtol=1e-5, atol=1e-6)
     for rank in range(size):
-        _assert_history_close(ranks[rank][config], want, **tol)
+        assert_history_close(ranks[rank][config], want, **tol)
     for rank in range(1, size):
-        _assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
+        assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
 
 
 def test_the_parameter_without_gradient_never_moves(run):
@@ -64,4 +64,4 @@ def test_a_process_set_of_two_among_three_ranks_equals_two_ranks(config, simulat
     assert not (out / "rank2.pt").exists()
     want = simulate(2, steps=STEPS, lr=LR, **simulation)
     for rank in range(2):
-        _assert_history_close(torch.load(out / f"rank{rank}.pt")[config], want, rtol=1e-5, atol=1e-6)
+        assert_history_close(torch.load(out / f"rank{rank}.pt")[config], want, rtol=1e-5, atol=1e-6)

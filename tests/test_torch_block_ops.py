@@ -3,11 +3,11 @@ written once over device x dtype."""
 
 import pytest
 import torch
+from cases import DTYPES
 from reference import random_block_pack, random_block_unpack
 
 from sparsecomm.torch import ops
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (numel, start, length): inside, touching the end, wrapping, whole tensor, empty block, odd sizes
 CASES = [
     (1000, 10, 100),

@@ -8,32 +8,18 @@ import numpy as np
 import pytest
 import reference
 import torch
+from cases import DTYPES, feedback_state, gathered_selections, gradient, same_bits
 
-from sparsecomm.core import wire
 from sparsecomm.torch import ops
-
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
-
-
-def _state(numel, device, seed=0, with_momentum=False):
-    g = torch.Generator().manual_seed(seed)
-    residual = (torch.randn(numel, generator=g) * 0.5).to(device)
-    momentum = (torch.randn(numel, generator=g) * 0.5).to(device) if with_momentum else None
-    return residual, momentum
-
-
-def _grad(numel, dtype, device, seed=1, shape=None):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(shape or (numel,), generator=g).to(dtype).to(device)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("numel", [0, 1, 7, 1000, 4097])
 @pytest.mark.parametrize("mode", ["plain", "feedback", "momentum", "momentum-only"])
 def test_pack_above_is_exactly_the_elements_at_or_above_the_threshold(device, dtype, numel, mode):
-    grad = _grad(numel, dtype, device)
+    grad = gradient(numel, dtype, device)
     # momentum-only: DGC's dense path; the CUDA binding then reads acc back from the momentum.
-    residual, momentum = _state(numel, device, with_momentum=mode.startswith("momentum"))
+    residual, momentum = feedback_state(numel, device, with_momentum=mode.startswith("momentum"))
     if mode in ("plain", "momentum-only"):
         residual = None
     m = 0.9 if mode.startswith("momentum") else 0.0
@@ -60,8 +46,8 @@ def test_pack_above_is_exactly_the_elements_at_or_above_the_threshold(device, dt
     "numel,k", [(1000, 10), (1000, 1000), (1000, 0), (1, 1), (0, 0), (100_003, 100), (100_003, 5000)]
 )
 def test_pack_topk_is_the_exact_top_k(device, dtype, numel, k):
-    grad = _grad(numel, dtype, device)
-    residual, _ = _state(numel, device)
+    grad = gradient(numel, dtype, device)
+    residual, _ = feedback_state(numel, device)
     acc, u = reference.accumulate(grad.cpu(), residual.cpu())
     want = reference.send(acc, u, reference.topk_mask(acc, k), dtype, residual.cpu())
     values, index = ops.pack_topk(grad, residual, k, seed=3, tensor_id=5, step=2)
@@ -163,12 +149,6 @@ def test_nan_is_sent_not_kept():
     assert index.tolist() == [1]
 
 
-def _same_bits(x, y):
-    """Equal bit for bit (NaN where NaN, -0.0 apart from 0.0)."""
-    nan = x.isnan()
-    return torch.equal(nan, y.isnan()) and torch.equal(x[~nan].view(torch.int32), y[~nan].view(torch.int32))
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("mode", ["plain", "feedback", "momentum", "momentum-only"])
 @pytest.mark.parametrize("threshold", [1.0, 0.0, float("inf")])
@@ -193,10 +173,10 @@ def test_accumulate_candidates_applies_the_rule_in_every_lane(device, dtype, mod
         204: float("nan"),
     }
     at = torch.tensor(list(special))
-    grad = _grad(numel, torch.float32, "cpu") * 0.5
+    grad = gradient(numel, torch.float32, "cpu") * 0.5
     grad[at] = torch.tensor(list(special.values()))
     grad = grad.to(dtype).to(device)
-    residual, momentum = _state(numel, device, with_momentum=mode.startswith("momentum"))
+    residual, momentum = feedback_state(numel, device, with_momentum=mode.startswith("momentum"))
     residual[at.to(device)] = 0.0  # acc of a special element is the special value
     if momentum is not None:
         momentum[at.to(device)] = 0.0
@@ -211,11 +191,11 @@ def test_accumulate_candidates_applies_the_rule_in_every_lane(device, dtype, mod
     if threshold == 1.0:  # the case is made: the edges on both sides of the threshold
         assert {3, 63, 64, 127, 195, 204} <= set(want_index.tolist()) and not {30, 100, 150} & set(want_index.tolist())
     assert torch.equal(got_index.cpu().long(), want_index)
-    assert _same_bits(got_acc.cpu(), acc[want_index])
+    assert same_bits(got_acc.cpu(), acc[want_index])
     if residual is not None:
-        assert _same_bits(residual.cpu(), acc)
+        assert same_bits(residual.cpu(), acc)
     if momentum is not None:
-        assert _same_bits(momentum.cpu(), u)
+        assert same_bits(momentum.cpu(), u)
 
 
 @pytest.mark.parametrize("send", ["send_selected_float16", "block_pack_float16", "send_quantized_1bit"])
@@ -236,7 +216,7 @@ def test_a_non_finite_sent_value_of_a_finite_acc_leaves_zero(send):
     assert residual.isfinite().all(), residual
 
 
-def test_non_contiguous_grad(device):
+def test_non_contiguousgradient(device):
     grad = torch.randn(300, 200, device=device).t()
     residual = torch.zeros(grad.numel(), device=device)
     values, index = ops.pack_above(grad, residual, 2.0)
@@ -260,28 +240,15 @@ def test_sparse_unpack_equals_index_add_with_duplicates(device, dtype, scale):
     )
 
 
-def _gathered_selections(numel, per_rank, ranks, dtype, seed):
-    """What an allgather brings to unpack: one index-ordered selection per rank, overlapping."""
-    gen = torch.Generator().manual_seed(seed)
-    index = torch.cat([torch.randperm(numel, generator=gen)[:per_rank].sort().values for _ in range(ranks)]).int()
-    return torch.randn(ranks * per_rank, generator=gen).to(dtype), index
-
-
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("scale", [1.0, 1 / 3])
 def test_sparse_unpack_merges_ascending_runs_into_out(device, dtype, scale):
     # 70,000 elements: several of the CPU merge's zeroing blocks; stale contents of out must go.
-    values, index = _gathered_selections(70_000, 2000, 3, dtype, seed=5)
+    values, index = gathered_selections(70_000, 2000, 3, dtype, seed=5)
     want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * scale).to(dtype)
     out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
     got = ops.sparse_unpack(values.to(device), index.to(device), 70_000, scale, out=out)
     assert got is out and torch.equal(out.cpu(), want)
-
-
-def _same_bits(got, want):
-    """Equal bit for bit, every NaN matching a NaN."""
-    nan, bits = want.isnan(), {4: torch.int32, 2: torch.int16}[want.element_size()]
-    return torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(bits), want[~nan].view(bits))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -291,20 +258,20 @@ def test_accumulate_keeps_acc_and_u_for_every_element(device, dtype, numel, stat
     """Random-k's pass before its gather: the residual takes acc and the momentum u for every
     element (reference.accumulate's rounding), nothing else is written; NaN (a candidate of
     accumulate_candidates at any threshold) and inf go through like any value."""
-    grad = _grad(numel, dtype, "cpu", seed=5)
+    grad = gradient(numel, dtype, "cpu", seed=5)
     grad[:3] = torch.tensor([float("nan"), float("inf"), -float("inf")])[:numel]
-    residual, momentum = _state(numel, "cpu", seed=6, with_momentum=state != "residual")
+    residual, momentum = feedback_state(numel, "cpu", seed=6, with_momentum=state != "residual")
     residual = None if state == "momentum" else residual
     acc, u = reference.accumulate(grad, residual, momentum, 0.9)
     got_residual, got_momentum = [None if x is None else x.to(device) for x in (residual, momentum)]
     grad_before = grad.clone()
     got_grad = grad.to(device)
     assert ops.accumulate(got_grad, got_residual, momentum=got_momentum, momentum_factor=0.9) is None
-    assert _same_bits(got_grad.cpu(), grad_before)
+    assert same_bits(got_grad.cpu(), grad_before)
     if got_residual is not None:
-        assert _same_bits(got_residual.cpu(), acc)
+        assert same_bits(got_residual.cpu(), acc)
     if got_momentum is not None:
-        assert _same_bits(got_momentum.cpu(), u)
+        assert same_bits(got_momentum.cpu(), u)
 
 
 @pytest.mark.usefixtures("host_binding")
@@ -320,13 +287,13 @@ def test_accumulate_passes_opcheck_and_names_bad_arguments():
 def test_momentum_step_writes_the_momentum_into_the_gradient(device, dtype, numel):
     """DGC's dense route: u = 0.9 * momentum + grad (reference.accumulate's rounding), kept as the
     momentum and written into the gradient rounded to its dtype; inf and NaN go through."""
-    grad = _grad(numel, dtype, "cpu", seed=3)
+    grad = gradient(numel, dtype, "cpu", seed=3)
     grad[:2] = torch.tensor([float("inf"), float("nan")])[:numel]
-    _, momentum = _state(numel, "cpu", seed=4, with_momentum=True)
+    _, momentum = feedback_state(numel, "cpu", seed=4, with_momentum=True)
     _, u = reference.accumulate(grad, None, momentum, 0.9)
     got_grad, got_momentum = grad.to(device), momentum.to(device)
     assert ops.momentum_step(got_grad, got_momentum, 0.9) is None
-    assert _same_bits(got_momentum.cpu(), u) and _same_bits(got_grad.cpu(), u.to(dtype))
+    assert same_bits(got_momentum.cpu(), u) and same_bits(got_grad.cpu(), u.to(dtype))
 
 
 GRAD_SCALES = [0.3, 1.0, 2.5]
@@ -338,11 +305,11 @@ def _scaled_case(dtype, device, scale):
     place as DGC's clipping did before its factor rode the kernels (float32 multiply, one
     rounding), residual and momentum, and the scale as the ops take it."""
     numel = 3 * 64 + 13
-    grad = _grad(numel, dtype, "cpu", seed=8) * 3
+    grad = gradient(numel, dtype, "cpu", seed=8) * 3
     grad[[3, 9, 30, 70, 200]] = torch.tensor([float("nan"), float("inf"), -0.0, -float("inf"), 0.0], dtype=dtype)
     factor = torch.tensor(scale, dtype=torch.float32)
     scaled = grad.clone().mul_(factor)
-    residual, momentum = _state(numel, "cpu", seed=9, with_momentum=True)
+    residual, momentum = feedback_state(numel, "cpu", seed=9, with_momentum=True)
     return grad.to(device), scaled.to(device), residual.to(device), momentum.to(device), factor.to(device)
 
 
@@ -357,21 +324,21 @@ def test_grad_scale_reads_the_gradient_as_if_it_were_scaled_first(device, dtype,
     for sample_count in (8, grad.numel()):  # runs of a scattered sample; the tensor sampled whole
         want = ops._ops.sample_threshold(scaled, residual, momentum, 0.9, 0.1, sample_count, 3, 4, 5)
         got = ops._ops.sample_threshold(grad, residual, momentum, 0.9, 0.1, sample_count, 3, 4, 5, factor)
-        assert _same_bits(got.cpu().reshape(1), want.cpu().reshape(1))
+        assert same_bits(got.cpu().reshape(1), want.cpu().reshape(1))
     for state in ("residual", "momentum", "both"):
         r = None if state == "momentum" else residual.clone()
         m = None if state == "residual" else momentum.clone()
         want_r, want_m = [None if x is None else x.clone() for x in (r, m)]
         want = ops.accumulate_candidates(scaled, want_r, 1.0, momentum=want_m, momentum_factor=0.9)
         got = ops.accumulate_candidates(grad, r, 1.0, momentum=m, momentum_factor=0.9, grad_scale=factor)
-        assert torch.equal(got[1].cpu(), want[1].cpu()) and _same_bits(got[0].cpu(), want[0].cpu())
+        assert torch.equal(got[1].cpu(), want[1].cpu()) and same_bits(got[0].cpu(), want[0].cpu())
         for got_state, want_state in ((r, want_r), (m, want_m)):
-            assert got_state is None or _same_bits(got_state.cpu(), want_state.cpu())
-    assert _same_bits(grad.cpu(), before.cpu())
+            assert got_state is None or same_bits(got_state.cpu(), want_state.cpu())
+    assert same_bits(grad.cpu(), before.cpu())
     want_m = momentum.clone()
     ops.momentum_step(scaled, want_m, 0.9)
     ops.momentum_step(grad, momentum, 0.9, grad_scale=factor)
-    assert _same_bits(momentum.cpu(), want_m.cpu()) and _same_bits(grad.cpu(), scaled.cpu())
+    assert same_bits(momentum.cpu(), want_m.cpu()) and same_bits(grad.cpu(), scaled.cpu())
 
 
 @pytest.mark.usefixtures("host_binding")
@@ -423,7 +390,7 @@ SQUARE_SIZES = [0, 1, 255, 4096, 4097, 3 * 4096 + 5, 257 * 4096 + 3]  # tiles of
 def test_sum_of_squares_is_the_float64_sum_in_its_fixed_order(device, dtype, numel):
     """DGC's clipping norm, squared: exactly the reference's float64 sum in the documented order
     (tiles, lanes, pairwise), and within 1e-12 of the exactly rounded sum (math.fsum)."""
-    x = _grad(numel, dtype, device, seed=numel) * 3
+    x = gradient(numel, dtype, device, seed=numel) * 3
     got = ops.sum_of_squares(x)
     assert got.dtype == torch.float64 and got.shape == () and got.device == x.device
     values = x.cpu().float().numpy().astype(np.float64)
@@ -434,7 +401,7 @@ def test_sum_of_squares_is_the_float64_sum_in_its_fixed_order(device, dtype, num
 def test_sum_of_squares_bits_do_not_depend_on_threads_or_layout(device):
     """A fixed order: the same bits with 1 thread and with several (the CPU splits tensors of 1M
     elements and more over its cores), and for a strided view as for its contiguous copy."""
-    x = _grad(0, torch.float32, device, seed=5, shape=(1200, 1001)) * 1e3
+    x = gradient(0, torch.float32, device, seed=5, shape=(1200, 1001)) * 1e3
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -471,199 +438,6 @@ def test_sum_of_squares_passes_opcheck_and_names_bad_arguments():
         ops.sum_of_squares(torch.ones(3, dtype=torch.int32))
 
 
-def _reference_rows(values, index):
-    """sparsecomm.core.wire's rows built in numpy, byte by byte: the int32 index (little-endian,
-    as in memory), then the value's bytes."""
-    value_bits = values.view({4: torch.int32, 2: torch.int16}[values.element_size()]).numpy()
-    return np.concatenate(
-        [
-            index.numpy().astype("<i4").view(np.uint8).reshape(-1, 4),
-            value_bits.view(np.uint8).reshape(-1, values.element_size()),
-        ],
-        axis=1,
-    )
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("count", [0, 1, 257])
-def test_wire_rows_hold_each_index_then_its_value_bytes_and_split_back_exactly(device, dtype, count):
-    gen = torch.Generator().manual_seed(count)
-    values = torch.randn(count, generator=gen).to(dtype)
-    values[:1] = float("nan")  # bytes travel as they are, NaN included
-    index = torch.randperm(10 * count + 1, generator=gen)[:count].sort().values.int()
-    index[-1:] = 2**31 - 1  # the largest index, all four bytes used
-    rows = ops.wire_rows(values.to(device), index.to(device))
-    assert rows.dtype == torch.uint8 and rows.shape == (count, 4 + values.element_size())
-    assert np.array_equal(rows.cpu().numpy(), _reference_rows(values, index))
-    got_values, got_index = ops.wire_columns(rows, dtype)
-    assert got_values.dtype == dtype and got_index.dtype == torch.int32
-    assert torch.equal(got_values.cpu().view(torch.uint8), values.view(torch.uint8))
-    assert torch.equal(got_index.cpu(), index)
-
-
-# (scale, divisor) of the unpack ops: a number, or a 1-element tensor read where the op runs
-# (Horovod's reduced placeholder: 1.0 for Average, the ranks for Sum) over the ranks.
-UNPACK_SCALES = [(1 / 3, 1), (1.0, 3), (3.0, 3), (5.0, 2)]
-
-
-def _unpack_scale(scale, divisor, scale_form, device):
-    """(the scale argument in the form asked, the factor it means: scale / divisor in double,
-    rounded to float32 as the kernels do)."""
-    given = torch.tensor([scale], device=device) if scale_form == "tensor" else scale
-    return given, float(torch.tensor(float(torch.tensor(scale)) / divisor))
-
-
-@pytest.mark.parametrize("scale_form", ["tensor", "number"])
-@pytest.mark.parametrize("scale,divisor", UNPACK_SCALES)
-@pytest.mark.parametrize(
-    "value_dtype,dtype",
-    [
-        (torch.float32, torch.float32),
-        (torch.float16, torch.float16),
-        (torch.bfloat16, torch.bfloat16),
-        (torch.float16, torch.float32),
-        (torch.bfloat16, torch.float32),
-    ],
-)
-def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype, scale, divisor, scale_form):
-    """Gathered rows of 3 ranks (overlapping index-ordered selections, values in value_dtype:
-    fp16/bf16 values of a float32 gradient too) into a stale out: the sum, cast, scaled by
-    scale / divisor."""
-    values, index = _gathered_selections(70_000, 2000, 3, value_dtype, seed=6)
-    rows = torch.from_numpy(_reference_rows(values, index))
-    given, factor = _unpack_scale(scale, divisor, scale_form, device)
-    want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * factor).to(dtype)
-    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
-    assert ops.sparse_unpack_rows(rows.to(device), value_dtype, 70_000, given, divisor, out=out) is out
-    assert torch.equal(out.cpu(), want)
-
-
-@pytest.mark.usefixtures("host_binding")
-def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
-    values, index = torch.randn(20), torch.arange(0, 40, 2, dtype=torch.int32)
-    rows = ops.wire_rows(values, index)
-    torch.library.opcheck(ops._ops.wire_rows.default, (values, index))
-    torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
-    torch.library.opcheck(
-        ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40))
-    )
-    with pytest.raises(
-        RuntimeError,
-        match=r"wire_columns: rows should be a 2-D uint8 tensor of 6 columns \(an "
-        r"int32 index, then a Half value\), got 2-D Byte of shape \[20, 8\]",
-    ):
-        ops.sparse_unpack_rows(rows, torch.float16, 40, out=torch.empty(40, dtype=torch.float16))
-    with pytest.raises(RuntimeError, match=r"wire_rows: values and index should have the same length, got 20 and 19"):
-        ops.wire_rows(values, index[1:])
-    with pytest.raises(RuntimeError, match=r"wire_rows: values should be float32, float16 or bfloat16, got Double"):
-        ops.wire_rows(values.double(), index)
-    with pytest.raises(ValueError, match=r"sparse_unpack_rows: out should have numel 41, got 40"):
-        ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
-    for op, args in (("sparse_unpack_rows", (rows, torch.float32, 40)), ("sparse_unpack_segments", None)):
-        if args is None:
-            ((codes, scales, _, idx),) = _quantized_ranks(40, [5], 2, seed=2)
-            args = (ops.quantized_segment(*(torch.from_numpy(x) for x in (codes, scales, idx)), 2), 2, 1, 40)
-        unpack = getattr(ops, op)
-        with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 2 Float"):
-            unpack(*args, torch.ones(2), out=torch.empty(40))
-        with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 1 Double"):
-            unpack(*args, torch.ones(1, dtype=torch.float64), out=torch.empty(40))
-        with pytest.raises(RuntimeError, match=op + r": divisor should be >= 1, got 0"):
-            unpack(*args, torch.ones(1), 0, out=torch.empty(40))
-
-
-def _reference_segment(codes, scales, index):
-    """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
-    little-endian), the scales' and the indices' bytes, the codes, zeros to a multiple of 8."""
-    parts = [
-        np.array([index.size], "<i8").view(np.uint8),
-        scales.astype("<f4").view(np.uint8),
-        index.astype("<i4").view(np.uint8),
-        codes,
-    ]
-    data = np.concatenate(parts)
-    return np.concatenate([data, np.zeros(-data.size % 8, np.uint8)])
-
-
-def _quantized_ranks(numel, counts, bits, seed):
-    """Each rank's (codes, scales, decoded, index) from reference.quantize of random values at
-    sorted distinct indices."""
-    gen = torch.Generator().manual_seed(seed)
-    ranks = []
-    for count in counts:
-        acc = torch.randn(count, generator=gen)
-        codes, scales, decoded = reference.quantize(acc, bits)
-        index = torch.randperm(numel, generator=gen)[:count].sort().values.int().numpy()
-        ranks.append((codes, scales, decoded, index))
-    return ranks
-
-
-@pytest.mark.parametrize("bits", [1, 2])
-@pytest.mark.parametrize("count", [0, 1, 5, 257])
-def test_quantized_segment_holds_count_scales_index_codes_and_padding(device, bits, count):
-    ((codes, scales, _, index),) = _quantized_ranks(1000, [count], bits, seed=count)
-    got = ops.quantized_segment(*(torch.from_numpy(x).to(device) for x in (codes, scales, index)), bits)
-    assert got.dtype == torch.uint8 and np.array_equal(got.cpu().numpy(), _reference_segment(codes, scales, index))
-    assert got.numel() == wire.Segment(count, scales.size, bits).size
-
-
-@pytest.mark.parametrize("scale_form", ["tensor", "number"])
-@pytest.mark.parametrize("scale,divisor", UNPACK_SCALES[:2])
-@pytest.mark.parametrize("bits", [1, 2])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, dtype, scale, divisor, scale_form):
-    """3 ranks' segments (overlapping indices; one rank sent nothing) gathered in rank order, into
-    a stale out: each rank's codes decoded with its own scales, cast to out's dtype, summed in
-    rank order and scaled by scale / divisor."""
-    ranks = _quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
-    gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i) for c, s, _, i in ranks]))
-    given, factor = _unpack_scale(scale, divisor, scale_form, device)
-    want = torch.zeros(70_000)
-    for _, _, decoded, index in ranks:
-        want.index_add_(0, torch.from_numpy(index).long(), torch.from_numpy(decoded).to(dtype).float())
-    want = (want * factor).to(dtype)
-    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
-    assert ops.sparse_unpack_segments(gathered.to(device), bits, 3, 70_000, given, divisor, out=out) is out
-    assert torch.equal(out.cpu(), want)
-
-
-@pytest.mark.usefixtures("host_binding")
-def test_segment_ops_pass_opcheck_and_name_bad_segments():
-    ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
-    codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
-    segment = ops.quantized_segment(codes, scales, index, 2)
-    torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2))
-    torch.library.opcheck(
-        ops._ops.sparse_unpack_segments_into.default, (segment, 2, 1, torch.tensor([0.5]), 1, torch.empty(100))
-    )
-    with pytest.raises(
-        RuntimeError,
-        match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
-        r"got 4",
-    ):
-        ops.quantized_segment(codes[:4], scales, index, 2)
-    with pytest.raises(
-        RuntimeError,
-        match=r"sparse_unpack_segments: gathered \(\d+ bytes\) should hold 2 segments, "
-        r"got 1",
-    ):
-        ops.sparse_unpack_segments(segment, 2, 2, 100, out=torch.empty(100))
-    with pytest.raises(
-        RuntimeError,
-        match=r"sparse_unpack_segments: 1 segments should fill gathered \(\d+ bytes\), "
-        r"got \d+ bytes",
-    ):
-        ops.sparse_unpack_segments(torch.cat([segment, segment[:8]]), 2, 1, 100, out=torch.empty(100))
-    broken = segment.clone()
-    broken[:8] = torch.tensor([2**40], dtype=torch.int64).view(torch.uint8)
-    with pytest.raises(
-        RuntimeError,
-        match=r"sparse_unpack_segments: segment 0 at byte 0 has a count of "
-        r"1099511627776, which does not fit",
-    ):
-        ops.sparse_unpack_segments(broken, 2, 1, 100, out=torch.empty(100))
-
-
 MERGED_RUNS = 1024  # csrc/cpu/select.cpp: kMaxMergedRuns, past which the CPU unpack sums in a dense scratch
 
 
@@ -684,7 +458,7 @@ def test_sparse_unpack_of_many_runs_sums_each_index_in_input_order(device, dtype
         values = torch.randn(index.numel(), generator=gen).to(dtype)
     else:  # ascending selections, flipped: every pair starts a run
         numel = 9_000
-        values, index = (t.flip(0) for t in _gathered_selections(numel, 800, 3, dtype, seed=9))
+        values, index = (t.flip(0) for t in gathered_selections(numel, 800, 3, dtype, seed=9))
         assert index.numel() > MERGED_RUNS
     values[::97], values[1::89], values[2::83], values[3::79] = -0.0, float("nan"), float("inf"), -float("inf")
     want = (torch.zeros(numel).index_add_(0, index.long(), values.float()) * (1 / 3)).to(dtype)
@@ -707,7 +481,7 @@ def test_unpacks_into_an_unaligned_out_write_exactly_its_elements(device, dtype,
     element past it on either side; a small output is written through the cache."""
     large = streamed and device == "cpu"  # (the CUDA unpacks do not stream: small on the other devices)
     numel = STREAMED_BYTES // torch.empty(0, dtype=dtype).element_size() + 1 if large else 70_001
-    values, index = _gathered_selections(numel, 2000, 2, dtype, seed=7)
+    values, index = gathered_selections(numel, 2000, 2, dtype, seed=7)
     buffer = torch.full((numel + 16,), 7.0, dtype=dtype, device=device)
     out = buffer[offset : offset + numel]
     want = torch.zeros(numel).index_add_(0, index.long(), values.float()).to(dtype)
@@ -721,7 +495,7 @@ def test_unpacks_into_an_unaligned_out_write_exactly_its_elements(device, dtype,
 
 def test_sparse_unpack_merges_in_parallel_chunks_on_the_cpu():
     numel = (1 << 21) + 5  # past the size at which the CPU pass splits over the cores
-    values, index = _gathered_selections(numel, 20_000, 4, torch.float32, seed=6)
+    values, index = gathered_selections(numel, 20_000, 4, torch.float32, seed=6)
     want = torch.zeros(numel).index_add_(0, index.long(), values) * 0.25
     assert torch.equal(ops.sparse_unpack(values, index, numel, 0.25, out=torch.full((numel,), 7.0)), want)
 
@@ -832,8 +606,8 @@ def test_random_k_covers_the_tensor_uniformly_and_changes_every_step():
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_pack_randomk_sends_the_shared_indices_with_error_feedback(device, dtype):
-    grad = _grad(5000, dtype, device)
-    residual, _ = _state(5000, device)
+    grad = gradient(5000, dtype, device)
+    residual, _ = feedback_state(5000, device)
     acc, u = reference.accumulate(grad.cpu(), residual.cpu())
     index_want = reference.random_k_indices(9, 4, 6, 5000, 50)
     mask = torch.zeros(5000, dtype=torch.bool)

@@ -1,0 +1,148 @@
+"""N ranks of the workers' training in one process, in plain torch: the same model, rows and
+steps as tests/multirank/torch_train.py, each rank's selection by simulation.py, summed over
+ranks as Horovod does, then SGD. What the multi-rank torch tests compare every rank with."""
+
+import common
+import reference
+import simulation
+import torch
+from simulation import METHODS, dgc_density
+
+STEPS, LR = 5, 0.5
+
+
+def simulate_dgc(
+    size,
+    ratio,
+    momentum=0.9,
+    masking=True,
+    warmup_steps=0,
+    stages=4,
+    clip_norm=None,
+    dense_names=(),
+    dense_fallback=True,
+    steps=STEPS,
+    lr=LR,
+    make_model=common.torch_model,
+    forward=None,
+):
+    """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), then plain SGD. A
+    tensor in dense_names, or at a density where the sparse payload would not be smaller
+    (dense_fallback), gets momentum SGD."""
+    model = make_model()
+    state = [
+        {n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()} for _ in range(size)
+    ]
+    history = []
+    for step in range(steps):
+        grads = [rank_gradients(model, step, rank, size, forward=forward) for rank in range(size)]
+        density = dgc_density(ratio, step, warmup_steps, stages)
+        with torch.no_grad():
+            for name, p in trained(model):
+                larger = reference.count(density, p.numel()) * 8 >= p.numel() * 4
+                dense = name in dense_names or (dense_fallback and larger)
+                total = 0
+                for rank in range(size):
+                    sent, state[rank][name] = simulation.dgc(
+                        grads[rank][name],
+                        state[rank][name],
+                        density,
+                        name,
+                        step,
+                        momentum,
+                        masking,
+                        None if clip_norm is None else clip_norm / size**0.5,
+                        dense,
+                    )
+                    total = total + sent
+                p -= lr * (total / size).view(p.shape)
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+def rank_gradients(model, step, rank, size, passes=1, dtype=torch.float32, forward=None):
+    """What Horovod hands rank `rank`'s compressor at `step`, by parameter name: the gradients
+    of its rows (accumulated over `passes` backward passes, as in the workers; a sparse one
+    densified), zeros for a parameter that got none (Horovod submits zeros for it). `forward(model,
+    x, step, rank)` runs the model (default: model(x))."""
+    x_all, y_all = common.digits()
+    forward = forward or (lambda model, x, step, rank: model(x))
+    model.zero_grad()
+    for p in range(passes):
+        idx = common.rows(step * passes + p, rank, size, len(y_all))
+        torch.nn.functional.cross_entropy(
+            forward(model, torch.from_numpy(x_all[idx]).to(dtype), step, rank).float(), torch.from_numpy(y_all[idx])
+        ).backward()
+    return {
+        n: p.grad.to_dense()
+        if p.grad is not None and p.grad.is_sparse
+        else p.grad.clone()
+        if p.grad is not None
+        else torch.zeros_like(p)
+        for n, p in trained(model)
+    }
+
+
+def trained(model):
+    """The (name, parameter) pairs Horovod reduces: those that require a gradient."""
+    return [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+
+
+def simulate(
+    size,
+    method=None,
+    ratio=None,
+    seed=7,
+    op="average",
+    error_feedback=True,
+    momentum=0.0,
+    dense_names=(),
+    steps=STEPS,
+    lr=LR,
+    passes=1,
+    make_model=common.torch_model,
+    dtype=torch.float32,
+    forward=None,
+):
+    """N ranks in one process: per-rank gradients on the same rows as the workers
+    (rank_gradients), per-rank error feedback, the method's selection (plain torch), summed
+    over ranks and averaged like hvd.Average (or not, for hvd.Sum), plain SGD. Frozen
+    parameters are left alone, as Horovod leaves them."""
+    model = make_model().to(dtype)
+    residuals = [{n: torch.zeros(p.numel()) for n, p in model.named_parameters()} for _ in range(size)]
+    buffers = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}  # SGD momentum
+    history = []
+    for step in range(steps):
+        grads = [rank_gradients(model, step, rank, size, passes, dtype, forward) for rank in range(size)]
+        with torch.no_grad():
+            for name, p in trained(model):
+                if method is None or name in dense_names:  # dense allreduce
+                    total = sum(g[name].reshape(-1) for g in grads)
+                else:
+                    total = 0
+                    for rank in range(size):
+                        sent, new_residual = METHODS[method](
+                            grads[rank][name].reshape(-1),
+                            residuals[rank][name] if error_feedback else None,
+                            ratio,
+                            name,
+                            step,
+                            seed,
+                        )
+                        if error_feedback:
+                            residuals[rank][name] = new_residual
+                        total = total + sent
+                update = total / size if op == "average" else total
+                if momentum:  # torch.optim.SGD: buf = m * buf + update (the first step: buf = update)
+                    buffers[name] = update.clone() if step == 0 else momentum * buffers[name] + update
+                    update = buffers[name]
+                # SGD adds -lr * grad, the grad in the parameter's dtype (what decompress returns)
+                p.add_(update.view(p.shape).to(p.dtype), alpha=-lr)
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+def assert_history_close(got, want, **tol):
+    for step, (g, w) in enumerate(zip(got, want)):
+        for name in w:
+            torch.testing.assert_close(g[name], w[name], msg=lambda m: f"step {step}, {name}: {m}", **tol)

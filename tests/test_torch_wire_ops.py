@@ -1,0 +1,205 @@
+"""The wire formats' ops (sparsecomm/core/wire.py): the rows of index and value bytes
+(wire_rows, wire_columns, sparse_unpack_rows) and the 1-/2-bit segments (quantized_segment,
+sparse_unpack_segments), against rows and segments built in numpy, with their error messages."""
+
+import numpy as np
+import pytest
+import reference
+import torch
+from cases import DTYPES, gathered_selections
+
+from sparsecomm.core import wire
+from sparsecomm.torch import ops
+
+
+def _reference_rows(values, index):
+    """sparsecomm.core.wire's rows built in numpy, byte by byte: the int32 index (little-endian,
+    as in memory), then the value's bytes."""
+    value_bits = values.view({4: torch.int32, 2: torch.int16}[values.element_size()]).numpy()
+    return np.concatenate(
+        [
+            index.numpy().astype("<i4").view(np.uint8).reshape(-1, 4),
+            value_bits.view(np.uint8).reshape(-1, values.element_size()),
+        ],
+        axis=1,
+    )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count", [0, 1, 257])
+def test_wire_rows_hold_each_index_then_its_value_bytes_and_split_back_exactly(device, dtype, count):
+    gen = torch.Generator().manual_seed(count)
+    values = torch.randn(count, generator=gen).to(dtype)
+    values[:1] = float("nan")  # bytes travel as they are, NaN included
+    index = torch.randperm(10 * count + 1, generator=gen)[:count].sort().values.int()
+    index[-1:] = 2**31 - 1  # the largest index, all four bytes used
+    rows = ops.wire_rows(values.to(device), index.to(device))
+    assert rows.dtype == torch.uint8 and rows.shape == (count, 4 + values.element_size())
+    assert np.array_equal(rows.cpu().numpy(), _reference_rows(values, index))
+    got_values, got_index = ops.wire_columns(rows, dtype)
+    assert got_values.dtype == dtype and got_index.dtype == torch.int32
+    assert torch.equal(got_values.cpu().view(torch.uint8), values.view(torch.uint8))
+    assert torch.equal(got_index.cpu(), index)
+
+
+# (scale, divisor) of the unpack ops: a number, or a 1-element tensor read where the op runs
+# (Horovod's reduced placeholder: 1.0 for Average, the ranks for Sum) over the ranks.
+UNPACK_SCALES = [(1 / 3, 1), (1.0, 3), (3.0, 3), (5.0, 2)]
+
+
+def _unpack_scale(scale, divisor, scale_form, device):
+    """(the scale argument in the form asked, the factor it means: scale / divisor in double,
+    rounded to float32 as the kernels do)."""
+    given = torch.tensor([scale], device=device) if scale_form == "tensor" else scale
+    return given, float(torch.tensor(float(torch.tensor(scale)) / divisor))
+
+
+@pytest.mark.parametrize("scale_form", ["tensor", "number"])
+@pytest.mark.parametrize("scale,divisor", UNPACK_SCALES)
+@pytest.mark.parametrize(
+    "value_dtype,dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.float16, torch.float16),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.float16, torch.float32),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dtype, dtype, scale, divisor, scale_form):
+    """Gathered rows of 3 ranks (overlapping index-ordered selections, values in value_dtype:
+    fp16/bf16 values of a float32 gradient too) into a stale out: the sum, cast, scaled by
+    scale / divisor."""
+    values, index = gathered_selections(70_000, 2000, 3, value_dtype, seed=6)
+    rows = torch.from_numpy(_reference_rows(values, index))
+    given, factor = _unpack_scale(scale, divisor, scale_form, device)
+    want = (torch.zeros(70_000).index_add_(0, index.long(), values.float()) * factor).to(dtype)
+    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
+    assert ops.sparse_unpack_rows(rows.to(device), value_dtype, 70_000, given, divisor, out=out) is out
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
+    values, index = torch.randn(20), torch.arange(0, 40, 2, dtype=torch.int32)
+    rows = ops.wire_rows(values, index)
+    torch.library.opcheck(ops._ops.wire_rows.default, (values, index))
+    torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
+    torch.library.opcheck(
+        ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40))
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"wire_columns: rows should be a 2-D uint8 tensor of 6 columns \(an "
+        r"int32 index, then a Half value\), got 2-D Byte of shape \[20, 8\]",
+    ):
+        ops.sparse_unpack_rows(rows, torch.float16, 40, out=torch.empty(40, dtype=torch.float16))
+    with pytest.raises(RuntimeError, match=r"wire_rows: values and index should have the same length, got 20 and 19"):
+        ops.wire_rows(values, index[1:])
+    with pytest.raises(RuntimeError, match=r"wire_rows: values should be float32, float16 or bfloat16, got Double"):
+        ops.wire_rows(values.double(), index)
+    with pytest.raises(ValueError, match=r"sparse_unpack_rows: out should have numel 41, got 40"):
+        ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
+    for op, args in (("sparse_unpack_rows", (rows, torch.float32, 40)), ("sparse_unpack_segments", None)):
+        if args is None:
+            ((codes, scales, _, idx),) = _quantized_ranks(40, [5], 2, seed=2)
+            args = (ops.quantized_segment(*(torch.from_numpy(x) for x in (codes, scales, idx)), 2), 2, 1, 40)
+        unpack = getattr(ops, op)
+        with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 2 Float"):
+            unpack(*args, torch.ones(2), out=torch.empty(40))
+        with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 1 Double"):
+            unpack(*args, torch.ones(1, dtype=torch.float64), out=torch.empty(40))
+        with pytest.raises(RuntimeError, match=op + r": divisor should be >= 1, got 0"):
+            unpack(*args, torch.ones(1), 0, out=torch.empty(40))
+
+
+def _reference_segment(codes, scales, index):
+    """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
+    little-endian), the scales' and the indices' bytes, the codes, zeros to a multiple of 8."""
+    parts = [
+        np.array([index.size], "<i8").view(np.uint8),
+        scales.astype("<f4").view(np.uint8),
+        index.astype("<i4").view(np.uint8),
+        codes,
+    ]
+    data = np.concatenate(parts)
+    return np.concatenate([data, np.zeros(-data.size % 8, np.uint8)])
+
+
+def _quantized_ranks(numel, counts, bits, seed):
+    """Each rank's (codes, scales, decoded, index) from reference.quantize of random values at
+    sorted distinct indices."""
+    gen = torch.Generator().manual_seed(seed)
+    ranks = []
+    for count in counts:
+        acc = torch.randn(count, generator=gen)
+        codes, scales, decoded = reference.quantize(acc, bits)
+        index = torch.randperm(numel, generator=gen)[:count].sort().values.int().numpy()
+        ranks.append((codes, scales, decoded, index))
+    return ranks
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("count", [0, 1, 5, 257])
+def test_quantized_segment_holds_count_scales_index_codes_and_padding(device, bits, count):
+    ((codes, scales, _, index),) = _quantized_ranks(1000, [count], bits, seed=count)
+    got = ops.quantized_segment(*(torch.from_numpy(x).to(device) for x in (codes, scales, index)), bits)
+    assert got.dtype == torch.uint8 and np.array_equal(got.cpu().numpy(), _reference_segment(codes, scales, index))
+    assert got.numel() == wire.Segment(count, scales.size, bits).size
+
+
+@pytest.mark.parametrize("scale_form", ["tensor", "number"])
+@pytest.mark.parametrize("scale,divisor", UNPACK_SCALES[:2])
+@pytest.mark.parametrize("bits", [1, 2])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, dtype, scale, divisor, scale_form):
+    """3 ranks' segments (overlapping indices; one rank sent nothing) gathered in rank order, into
+    a stale out: each rank's codes decoded with its own scales, cast to out's dtype, summed in
+    rank order and scaled by scale / divisor."""
+    ranks = _quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
+    gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i) for c, s, _, i in ranks]))
+    given, factor = _unpack_scale(scale, divisor, scale_form, device)
+    want = torch.zeros(70_000)
+    for _, _, decoded, index in ranks:
+        want.index_add_(0, torch.from_numpy(index).long(), torch.from_numpy(decoded).to(dtype).float())
+    want = (want * factor).to(dtype)
+    out = torch.full((70_000,), 7.0, dtype=dtype, device=device)
+    assert ops.sparse_unpack_segments(gathered.to(device), bits, 3, 70_000, given, divisor, out=out) is out
+    assert torch.equal(out.cpu(), want)
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_segment_ops_pass_opcheck_and_name_bad_segments():
+    ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
+    codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
+    segment = ops.quantized_segment(codes, scales, index, 2)
+    torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2))
+    torch.library.opcheck(
+        ops._ops.sparse_unpack_segments_into.default, (segment, 2, 1, torch.tensor([0.5]), 1, torch.empty(100))
+    )
+    with pytest.raises(
+        RuntimeError,
+        match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
+        r"got 4",
+    ):
+        ops.quantized_segment(codes[:4], scales, index, 2)
+    with pytest.raises(
+        RuntimeError,
+        match=r"sparse_unpack_segments: gathered \(\d+ bytes\) should hold 2 segments, "
+        r"got 1",
+    ):
+        ops.sparse_unpack_segments(segment, 2, 2, 100, out=torch.empty(100))
+    with pytest.raises(
+        RuntimeError,
+        match=r"sparse_unpack_segments: 1 segments should fill gathered \(\d+ bytes\), "
+        r"got \d+ bytes",
+    ):
+        ops.sparse_unpack_segments(torch.cat([segment, segment[:8]]), 2, 1, 100, out=torch.empty(100))
+    broken = segment.clone()
+    broken[:8] = torch.tensor([2**40], dtype=torch.int64).view(torch.uint8)
+    with pytest.raises(
+        RuntimeError,
+        match=r"sparse_unpack_segments: segment 0 at byte 0 has a count of "
+        r"1099511627776, which does not fit",
+    ):
+        ops.sparse_unpack_segments(broken, 2, 1, 100, out=torch.empty(100))
