@@ -5,7 +5,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference`, `import launch`
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "multirank"))  # `import common` (workers' shared code)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))  # `import common` (workers' shared code)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emulation"))  # `import build_torch_binding`
 
 # The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU

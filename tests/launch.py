@@ -8,12 +8,12 @@ import tempfile
 import time
 
 import pytest
+from paths import WORKERS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 # horovodrun's own entry point (horovod.runner.launch.run_commandline, what the horovodrun script
 # runs) without its check that Gloo is built: the check starts a process that imports every
 # framework's Horovod extension, 4-9 s per launch on this machine, 46 launches a suite.
-# tests/test_build.py runs `horovodrun --check-build` once instead.
+# tests/tools/test_build.py runs `horovodrun --check-build` once instead.
 HOROVODRUN = [
     sys.executable,
     "-c",
@@ -23,7 +23,7 @@ LAUNCHES = []  # (command summary, exit code, seconds): printed in the test summ
 
 
 def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
-    """Runs `script` (a path, or a name in tests/multirank/) on np ranks: (exit code, the ranks' output, seconds).
+    """Runs `script` (a path, or a name in tests/workers/) on np ranks: (exit code, the ranks' output, seconds).
     On a time-out, kills the whole process group (no orphaned ranks) and fails the test. `elastic`: horovodrun's
     elastic arguments (--min-np, --host-discovery-script, ...) instead of -H; Horovod's elastic driver needs the
     loopback interface named here. (Gloo's time-out stays at its 30 s: it also bounds how long the ranks wait for a
@@ -36,7 +36,7 @@ def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
         *hosts,
         "--gloo",
         sys.executable,
-        os.path.join(HERE, "multirank", script),
+        os.path.join(WORKERS, script),
         *map(str, args),
     ]  # join keeps absolute paths
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")

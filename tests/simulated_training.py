@@ -1,5 +1,5 @@
 """N ranks of the workers' training in one process, in plain torch: the same model, rows and
-steps as tests/multirank/torch_train.py, each rank's selection by simulation.py, summed over
+steps as tests/workers/torch_train.py, each rank's selection by simulation.py, summed over
 ranks as Horovod does, then SGD. What the multi-rank torch tests compare every rank with."""
 
 import common

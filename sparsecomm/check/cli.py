@@ -4,7 +4,7 @@ Checks that sparsecomm works on this machine, on its GPUs when it has any:
 
   environment              torch and its CUDA, the GPUs, sparsecomm's extension (CUDA kernels?),
                            Horovod (NCCL, Gloo, MPI), TensorFlow
-  op tests (cpu, cuda)     tests/test_torch_*_ops.py against plain references (source checkout)
+  op tests (cpu, cuda)     tests/ops/test_torch_*_ops.py against plain references (source checkout)
   kernel benchmark         every kernel against memcpy and torch.topk, on the GPU (on the CPU
                            when there is no usable GPU)
   2-rank training          horovodrun -np 2: a tiny model trained with DGC and TopK (allgather,

@@ -15,6 +15,9 @@ import torch
 
 from .report import FAIL, SKIP
 
+# The op tests the self-check runs, in a source checkout's tests/.
+OP_TEST_FILES = ("ops/test_torch_select_ops.py", "ops/test_torch_wire_ops.py", "ops/test_torch_block_ops.py")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds sparsecomm/
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
 
@@ -105,7 +108,7 @@ def _version(*distributions):
 
 def _tests_dir():
     tests = os.path.join(ROOT, "tests")
-    wanted = ("conftest.py", "test_torch_select_ops.py", "test_torch_block_ops.py")
+    wanted = ("conftest.py", *OP_TEST_FILES)
     return tests if all(os.path.isfile(os.path.join(tests, f)) for f in wanted) else None
 
 

@@ -15,10 +15,9 @@ import sys
 import tempfile
 
 from . import environment
-from .environment import ROOT
+from .environment import OP_TEST_FILES, ROOT
 from .report import FAIL, PASS, SKIP
 
-OP_TEST_FILES = ("test_torch_select_ops.py", "test_torch_block_ops.py")
 # (device, quick) -> kernel benchmark sizes, densities, repeats, models. The CPU runs are kept
 # small: there they only show the kernels work; the GPU timings are the ones worth reading (and
 # the full GPU run times the whole path on ResNet-50's 161 tensors too: what a tensor costs).
@@ -73,7 +72,7 @@ def show_tail(output, lines=40):
 
 
 def op_tests(env, device, quick):
-    """The op tests (tests/test_torch_*_ops.py, against plain references) on `device`."""
+    """The op tests (tests/ops/test_torch_*_ops.py, against plain references) on `device`."""
     blocked = environment.blocker(env, device)
     if blocked:
         return blocked

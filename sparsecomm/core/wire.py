@@ -4,7 +4,7 @@ reads it with views and bitcasts, torch with the ops wire_rows, wire_columns and
 sparse_unpack_rows (csrc/torch/select.h), quantized_segment and sparse_unpack_segments
 (csrc/torch/quantize.h, whose QuantizedSegment mirrors Segment below): the same views and
 copies, one op each instead of a handful of Python-level torch calls per tensor. No
-arithmetic: the same bytes on every framework (tests/test_torch_select_ops.py checks torch's
+arithmetic: the same bytes on every framework (tests/ops/test_torch_wire_ops.py checks torch's
 against rows and segments built in numpy).
 
 Values and indices (exchange="allgather"): uint8 rows of ``4 + value_bytes``, one row per

@@ -8,7 +8,7 @@ with the same -ffp-contract=off and -DSC_MAX_BLOCKS=3 as the driver. No sanitize
 torch extension would need the runtime preloaded into a second Python process, and
 ThreadSanitizer cannot see the synchronisation inside torch's uninstrumented thread pools (false
 races); the driver
-(tests/test_cuda_emulation.py) runs the launchers under both sanitizers already. -O1 and one
+(tests/ops/test_cuda_emulation.py) runs the launchers under both sanitizers already. -O1 and one
 translation unit for ops.cpp + cuda.cpp keep the build short (torch's headers parsed once).
 
 The build goes to a cache folder (default: build/cuda_emulation_torch in the repository) and

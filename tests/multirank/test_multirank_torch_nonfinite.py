@@ -1,6 +1,6 @@
 """A burst of NaN and +-Inf in one rank's gradient at one step (common.BURST: rank 1, step
 common.BURST_STEP), through Horovod's allreduce with every torch compressor on 2 ranks
-(tests/multirank/torch_nonfinite.py), against the NaN/Inf policy of docs/kernels.md and
+(tests/workers/torch_nonfinite.py), against the NaN/Inf policy of docs/kernels.md and
 docs/compressors.md: what reaches each rank's reduced gradient, at which step, and what stays
 in the residual and the momentum."""
 

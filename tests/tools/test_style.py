@@ -5,9 +5,10 @@ and demo/): no class over 150 lines, no function over 60. ruff and clang-format 
 import ast
 import pathlib
 
+import paths
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent / "sparsecomm"
+ROOT = pathlib.Path(paths.ROOT) / "sparsecomm"
 LIMITS = {ast.ClassDef: 150, ast.FunctionDef: 60, ast.AsyncFunctionDef: 60}
 
 

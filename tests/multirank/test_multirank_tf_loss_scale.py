@@ -1,5 +1,5 @@
 """Mixed precision with the TensorFlow compressors (loss_scaler= a Keras 3 LossScaleOptimizer)
-on 2 ranks, every method, one horovodrun launch (tests/multirank/tf_loss_scale.py): float32
+on 2 ranks, every method, one horovodrun launch (tests/workers/tf_loss_scale.py): float32
 training with hvd.DistributedGradientTape in tf.function, whose scale grows and, after a forced
 overflow on rank 1 only, backs off, against the same training with plain SGD and without the
 overflowed step, bit for bit; checkpoints (tf.train.Checkpoint) taken with a rescale and a

@@ -7,12 +7,13 @@ import math
 import os
 
 import pytest
+from paths import ROOT
 
 from sparsecomm.bench import scaling
 from sparsecomm.core import cost
 from sparsecomm.core.selection import selected_count
 
-RESULTS = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "results", "results.json")
+RESULTS = os.path.join(ROOT, "docs", "results", "results.json")
 NET = cost.Network(bandwidth=1e8, latency=1e-4)
 LOCAL = cost.LocalCost(per_call=2e-4, per_element=1e-9, per_pair=1e-8)
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from paths import ROOT
 
 from sparsecomm.bench.e2e import ratio_text
 
@@ -169,7 +170,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
 def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path):
     """`python -m sparsecomm.bench report`: the figures and the page again from a results.json
     (the repository's record), in the page's order, with no directory of the machine that made it."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = ROOT
     out, md = tmp_path / "out", tmp_path / "results.md"
     out.mkdir()
     with open(os.path.join(root, "docs", "results", "results.json")) as f:
@@ -724,5 +725,5 @@ def test_reused_convergence_records_name_the_run_that_trained_them():
         first_reuse
     )
     assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
-    if os.path.isdir(os.path.join(os.path.dirname(__file__), os.pardir, ".git")):  # a checkout (CI: a fresh clone)
+    if os.path.isdir(os.path.join(ROOT, ".git")):  # a checkout (CI: a fresh clone)
         assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", report.code_version())

@@ -1,7 +1,7 @@
 """An allocation-free steady state: after warm-up, no compressor or exchange allocates
 anything near the size of the gradient per step, and decompress hands back the gradient
 buffer that compress received (the result is written there). Recorded on 2 ranks under
-horovodrun by tests/multirank/torch_allocations.py (every op's new output storage, counted
+horovodrun by tests/workers/torch_allocations.py (every op's new output storage, counted
 by a TorchDispatchMode). Per-step allocations of O(k) (the selected values, the wire
 buffer, what arrives) are expected: k is 1% of the tensor here."""
 

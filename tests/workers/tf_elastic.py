@@ -1,4 +1,4 @@
-"""Elastic Horovod with every TF compressor: tests/multirank/torch_elastic.py's scenario (2 ranks
+"""Elastic Horovod with every TF compressor: tests/workers/torch_elastic.py's scenario (2 ranks
 train, a third joins, then leaves by discovery or dies mid-step) with hvd.DistributedGradientTape
 in a tf.function, the state in hvd.elastic.TensorFlowKerasState (tf-keras), with the compressors
 tracked by sparsecomm.tensorflow.elastic.track or (--recipe horovod) not. Every rank checks at

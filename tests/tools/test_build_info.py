@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from paths import ROOT
 
 from sparsecomm import build_info, cuda_toolkit
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUILT = {
     "sparsecomm": "0.1.0",
     "python": "3.11.7",

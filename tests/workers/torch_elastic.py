@@ -1,4 +1,4 @@
-"""Elastic Horovod with every torch compressor (run by tests/test_elastic.py under elastic
+"""Elastic Horovod with every torch compressor (run by tests/multirank/test_elastic.py under elastic
 horovodrun with a host discovery script that reads a file): 2 ranks train, a third joins
 (rank 0 rewrites the hosts file), then one is removed again (hosts file back to 2 slots), or
 with --fail one rank dies mid-step and the others go on from the last commit. The state is

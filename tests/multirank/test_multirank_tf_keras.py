@@ -50,7 +50,7 @@ def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
     at step 1) through each framework's hvd.allreduce(..., compression=): every step's result
     and the final residual and momentum are bitwise equal (NaN payloads included), for every
     method (including quantized, warm-up and policy-dense DGC) and exchange (allgather and
-    SparDL; the torch SparDL equals the plain replay on 2-4 ranks, tests/test_multirank_spardl.py)."""
+    SparDL; the torch SparDL equals the plain replay on 2-4 ranks, tests/multirank/test_multirank_spardl.py)."""
     for framework in ("torch", "tf"):
         horovodrun(size, "cross_framework.py", "--out", tmp_path, "--framework", framework)
     for rank in range(size):

@@ -1,5 +1,5 @@
 """Soak: every compressor trains the digits MLP on 2 ranks under real horovodrun for thousands
-of steps (tests/multirank/soak.py), and after warm-up its rank's resident memory and live
+of steps (tests/workers/soak.py), and after warm-up its rank's resident memory and live
 tensors stay flat: no state, buffer or Python object piles up step after step. Figures and
 bounds: docs/testing.md, "Soak"."""
 

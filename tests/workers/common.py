@@ -14,7 +14,7 @@ EVERY = dict(min_numel=0, dense_1d=False)
 
 
 def loss_scale_configs(framework):
-    """The six compressors of the loss-scale tests (tests/multirank/*_loss_scale.py), from the
+    """The six compressors of the loss-scale tests (tests/workers/*_loss_scale.py), from the
     framework's module (sparsecomm.torch or sparsecomm.tensorflow): config -> make(binding kwargs).
     DGC keeps the default policy: its 1-D tensors and the 32x10 output weight (320 elements)
     go dense with its momentum."""

@@ -1,6 +1,6 @@
 """Host reads on the hot path: every read of tensor data on the host (item, float(), int(),
 bool(), tolist, numpy) that compress + decompress make, per compressor, on 2 ranks under
-horovodrun (tests/multirank/torch_host_reads.py records them with a TorchFunctionMode).
+horovodrun (tests/workers/torch_host_reads.py records them with a TorchFunctionMode).
 
 On a GPU each such read is a synchronisation of the host with the device. The budget below is
 the complete list of today's reads, each explained in docs/kernels.md ("Host synchronisation");

@@ -1,5 +1,5 @@
 """A rank that dies in the middle of a step ends the whole horovodrun job, with a non-zero
-exit, soon after: no sparsecomm collective waits forever. tests/multirank/crash.py: rank 1
+exit, soon after: no sparsecomm collective waits forever. tests/workers/crash.py: rank 1
 dies in the backward pass of step 5 (os._exit(3) or SIGKILL), after its output layer's
 gradients were compressed and their exchange started; the other ranks train on, and block in
 that step's collectives until Horovod shuts down and horovodrun ends them."""

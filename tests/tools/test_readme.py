@@ -6,8 +6,8 @@ import re
 
 import pytest
 from launch import horovodrun
+from paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the snippet's distinctive line -> what runs after it
 DRIVERS = {
     "import horovod.torch as hvd": """

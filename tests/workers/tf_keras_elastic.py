@@ -1,4 +1,4 @@
-"""Elastic Horovod with Keras 3: tests/multirank/tf_elastic.py's scenario (2 ranks train, a third
+"""Elastic Horovod with Keras 3: tests/workers/tf_elastic.py's scenario (2 ranks train, a third
 joins, then leaves by discovery or dies mid-step) with one Keras 3 model of three branches, one
 Keras 3 SGD with momentum (its slots and `iterations` are state too), a compressor per branch
 (hvd.DistributedGradientTape in a tf.function made inside train()) and the state in

@@ -15,11 +15,11 @@ import sys
 import tarfile
 
 import pytest
+from paths import ROOT
 from setuptools import find_packages
 
 from sparsecomm import install_horovod
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_SCRIPTS = os.path.join(ROOT, "tests", "install")
 INSTALL = ["install", "--no-build-isolation"]  # docs/install.md's command, before the sdist's path
 
@@ -204,7 +204,9 @@ def test_the_cuda_build_reports_cuda_kernels_and_passes_the_cpu_op_tests(cuda_ve
         "print(torch._C._dispatch_has_kernel_for_dispatch_key('sparsecomm::block_pack', 'CUDA'))"
     )
     assert run([python, "-c", registered], cwd=venv, env=venv_env(venv)).stdout.strip() == "True"
-    tests = [os.path.join(ROOT, "tests", name) for name in ("test_torch_select_ops.py", "test_torch_block_ops.py")]
+    tests = [
+        os.path.join(ROOT, "tests", "ops", name) for name in ("test_torch_select_ops.py", "test_torch_block_ops.py")
+    ]
     out = run(
         [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "not cuda", *tests], cwd=venv, env=venv_env(venv)
     ).stdout

@@ -10,8 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from paths import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
 # The torch bindings compiled only into CUDA builds (setup.py's rule).
 CUDA_BINDINGS = sorted(glob.glob(os.path.join(ROOT, "csrc", "torch", "cuda*.cpp")))

@@ -1,5 +1,5 @@
 """Mixed precision (loss_scaler=) on 2 ranks, every method, one horovodrun launch
-(tests/multirank/torch_loss_scale.py): float32 training under a torch.amp.GradScaler whose
+(tests/workers/torch_loss_scale.py): float32 training under a torch.amp.GradScaler whose
 scale grows and, after a forced overflow on rank 1 only, backs off, against the same training
 without a scaler and without the overflowed step. The scales are powers of two, so the two
 must agree bit for bit: residuals and momenta follow the scale exactly, the overflowed step

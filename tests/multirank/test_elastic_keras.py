@@ -1,5 +1,5 @@
 """Elastic Horovod with Keras 3 (sparsecomm.tensorflow.keras.ElasticState): real elastic
-horovodrun with a host discovery script, tests/multirank/tf_keras_elastic.py's ranks (2 train, a
+horovodrun with a host discovery script, tests/workers/tf_keras_elastic.py's ranks (2 train, a
 third joins, then dies mid-step or leaves by discovery); and the state's arguments and
 save/restore on one process. The workers check at every step that all ranks hold the same
 parameters, optimizer variables and compressor steps; here: the joiner joined with zero

@@ -25,10 +25,10 @@ import shutil
 import subprocess
 
 import pytest
+from paths import TESTS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 _spec = importlib.util.spec_from_file_location(
-    "cuda_emulation_build", os.path.join(HERE, "cuda_emulation", "build_driver.py")
+    "cuda_emulation_build", os.path.join(TESTS, "cuda_emulation", "build_driver.py")
 )
 build_driver = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(build_driver)
