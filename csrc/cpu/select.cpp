@@ -26,27 +26,24 @@ namespace {
 // the threshold of a sample, the k-th of top-k's candidates. Magnitudes are non-negative floats
 // (NaN as +inf), which order as their bits: a histogram of the top 16 bits finds the bucket that
 // holds the rank-th, and only that bucket (a small part of the values, unless they cluster) is
-// selected exactly (an nth_element over all of them took 3 ms for 385k candidates here). A few
-// among many are found by filtering instead, and a few thousand values by one nth_element.
+// selected exactly (figures for this and the constants below: docs/kernels.md, "CPU choices").
+// A few among many are found by filtering instead, and a few thousand values by one nth_element.
 struct Kth {
   float value;
   int64_t above;
 };
 
 // A few thousand values or fewer are selected directly: clearing and walking the 32k-bucket
-// histogram alone took 9 us, most of a small tensor's threshold (864 values: 1 us directly).
+// histogram alone would cost most of a small tensor's threshold.
 constexpr int64_t kDirectSelection = 4096;
 
 // The rank-th of a few among many (a tensor sampled whole has rank = ratio * count, at most about
 // 256) is found by filtering: a bucket of `capacity` values keeps every value above a bound,
 // which rises each time the bucket fills and is cut to its rank largest. In no particular order
 // few values pass (about rank * ln(count / capacity)), and one vectorized compare per block of
-// kFilterBlock skips the rest. Measured on distinct random values (a loop over the same values
-// lets the branch predictor learn nth_element's branches: 2-3x faster than in training):
-// 4096 values, rank 41: 36 -> 6 us; 147k, rank 148: 228 -> 78 us; 1M, rank 1000: 1.48 -> 0.57 ms.
-// Where it does not pay, the histogram or direct path runs: rank over count / 256 above
-// kFilterMaxDense values (147k, rank 1475: 307 us against 228), or values in ascending order,
-// where each one passes (the filter gives up after kFilterGiveUp bucketfuls).
+// kFilterBlock skips the rest. Where it does not pay, the histogram or direct path runs: rank
+// over count / 256 above kFilterMaxDense values, or values in ascending order, where each one
+// passes (the filter gives up after kFilterGiveUp bucketfuls).
 constexpr int64_t kFilterMinCapacity = 256;
 constexpr int64_t kFilterMaxDense = 4 * kDirectSelection;
 constexpr int64_t kFilterBlock = 16;
@@ -135,7 +132,7 @@ Kth kth_largest_magnitude(const float* acc, int64_t count, int64_t rank) {
 // |acc| (feedback.h's accumulated, the same operations in the same order) of the n elements from
 // `first` into out. The state is tested once, not per element, so that each loop vectorizes. A
 // tensor under about min_hits / ratio elements is sampled whole (sample_count): gathered element
-// by element, that cost more than selecting its threshold (147k elements: 370 of 590 us).
+// by element, that would cost more than selecting its threshold.
 template <typename T>
 void magnitudes_of_run(const T* grad, const Feedback& fb, int64_t first, int64_t n, float* out) {
   const T* g = grad + first;
@@ -325,8 +322,8 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
   }
   // Each chunk collects its own candidates; concatenated in chunk order they stay in index order.
   // A chunk's lists sit on their own cache line: two threads appending to neighbouring vector
-  // headers would bounce that line between cores on every candidate (false sharing: it made
-  // the pass 2x slower at 1% density). The lists are this thread's, reused from call to call.
+  // headers would bounce that line between cores on every candidate (false sharing). The lists
+  // are this thread's, reused from call to call.
   struct alignas(64) Lists {
     std::vector<float> acc;
     std::vector<int32_t> index;
@@ -430,8 +427,7 @@ void merge_range(const T* values, const int32_t* index, const Runs& runs, float 
 }
 
 // Above this many ascending runs (inputs in no useful order), walking every run in every block
-// costs more than summing in a dense scratch buffer; below it the merge is faster (here, on
-// 16.8M elements: 64 runs 16 vs 38 ms, 256 runs 50 vs 130 ms, 1,024 runs on par).
+// costs more than summing in a dense scratch buffer; below it the merge is faster.
 constexpr size_t kMaxMergedRuns = 1024;
 
 // For inputs in no useful order: duplicates summed in a per-thread float32 scratch that is all
@@ -496,8 +492,8 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out) {
 namespace {
 
 // kGroup consecutive elements as floats. float16 goes through F16C where there is one (to_float
-// decodes bit by bit: this sum took 3.5x as long with it, 16 vs 4.7 ms for 25.6M halves; only a
-// NaN's payload may differ, and a sum with a NaN is NaN either way).
+// decodes bit by bit, much slower; only a NaN's payload may differ, and a sum with a NaN is NaN
+// either way).
 constexpr int kGroup = 16;
 
 template <typename T>

@@ -30,29 +30,18 @@ from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
 # Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
 # (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
 OBSERVED_STEPS = 2
-# The route trial's schedule. The step after the watch, which measures the network, is routed by
-# the sparser side and not counted: it also pays what a route pays on its first use (Horovod's
-# first negotiation of a name, first buffers), so that neither side pays it in the counted steps.
-# Then pairs of steps, the model's routes and then the alternative's, each pair's ratio
-# (alternative / model) compared with 1 - TRIAL_MARGIN. Adjacent steps see the machine alike
-# (here the same routes ran at 205-245 ms a step for six steps and 285-335 around them), so a
-# pair's ratio is steadier than two sides' medians. After each round of TRIAL_PAIRS pairs the
-# trial decides if every pair so far agrees; else it goes on, and after TRIAL_ROUNDS rounds the
-# median pair decides. Clear cases (dense on a slow link) cost one round; close ones, where the
-# sides' difference is within a step's noise, take the most steps, and there either side is
-# about as fast.
+# The route trial's schedule. The step after the watch measures the network; it is routed by
+# the sparser side and not counted, since it pays every first use. Then pairs of steps, the
+# model's routes and the alternative's: adjacent steps see the machine alike, so a pair's ratio
+# is steadier than two medians. After each round of TRIAL_PAIRS pairs the trial decides if every
+# pair agrees; after TRIAL_ROUNDS rounds the median pair decides (docs/exchanges.md, step 4).
 TRIAL_PAIRS = 4
 TRIAL_ROUNDS = 3
 ROUND_STEPS = 2 * TRIAL_PAIRS
 TRIAL_STEPS = ROUND_STEPS * TRIAL_ROUNDS  # the most counted steps
 MODEL, ALL_SPARSE, ALL_DENSE = "model", "all sparse", "all dense"  # the sides of a RouteTrial
-# How much faster than the model's routes the alternative must be to be kept. Within it the
-# model's routes stand (they rest on measurements of their own), and where the model sends
-# every tensor sparse, it keeps them when dense is at most that much faster. In the run of
-# record on 424baa9 the trial decided on 4 steps a side by their medians: all sparse, 8% and
-# 14% faster than the model's all dense there, came out at 0.89 and 0.95x dense's speed in the
-# timed steps (compute model, 4 ranks unshaped and 2 ranks at 10 Gbit/s): the pairs and rounds
-# above are for that.
+# How much faster than the model's routes the alternative must be to be kept: within it the
+# model's routes, which rest on measurements of their own, stand.
 TRIAL_MARGIN = 0.03
 # The most steps before auto's routes are final where it watches: the watch, the measuring step
 # and the trial (a benchmark warms up this long before it times auto).
