@@ -40,8 +40,8 @@ class Compressor(Settings):
         self._configure(method, **settings)
         self._name = method.owner
         self.process_set = process_set  # the optimizer's (None: all ranks); the agreement check runs over it
-        self._loss_scaling = LossScaling.of(self._name, loss_scaler)  # None: gradients are not loss-scaled
-        self._state = CompressorState(self._name, named_parameters)
+        self.loss_scaling = LossScaling.of(self._name, loss_scaler)  # None: gradients are not loss-scaled
+        self.state = CompressorState(self._name, named_parameters)
         self._in_flight = exchange.InFlight()
         self.device = None  # where the last gradient was: a measurement of the sparse path runs there
         if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
@@ -56,17 +56,17 @@ class Compressor(Settings):
         planner = self.planner
         if planner.timing_steps():
             planner.auto.steps.note_compress()
-        state = self._state.for_gradient(tensor)
+        state = self.state.for_gradient(tensor)
         name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
         planner.check_indexable(name, numel, ndim, element_size)
         self.device = tensor.device
         ranks = self._check_world()
-        if self._loss_scaling is not None:  # before the density: a rollback restores the step
-            self._loss_scaling.follow(state, self._loss_scaling.scale())
+        if self.loss_scaling is not None:  # before the density: a rollback restores the step
+            self.loss_scaling.follow(state, self.loss_scaling.scale())
         density = self.method.density(state.step)
         route = planner.route(name, numel, ndim, element_size, density, self._routing_ranks(ranks, measure=True))
-        if self._loss_scaling is not None:
-            payload = self._loss_scaling.payload(self, tensor, state, route, density)
+        if self.loss_scaling is not None:
+            payload = self.loss_scaling.payload(self, tensor, state, route, density)
         else:
             payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
@@ -74,7 +74,7 @@ class Compressor(Settings):
         handed, ctx, traffic = self._in_flight.start(
             route, payload, tensor, state, selected_count(density, numel), self.collective_set(), ranks
         )
-        self._state.counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
+        self.state.counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
         if planner.watching():
             planner.auto.backward.note_handoff(name, time.perf_counter())
         return handed, ctx
@@ -83,7 +83,7 @@ class Compressor(Settings):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         if self.planner.watching():
             self.planner.auto.backward.note_decompress()
-        result = self._in_flight.finish(tensor, ctx, self._state.counters.account_later)
+        result = self._in_flight.finish(tensor, ctx, self.state.counters.account_later)
         if self.planner.timing_steps():  # after the unpack, and the wait for a gather inside it
             self.planner.auto.steps.note_decompress(time.perf_counter())
         return result
@@ -101,13 +101,13 @@ class Compressor(Settings):
 
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether this parameter's gradient is sent dense at its current step (starts nothing)."""
-        density = self.method.density(self._state.step_of(name))
+        density = self.method.density(self.state.step_of(name))
         ranks = self._routing_ranks(self._ranks(), measure=False)
         return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density, ranks) == "dense"
 
     def bound_parameters(self):
         """The bound parameters' names, in the order named_parameters gave them."""
-        return list(self._state.binding.params)
+        return list(self.state.binding.params)
 
     def collective_set(self):
         """The process set the exchanges and checks run over (the optimizer's; default all ranks)."""
@@ -126,10 +126,10 @@ class Compressor(Settings):
         return calibration.measure(self)
 
     def _shared_state(self):
-        return self._state.shared()
+        return self.state.shared()
 
     def _adopt_shared_state(self, shared):
-        self._state.adopt(shared)
+        self.state.adopt(shared)
 
     def _residual_of(self, state: ParameterState, tensor: torch.Tensor):
         return state.residual_for(tensor, self.method.keeps_residual)
@@ -141,15 +141,15 @@ class Compressor(Settings):
         differ per rank): per parameter, the step, residual, momentum and the loss scale they
         are in. With a loss_scaler, call it after ``scaler.update()`` (save the scaler's
         state_dict too): a pending rollback and rescale are settled first."""
-        if self._loss_scaling is not None:
-            self._loss_scaling.settle(self._state.parameters.values())
-        return self._state.state_dict()
+        if self.loss_scaling is not None:
+            self.loss_scaling.settle(self.state.parameters.values())
+        return self.state.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a state_dict() so training continues exactly as if it had not stopped.
         Collective when called after the first step: the next compress compares the steps with
         the other ranks' and raises where they differ, so load on every rank (each its own)."""
-        self._state.load_state_dict(state)
+        self.state.load_state_dict(state)
         self._check_state_again()
 
     def elastic_snapshot(self) -> dict:
@@ -170,7 +170,7 @@ class Compressor(Settings):
         """Since construction: calls, dense_bytes, sent_bytes, received_bytes, compress_seconds, and
         per parameter under "tensors" the same plus numel, sent_elements, density and the exchange
         chosen (docs/compressors.md, "stats()")."""
-        return self._state.counters.stats(self.planner.choices)
+        return self.state.counters.stats(self.planner.choices)
 
 
 def _pack_args(state):
@@ -261,7 +261,7 @@ class _PerRank(Compressor):
 class TopK(_PerRank):
     """Exact top-k sparsification with error feedback: each rank sends the
     ``k = max(1, round(ratio * numel))`` entries of largest magnitude of (residual + gradient).
-    Coordinates differ per rank: values and indices travel by the exchange (see _PerRank);
+    Coordinates differ per rank: values and indices travel by the exchange (``exchange``);
     what is not sent stays in a per-parameter float32 residual.
 
     Args:
@@ -271,7 +271,14 @@ class TopK(_PerRank):
         error_feedback: keep what was not sent and add it to the next gradient (default True).
         process_set: the Horovod process set of the optimizer (default: all ranks).
         loss_scaler: the ``torch.amp.GradScaler`` of mixed precision (see RandomBlock).
-        dense_fallback, exchange, network: see _PerRank.
+        dense_fallback: a tensor whose sparse payload (k values and k indices) would not be
+            smaller than the tensor goes dense (default True).
+        exchange: "allgather" (every rank's values and int32 indices), "spardl" (sparse
+            reduce-scatter + all-gather: O(k) bytes per rank whatever the number of ranks) or
+            "auto" (default: per tensor, whichever sparsecomm.core.cost predicts faster, where
+            it is predicted at least 20% faster than the dense allreduce; else dense).
+        network: the network "auto" predicts for (default: measured on the first step).
+        min_numel, dense_1d, dense: the per-layer policy (see RandomBlock).
     """
 
     def __init__(
@@ -501,7 +508,7 @@ class DGC(_PerRank):
         state's scale, as the gradient is."""
         if self.method.clip_norm is None:  # (before reading the ranks: compress calls this for every tensor)
             return None
-        scale = (state.loss_scale or 1.0) if self._loss_scaling is not None else 1.0
+        scale = (state.loss_scale or 1.0) if self.loss_scaling is not None else 1.0
         limit = self.method.clip_limit(self._ranks(), scale)
         norm = ops.sum_of_squares(tensor).sqrt()  # one read, float64, no float32 copy of a 16-bit gradient
         return torch.where(norm > limit, limit / norm, 1.0).float()

@@ -104,7 +104,7 @@ def test_loss_scaler_must_be_a_grad_scaler(make):
         match=f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, got float",
     ):
         make(named_parameters=model.named_parameters(), loss_scaler=1024.0)
-    assert make(loss_scaler=_scaler())._loss_scaling is not None
+    assert make(loss_scaler=_scaler()).loss_scaling is not None
 
 
 def test_a_scaler_that_does_not_lower_its_scale_on_overflow_is_refused():
@@ -127,7 +127,7 @@ def test_a_scaler_that_does_not_lower_its_scale_on_overflow_is_refused():
 
 def test_a_disabled_scaler_scales_nothing_and_is_ignored():
     comp = RandomBlock(ratio=0.1, loss_scaler=torch.amp.GradScaler("cpu", enabled=False))
-    assert comp._loss_scaling is None
+    assert comp.loss_scaling is None
 
 
 # -- compress under a scaler -------------------------------------------------------------------
@@ -164,9 +164,9 @@ def test_scaled_steps_with_an_overflow_equal_unscaled_steps_without_it(make):
     assert not torch.isfinite(got[overflow, "0.weight"]).all()
     for key in want:
         assert torch.equal(got[key], want[key]), key
-    for name, state in scaled._state.parameters.items():
-        assert state.step == plain._state.parameters[name].step == 5
-        assert torch.equal(state.residual / scales[-1], plain._state.parameters[name].residual), name
+    for name, state in scaled.state.parameters.items():
+        assert state.step == plain.state.parameters[name].step == 5
+        assert torch.equal(state.residual / scales[-1], plain.state.parameters[name].residual), name
 
 
 @pytest.mark.parametrize("make", ALL)
@@ -181,8 +181,8 @@ def test_a_non_finite_gradient_sends_a_nan_first(make):
         p.grad = torch.randn(64, 64, generator=generator)
         if bad is not None:
             p.grad[63, 60:] = bad  # 4 elements: more than some of the methods select
-        payload = LossScaling.payload(comp, p.grad.clone(), comp._state.for_gradient(p.grad), "sparse", 0.1)
-        expected = plain.pack(p.grad.clone(), plain._state.for_gradient(p.grad), 0.1)
+        payload = LossScaling.payload(comp, p.grad.clone(), comp.state.for_gradient(p.grad), "sparse", 0.1)
+        expected = plain.pack(p.grad.clone(), plain.state.for_gradient(p.grad), 0.1)
         assert payload.start == expected.start and (payload.index is None or torch.equal(payload.index, expected.index))
         if payload.bits is None:
             assert bool(torch.isnan(payload.values[0])) == (bad is not None)
@@ -209,7 +209,7 @@ def test_the_backup_is_copied_into_buffers_allocated_once():
     pointers = []
     for step in range(4):  # the first backup has no residual or momentum yet (the first update makes them)
         _grads(model, step, 1024.0)
-        state = comp._state.for_gradient(model[0].weight.grad)
+        state = comp.state.for_gradient(model[0].weight.grad)
         LossScaling.follow(state, scaler.get_scale())
         LossScaling.payload(comp, model[0].weight.grad, state, "allgather", 0.1)
         if step:
@@ -223,7 +223,7 @@ def test_without_a_scaler_nothing_is_backed_up_or_remembered():
     _grads(model, 0, 1.0)
     for _, p in model.named_parameters():
         comp.decompress(*comp.compress(p.grad))
-    assert all(s.backup is None and s.loss_scale == UNSET for s in comp._state.parameters.values())
+    assert all(s.backup is None and s.loss_scale == UNSET for s in comp.state.parameters.values())
     assert all(entry["loss_scale"] == UNSET for entry in comp.state_dict()["parameters"].values())
 
 
@@ -236,7 +236,7 @@ def test_a_rollback_restores_the_state_before_a_first_update_as_zeros():
         comp.decompress(*comp.compress(p.grad))
     scaler.update(new_scale=32.0)
     comp.state_dict()  # settles the rollback
-    for state in comp._state.parameters.values():
+    for state in comp.state.parameters.values():
         assert state.step == 0 and not state.residual.any() and state.loss_scale == 32.0
 
 
@@ -256,7 +256,7 @@ def test_a_checkpoint_remembers_the_scale_of_its_residuals():
         other = _scaler(scale)
         resumed = RandomBlock(ratio=0.1, named_parameters=model.named_parameters(), loss_scaler=other, **EVERY)
         resumed.load_state_dict(saved)
-        state = resumed._state.parameters["0.weight"]
+        state = resumed.state.parameters["0.weight"]
         assert state.loss_scale == 64.0 and not state.backed_up
         LossScaling.follow(state, other.get_scale())
         assert torch.equal(state.residual, residual * (scale / 64.0)) and state.step == 1

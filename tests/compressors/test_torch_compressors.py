@@ -55,9 +55,9 @@ def test_error_feedback_conserves_the_gradient(set_to_none):
             values, ctx = comp.compress(p.grad)
             sent[name] += comp.decompress(values, ctx).double()
     for name, p in model.named_parameters():
-        residual = comp._state.parameters[name].residual.reshape(p.shape).double()
+        residual = comp.state.parameters[name].residual.reshape(p.shape).double()
         torch.testing.assert_close(sent[name] + residual, total[name], rtol=0, atol=1e-5)
-        assert comp._state.parameters[name].step == 20
+        assert comp.state.parameters[name].step == 20
 
 
 def test_ratio_one_sends_everything_and_keeps_nothing():
@@ -69,7 +69,7 @@ def test_ratio_one_sends_everything_and_keeps_nothing():
         values, ctx = comp.compress(p.grad)
         assert values.numel() == p.numel()
         assert torch.equal(comp.decompress(values, ctx), grad)
-        assert not comp._state.parameters[name].residual.any()
+        assert not comp.state.parameters[name].residual.any()
 
 
 def test_a_strided_gradient_gets_its_result_in_a_new_contiguous_buffer():
@@ -90,7 +90,7 @@ def test_half_precision_gradients_keep_rounding_error_in_the_residual():
     p.grad = grad.clone()
     values, ctx = comp.compress(p.grad)
     assert values.dtype == torch.float16
-    total = comp.decompress(values, ctx).float() + comp._state.parameters["w"].residual
+    total = comp.decompress(values, ctx).float() + comp.state.parameters["w"].residual
     assert torch.equal(total, grad.float())
 
 
@@ -267,7 +267,7 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
             assert torch.equal(values, want_values)
             dense = comp.decompress(values, ctx).reshape(-1)
             assert torch.equal(dense[index], want_values) and dense.count_nonzero() <= len(index)
-            assert torch.equal(comp._state.parameters[name].residual, residuals[name])
+            assert torch.equal(comp.state.parameters[name].residual, residuals[name])
 
 
 @pytest.mark.parametrize(
@@ -418,7 +418,7 @@ def test_a_gradient_beyond_int32_indices_is_refused_before_any_collective(make):
         ),
     ):
         comp.compress(p.grad)
-    assert comp.stats()["calls"] == 0 and comp._state.parameters["embedding.weight"].residual is None
+    assert comp.stats()["calls"] == 0 and comp.state.parameters["embedding.weight"].residual is None
 
 
 @pytest.mark.parametrize(
@@ -446,7 +446,7 @@ def test_a_densified_sparse_gradient_is_attributed_when_unambiguous():
     comp = RandomBlock(ratio=0.5, named_parameters=[("one.weight", one.weight)], **EVERY)
     one(torch.tensor([1, 2, 3])).sum().backward()
     values, ctx = comp.compress(one.weight.grad.to_dense())
-    assert "one.weight" in comp._state.parameters and values.numel() == 750
+    assert "one.weight" in comp.state.parameters and values.numel() == 750
     two = torch.nn.Embedding(50, 30, sparse=True)
     comp = RandomBlock(ratio=0.5, named_parameters=[("one.weight", one.weight), ("two.weight", two.weight)], **EVERY)
     two(torch.tensor([4])).sum().backward()

@@ -73,7 +73,7 @@ def run_torch():
                 out[f"{config}/{step}/{name}"] = got.float().numpy()
         for name, per in compressor.stats()["tensors"].items():
             out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
-        for name, state in compressor._state.parameters.items():
+        for name, state in compressor.state.parameters.items():
             for key in ("residual", "momentum"):
                 if getattr(state, key) is not None:
                     out[f"{config}/{key}/{name}"] = getattr(state, key).numpy()

@@ -115,7 +115,7 @@ for config, make in CONFIGS.items():
     for step in range(STEPS):
         scales.append(scaled.scaler.get_scale())
         scaled.train([step])
-    states = scaled.compression._state.parameters.values()
+    states = scaled.compression.state.parameters.values()
     results[config] = {
         "scaled": scaled.params(),
         "scales": scales,
@@ -126,7 +126,7 @@ for config, make in CONFIGS.items():
     reference = Run(make, scaled=False)
     reference.train([s for s in range(STEPS) if s != OVERFLOW])
     results[config]["reference"] = reference.params()
-    results[config]["reference_steps"] = {s.name: s.step for s in reference.compression._state.parameters.values()}
+    results[config]["reference_steps"] = {s.name: s.step for s in reference.compression.state.parameters.values()}
 
     run = Run(make, scaled=True)
     for steps in (range(0, 3), range(3, OVERFLOW + 1), range(OVERFLOW + 1, STEPS)):
@@ -141,7 +141,7 @@ for config, make in CONFIGS.items():
     results[config]["bf16_losses"] = smoke.train(range(40), autocast=True)
     results[config]["bf16_finite"] = all(
         bool(torch.isfinite(t).all())
-        for s in smoke.compression._state.parameters.values()
+        for s in smoke.compression.state.parameters.values()
         for t in (s.residual, s.momentum)
         if t is not None
     )

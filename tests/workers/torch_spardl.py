@@ -86,6 +86,6 @@ for config, make_compression in CONFIGS.items():
     results[config] = {"grads": grads, "params": params, "exchanged": exchanged}
     if hasattr(compression, "stats"):
         results[config]["stats"] = compression.stats()
-        results[config]["residuals"] = {n: s.residual for n, s in compression._state.parameters.items()}
+        results[config]["residuals"] = {n: s.residual for n, s in compression.state.parameters.items()}
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
 print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs done")
