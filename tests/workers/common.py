@@ -2,6 +2,7 @@
 (scikit-learn's digits, real 8x8 images), which rows each rank reads at each step, and the
 model, the loss-scale tests' compressors and the elastic tests' scenario. Neither is code under test."""
 
+import hashlib
 import os
 import time
 
@@ -135,6 +136,18 @@ def burst_gradient(step, rank, shape=BURST_SHAPE):
     if step == BURST_STEP and rank == 1:
         grad.reshape(-1)[list(BURST)] = list(BURST.values())
     return grad
+
+
+def digest(arrays):
+    """A short hash of the arrays' bytes, in order: equal on every rank when they hold the same bits."""
+    return hashlib.sha256(b"".join(a.tobytes() for a in arrays)).hexdigest()[:16]
+
+
+def same_everywhere(hvd, mine, what, step):
+    """The elastic workers' checks: raises on this rank unless every rank holds `mine`."""
+    everyone = hvd.allgather_object(mine, name=f"check {what}")
+    if any(other != mine for other in everyone):
+        raise AssertionError(f"ranks disagree on {what} at step {step}: {everyone}")
 
 
 class ElasticScenario:

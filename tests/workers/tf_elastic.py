@@ -11,7 +11,6 @@ eagerly. TensorFlowKerasState broadcasts the model in sync, so the variables are
 tf-keras Model here.)"""
 
 import argparse
-import hashlib
 
 import common
 import horovod.tensorflow as hvd
@@ -92,8 +91,8 @@ def main():
 
     def agreed():
         """Before a step: every rank's step and parameters are the same."""
-        digest = hashlib.sha256(b"".join(v.numpy().tobytes() for m in models.values() for _, v in m)).hexdigest()
-        same_everywhere((state.step, digest), "parameters")
+        digest = common.digest(v.numpy() for m in models.values() for _, v in m)
+        common.same_everywhere(hvd, (state.step, digest), "parameters", state.step)
 
     def counted():
         """After a step: every rank's compressor steps are the same (a joiner adopts rank 0's when
@@ -101,12 +100,7 @@ def main():
         steps = [steps_of(c) for c in compressors.values()]
         if args.recipe == "sparsecomm" and any(step != state.step + 1 for per in steps for _, step in per):
             raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
-        same_everywhere(steps, "compressor steps")
-
-    def same_everywhere(mine, what):
-        everyone = hvd.allgather_object(mine)
-        if any(other != mine for other in everyone):
-            raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
+        common.same_everywhere(hvd, steps, "compressor steps", state.step)
 
     def residual_norm():
         return sum(
@@ -142,7 +136,7 @@ def main():
 
     train(state)
     for method, model in models.items():
-        digest = hashlib.sha256(b"".join(v.numpy().tobytes() for _, v in model)).hexdigest()[:16]
+        digest = common.digest(v.numpy() for _, v in model)
         loss = float(loss_of(model, tf.constant(x[:256]), tf.constant(y[:256])))
         print(
             f"final {method}: rank {hvd.rank()} of {hvd.size()} step {state.step} params {digest} "

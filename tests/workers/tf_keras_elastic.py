@@ -12,7 +12,6 @@ survivor of a failure prints whether its uncommitted step had changed its state 
 restore brought it back to the commit; the test reads the printed lines."""
 
 import argparse
-import hashlib
 
 import common
 import horovod.tensorflow as hvd
@@ -45,7 +44,7 @@ def branches_and_model():
 
 
 def digest(variables):
-    return hashlib.sha256(b"".join(v.numpy().tobytes() for v in variables)).hexdigest()[:16]
+    return common.digest(v.numpy() for v in variables)
 
 
 def main():
@@ -77,9 +76,8 @@ def main():
         iterations = int(optimizer.iterations.numpy())
         if iterations != len(METHODS) * state.step:
             raise AssertionError(f"rank {hvd.rank()}: optimizer iterations {iterations} at step {state.step}")
-        same_everywhere(
-            (state.step, digest(model.variables), digest(optimizer.variables)), "parameters and optimizer variables"
-        )
+        mine = (state.step, digest(model.variables), digest(optimizer.variables))
+        common.same_everywhere(hvd, mine, "parameters and optimizer variables", state.step)
 
     def counted():
         """After a step: every compressor counted exactly the committed steps and this one, on
@@ -87,12 +85,7 @@ def main():
         steps = {m: steps_of(c) for m, c in compressors.items()}
         if any(s != state.step + 1 for per in steps.values() for s in per):
             raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
-        same_everywhere(steps, "compressor steps")
-
-    def same_everywhere(mine, what):
-        everyone = hvd.allgather_object(mine, name=f"check {what}")
-        if any(other != mine for other in everyone):
-            raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
+        common.same_everywhere(hvd, steps, "compressor steps", state.step)
 
     def residual_norm():
         return sum(

@@ -10,7 +10,6 @@ per reset and, at the end, a digest of each model's parameters and each compress
 the test checks that every rank printed the same."""
 
 import argparse
-import hashlib
 import sys
 
 import common
@@ -80,13 +79,8 @@ def main():
 
     def agreed():
         """Before a step: every rank's step and parameters are the same."""
-        mine = (
-            state.step,
-            hashlib.sha256(
-                b"".join(p.detach().numpy().tobytes() for m in models.values() for p in m.parameters())
-            ).hexdigest(),
-        )
-        same_everywhere(mine, "parameters")
+        mine = (state.step, common.digest(p.detach().numpy() for m in models.values() for p in m.parameters()))
+        common.same_everywhere(hvd, mine, "parameters", state.step)
 
     def counted():
         """After a step: every rank's compressor steps are the same (a joiner adopts rank 0's at its
@@ -95,12 +89,7 @@ def main():
         steps = compressor_steps()
         if args.recipe == "sparsecomm" and any(step != state.step + 1 for per in steps for _, step in per):
             raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
-        same_everywhere(steps, "compressor steps")
-
-    def same_everywhere(mine, what):
-        everyone = hvd.allgather_object(mine)
-        if any(other != mine for other in everyone):
-            raise AssertionError(f"ranks disagree on {what} at step {state.step}: {everyone}")
+        common.same_everywhere(hvd, steps, "compressor steps", state.step)
 
     @hvd.elastic.run
     def train(state):
@@ -115,7 +104,7 @@ def main():
 
     train(state)
     for method, model in models.items():
-        digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()[:16]
+        digest = common.digest(p.detach().numpy() for p in model.parameters())
         steps = sorted((n, s["step"]) for n, s in compressors[method].state_dict()["parameters"].items())
         loss = torch.nn.functional.cross_entropy(model(x[:256]), y[:256]).item()
         print(
