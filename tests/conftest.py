@@ -71,6 +71,6 @@ def pytest_terminal_summary(terminalreporter):
     from launch import LAUNCHES
 
     if LAUNCHES:
-        terminalreporter.section("multi-rank runs (real horovodrun)")
+        terminalreporter.section("multi-rank runs (real horovodrun and torchrun)")
         for command, status, seconds in LAUNCHES:
             terminalreporter.write_line(f"{command:<55} exit {status}  {seconds:5.1f}s")

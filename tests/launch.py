@@ -1,4 +1,4 @@
-"""Run a worker script on N ranks with the project's own horovodrun (Gloo, localhost)."""
+"""Run a worker script on N ranks of this host: horovodrun (Gloo) or torchrun."""
 
 import os
 import signal
@@ -39,9 +39,47 @@ def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
         os.path.join(WORKERS, script),
         *map(str, args),
     ]  # join keeps absolute paths
+    return _launch(cmd, f"horovodrun -np {np} --gloo {os.path.basename(script)}", timeout)
+
+
+def torchrun_outcome(np, script, *args, timeout=300):
+    """Runs `script` (a path, or a name in tests/workers/) under torchrun on np processes of this
+    host (the Gloo backend is the worker's choice): (exit code, the ranks' output, seconds)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(np),
+        "--master_port",
+        str(free_port()),
+        os.path.join(WORKERS, script),
+        *map(str, args),
+    ]
+    return _launch(cmd, f"torchrun --nproc_per_node {np} {os.path.basename(script)}", timeout)
+
+
+def torchrun(np, script, *args, timeout=300):
+    """torchrun_outcome's output; fails the test with the ranks' output on a non-zero exit."""
+    code, output, _ = torchrun_outcome(np, script, *args, timeout=timeout)
+    if code != 0:
+        pytest.fail(f"torchrun --nproc_per_node {np} {script} exited {code}:\n{output[-6000:]}")
+    return output
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(cmd, summary, timeout):
+    """Runs a launcher's command line in a process group of its own: (exit code, output, seconds).
+    On a time-out, kills the whole group (no orphaned ranks) and fails the test."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    summary = f"horovodrun -np {np} --gloo {os.path.basename(script)}"
     started = time.monotonic()
     # The ranks' temporary files go to a folder removed with the launch: TF's autograph writes one
     # per converted function and removes them at exit, which a killed rank never reaches
@@ -57,7 +95,7 @@ def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
             LAUNCHES.append((summary, "timed out", time.monotonic() - started))
-            pytest.fail(f"horovodrun -np {np} {script} timed out after {timeout}s:\n{output[-6000:]}")
+            pytest.fail(f"{summary} timed out after {timeout}s:\n{output[-6000:]}")
     seconds = time.monotonic() - started
     LAUNCHES.append((summary, proc.returncode, seconds))
     return proc.returncode, output, seconds

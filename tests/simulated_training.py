@@ -146,3 +146,42 @@ def assert_history_close(got, want, **tol):
     for step, (g, w) in enumerate(zip(got, want)):
         for name in w:
             torch.testing.assert_close(g[name], w[name], msg=lambda m: f"step {step}, {name}: {m}", **tol)
+
+
+# The workers' configurations (tests/workers/torch_train.py, ddp_train.py) -> the simulation's
+# arguments ("dgc": simulate_dgc's).
+SIMULATIONS = {
+    "dense": {},
+    "random_block_0.1": dict(method="random_block", ratio=0.1),
+    "random_block_1.0": dict(method="random_block", ratio=1.0),
+    "topk_0.1": dict(method="topk", ratio=0.1),
+    "topk_1.0": dict(method="topk", ratio=1.0),
+    "topk_0.1_sum": dict(method="topk", ratio=0.1, op="sum"),
+    "topk_0.1_predivide": dict(method="topk", ratio=0.1),  # predivide changes rounding only
+    "topk_0.1_no_feedback": dict(method="topk", ratio=0.1, error_feedback=False),
+    "randomk_0.1": dict(method="randomk", ratio=0.1),
+    "randomk_1.0": dict(method="randomk", ratio=1.0),
+    "rtopk_0.1": dict(method="rtopk_0.3", ratio=0.1),
+    "rtopk_1.0": dict(method="rtopk_1.0", ratio=1.0),
+    "threshold_0.1": dict(method="threshold", ratio=0.1),
+    "threshold_0.1_fp16": dict(method="threshold_fp16", ratio=0.1),
+    "threshold_1.0": dict(method="threshold", ratio=1.0),
+    "threshold_0.1_1bit": dict(method="threshold_1bit", ratio=0.1),
+    "threshold_0.1_2bit": dict(method="threshold_2bit", ratio=0.1),
+    "dense_momentum": dict(momentum=0.9),
+    "topk_0.1_default_policy": dict(method="topk", ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias")),
+    "dgc_0.1": dict(dgc=dict(ratio=0.1)),
+    "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
+    "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
+    "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
+    "dgc_0.1_default_policy_clip": dict(
+        dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
+    ),
+    "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
+}
+
+
+def simulated(size, config):
+    """The simulation of a worker's configuration on `size` ranks."""
+    settings = dict(SIMULATIONS[config])
+    return simulate_dgc(size, **settings.pop("dgc")) if "dgc" in settings else simulate(size, **settings)

@@ -10,6 +10,7 @@ import math
 
 from . import validate
 from .cost import EXCHANGES
+from .selection import BAND
 
 # quantize= -> what a value travels as: a dtype name (the frameworks share dtype names) or bits.
 QUANTIZED_VALUES = {None: None, "fp16": "float16", "bf16": "bfloat16", "1bit": 1, "2bit": 2}
@@ -56,6 +57,12 @@ class Method:
         """The exchanges that may carry this method's values (exchange='auto' picks among them)."""
         return EXCHANGES
 
+    sampled = False  # a sampled threshold selects a count in a band around k (selection.BAND)
+
+    def most_selected(self, k, numel):
+        """The most elements one rank selects at k: what a fixed-capacity buffer must hold."""
+        return min(numel, math.floor(BAND[1] * k) + 1) if self.sampled else k
+
     @property
     def keeps_residual(self):
         return self.error_feedback
@@ -94,6 +101,8 @@ class RTopK(Method):
 class Threshold(Method):
     """Gradient dropping (Aji & Heafield 2017): a sampled threshold, optionally quantized values."""
 
+    sampled = True
+
     def __init__(self, owner, ratio=0.01, quantize=None, sample_ratio=0.01, error_feedback=True, exchange="auto"):
         super().__init__(owner, ratio, error_feedback)
         self.sample_ratio = validate.check_ratio(owner, sample_ratio, "sample_ratio")
@@ -126,6 +135,7 @@ class DGC(Method):
 
     keeps_momentum = True
     counts_dense_steps = True
+    sampled = True
 
     def __init__(
         self,

@@ -198,6 +198,7 @@ class AutoRouter:
         self._network_measured = False  # the network was measured here (not the user's): measured again on a new world
         self._cached = {}  # name -> ((k, ranks, side), chosen)
         self.backward = None  # BackwardWindows while auto watches the backward (watch_backward)
+        self.available = cost.EXCHANGES  # the routes the way in provides (the DDP hook: no SparDL yet)
         self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
         self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
         self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
@@ -212,6 +213,11 @@ class AutoRouter:
         it first watches OBSERVED_STEPS steps of the backward pass (sending dense meanwhile)."""
         if self.network is None:
             self.backward, self.steps = BackwardWindows(), StepClock()
+
+    def untimed(self, exchanges):
+        """For a way in that neither times the hooks nor carries every exchange (the DDP hook):
+        no watch and no route trial, and the cost model chooses among `exchanges` only."""
+        self.backward, self.steps, self.available = None, None, exchanges
 
     def watching(self):
         """Whether auto is still watching the backward: measure the network only after it."""
@@ -301,7 +307,7 @@ class AutoRouter:
             self.method.value_bytes(element_size),
             ranks,
             self.network,
-            self.method.exchanges() if allowed is None else allowed,
+            [e for e in (self.method.exchanges() if allowed is None else allowed) if e in self.available],
             self.local,
             hidden,
         )
@@ -310,13 +316,8 @@ class AutoRouter:
         """The side the model's routes are tried against: ALL_SPARSE where the model sends some
         watched tensor dense, else ALL_DENSE."""
         for name, (numel, size, density, by_auto) in self._shapes.items():
-            if (
-                by_auto
-                and self._cost_choice(numel, selected_count(density, numel), size, ranks, self._hidden.get(name, 0.0))[
-                    0
-                ]
-                == "dense"
-            ):
+            k = selected_count(density, numel)
+            if by_auto and self._cost_choice(numel, k, size, ranks, self._hidden.get(name, 0.0))[0] == "dense":
                 return ALL_SPARSE
         return ALL_DENSE
 

@@ -1,4 +1,5 @@
-"""sparsecomm for PyTorch: compressors for ``horovod.torch.DistributedOptimizer``.
+"""sparsecomm for PyTorch: compressors for ``horovod.torch.DistributedOptimizer``, and the
+same compressors as a DistributedDataParallel communication hook (``ddp_hook``).
 
 import horovod.torch as hvd
 import sparsecomm.torch as sct
@@ -6,9 +7,13 @@ import sparsecomm.torch as sct
 compression = sct.RandomBlock(ratio=0.01, seed=42, named_parameters=model.named_parameters())
 opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                compression=compression)
+
+ddp = torch.nn.parallel.DistributedDataParallel(model)        # or, under torchrun
+ddp.register_comm_hook(compression, sct.ddp_hook)
 """
 
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+from .ddp import ddp_hook
 
-__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ops"]
+__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ddp_hook", "ops"]

@@ -5,7 +5,7 @@ averaged over the ranks in one collective."""
 import torch
 
 from ..core import cost
-from . import exchange, ops
+from . import ops
 from .state import ParameterState
 
 SIZES = (1 << 12, 1 << 20)  # elements: a small and a large gradient, to split per call from per element
@@ -15,9 +15,10 @@ def measure(compressor):
     """The network, the compressor's LocalCost and the watched backward's windows of each bound
     parameter (0 where it was not watched), all averaged over the ranks."""
     names = list(compressor.bound_parameters())  # the same order on every rank
-    watched = compressor.planner.auto.backward.windows  # measured only after watching (watch_backward)
-    network, timings = exchange.measure_network(
-        compressor.collective_set(), time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names]
+    backward = compressor.planner.auto.backward  # watched first, where the hooks are timed (not under DDP)
+    watched = backward.windows if backward is not None else {}
+    network, timings = measure_network(
+        compressor.collectives, time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names]
     )
     (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
     local = cost.LocalCost.fitted((SIZES[0], small), (SIZES[1], large), unpack, memset, pairs)
@@ -54,3 +55,30 @@ def unpacked_locally(packed):
     if packed.bits is None:
         return packed.values, packed.index
     return ops.dequantize(packed.codes, packed.scales, packed.index.numel(), packed.bits), packed.index
+
+
+def measure_network(collectives, local=()):
+    """Measures this cluster for exchange="auto" (once), over the compressor's collectives
+    (sparsecomm.torch.collectives): latency from 1-element allreduces, bandwidth from 4 MB ones,
+    copy bandwidth from a local copy, the cost of one more collective in flight from bursts of
+    tiny allgathers. These timings and this rank's `local` ones are averaged over the ranks (the
+    timings, not the bandwidths: one rank whose 4 MB allreduce came out no slower than its
+    1-element one would make a mean bandwidth endless), so every rank makes the same choices.
+    Returns (Network, the averaged local timings)."""
+    small, big = torch.zeros(1), torch.zeros(1 << 20)
+    counter = iter(range(1 << 30))
+
+    def reduce(t):
+        return collectives.allreduce(t, f"sparsecomm.measure.{next(counter)}")
+
+    def burst(count):  # `count` tiny allgathers in flight at once, as a step's exchanges are
+        collectives.allgathers(small, count, f"sparsecomm.measure.{next(counter)}")
+
+    reduce(small)
+    t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
+    t_copy = cost.median_seconds(lambda: big.clone(), 3)
+    per_op = max(0.0, (cost.median_seconds(lambda: burst(16), 3) - cost.median_seconds(lambda: burst(1), 3)) / 15)
+    mean = collectives.mean_over_ranks([t_small, t_big, t_copy, per_op, *local], "sparsecomm.measure.mean")
+    ranks = collectives.size()
+    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, mean[0], mean[1], big.numel() * 4, mean[2], mean[3])
+    return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth), mean[4:]

@@ -19,7 +19,7 @@ import torch
 from ..core import methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
-from . import calibration, elastic, exchange, ops
+from . import calibration, collectives, elastic, exchange, ops
 from .exchange import Packed
 from .loss_scaling import LossScaling
 from .state import CompressorState, ParameterState
@@ -40,6 +40,7 @@ class Compressor(Settings):
         self._configure(method, **settings)
         self._name = method.owner
         self.process_set = process_set  # the optimizer's (None: all ranks); the agreement check runs over it
+        self.collectives = collectives.Horovod(process_set)  # the DDP hook puts torch.distributed's here
         self.loss_scaling = LossScaling.of(self._name, loss_scaler)  # None: gradients are not loss-scaled
         self.state = CompressorState(self._name, named_parameters)
         self._in_flight = exchange.InFlight()
@@ -53,31 +54,38 @@ class Compressor(Settings):
     def compress(self, tensor: torch.Tensor):
         """Horovod's hook: (what to allreduce, context for decompress)."""
         started = time.perf_counter()
-        planner = self.planner
-        if planner.timing_steps():
-            planner.auto.steps.note_compress()
-        state = self.state.for_gradient(tensor)
+        if self.planner.timing_steps():
+            self.planner.auto.steps.note_compress()
+        state, route, payload, k, ranks = self.prepare(tensor, self.state.for_gradient(tensor))
+        handed, ctx, traffic = self._in_flight.start(
+            route, payload, tensor, state, k, self.collectives.process_set(), ranks
+        )
+        numel = tensor.numel()
+        self.state.counters.account(
+            state.name, numel, numel * tensor.element_size(), *traffic, time.perf_counter() - started
+        )
+        if self.planner.watching():
+            self.planner.auto.backward.note_handoff(state.name, time.perf_counter())
+        return handed, ctx
+
+    def prepare(self, tensor: torch.Tensor, state: ParameterState):
+        """What both ways in do before an exchange: the settings check, the route, the method's
+        pack (or the dense payload) and the step. Returns (state, route, payload, k, ranks)."""
         name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
-        planner.check_indexable(name, numel, ndim, element_size)
+        self.planner.check_indexable(name, numel, ndim, element_size)
         self.device = tensor.device
         ranks = self._check_world()
         if self.loss_scaling is not None:  # before the density: a rollback restores the step
             self.loss_scaling.follow(state, self.loss_scaling.scale())
         density = self.method.density(state.step)
-        route = planner.route(name, numel, ndim, element_size, density, self._routing_ranks(ranks, measure=True))
+        route = self.planner.route(name, numel, ndim, element_size, density, self._routing_ranks(ranks, measure=True))
         if self.loss_scaling is not None:
             payload = self.loss_scaling.payload(self, tensor, state, route, density)
         else:
             payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
             state.step += 1
-        handed, ctx, traffic = self._in_flight.start(
-            route, payload, tensor, state, selected_count(density, numel), self.collective_set(), ranks
-        )
-        self.state.counters.account(name, numel, numel * element_size, *traffic, time.perf_counter() - started)
-        if planner.watching():
-            planner.auto.backward.note_handoff(name, time.perf_counter())
-        return handed, ctx
+        return state, route, payload, selected_count(density, numel), ranks
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         """Horovod's hook: the dense gradient from what the allreduce returned."""
@@ -109,18 +117,14 @@ class Compressor(Settings):
         """The bound parameters' names, in the order named_parameters gave them."""
         return list(self.state.binding.params)
 
-    def collective_set(self):
-        """The process set the exchanges and checks run over (the optimizer's; default all ranks)."""
-        return self.process_set or exchange.horovod().global_process_set
-
     def _ranks(self) -> int:
-        return self.collective_set().size() if exchange.horovod().is_initialized() else 1
+        return self.collectives.size()
 
     def _allgather_ints(self, ints, name):
-        return exchange.allgather_ints(ints, name, self.collective_set())
+        return self.collectives.allgather_ints(ints, name)
 
     def _mean_over_ranks(self, values, name):
-        return exchange.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}", self.collective_set())
+        return self.collectives.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}")
 
     def _measure_network(self):
         return calibration.measure(self)

@@ -224,6 +224,7 @@ class ParameterBinding:
         if not self.params:
             raise ValueError(f"{owner}: named_parameters is empty")
         self._order = list(self.params.items())
+        self.names = {id(p): name for name, p in self._order}  # by the parameter itself (the DDP hook)
         self._next = len(self._order) - 1  # where name_of looks first: the backward starts at the end
 
     def name_of(self, grad: torch.Tensor) -> str:
@@ -292,7 +293,10 @@ class CompressorState:
         if not isinstance(tensor, torch.Tensor) or tensor.dtype not in _FLOAT_DTYPES:
             got = tensor.dtype if isinstance(tensor, torch.Tensor) else type(tensor).__name__
             raise TypeError(f"{self.owner}: gradients should be float32, float16 or bfloat16, got {got}")
-        name = self.binding.name_of(tensor)
+        return self.named(self.binding.name_of(tensor))
+
+    def named(self, name: str) -> ParameterState:
+        """The state of the bound parameter `name` (made on its first step)."""
         state = self.parameters.get(name)
         if state is None:
             state = self.parameters[name] = ParameterState.fresh(name)

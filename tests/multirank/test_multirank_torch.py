@@ -7,7 +7,7 @@ import common
 import pytest
 import torch
 from launch import horovodrun
-from simulated_training import LR, STEPS, assert_history_close, simulate, simulate_dgc
+from simulated_training import LR, SIMULATIONS, STEPS, assert_history_close, simulated
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
@@ -18,42 +18,10 @@ def run(request, tmp_path_factory):
     return size, [torch.load(out / f"rank{r}.pt") for r in range(size)]
 
 
-SIMULATIONS = {
-    "dense": {},
-    "random_block_0.1": dict(method="random_block", ratio=0.1),
-    "random_block_1.0": dict(method="random_block", ratio=1.0),
-    "topk_0.1": dict(method="topk", ratio=0.1),
-    "topk_1.0": dict(method="topk", ratio=1.0),
-    "topk_0.1_sum": dict(method="topk", ratio=0.1, op="sum"),
-    "topk_0.1_predivide": dict(method="topk", ratio=0.1),  # predivide changes rounding only
-    "topk_0.1_no_feedback": dict(method="topk", ratio=0.1, error_feedback=False),
-    "randomk_0.1": dict(method="randomk", ratio=0.1),
-    "randomk_1.0": dict(method="randomk", ratio=1.0),
-    "rtopk_0.1": dict(method="rtopk_0.3", ratio=0.1),
-    "rtopk_1.0": dict(method="rtopk_1.0", ratio=1.0),
-    "threshold_0.1": dict(method="threshold", ratio=0.1),
-    "threshold_0.1_fp16": dict(method="threshold_fp16", ratio=0.1),
-    "threshold_1.0": dict(method="threshold", ratio=1.0),
-    "threshold_0.1_1bit": dict(method="threshold_1bit", ratio=0.1),
-    "threshold_0.1_2bit": dict(method="threshold_2bit", ratio=0.1),
-    "dense_momentum": dict(momentum=0.9),
-    "topk_0.1_default_policy": dict(method="topk", ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias")),
-    "dgc_0.1": dict(dgc=dict(ratio=0.1)),
-    "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
-    "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
-    "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
-    "dgc_0.1_default_policy_clip": dict(
-        dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
-    ),
-    "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
-}
-
-
 @pytest.mark.parametrize("config", list(SIMULATIONS))
 def test_every_rank_equals_the_simulation(run, config):
     size, ranks = run
-    settings = dict(SIMULATIONS[config])
-    want = simulate_dgc(size, **settings.pop("dgc")) if "dgc" in settings else simulate(size, **settings)
+    want = simulated(size, config)
     for rank in range(size):
         assert_history_close(ranks[rank][config], want, rtol=1e-5, atol=1e-6)
     for rank in range(1, size):  # and the ranks agree with each other exactly

@@ -1,0 +1,91 @@
+"""The collectives a compressor runs besides its exchanges: the settings check, the network
+measurement of exchange="auto" and the route trial's means. Two ways in provide them:
+Horovod (hvd.DistributedOptimizer) and torch.distributed (the DDP communication hook).
+
+    size()                              the number of ranks
+    allgather_ints(ints, name)          every rank's ints, concatenated in rank order
+    mean_over_ranks(values, name)       the values averaged over the ranks
+    allreduce(tensor, name)             a blocking sum (the network measurement)
+    allgathers(tensor, count, name)     `count` allgathers in flight at once, then waited for
+"""
+
+import torch
+
+from . import exchange
+
+
+class Horovod:
+    """Over Horovod's process set (None: all ranks): the optimizer's."""
+
+    def __init__(self, process_set=None):
+        self.given = process_set
+
+    def process_set(self):
+        return self.given or exchange.horovod().global_process_set
+
+    def size(self):
+        return self.process_set().size() if exchange.horovod().is_initialized() else 1
+
+    def allgather_ints(self, ints, name):
+        return exchange.allgather_ints(ints, name, self.process_set())
+
+    def mean_over_ranks(self, values, name):
+        return exchange.mean_over_ranks(values, name, self.process_set())
+
+    def allreduce(self, tensor, name):
+        return exchange.horovod().allreduce(
+            tensor, name=name, op=exchange.horovod().Sum, process_set=self.process_set()
+        )
+
+    def allgathers(self, tensor, count, name):
+        hvd = exchange.horovod()
+        handles = [
+            hvd.allgather_async(tensor, name=f"{name}.{i}", process_set=self.process_set()) for i in range(count)
+        ]
+        for handle in handles:
+            hvd.synchronize(handle)
+
+
+class TorchDistributed:
+    """Over a torch.distributed process group (None: the default group): DDP's."""
+
+    def __init__(self, group=None):
+        self.group = group
+
+    def size(self):
+        import torch.distributed as dist
+
+        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+
+    def allgather_ints(self, ints, name):
+        # Each rank's count may differ (a settings mismatch is what the check looks for): objects.
+        import torch.distributed as dist
+
+        everyone = [None] * self.size()
+        dist.all_gather_object(everyone, [int(i) for i in ints], group=self.group)
+        return [i for ints in everyone for i in ints]
+
+    def mean_over_ranks(self, values, name):
+        total = self.allreduce(torch.tensor(values, dtype=torch.float64), name)
+        return (total / self.size()).tolist()
+
+    def allreduce(self, tensor, name):
+        import torch.distributed as dist
+
+        tensor = tensor.clone()
+        dist.all_reduce(tensor, group=self.group)
+        return tensor
+
+    def allgathers(self, tensor, count, name):
+        outputs = [torch.empty(self.size() * tensor.numel(), dtype=tensor.dtype) for _ in range(count)]
+        works = [all_gather_into(out, tensor, self.group, async_op=True) for out in outputs]
+        for work in works:
+            work.wait()
+
+
+def all_gather_into(output, tensor, group, async_op=False):
+    """torch.distributed's all-gather into one flat tensor (all_gather_single from torch 2.13)."""
+    import torch.distributed as dist
+
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return gather(output, tensor, group=group, async_op=async_op)

@@ -1,0 +1,82 @@
+"""sparsecomm.torch.ddp_hook in one process (a Gloo group of one rank): the whole path of a
+step, and what it refuses, each with an error that names the argument. Several ranks:
+tests/multirank/test_ddp.py."""
+
+import common
+import pytest
+import torch
+import torch.distributed as dist
+from launch import free_port
+
+import sparsecomm.torch as sct
+
+
+@pytest.fixture
+def group():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def step(model, compression, lr=0.5):
+    """One SGD step of DDP over `model` with the hook; returns the model's parameters after it."""
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(compression, sct.ddp_hook)
+    x, y = common.digits()
+    loss = torch.nn.functional.cross_entropy(ddp(torch.from_numpy(x[:16])), torch.from_numpy(y[:16]))
+    loss.backward()
+    torch.optim.SGD(ddp.parameters(), lr=lr).step()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize("cls", [sct.TopK, sct.Threshold, sct.DGC, sct.RandomBlock])
+def test_at_ratio_one_on_one_rank_the_step_is_plain_sgd(cls):
+    plain = common.torch_model()
+    x, y = common.digits()
+    torch.nn.functional.cross_entropy(plain(torch.from_numpy(x[:16])), torch.from_numpy(y[:16])).backward()
+    torch.optim.SGD(plain.parameters(), lr=0.5).step()
+    model = common.torch_model()
+    settings = {"seed": 1} if cls is sct.RandomBlock else {"dense_fallback": False, "exchange": "allgather"}
+    if cls is sct.DGC:
+        settings.update(momentum=0.0, momentum_masking=False)
+    compression = cls(ratio=1.0, named_parameters=model.named_parameters(), min_numel=0, dense_1d=False, **settings)
+    after = step(model, compression)
+    for name, p in plain.named_parameters():
+        assert torch.equal(after[name], p.detach()), name
+    assert compression.stats()["calls"] == 4
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(
+    "settings, error, message",
+    [
+        (dict(exchange="spardl"), ValueError, r"TopK: exchange='spardl' does not run under ddp_hook yet"),
+        (dict(process_set="all"), TypeError, r"TopK: under ddp_hook, process_set should be a torch.distributed"),
+    ],
+)
+def test_what_the_hook_cannot_run_is_refused_naming_the_argument(settings, error, message):
+    model = common.torch_model()
+    compression = sct.TopK(ratio=0.1, named_parameters=model.named_parameters(), **settings)
+    with pytest.raises(error, match=message):
+        step(model, compression)
+
+
+@pytest.mark.usefixtures("group")
+def test_quantized_values_are_refused_with_the_reason():
+    model = common.torch_model()
+    compression = sct.Threshold(
+        ratio=0.1, quantize="1bit", exchange="allgather", named_parameters=model.named_parameters(), min_numel=0
+    )
+    with pytest.raises(NotImplementedError, match=r"Threshold: quantize='1bit' does not run under ddp_hook yet"):
+        step(model, compression)
+
+
+@pytest.mark.usefixtures("group")
+def test_parameters_of_another_model_are_refused():
+    model = common.torch_model()
+    compression = sct.TopK(ratio=0.1, named_parameters=common.torch_model().named_parameters())
+    with pytest.raises(
+        LookupError, match=r"TopK: DDP's parameter of shape \[[\d, ]+\] is not among the named_parameters="
+    ):
+        step(model, compression)

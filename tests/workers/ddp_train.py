@@ -1,0 +1,94 @@
+"""Worker (torchrun, Gloo): torch_train.py's SGD steps under DistributedDataParallel with
+sparsecomm.torch.ddp_hook, for each compressor; saves every rank's parameters after every step
+and each compressor's stats."""
+
+import argparse
+import os
+
+import common
+import torch
+import torch.distributed as dist
+from common import EVERY
+
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK, ddp_hook
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=5)
+parser.add_argument("--lr", type=float, default=0.5)
+parser.add_argument("--only", nargs="*", help="these configurations alone")
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+rank, size = dist.get_rank(), dist.get_world_size()
+x_all, y_all = common.digits()
+
+
+def named(cls, **settings):
+    return lambda model: cls(named_parameters=model.named_parameters(), **settings)
+
+
+GATHERED = dict(exchange="allgather", **EVERY)
+# name -> (compression for the model, or None for DDP's own allreduce; SGD's momentum;
+# DDP's bucket_cap_mb)
+CONFIGS = {
+    "dense": (None, 0, 25),
+    "dense_momentum": (None, 0.9, 25),
+    "random_block_0.1": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), 0, 25),
+    "random_block_1.0": (named(RandomBlock, ratio=1.0, seed=7, **EVERY), 0, 25),
+    "randomk_0.1": (named(RandomK, ratio=0.1, seed=7, **EVERY), 0, 25),
+    "randomk_1.0": (named(RandomK, ratio=1.0, seed=7, **EVERY), 0, 25),
+    "topk_0.1": (named(TopK, ratio=0.1, **GATHERED), 0, 25),
+    "topk_0.1_buckets": (named(TopK, ratio=0.1, **GATHERED), 0, 0.0005),  # about a bucket per parameter
+    "topk_1.0": (named(TopK, ratio=1.0, dense_fallback=False, **GATHERED), 0, 25),
+    "topk_0.1_auto": (named(TopK, ratio=0.1, **EVERY), 0, 25),  # exchange="auto", the default
+    "topk_0.1_no_feedback": (named(TopK, ratio=0.1, error_feedback=False, **GATHERED), 0, 25),
+    "topk_0.1_default_policy": (named(TopK, ratio=0.1, exchange="allgather"), 0, 25),
+    "rtopk_0.1": (named(RTopK, ratio=0.1, r=0.3, seed=7, **GATHERED), 0, 25),
+    "rtopk_1.0": (named(RTopK, ratio=1.0, seed=7, dense_fallback=False, **GATHERED), 0, 25),
+    "threshold_0.1": (named(Threshold, ratio=0.1, **GATHERED), 0, 25),
+    "threshold_0.1_fp16": (named(Threshold, ratio=0.1, quantize="fp16", **GATHERED), 0, 25),
+    "threshold_1.0": (named(Threshold, ratio=1.0, dense_fallback=False, **GATHERED), 0, 25),
+    "dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), 0, 25),
+    "dgc_0.05_warmup_clip": (
+        named(DGC, ratio=0.05, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.2, **GATHERED),
+        0,
+        25,
+    ),
+    "dgc_1.0_no_masking": (
+        named(DGC, ratio=1.0, momentum=0.9, momentum_masking=False, dense_fallback=False, **GATHERED),
+        0,
+        25,
+    ),
+    "dgc_0.1_default_policy": (named(DGC, ratio=0.1, momentum=0.9, exchange="allgather"), 0, 25),
+    "dgc_0.1_default_policy_clip": (named(DGC, ratio=0.1, momentum=0.9, clip_norm=0.2, exchange="allgather"), 0, 25),
+    "dgc_0.3_warmup_dense_stage": (
+        named(DGC, ratio=0.3, momentum=0.9, warmup_steps=2, warmup_stages=1, **GATHERED),
+        0,
+        25,
+    ),
+}
+results, stats = {}, {}
+for config, (make_compression, momentum, bucket_cap_mb) in CONFIGS.items():
+    if args.only and config not in args.only:
+        continue
+    model = common.torch_model()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    compression = None if make_compression is None else make_compression(model)
+    if compression is not None:
+        ddp.register_comm_hook(compression, ddp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
+    history = []
+    for step in range(args.steps):
+        idx = common.rows(step, rank, size, len(y_all))
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx]))
+        loss.backward()
+        opt.step()
+        history.append({n: p.detach().clone() for n, p in model.named_parameters()})
+    results[config] = history
+    stats[config] = None if compression is None else compression.stats()
+torch.save({"history": results, "stats": stats}, os.path.join(args.out, f"rank{rank}.pt"))
+print(f"rank {rank}/{size}: {len(results)} configs x {args.steps} steps done")
+dist.destroy_process_group()
