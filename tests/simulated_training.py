@@ -25,6 +25,7 @@ def simulate_dgc(
     lr=LR,
     make_model=common.torch_model,
     forward=None,
+    passes=1,
 ):
     """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), then plain SGD. A
     tensor in dense_names, or at a density where the sparse payload would not be smaller
@@ -35,7 +36,7 @@ def simulate_dgc(
     ]
     history = []
     for step in range(steps):
-        grads = [rank_gradients(model, step, rank, size, forward=forward) for rank in range(size)]
+        grads = [rank_gradients(model, step, rank, size, passes, forward=forward) for rank in range(size)]
         density = dgc_density(ratio, step, warmup_steps, stages)
         with torch.no_grad():
             for name, p in trained(model):
@@ -181,7 +182,8 @@ SIMULATIONS = {
 }
 
 
-def simulated(size, config):
-    """The simulation of a worker's configuration on `size` ranks."""
-    settings = dict(SIMULATIONS[config])
+def simulated(size, config=None, **settings):
+    """The simulation on `size` ranks of a worker's configuration (SIMULATIONS), or of `settings`
+    given as SIMULATIONS writes them."""
+    settings = dict(SIMULATIONS[config] if config else settings)
     return simulate_dgc(size, **settings.pop("dgc")) if "dgc" in settings else simulate(size, **settings)

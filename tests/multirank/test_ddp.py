@@ -1,8 +1,9 @@
 """sparsecomm.torch.ddp_hook in DistributedDataParallel under torchrun --nproc_per_node 2 and 3
-(Gloo), every compressor (tests/workers/ddp_train.py, 22 configurations: shared and gathered
+(Gloo), every compressor (tests/workers/ddp_train.py, 25 configurations: shared and gathered
 routes, the dense route and the per-layer policy, DGC's warm-up, clipping and masking, a bucket
-per parameter, DDP's own allreduce): each rank against the single-process simulation of the N
-ranks (simulated_training.py), the ranks against each other bit for bit, and the hook's stats."""
+per parameter, gradient_as_bucket_view, no_sync() accumulation, DDP's own allreduce): each rank
+against the single-process simulation of the N ranks (simulated_training.py), the ranks against
+each other bit for bit, and the hook's stats."""
 
 import common
 import pytest
@@ -10,8 +11,14 @@ import torch
 from launch import torchrun
 from simulated_training import LR, STEPS, assert_history_close, simulated
 
-# The worker's configurations -> the simulation's (simulated_training.SIMULATIONS).
-SIMULATED_AS = {"topk_0.1_buckets": "topk_0.1"}
+# The worker's configurations -> the simulation's (simulated_training.SIMULATIONS), or its
+# settings: no_sync() accumulates 2 backward passes a step, as the simulation's `passes`.
+SIMULATED_AS = {
+    "topk_0.1_buckets": "topk_0.1",
+    "topk_0.1_bucket_view": "topk_0.1",
+    "topk_0.1_no_sync": dict(method="topk", ratio=0.1, passes=2),
+    "dgc_0.1_no_sync": dict(dgc=dict(ratio=0.1, passes=2)),
+}
 CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: its own test)
     "dense",
     "dense_momentum",
@@ -21,6 +28,9 @@ CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: it
     "randomk_1.0",
     "topk_0.1",
     "topk_0.1_buckets",
+    "topk_0.1_bucket_view",
+    "topk_0.1_no_sync",
+    "dgc_0.1_no_sync",
     "topk_1.0",
     "topk_0.1_no_feedback",
     "topk_0.1_default_policy",
@@ -63,7 +73,8 @@ def test_every_rank_equals_the_simulation(run, config):
     """On 2 ranks bit for bit; on 3, within a float rounding: Gloo's ring sums the dense payloads
     in its own order, and the unpack scales the sums by 1/3 where the simulation divides by 3."""
     size, ranks = run
-    want = simulated(size, SIMULATED_AS.get(config, config))
+    given = SIMULATED_AS.get(config, config)
+    want = simulated(size, given) if isinstance(given, str) else simulated(size, **given)
     exact = size == 2 and config not in CLIPPED
     tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-6, atol=1e-7)
     for rank in range(size):

@@ -3,6 +3,7 @@ sparsecomm.torch.ddp_hook, for each compressor; saves every rank's parameters af
 and each compressor's stats."""
 
 import argparse
+import contextlib
 import os
 
 import common
@@ -30,61 +31,69 @@ def named(cls, **settings):
 
 
 GATHERED = dict(exchange="allgather", **EVERY)
-# name -> (compression for the model, or None for DDP's own allreduce; SGD's momentum;
-# DDP's bucket_cap_mb)
+# name -> (compression for the model, or None for DDP's own allreduce; options: SGD's momentum,
+# DDP's bucket_cap_mb and gradient_as_bucket_view, and passes: backward passes a step, all but
+# the last under no_sync())
 CONFIGS = {
-    "dense": (None, 0, 25),
-    "dense_momentum": (None, 0.9, 25),
-    "random_block_0.1": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), 0, 25),
-    "random_block_1.0": (named(RandomBlock, ratio=1.0, seed=7, **EVERY), 0, 25),
-    "randomk_0.1": (named(RandomK, ratio=0.1, seed=7, **EVERY), 0, 25),
-    "randomk_1.0": (named(RandomK, ratio=1.0, seed=7, **EVERY), 0, 25),
-    "topk_0.1": (named(TopK, ratio=0.1, **GATHERED), 0, 25),
-    "topk_0.1_buckets": (named(TopK, ratio=0.1, **GATHERED), 0, 0.0005),  # about a bucket per parameter
-    "topk_1.0": (named(TopK, ratio=1.0, dense_fallback=False, **GATHERED), 0, 25),
-    "topk_0.1_auto": (named(TopK, ratio=0.1, **EVERY), 0, 25),  # exchange="auto", the default
-    "topk_0.1_no_feedback": (named(TopK, ratio=0.1, error_feedback=False, **GATHERED), 0, 25),
-    "topk_0.1_default_policy": (named(TopK, ratio=0.1, exchange="allgather"), 0, 25),
-    "rtopk_0.1": (named(RTopK, ratio=0.1, r=0.3, seed=7, **GATHERED), 0, 25),
-    "rtopk_1.0": (named(RTopK, ratio=1.0, seed=7, dense_fallback=False, **GATHERED), 0, 25),
-    "threshold_0.1": (named(Threshold, ratio=0.1, **GATHERED), 0, 25),
-    "threshold_0.1_fp16": (named(Threshold, ratio=0.1, quantize="fp16", **GATHERED), 0, 25),
-    "threshold_1.0": (named(Threshold, ratio=1.0, dense_fallback=False, **GATHERED), 0, 25),
-    "dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), 0, 25),
+    "dense": (None, {}),
+    "dense_momentum": (None, dict(momentum=0.9)),
+    "random_block_0.1": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), {}),
+    "random_block_1.0": (named(RandomBlock, ratio=1.0, seed=7, **EVERY), {}),
+    "randomk_0.1": (named(RandomK, ratio=0.1, seed=7, **EVERY), {}),
+    "randomk_1.0": (named(RandomK, ratio=1.0, seed=7, **EVERY), {}),
+    "topk_0.1": (named(TopK, ratio=0.1, **GATHERED), {}),
+    "topk_0.1_buckets": (named(TopK, ratio=0.1, **GATHERED), dict(bucket_cap_mb=0.0005)),  # a bucket a parameter
+    "topk_1.0": (named(TopK, ratio=1.0, dense_fallback=False, **GATHERED), {}),
+    "topk_0.1_bucket_view": (named(TopK, ratio=0.1, **GATHERED), dict(gradient_as_bucket_view=True)),
+    "topk_0.1_no_sync": (named(TopK, ratio=0.1, **GATHERED), dict(passes=2)),
+    "dgc_0.1_no_sync": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(passes=2)),
+    "topk_0.1_auto": (named(TopK, ratio=0.1, **EVERY), {}),  # exchange="auto", the default
+    "topk_0.1_no_feedback": (named(TopK, ratio=0.1, error_feedback=False, **GATHERED), {}),
+    "topk_0.1_default_policy": (named(TopK, ratio=0.1, exchange="allgather"), {}),
+    "rtopk_0.1": (named(RTopK, ratio=0.1, r=0.3, seed=7, **GATHERED), {}),
+    "rtopk_1.0": (named(RTopK, ratio=1.0, seed=7, dense_fallback=False, **GATHERED), {}),
+    "threshold_0.1": (named(Threshold, ratio=0.1, **GATHERED), {}),
+    "threshold_0.1_fp16": (named(Threshold, ratio=0.1, quantize="fp16", **GATHERED), {}),
+    "threshold_1.0": (named(Threshold, ratio=1.0, dense_fallback=False, **GATHERED), {}),
+    "dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), {}),
     "dgc_0.05_warmup_clip": (
         named(DGC, ratio=0.05, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.2, **GATHERED),
-        0,
-        25,
+        {},
     ),
     "dgc_1.0_no_masking": (
         named(DGC, ratio=1.0, momentum=0.9, momentum_masking=False, dense_fallback=False, **GATHERED),
-        0,
-        25,
+        {},
     ),
-    "dgc_0.1_default_policy": (named(DGC, ratio=0.1, momentum=0.9, exchange="allgather"), 0, 25),
-    "dgc_0.1_default_policy_clip": (named(DGC, ratio=0.1, momentum=0.9, clip_norm=0.2, exchange="allgather"), 0, 25),
+    "dgc_0.1_default_policy": (named(DGC, ratio=0.1, momentum=0.9, exchange="allgather"), {}),
+    "dgc_0.1_default_policy_clip": (named(DGC, ratio=0.1, momentum=0.9, clip_norm=0.2, exchange="allgather"), {}),
     "dgc_0.3_warmup_dense_stage": (
         named(DGC, ratio=0.3, momentum=0.9, warmup_steps=2, warmup_stages=1, **GATHERED),
-        0,
-        25,
+        {},
     ),
 }
 results, stats = {}, {}
-for config, (make_compression, momentum, bucket_cap_mb) in CONFIGS.items():
+for config, (make_compression, options) in CONFIGS.items():
     if args.only and config not in args.only:
         continue
     model = common.torch_model()
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb)
+    passes = options.get("passes", 1)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        model,
+        bucket_cap_mb=options.get("bucket_cap_mb", 25),
+        gradient_as_bucket_view=options.get("gradient_as_bucket_view", False),
+    )
     compression = None if make_compression is None else make_compression(model)
     if compression is not None:
         ddp.register_comm_hook(compression, ddp_hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=momentum)
+    opt = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=options.get("momentum", 0))
     history = []
     for step in range(args.steps):
-        idx = common.rows(step, rank, size, len(y_all))
         opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(ddp(torch.from_numpy(x_all[idx])), torch.from_numpy(y_all[idx]))
-        loss.backward()
+        for p in range(passes):  # accumulated locally, exchanged on the last pass
+            idx = common.rows(step * passes + p, rank, size, len(y_all))
+            with ddp.no_sync() if p < passes - 1 else contextlib.nullcontext():
+                out = ddp(torch.from_numpy(x_all[idx]))
+                torch.nn.functional.cross_entropy(out, torch.from_numpy(y_all[idx])).backward()
         opt.step()
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     results[config] = history
