@@ -27,10 +27,12 @@ class Horovod:
         return self.process_set().size() if exchange.horovod().is_initialized() else 1
 
     def allgather_ints(self, ints, name):
-        return exchange.allgather_ints(ints, name, self.process_set())
+        ints = torch.tensor(ints, dtype=torch.int64)
+        return exchange.horovod().allgather(ints, name=name, process_set=self.process_set()).tolist()
 
-    def mean_over_ranks(self, values, name):
-        return exchange.mean_over_ranks(values, name, self.process_set())
+    def mean_over_ranks(self, values, name):  # Horovod's default op averages
+        values = torch.tensor(values, dtype=torch.float64)
+        return exchange.horovod().allreduce(values, name=name, process_set=self.process_set()).tolist()
 
     def allreduce(self, tensor, name):
         return exchange.horovod().allreduce(

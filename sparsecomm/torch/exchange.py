@@ -277,18 +277,6 @@ class SparDL:
 EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
 
 
-def allgather_ints(ints, name, process_set):
-    """Every rank's `ints`, concatenated in rank order (one allgather named `name`)."""
-    hvd = horovod()
-    return hvd.allgather(torch.tensor(ints, dtype=torch.int64), name=name, process_set=process_set).tolist()
-
-
-def mean_over_ranks(values, name, process_set):
-    """`values` averaged over the ranks (one allreduce named `name`)."""
-    hvd = horovod()
-    return hvd.allreduce(torch.tensor(values, dtype=torch.float64), name=name, process_set=process_set).tolist()
-
-
 class InFlight:
     """The exchanges of one compressor between compress and decompress: started by route, and
     finished with the phases every rank must start in the same order advanced first."""

@@ -150,6 +150,13 @@ def same_everywhere(hvd, mine, what, step):
         raise AssertionError(f"ranks disagree on {what} at step {step}: {everyone}")
 
 
+def tf_residual_norm(compressors):
+    """The sum of |residual| over the TF compressors' variables (the elastic workers log it)."""
+    import tensorflow as tf
+
+    return sum(float(tf.reduce_sum(tf.abs(s.residual))) for c in compressors for s in c.state if s.residual is not None)
+
+
 class ElasticScenario:
     """The scenario of the elastic workers (torch_elastic.py, tf_elastic.py), played from the
     elastic state's `step`, `phase` and `mark`: 2 ranks train; at step 3 rank 0 adds a third slot

@@ -88,12 +88,7 @@ def main():
         common.same_everywhere(hvd, steps, "compressor steps", state.step)
 
     def residual_norm():
-        return sum(
-            float(tf.reduce_sum(tf.abs(s.residual)))
-            for c in compressors.values()
-            for s in c.state
-            if s.residual is not None
-        )
+        return common.tf_residual_norm(compressors.values())
 
     @elastic.run  # hvd.elastic.run would end train() silently on some failed collectives (see elastic.run)
     def train(state):
