@@ -258,9 +258,17 @@ def main():
         )
         return
     if args.json:
+        from . import report
+
         with open(args.json, "w") as f:
             json.dump(
-                {"machine": {"python": platform.python_version(), "torch": torch.__version__}, "records": records},
+                {
+                    "machine": {"python": platform.python_version(), "torch": torch.__version__},
+                    "command": report.relative_command("python -m sparsecomm.bench " + shlex.join(sys.argv[1:])),
+                    "commit": report.code_version(),
+                    "minutes": (time.time() - started) / 60,
+                    "records": records,
+                },
                 f,
                 indent=1,
             )

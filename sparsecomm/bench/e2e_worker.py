@@ -21,6 +21,10 @@ dense among them in every group.
   DDP dense/fp16/PowerSGD
                    PyTorch DistributedDataParallel on the gloo backend, plain or with the
                    fp16 / PowerSGD (rank 4) communication hook: the peers outside Horovod
+  DDP + DGC 0.1%, ...
+                   DistributedDataParallel with a sparsecomm compressor as its communication
+                   hook (sparsecomm.torch.ddp_hook): the Horovod row's method, settings and
+                   optimizer, the other way in (DDP_HOOK_ROWS)
 
 Models (data content does not change the step time, so inputs are fixed random tensors):
   comm     MLP 1024-4096-4096-1024 (25.2M parameters, 101 MB of float32 gradient), batch 8:
@@ -74,7 +78,17 @@ METHODS = {
 # the step the method's exchange could at best reach. name -> the method it runs.
 LOCAL_ROWS = {"DGC 0.1% local": "DGC 0.1% allgather", "Threshold 1% local": "Threshold 1%"}
 DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")
-ROWS = (FLOOR, FLOOR_SYNCED, *METHODS, *LOCAL_ROWS, *DDP_ROWS)  # every row, in the order a run measures them
+# A DDP + row runs a Horovod row's compressor (its settings, and its optimizer momentum) as DDP's
+# communication hook, sparsecomm.torch.ddp_hook, over DDP's default group: the same method, the other
+# way in. name -> that Horovod row. Each sends by allgather (RandomBlock: its shared allreduce), which
+# the hook carries; the hook carries no spardl or quantize yet, so no such row has a DDP + twin.
+DDP_HOOK_ROWS = {
+    "DDP + DGC 0.1%": "DGC 0.1% allgather",
+    "DDP + Threshold 1%": "Threshold 1%",
+    "DDP + TopK 1%": "TopK 1%",
+    "DDP + RandomBlock 1%": "RandomBlock 1%",
+}
+ROWS = (FLOOR, FLOOR_SYNCED, *METHODS, *LOCAL_ROWS, *DDP_ROWS, *DDP_HOOK_ROWS)  # in the order a run measures them
 BASELINES = (FLOOR, "dense")  # every ratio's reference: timed in every group of rows
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)
@@ -268,6 +282,48 @@ def init_horovod(methods):
     hvd.init(process_sets=ALONE or None)
 
 
+class Counted:
+    """A compressor's stats() over the timed steps only: `warmed()` after the warm-up (auto's
+    watch and trial send dense at first; DGC's warm-up has other densities), then `timed()`."""
+
+    KEYS = ("calls", "sent_bytes", "received_bytes", "compress_seconds")
+
+    def __init__(self, compression, model):
+        self.compression, self.parameters = compression, len(list(model.parameters()))
+        self.warm = dict.fromkeys(self.KEYS, 0)
+
+    def warmed(self):
+        self.warm.update({key: self.compression.stats()[key] for key in self.KEYS})
+
+    def timed(self, method):
+        """(bytes sent and received a timed step, exchanges, its stats(), the wall ms in compress a
+        timed step, averaged over the ranks: packs, routes, DGC's momentum; time preempted included)."""
+        stats = self.compression.stats()
+        timed = {key: stats[key] - self.warm[key] for key in self.KEYS}
+        calls = max(1, timed["calls"] // self.parameters)
+        exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
+        compress_ms = hvd.allreduce(
+            torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),
+            name=f"bench.compress_ms.{method}",
+        ).item()
+        return timed["sent_bytes"] / calls, timed["received_bytes"] / calls, exchanges, stats, compress_ms
+
+
+def route_trial(stats):
+    """auto's route trial as a record holds it ({} where none ran)."""
+    trial = next((t for t in stats["tensors"].values() if "route_trial_seconds" in t), None)
+    if trial is None:
+        return {}
+    return {
+        "route_trial": {
+            "kept": trial["route_trial"],
+            "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
+            "ratio": trial["route_trial_ratio"],
+            "steps": trial["route_trial_steps"],
+        }
+    }
+
+
 def horovod_row(kind, method, warmup):
     model, x, y = model_and_batch(kind)
     make, momentum = METHODS[LOCAL_ROWS.get(method, method)]
@@ -282,52 +338,23 @@ def horovod_row(kind, method, warmup):
         process_set=process_set,
     )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-
-    counted = ("calls", "sent_bytes", "received_bytes", "compress_seconds")
-    warmed = dict.fromkeys(counted, 0)
-
-    def warmed_up():  # the bytes of the timed steps only (auto's watch and trial send dense at first)
-        if hasattr(compression, "stats"):
-            warmed.update({key: compression.stats()[key] for key in counted})
+    counted = Counted(compression, model) if hasattr(compression, "stats") else None
 
     def finish(times):
-        if hasattr(compression, "stats"):
-            stats = compression.stats()
-            timed = {key: stats[key] - warmed[key] for key in counted}
-            calls = max(1, timed["calls"] // len(list(model.parameters())))
-            sent, received = timed["sent_bytes"] / calls, timed["received_bytes"] / calls
-            exchanges = sorted({t.get("exchange", "") for t in stats["tensors"].values()} - {""})
+        if counted is not None:
+            sent, received, exchanges, stats, compress_ms = counted.timed(method)
             if method in LOCAL_ROWS:  # what it would send; nothing leaves the rank
                 return dict(record(kind, method, "local", model, times, sent, received), local_of=LOCAL_ROWS[method])
-            trial = next((t for t in stats["tensors"].values() if "route_trial_seconds" in t), None)
-            tried = (
-                {}
-                if trial is None
-                else {
-                    "route_trial": {
-                        "kept": trial["route_trial"],
-                        "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
-                        "ratio": trial["route_trial_ratio"],
-                        "steps": trial["route_trial_steps"],
-                    }
-                }
-            )
-            # wall time in compress a timed step (its packs, routes, DGC's momentum; time the rank was preempted
-            # included), averaged over the ranks
-            compress_ms = hvd.allreduce(
-                torch.tensor(1000 * timed["compress_seconds"] / calls, dtype=torch.float64),
-                name=f"bench.compress_ms.{method}",
-            ).item()
             return dict(
                 record(kind, method, "sparsecomm", model, times, sent, received, exchanges),
                 compress_ms=compress_ms,
-                **tried,
+                **route_trial(stats),
             )
         # Horovod's ring allreduce of the (maybe fp16) gradient
         size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
         return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
 
-    return Row(method, model, opt, x, y, warmup, finish, warmed_up)
+    return Row(method, model, opt, x, y, warmup, finish, counted.warmed if counted else lambda: None)
 
 
 def init_torch_distributed():
@@ -381,12 +408,45 @@ def ddp_row(kind, method, warmup):
     return Row(method, ddp, opt, x, y, warmup, finish)
 
 
+def ddp_hook_row(kind, method, warmup):
+    """DistributedDataParallel with the compressor of the Horovod row DDP_HOOK_ROWS names as its
+    communication hook (no process_set: DDP's default group), with that row's optimizer momentum.
+    Its bytes are the compressor's stats() over the timed steps, as the Horovod rows' are (the
+    hook counts each gathered parameter at its padded capacity: what travels)."""
+    import sparsecomm.torch as sct
+
+    model, x, y = model_and_batch(kind)
+    twin = DDP_HOOK_ROWS[method]
+    make, momentum = METHODS[twin]
+    compression = make(model, None)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(compression, sct.ddp_hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=momentum)
+    if getattr(compression, "exchange", None) == "auto":  # its timed steps start with its routes final
+        warmup = max(warmup, SETTLING_STEPS)
+    counted = Counted(compression, model)
+
+    def finish(times):
+        sent, received, exchanges, stats, compress_ms = counted.timed(method)
+        return dict(
+            record(kind, method, "sparsecomm", model, times, sent, received, exchanges),
+            compress_ms=compress_ms,
+            way="ddp",
+            horovod_twin=twin,
+            **route_trial(stats),
+        )
+
+    return Row(method, ddp, opt, x, y, warmup, finish, counted.warmed)
+
+
 def make_row(kind, method):
     """method -> make(warmup) -> Row."""
     if method in (FLOOR, FLOOR_SYNCED):
         return lambda warmup: floor_row(kind, warmup, method)
     if method in DDP_ROWS:
         return lambda warmup: ddp_row(kind, method, warmup)
+    if method in DDP_HOOK_ROWS:
+        return lambda warmup: ddp_hook_row(kind, method, warmup)
     return lambda warmup: horovod_row(kind, method, warmup)
 
 
@@ -412,7 +472,7 @@ def main():
     args = parser.parse_args()
     init_horovod(args.methods)
     torch.set_num_threads(1)
-    if any(m in DDP_ROWS for m in args.methods):
+    if any(m in DDP_ROWS or m in DDP_HOOK_ROWS for m in args.methods):
         init_torch_distributed()
     records = []
     makers = {method: make_row(args.model, method) for method in args.methods}
