@@ -26,10 +26,11 @@ def simulate_dgc(
     make_model=common.torch_model,
     forward=None,
     passes=1,
+    exchange="allgather",
 ):
-    """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), then plain SGD. A
-    tensor in dense_names, or at a density where the sparse payload would not be smaller
-    (dense_fallback), gets momentum SGD."""
+    """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), summed over the ranks
+    as `exchange` does, then plain SGD. A tensor in dense_names, or at a density where the
+    sparse payload would not be smaller (dense_fallback), gets momentum SGD."""
     model = make_model()
     state = [
         {n: (torch.zeros(p.numel()), torch.zeros(p.numel())) for n, p in model.named_parameters()} for _ in range(size)
@@ -42,9 +43,9 @@ def simulate_dgc(
             for name, p in trained(model):
                 larger = reference.count(density, p.numel()) * 8 >= p.numel() * 4
                 dense = name in dense_names or (dense_fallback and larger)
-                total = 0
+                sent = []
                 for rank in range(size):
-                    sent, state[rank][name] = simulation.dgc(
+                    rank_sent, state[rank][name] = simulation.dgc(
                         grads[rank][name],
                         state[rank][name],
                         density,
@@ -55,7 +56,9 @@ def simulate_dgc(
                         None if clip_norm is None else clip_norm / size**0.5,
                         dense,
                     )
-                    total = total + sent
+                    sent.append(rank_sent)
+                residuals = [state[rank][name][0] for rank in range(size)]
+                total = summed(sent, residuals, density, exchange if not dense else "allgather")
                 p -= lr * (total / size).view(p.shape)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
@@ -104,6 +107,7 @@ def simulate(
     make_model=common.torch_model,
     dtype=torch.float32,
     forward=None,
+    exchange="allgather",
 ):
     """N ranks in one process: per-rank gradients on the same rows as the workers
     (rank_gradients), per-rank error feedback, the method's selection (plain torch), summed
@@ -120,9 +124,9 @@ def simulate(
                 if method is None or name in dense_names:  # dense allreduce
                     total = sum(g[name].reshape(-1) for g in grads)
                 else:
-                    total = 0
+                    sent = []
                     for rank in range(size):
-                        sent, new_residual = METHODS[method](
+                        rank_sent, new_residual = METHODS[method](
                             grads[rank][name].reshape(-1),
                             residuals[rank][name] if error_feedback else None,
                             ratio,
@@ -132,7 +136,9 @@ def simulate(
                         )
                         if error_feedback:
                             residuals[rank][name] = new_residual
-                        total = total + sent
+                        sent.append(rank_sent)
+                    feedback = [r[name] if error_feedback else None for r in residuals]
+                    total = summed(sent, feedback, ratio, exchange)
                 update = total / size if op == "average" else total
                 if momentum:  # torch.optim.SGD: buf = m * buf + update (the first step: buf = update)
                     buffers[name] = update.clone() if step == 0 else momentum * buffers[name] + update
@@ -141,6 +147,16 @@ def simulate(
                 p.add_(update.view(p.shape).to(p.dtype), alpha=-lr)
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     return history
+
+
+def summed(sent, residuals, density, exchange):
+    """The sum over the ranks of what each sent (dense tensors): added in rank order, or by
+    simulation.spardl, which adds what it drops to the ranks' residuals (in place)."""
+    if exchange != "spardl":
+        return sum(sent[1:], sent[0])
+    selections = [(d[d != 0], d.nonzero().reshape(-1)) for d in sent]
+    k = reference.count(density, sent[0].numel())
+    return simulation.spardl(selections, residuals, k, sent[0].numel())[0]
 
 
 def assert_history_close(got, want, **tol):

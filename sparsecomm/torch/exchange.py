@@ -213,6 +213,37 @@ def _owned_scratch(wire, size):
     return torch.empty(size, dtype=torch.float32, device=wire.out.device)
 
 
+def spardl_split(packed, layout, rank, residual):
+    """Phase 1 on one rank: its selection's wire rows for each block's owner, in block order.
+    Its own block's rows are kept whole; of every other block, the per_rank largest (the rest to
+    `residual`: global residual collection)."""
+    value_dtype, index = packed.values.dtype, packed.index
+    values = packed.values.float()  # selection and residual in float32; exact back in value_dtype
+    bounds = torch.searchsorted(index, torch.tensor(layout.bounds(), dtype=torch.int32)).tolist()
+    rows = []
+    for b in range(layout.ranks):
+        v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
+        if b == rank:
+            rows.append(ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i))
+            continue
+        v, i = _keep_largest(v, i, layout.per_rank, residual)
+        rows.append(ops.wire_rows(v.to(value_dtype), i))
+    return rows
+
+
+def spardl_reduce(parts, layout, rank, value_dtype, wire):
+    """Phase 2 on the owner: the wire rows every rank sent for its block (in rank order) summed
+    in float32, the per_rank largest sums kept (the rest to wire.residual) and rounded to the
+    value dtype: the rows to all-gather."""
+    values, index = ops.wire_columns(torch.cat(parts), value_dtype)
+    low, size = layout.owned(rank)
+    sums = ops.sparse_unpack(values.float(), index - low, size, out=_owned_scratch(wire, size))  # in rank order
+    owned = torch.unique(index)
+    reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
+    reduced, owned = _keep_largest(reduced, owned, layout.per_rank, wire.residual)
+    return ops.wire_rows(_rounded(reduced, owned, value_dtype, wire.residual), owned)
+
+
 class SparDL:
     """Phase 1 in compress (per-block reselection, alltoall to the owners), phase 2 in
     `advance` (reduce the owned block, all-gather), phase 3 in finish."""
@@ -222,28 +253,21 @@ class SparDL:
     def start(self, packed, wire):
         hvd, ps = horovod(), wire.process_set
         layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, wire.ranks), ps.rank()
-        value_dtype, index = packed.values.dtype, packed.index
-        values = packed.values.float()  # selection and residual in float32; exact back in value_dtype
-        bounds = torch.searchsorted(index, torch.tensor(layout.bounds(), dtype=torch.int32)).tolist()
-        rows, splits, own = [], [], None
-        for b in range(layout.ranks):
-            v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
-            if b == rank:
-                own = ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i)
-                splits.append(0)
-                continue
-            v, i = _keep_largest(v, i, layout.per_rank, wire.residual)
-            rows.append(ops.wire_rows(v.to(value_dtype), i))
-            splits.append(i.numel())
-        payload = torch.cat(rows) if rows else ops.wire_rows(packed.values[:0], index[:0])
+        rows = spardl_split(packed, layout, rank, wire.residual)
+        own, splits = rows[rank], [0 if b == rank else r.shape[0] for b, r in enumerate(rows)]
+        payload = torch.cat([r for b, r in enumerate(rows) if b != rank] or [rows[rank][:0]])
         handle = hvd.alltoall_async(
             payload,
             splits=torch.tensor(splits, dtype=torch.int32),
             name=f"sparsecomm.{wire.name}.scatter",
             process_set=ps,
         )
-        return _placeholder(values.device), Context(
-            self, wire, payload.shape[0], payload.numel(), pending=_SparDLState(layout, rank, handle, value_dtype, own)
+        return _placeholder(payload.device), Context(
+            self,
+            wire,
+            payload.shape[0],
+            payload.numel(),
+            pending=_SparDLState(layout, rank, handle, packed.values.dtype, own),
         )
 
     def advance(self, ctx):
@@ -254,13 +278,7 @@ class SparDL:
         ctx.received_bytes += received.numel()
         parts = list(received.split(splits.tolist()))
         parts[st.rank] = st.own
-        values, index = ops.wire_columns(torch.cat(parts), st.value_dtype)
-        low, size = st.layout.owned(st.rank)
-        sums = ops.sparse_unpack(values.float(), index - low, size, out=_owned_scratch(ctx.wire, size))  # in rank order
-        owned = torch.unique(index)
-        reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
-        reduced, owned = _keep_largest(reduced, owned, st.layout.per_rank, ctx.wire.residual)
-        payload = ops.wire_rows(_rounded(reduced, owned, st.value_dtype, ctx.wire.residual), owned)
+        payload = spardl_reduce(parts, st.layout, st.rank, st.value_dtype, ctx.wire)
         ctx.sent_elements += payload.shape[0]
         ctx.sent_bytes += payload.numel()
         st.own, st.own_bytes = None, payload.numel()

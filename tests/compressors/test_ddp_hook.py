@@ -30,14 +30,23 @@ def step(model, compression, lr=0.5):
 
 
 @pytest.mark.usefixtures("group")
-@pytest.mark.parametrize("cls", [sct.TopK, sct.Threshold, sct.DGC, sct.RandomBlock])
-def test_at_ratio_one_on_one_rank_the_step_is_plain_sgd(cls):
+@pytest.mark.parametrize(
+    "cls, exchange",
+    [
+        (sct.TopK, "allgather"),
+        (sct.TopK, "spardl"),
+        (sct.Threshold, "allgather"),
+        (sct.DGC, "allgather"),
+        (sct.RandomBlock, None),
+    ],
+)
+def test_at_ratio_one_on_one_rank_the_step_is_plain_sgd(cls, exchange):
     plain = common.torch_model()
     x, y = common.digits()
     torch.nn.functional.cross_entropy(plain(torch.from_numpy(x[:16])), torch.from_numpy(y[:16])).backward()
     torch.optim.SGD(plain.parameters(), lr=0.5).step()
     model = common.torch_model()
-    settings = {"seed": 1} if cls is sct.RandomBlock else {"dense_fallback": False, "exchange": "allgather"}
+    settings = {"seed": 1} if cls is sct.RandomBlock else {"dense_fallback": False, "exchange": exchange}
     if cls is sct.DGC:
         settings.update(momentum=0.0, momentum_masking=False)
     compression = cls(ratio=1.0, named_parameters=model.named_parameters(), min_numel=0, dense_1d=False, **settings)
@@ -51,7 +60,6 @@ def test_at_ratio_one_on_one_rank_the_step_is_plain_sgd(cls):
 @pytest.mark.parametrize(
     "settings, error, message",
     [
-        (dict(exchange="spardl"), ValueError, r"TopK: exchange='spardl' does not run under ddp_hook yet"),
         (dict(process_set="all"), TypeError, r"TopK: under ddp_hook, process_set should be a torch.distributed"),
     ],
 )
@@ -63,13 +71,16 @@ def test_what_the_hook_cannot_run_is_refused_naming_the_argument(settings, error
 
 
 @pytest.mark.usefixtures("group")
-def test_quantized_values_are_refused_with_the_reason():
-    model = common.torch_model()
-    compression = sct.Threshold(
-        ratio=0.1, quantize="1bit", exchange="allgather", named_parameters=model.named_parameters(), min_numel=0
-    )
-    with pytest.raises(NotImplementedError, match=r"Threshold: quantize='1bit' does not run under ddp_hook yet"):
-        step(model, compression)
+def test_sparse_gradients_are_refused_with_the_reason():
+    """DDP hands a hook a bucket of sparse gradients (an embedding with sparse=True) without
+    its gradients: passing it through would skip the exchange."""
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 8, sparse=True), torch.nn.Linear(8, 2))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    ddp.register_comm_hook(sct.TopK(ratio=0.1, named_parameters=model.named_parameters()), sct.ddp_hook)
+    with pytest.raises(
+        RuntimeError, match=r"TopK: ddp_hook got a bucket of sparse gradients \(shapes \[\[100, 8\]\]\)"
+    ):
+        ddp(torch.tensor([[1, 2], [3, 4]])).sum().backward()
 
 
 @pytest.mark.usefixtures("group")

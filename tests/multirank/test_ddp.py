@@ -9,7 +9,7 @@ import common
 import pytest
 import torch
 from launch import torchrun
-from simulated_training import LR, STEPS, assert_history_close, simulated
+from simulated_training import LR, STEPS, assert_history_close, simulate, simulate_dgc, simulated
 
 # The worker's configurations -> the simulation's (simulated_training.SIMULATIONS), or its
 # settings: no_sync() accumulates 2 backward passes a step, as the simulation's `passes`.
@@ -18,6 +18,12 @@ SIMULATED_AS = {
     "topk_0.1_bucket_view": "topk_0.1",
     "topk_0.1_no_sync": dict(method="topk", ratio=0.1, passes=2),
     "dgc_0.1_no_sync": dict(dgc=dict(ratio=0.1, passes=2)),
+    "topk_0.1_spardl": dict(method="topk", ratio=0.1, exchange="spardl"),
+    "topk_0.1_spardl_buckets": dict(method="topk", ratio=0.1, exchange="spardl"),
+    "topk_1.0_spardl": dict(method="topk", ratio=1.0, exchange="spardl"),
+    "threshold_0.1_spardl": dict(method="threshold", ratio=0.1, exchange="spardl"),
+    "rtopk_0.1_spardl": dict(method="rtopk_0.3", ratio=0.1, exchange="spardl"),
+    "dgc_0.1_spardl": dict(dgc=dict(ratio=0.1, exchange="spardl")),
 }
 CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: its own test)
     "dense",
@@ -39,6 +45,14 @@ CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: it
     "threshold_0.1",
     "threshold_0.1_fp16",
     "threshold_1.0",
+    "threshold_0.1_1bit",
+    "threshold_0.1_2bit",
+    "topk_0.1_spardl",
+    "topk_0.1_spardl_buckets",
+    "topk_1.0_spardl",
+    "threshold_0.1_spardl",
+    "rtopk_0.1_spardl",
+    "dgc_0.1_spardl",
     "dgc_0.1",
     "dgc_0.05_warmup_clip",
     "dgc_1.0_no_masking",
@@ -48,6 +62,20 @@ CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: it
 ]
 # The simulation clips with its own arithmetic (simulation.dgc): an ulp apart from the kernel's.
 CLIPPED = {"dgc_0.05_warmup_clip", "dgc_0.1_default_policy_clip"}
+
+
+# The everyday model (a tied weight, a frozen layer, a branch some ranks skip on some steps, so
+# that on steps 2 and 5 no rank uses it) with find_unused_parameters=True.
+EVERYDAY = {
+    "everyday/topk": dict(method="topk"),
+    "everyday/topk_bucket_view": dict(method="topk"),
+    "everyday/rtopk": dict(method="rtopk_0.3"),
+    "everyday/threshold": dict(method="threshold"),
+    "everyday/dgc": None,
+    "everyday/randomk": dict(method="randomk"),
+    "everyday/random_block": dict(method="random_block"),
+    "everyday/topk_spardl": dict(method="topk", exchange="spardl"),
+}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
@@ -119,3 +147,29 @@ def test_auto_measures_over_ddps_group_and_routes_dense_or_allgather(run):
         assert_history_close(
             ranks[rank]["history"]["topk_0.1_auto"], ranks[0]["history"]["topk_0.1_auto"], rtol=0, atol=0
         )
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("config", list(EVERYDAY))
+def test_everyday_model_equals_the_simulation(run, config):
+    """Bit for bit on 2 ranks: the tied weight once, the frozen layer untouched, and the branch's
+    gradient exchanged on the steps no rank ran it (DDP would leave it None: the hook sets it,
+    so what its residual sent is applied, as under Horovod)."""
+    size, ranks = run
+    forward = lambda model, x, step, rank: model(x, branch=common.uses_branch(step, rank))  # noqa: E731
+    settings = dict(steps=STEPS, lr=LR, make_model=common.torch_everyday_model, forward=forward)
+    given = EVERYDAY[config]
+    want = simulate_dgc(size, 0.1, **settings) if given is None else simulate(size, ratio=0.1, **given, **settings)
+    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
+    for rank in range(size):
+        assert_history_close(ranks[rank]["history"][config], want, **tol)
+        assert_history_close(ranks[rank]["history"][config], ranks[0]["history"][config], rtol=0, atol=0)
+    frozen = {n: p for n, p in common.torch_everyday_model().named_parameters() if n.startswith("frozen.")}
+    assert all(torch.equal(ranks[0]["history"][config][-1][n], p) for n, p in frozen.items())
+
+
+def test_everyday_ratio_one_equals_ddps_own_allreduce(run):
+    """TopK at ratio 1.0 sends everything: DDP's allreduce, bit for bit on 2 ranks."""
+    size, ranks = run
+    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
+    assert_history_close(ranks[0]["history"]["everyday/topk_1.0"], ranks[0]["history"]["everyday/dense"], **tol)

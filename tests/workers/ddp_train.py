@@ -31,6 +31,7 @@ def named(cls, **settings):
 
 
 GATHERED = dict(exchange="allgather", **EVERY)
+SCATTERED = dict(exchange="spardl", **EVERY)
 # name -> (compression for the model, or None for DDP's own allreduce; options: SGD's momentum,
 # DDP's bucket_cap_mb and gradient_as_bucket_view, and passes: backward passes a step, all but
 # the last under no_sync())
@@ -55,6 +56,14 @@ CONFIGS = {
     "threshold_0.1": (named(Threshold, ratio=0.1, **GATHERED), {}),
     "threshold_0.1_fp16": (named(Threshold, ratio=0.1, quantize="fp16", **GATHERED), {}),
     "threshold_1.0": (named(Threshold, ratio=1.0, dense_fallback=False, **GATHERED), {}),
+    "threshold_0.1_1bit": (named(Threshold, ratio=0.1, quantize="1bit", **GATHERED), {}),
+    "threshold_0.1_2bit": (named(Threshold, ratio=0.1, quantize="2bit", **GATHERED), {}),
+    "topk_0.1_spardl": (named(TopK, ratio=0.1, **SCATTERED), {}),
+    "topk_0.1_spardl_buckets": (named(TopK, ratio=0.1, **SCATTERED), dict(bucket_cap_mb=0.0005)),
+    "topk_1.0_spardl": (named(TopK, ratio=1.0, dense_fallback=False, **SCATTERED), {}),
+    "threshold_0.1_spardl": (named(Threshold, ratio=0.1, **SCATTERED), {}),
+    "rtopk_0.1_spardl": (named(RTopK, ratio=0.1, r=0.3, seed=7, **SCATTERED), {}),
+    "dgc_0.1_spardl": (named(DGC, ratio=0.1, momentum=0.9, **SCATTERED), {}),
     "dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), {}),
     "dgc_0.05_warmup_clip": (
         named(DGC, ratio=0.05, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.2, **GATHERED),
@@ -71,16 +80,37 @@ CONFIGS = {
         {},
     ),
 }
-results, stats = {}, {}
-for config, (make_compression, options) in CONFIGS.items():
-    if args.only and config not in args.only:
-        continue
-    model = common.torch_model()
+# The everyday model (common.torch_everyday_model: a tied weight, a frozen layer, a branch some
+# ranks skip on some steps) with find_unused_parameters=True, every method at 0.1, and 1.0
+EVERYDAY = dict(model="everyday", find_unused_parameters=True)
+for method, cls, settings in (
+    ("topk", TopK, GATHERED),
+    ("rtopk", RTopK, dict(r=0.3, seed=7, **GATHERED)),
+    ("threshold", Threshold, GATHERED),
+    ("dgc", DGC, dict(momentum=0.9, **GATHERED)),
+    ("randomk", RandomK, dict(seed=7, **EVERY)),
+    ("random_block", RandomBlock, dict(seed=7, **EVERY)),
+    ("topk_spardl", TopK, SCATTERED),
+):
+    CONFIGS[f"everyday/{method}"] = (named(cls, ratio=0.1, **settings), EVERYDAY)
+CONFIGS["everyday/dense"] = (None, EVERYDAY)
+CONFIGS["everyday/topk_bucket_view"] = (
+    named(TopK, ratio=0.1, **GATHERED),
+    dict(EVERYDAY, gradient_as_bucket_view=True),
+)
+CONFIGS["everyday/topk_1.0"] = (named(TopK, ratio=1.0, dense_fallback=False, **GATHERED), EVERYDAY)
+
+
+def train(make_compression, options):
+    """The parameters after each step, and the compressor (None: DDP's own allreduce)."""
+    everyday = options.get("model") == "everyday"
+    model = common.torch_everyday_model() if everyday else common.torch_model()
     passes = options.get("passes", 1)
     ddp = torch.nn.parallel.DistributedDataParallel(
         model,
         bucket_cap_mb=options.get("bucket_cap_mb", 25),
         gradient_as_bucket_view=options.get("gradient_as_bucket_view", False),
+        find_unused_parameters=options.get("find_unused_parameters", False),
     )
     compression = None if make_compression is None else make_compression(model)
     if compression is not None:
@@ -91,13 +121,20 @@ for config, (make_compression, options) in CONFIGS.items():
         opt.zero_grad()
         for p in range(passes):  # accumulated locally, exchanged on the last pass
             idx = common.rows(step * passes + p, rank, size, len(y_all))
+            branch = dict(branch=common.uses_branch(step, rank)) if everyday else {}
             with ddp.no_sync() if p < passes - 1 else contextlib.nullcontext():
-                out = ddp(torch.from_numpy(x_all[idx]))
+                out = ddp(torch.from_numpy(x_all[idx]), **branch)
                 torch.nn.functional.cross_entropy(out, torch.from_numpy(y_all[idx])).backward()
         opt.step()
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    results[config] = history
-    stats[config] = None if compression is None else compression.stats()
+    return history, compression
+
+
+results, stats = {}, {}
+for config, (make_compression, options) in CONFIGS.items():
+    if not args.only or config in args.only:
+        results[config], compression = train(make_compression, options)
+        stats[config] = None if compression is None else compression.stats()
 torch.save({"history": results, "stats": stats}, os.path.join(args.out, f"rank{rank}.pt"))
 print(f"rank {rank}/{size}: {len(results)} configs x {args.steps} steps done")
 dist.destroy_process_group()

@@ -1,0 +1,221 @@
+"""The parts of one DDP bucket's exchange (sparsecomm.torch.ddp), one per kind of collective:
+
+    add(...)   -> this rank's traffic of the gradient (sent elements, sent bytes, received bytes)
+    start()    -> the futures of the collectives it started (none without gradients)
+    finish()   -> the averaged gradients written into the bucket
+
+all_gather and all_to_all want equal sizes on every rank, and a method's count may differ per
+rank: each parameter's rows travel padded to its capacity (Method.most_selected), after a
+header of every parameter's count, so no size exchange comes first.
+"""
+
+import torch
+
+from ..core import wire
+from ..core.plan import SparDLLayout
+from . import collectives, ops
+from .exchange import spardl_reduce, spardl_split
+
+COUNT = torch.empty(0, dtype=torch.int64).element_size()
+
+
+def _bytes(tensor):
+    return tensor.contiguous().view(-1).view(torch.uint8)
+
+
+class Reduced:
+    """The dense and shared routes: their payloads summed in one all_reduce per dtype."""
+
+    def __init__(self, ways):
+        self.ways = ways
+        self.items = []  # (gradient view, payload, Packed of the shared route or None)
+        self.works = []  # (dtype, flat sums)
+
+    def add(self, grad, payload, packed=None):
+        self.items.append((grad, payload, packed))
+
+    def start(self):
+        import torch.distributed as dist
+
+        futures = []
+        for dtype in sorted({p.dtype for _, p, _ in self.items}, key=str):
+            flat = torch.cat([p.reshape(-1) for _, p, _ in self.items if p.dtype == dtype])
+            futures.append(dist.all_reduce(flat, group=self.ways.group, async_op=True).get_future())
+            self.works.append((dtype, flat))
+        return futures
+
+    def finish(self, ranks):
+        for dtype, flat in self.works:
+            offset = 0
+            for grad, payload, packed in self.items:
+                if payload.dtype != dtype:
+                    continue
+                summed = flat[offset : offset + payload.numel()].view(payload.shape)
+                offset += payload.numel()
+                if packed is None:
+                    torch.div(summed, ranks, out=grad)
+                elif packed.start is not None:
+                    ops.block_unpack(summed / ranks, grad.numel(), packed.start, out=grad.view(-1))
+                else:
+                    ops.sparse_unpack(summed / ranks, packed.index, grad.numel(), out=grad.view(-1))
+
+
+class Gathered:
+    """The allgather route (and SparDL's second phase): every rank's rows, or 1-/2-bit segment,
+    of each parameter in one all_gather, unpacked in rank order and averaged."""
+
+    def __init__(self, ways, counters):
+        self.ways, self.counters = ways, counters
+        self.items = []  # (gradient view, name, count, capacity in bytes, reader)
+        self.blobs = []  # this rank's bytes of each parameter
+        self.everyone = None
+
+    def add(self, grad, name, packed, capacity):
+        """A parameter's Packed (values or codes, with indices), at most `capacity` elements."""
+        if packed.bits is None:
+            return self.add_rows(grad, name, ops.wire_rows(packed.values, packed.index), packed.values.dtype, capacity)
+        blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
+        segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits)
+        return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits))
+
+    def add_rows(self, grad, name, rows, value_dtype, capacity):
+        return self._add(
+            grad, name, rows.shape[0], rows, capacity * rows.shape[1], ("rows", value_dtype, rows.shape[1])
+        )
+
+    def _add(self, grad, name, count, blob, capacity_bytes, reader):
+        if blob.numel() > capacity_bytes:
+            raise RuntimeError(
+                f"sparsecomm ddp_hook: {count} elements of {name!r} ({blob.numel()} bytes) exceed its "
+                f"capacity ({capacity_bytes} bytes)"
+            )
+        self.items.append((grad, name, count, capacity_bytes, reader))
+        self.blobs.append(blob)
+        return count, capacity_bytes + COUNT, 0  # what travels, padding included
+
+    def start(self):
+        if not self.items:
+            return []
+        device = self.blobs[0].device
+        counts = torch.tensor([count for _, _, count, _, _ in self.items], dtype=torch.int64)
+        mine = torch.zeros(
+            COUNT * len(self.items) + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device
+        )
+        mine[: counts.numel() * COUNT] = _bytes(counts.to(device))
+        offset = counts.numel() * COUNT
+        for blob, (*_, capacity, _) in zip(self.blobs, self.items):
+            mine[offset : offset + blob.numel()] = _bytes(blob)
+            offset += capacity
+        ranks = self.ways.size()
+        self.everyone = torch.empty(ranks * mine.numel(), dtype=torch.uint8, device=device)
+        work = collectives.all_gather_into(self.everyone, mine, self.ways.group, async_op=True)
+        return [work.get_future()]
+
+    def finish(self):
+        if not self.items:
+            return
+        ranks, params = self.ways.size(), len(self.items)
+        everyone = self.everyone.view(ranks, -1)
+        counts = everyone[:, : COUNT * params].contiguous().view(torch.int64).tolist()  # (on a GPU: one read)
+        offset = COUNT * params
+        for i, (grad, name, _, capacity, reader) in enumerate(self.items):
+            regions = everyone[:, offset : offset + capacity]
+            offset += capacity
+            _unpack(reader, [regions[r, : _used(reader, counts[r][i])] for r in range(ranks)], grad, ranks)
+            self.counters.account_later(name, 0, (ranks - 1) * (capacity + COUNT))
+
+
+def _used(reader, count):
+    """The bytes a rank's blob of `count` elements takes, of its padded region."""
+    if reader[0] == "rows":
+        return count * reader[2]
+    bits = reader[1]
+    return wire.Segment(count, wire.scale_count(bits), bits).size
+
+
+def _unpack(reader, blobs, grad, ranks):
+    """Every rank's blob, in rank order, added into the gradient and divided by the ranks."""
+    out = grad.view(-1)
+    if reader[0] == "rows":
+        rows = torch.cat(blobs).view(-1, reader[2])
+        ops.sparse_unpack_rows(rows, reader[1], grad.numel(), 1.0, ranks, out=out)
+    else:
+        ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=out)
+
+
+class Scattered:
+    """The spardl route (exchange.spardl_split/spardl_reduce, as under Horovod): each block's
+    rows to its owner in one all_to_all, padded to per_rank; the second phase (advance: the
+    owned sums, all-gathered as Gathered rows) starts at the next hook."""
+
+    def __init__(self, ways, counters):
+        self.ways, self.counters = ways, counters
+        self.items = []  # (wire, layout, value dtype, rows for each block's owner)
+        self.second = Gathered(ways, counters)
+        self.done = torch.futures.Future()
+
+    def add(self, wire_, packed):
+        layout = SparDLLayout.of(wire_.shape.numel(), wire_.k, wire_.ranks)
+        rows = spardl_split(packed, layout, self._rank(), wire_.residual)
+        self.items.append((wire_, layout, packed.values.dtype, rows))
+        width = rows[0].shape[1]
+        sent = sum(r.shape[0] for b, r in enumerate(rows) if b != self._rank())
+        padded = (wire_.ranks - 1) * (COUNT + layout.per_rank * width)
+        return sent, padded, padded
+
+    def _rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank(self.ways.group)
+
+    def _chunk_bytes(self):
+        return sum(COUNT + layout.per_rank * rows[0].shape[1] for _, layout, _, rows in self.items)
+
+    def start(self):
+        """Every owner's chunk: each parameter's count, then its rows padded to per_rank."""
+        if not self.items:
+            return []
+        import torch.distributed as dist
+
+        ranks, chunk, device = self.ways.size(), self._chunk_bytes(), self.items[0][3][0].device
+        sending = torch.zeros(ranks, chunk, dtype=torch.uint8, device=device)
+        for owner in range(ranks):
+            mine = owner == self._rank()  # its own rows stay here: a chunk of zeros
+            counts = torch.tensor([0 if mine else rows[owner].shape[0] for *_, rows in self.items], dtype=torch.int64)
+            sending[owner, : COUNT * len(self.items)] = _bytes(counts.to(device))
+            offset = COUNT * len(self.items)
+            for _, layout, _, rows in self.items:
+                if not mine:
+                    sending[owner, offset : offset + rows[owner].numel()] = _bytes(rows[owner])
+                offset += layout.per_rank * rows[owner].shape[1]
+        self.received = torch.empty_like(sending)
+        self.work = dist.all_to_all_single(self.received, sending, group=self.ways.group, async_op=True)
+        self.ways.scattered.append(self)
+        return [self.done]
+
+    def advance(self):
+        """Waits for the scatter, reduces each owned block (in rank order) and starts the gather."""
+        self.work.wait()
+        rank, params = self._rank(), len(self.items)
+        counts = self.received[:, : COUNT * params].contiguous().view(torch.int64).tolist()
+        offset = COUNT * params
+        for i, (wire_, layout, value_dtype, rows) in enumerate(self.items):
+            width = rows[0].shape[1]
+            parts = [
+                rows[rank] if s == rank else self.received[s, offset : offset + counts[s][i] * width].view(-1, width)
+                for s in range(wire_.ranks)
+            ]
+            offset += layout.per_rank * width
+            reduced = spardl_reduce(parts, layout, rank, value_dtype, wire_)
+            sent = self.second.add_rows(wire_.out, wire_.name, reduced, value_dtype, layout.per_rank)
+            self.counters.account_later(wire_.name, sent[1], 0)
+        self.second.start()[0].add_done_callback(self._arrived)
+
+    def _arrived(self, gathered):
+        try:
+            self.done.set_result(gathered.value())
+        except Exception as error:  # the gather's error, raised by the bucket's finish
+            self.done.set_exception(error)
+
+    def finish(self):
+        self.second.finish()
