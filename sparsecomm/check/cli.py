@@ -11,6 +11,8 @@ Checks that sparsecomm works on this machine, on its GPUs when it has any:
                            spardl); the loss must go down and the ranks end bitwise equal.
                            On cpu with Gloo; on cuda with NCCL (one GPU per rank) when Horovod
                            has it
+  DDP training             torchrun: the same with the DDP hook (and Threshold 2-bit and
+                           RandomBlock), Gloo on cpu, NCCL on cuda (1 rank on 1 GPU)
 
 Each step PASSes, FAILs, or is SKIPped with the reason. The exit code is 0 when nothing FAILed
 (a SKIP is not a failure), 1 otherwise."""
@@ -33,6 +35,8 @@ def plan(env, quick):
         step[f"kernel benchmark ({device})"] = lambda device=device: steps.kernel_bench(env, device, quick)
     for device in ("cpu", "cuda"):
         step[f"2-rank training ({device})"] = lambda device=device: steps.smoke(env, device, quick)
+    for device in ("cpu", "cuda"):
+        step[f"DDP training ({device})"] = lambda device=device: steps.ddp_smoke(env, device, quick)
     return list(step.items())
 
 

@@ -249,11 +249,47 @@ def smoke(env, device, quick):
             ],
             timeout,
         )
-        if code != 0 or not os.path.exists(out):
-            show_tail(output)
-            return FAIL, f"{backend}: horovodrun " + ("timed out" if code is None else f"exited {code}")
-        with open(out) as f:
-            records = json.load(f)
+        return judged(code, output, out, backend, steps)
+
+
+def ddp_smoke(env, device, quick):
+    """torchrun of sparsecomm.check.worker --way ddp on `device` (the DDP hook: Gloo on cpu,
+    NCCL on cuda, one GPU per rank, 2 ranks at most): judged as the Horovod smoke test."""
+    blocked = environment.blocker(env, device)
+    if blocked:
+        return blocked
+    import torch.distributed as dist
+
+    ranks, backend = 2, "Gloo, 2 ranks"
+    if device == "cuda":
+        if not dist.is_nccl_available():
+            return SKIP, "this torch was built without NCCL"
+        ranks = min(2, len(env.gpus))
+        backend = f"NCCL, {ranks} rank{'s' * (ranks > 1)} (one GPU each)"
+    steps, timeout = (10, 240) if quick else (30, 600)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "ddp.json")
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port"]
+        worker = ["-m", "sparsecomm.check.worker", "--way", "ddp", "--device", device, "--steps", str(steps)]
+        code, output = run_command([*torchrun, str(free_port()), *worker, "--out", out], timeout)
+        return judged(code, output, out, backend, steps)
+
+
+def free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def judged(code, output, out, backend, steps):
+    """A smoke test's verdict from its launch and the records rank 0 wrote to `out`."""
+    if code != 0 or not os.path.exists(out):
+        show_tail(output)
+        return FAIL, f"{backend}: the launch " + ("timed out" if code is None else f"exited {code}")
+    with open(out) as f:
+        records = json.load(f)
     for r in records:
         print(
             f"[check]   {r['config']:<15} loss {r['loss_before']:.4f} -> {r['loss_after']:.4f}, "
@@ -267,7 +303,7 @@ def smoke(env, device, quick):
     after = [r["loss_after"] for r in records]
     share = max(r["sent_bytes"] / r["dense_bytes"] for r in records)
     methods = "/".join(dict.fromkeys(r["config"].split()[0] for r in records))
-    exchanges = "/".join(dict.fromkeys(r["exchange"] for r in records))
+    exchanges = "/".join(dict.fromkeys(r["exchange"] or "shared" for r in records))
     return PASS, (
         f"{backend}: {methods} x {exchanges}, {steps} steps each: loss "
         f"{records[0]['loss_before']:.2f} -> {min(after):.2f}..{max(after):.2f}, ranks bitwise equal, "
@@ -282,8 +318,9 @@ def smoke_problems(record):
         problems.append(f"{name}: loss did not go down ({record['loss_before']:.4f} -> {record['loss_after']:.4f})")
     if not record["ranks_equal"]:
         problems.append(f"{name}: ranks differ (max |difference| {record['max_rank_difference']:.3g})")
-    if record["exchanges"] != [record["exchange"]]:
-        problems.append(f"{name}: exchanges used {record['exchanges']}, expected only {record['exchange']}")
+    expected = [record["exchange"]] if record["exchange"] else []  # (shared coordinates name no exchange)
+    if record["exchanges"] != expected:
+        problems.append(f"{name}: exchanges used {record['exchanges']}, expected {expected}")
     if not 0 < record["sent_bytes"] < record["dense_bytes"]:
         problems.append(f"{name}: sent {record['sent_bytes']} bytes, not fewer than dense {record['dense_bytes']}")
     return problems

@@ -24,6 +24,8 @@ STEPS = [
     "kernel benchmark (cpu)",
     "2-rank training (cpu)",
     "2-rank training (cuda)",
+    "DDP training (cpu)",
+    "DDP training (cuda)",
 ]
 CUDA_STEPS = [s for s in STEPS if "cuda" in s]
 
@@ -58,6 +60,8 @@ def test_quick_check_on_this_machine(tmp_path):
     assert "x a memcpy" in result["kernel benchmark (cpu)"]["detail"] or torch.cuda.is_available()
     training = result["2-rank training (cpu)"]
     assert training["status"] == PASS and "ranks bitwise equal" in training["detail"], training
+    ddp = result["DDP training (cpu)"]
+    assert ddp["status"] == PASS and ddp["detail"].startswith("Gloo, 2 ranks: DGC/TopK/Threshold/RandomBlock"), ddp
     if torch.cuda.is_available():
         assert all(result[s]["status"] != FAIL for s in CUDA_STEPS), result
         return
@@ -66,7 +70,7 @@ def test_quick_check_on_this_machine(tmp_path):
         assert result[step]["status"] == SKIP
         assert result[step]["detail"].startswith("no CUDA device (torch.cuda.is_available() is False)")
     assert (
-        "\nverdict: OK (4 passed, 0 failed, 3 skipped): nothing failed, but these did NOT run here: "
+        "\nverdict: OK (5 passed, 0 failed, 4 skipped): nothing failed, but these did NOT run here: "
         + ", ".join(CUDA_STEPS)
         + "\n"
         in table
