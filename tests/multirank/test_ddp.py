@@ -1,9 +1,11 @@
 """sparsecomm.torch.ddp_hook in DistributedDataParallel under torchrun --nproc_per_node 2 and 3
-(Gloo), every compressor (tests/workers/ddp_train.py, 25 configurations: shared and gathered
-routes, the dense route and the per-layer policy, DGC's warm-up, clipping and masking, a bucket
-per parameter, gradient_as_bucket_view, no_sync() accumulation, DDP's own allreduce): each rank
-against the single-process simulation of the N ranks (simulated_training.py), the ranks against
-each other bit for bit, and the hook's stats."""
+(Gloo), every compressor (tests/workers/ddp_train.py, 36 configurations on the MLP: shared,
+gathered (values, 1- and 2-bit codes) and SparDL routes, the dense route and the per-layer
+policy, DGC's warm-up, clipping and masking, a bucket per parameter, gradient_as_bucket_view,
+static_graph, a process group of its own, no_sync() accumulation, DDP's own allreduce; and 8 on
+the everyday model with find_unused_parameters=True): each rank against the single-process
+simulation of the N ranks (simulated_training.py), the ranks against each other bit for bit,
+and the hook's stats."""
 
 import common
 import pytest
@@ -16,6 +18,9 @@ from simulated_training import LR, STEPS, assert_history_close, simulate, simula
 SIMULATED_AS = {
     "topk_0.1_buckets": "topk_0.1",
     "topk_0.1_bucket_view": "topk_0.1",
+    "topk_0.1_static_graph": "topk_0.1",
+    "topk_0.1_group": "topk_0.1",
+    "topk_0.1_spardl_static_graph": dict(method="topk", ratio=0.1, exchange="spardl"),
     "topk_0.1_no_sync": dict(method="topk", ratio=0.1, passes=2),
     "dgc_0.1_no_sync": dict(dgc=dict(ratio=0.1, passes=2)),
     "topk_0.1_spardl": dict(method="topk", ratio=0.1, exchange="spardl"),
@@ -35,6 +40,9 @@ CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: it
     "topk_0.1",
     "topk_0.1_buckets",
     "topk_0.1_bucket_view",
+    "topk_0.1_static_graph",
+    "topk_0.1_spardl_static_graph",
+    "topk_0.1_group",
     "topk_0.1_no_sync",
     "dgc_0.1_no_sync",
     "topk_1.0",

@@ -24,6 +24,7 @@ dist.init_process_group("gloo")
 torch.set_num_threads(1)
 rank, size = dist.get_rank(), dist.get_world_size()
 x_all, y_all = common.digits()
+GROUP = dist.new_group(list(range(size)))  # a process group other than the default one
 
 
 def named(cls, **settings):
@@ -33,8 +34,8 @@ def named(cls, **settings):
 GATHERED = dict(exchange="allgather", **EVERY)
 SCATTERED = dict(exchange="spardl", **EVERY)
 # name -> (compression for the model, or None for DDP's own allreduce; options: SGD's momentum,
-# DDP's bucket_cap_mb and gradient_as_bucket_view, and passes: backward passes a step, all but
-# the last under no_sync())
+# DDP's bucket_cap_mb, gradient_as_bucket_view, static_graph and process_group, and passes:
+# backward passes a step, all but the last under no_sync())
 CONFIGS = {
     "dense": (None, {}),
     "dense_momentum": (None, dict(momentum=0.9)),
@@ -46,6 +47,9 @@ CONFIGS = {
     "topk_0.1_buckets": (named(TopK, ratio=0.1, **GATHERED), dict(bucket_cap_mb=0.0005)),  # a bucket a parameter
     "topk_1.0": (named(TopK, ratio=1.0, dense_fallback=False, **GATHERED), {}),
     "topk_0.1_bucket_view": (named(TopK, ratio=0.1, **GATHERED), dict(gradient_as_bucket_view=True)),
+    "topk_0.1_static_graph": (named(TopK, ratio=0.1, **GATHERED), dict(static_graph=True)),
+    "topk_0.1_spardl_static_graph": (named(TopK, ratio=0.1, **SCATTERED), dict(static_graph=True)),
+    "topk_0.1_group": (named(TopK, ratio=0.1, process_set=GROUP, **GATHERED), dict(process_group=GROUP)),
     "topk_0.1_no_sync": (named(TopK, ratio=0.1, **GATHERED), dict(passes=2)),
     "dgc_0.1_no_sync": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(passes=2)),
     "topk_0.1_auto": (named(TopK, ratio=0.1, **EVERY), {}),  # exchange="auto", the default
@@ -111,6 +115,8 @@ def train(make_compression, options):
         bucket_cap_mb=options.get("bucket_cap_mb", 25),
         gradient_as_bucket_view=options.get("gradient_as_bucket_view", False),
         find_unused_parameters=options.get("find_unused_parameters", False),
+        static_graph=options.get("static_graph", False),
+        process_group=options.get("process_group"),
     )
     compression = None if make_compression is None else make_compression(model)
     if compression is not None:
