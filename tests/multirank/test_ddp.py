@@ -181,3 +181,18 @@ def test_everyday_ratio_one_equals_ddps_own_allreduce(run):
     size, ranks = run
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
     assert_history_close(ranks[0]["history"]["everyday/topk_1.0"], ranks[0]["history"]["everyday/dense"], **tol)
+
+
+def test_spardl_pads_each_owners_share_and_each_owned_sum_to_per_rank(run):
+    """topk_0.1_spardl, per parameter and step: phase 1 sends every other owner an 8-byte count
+    and per_rank = ceil(k / N) rows of 8 bytes, phase 2 all-gathers as much of the owned sums; a
+    rank receives as much from each other rank in both phases. O(k) per rank, whatever N."""
+    size, ranks = run
+    k = {"0.weight": 205, "0.bias": 3, "2.weight": 32, "2.bias": 1}
+    share = {name: 8 + 8 * -(-count // size) for name, count in k.items()}
+    for rank in ranks:
+        tensors = rank["stats"]["topk_0.1_spardl"]["tensors"]
+        assert {n: t["exchange"] for n, t in tensors.items()} == dict.fromkeys(k, "spardl")
+        for name, bytes_ in share.items():
+            assert tensors[name]["sent_bytes"] == STEPS * size * bytes_, name
+            assert tensors[name]["received_bytes"] == STEPS * 2 * (size - 1) * bytes_, name

@@ -1,11 +1,11 @@
-"""The README's usage snippets run as written, under horovodrun -np 2, each followed by one
-step that uses what it set up."""
+"""The README's usage snippets run as written, under horovodrun -np 2 (the DDP one under
+torchrun --nproc_per_node 2), each followed by one step that uses what it set up."""
 
 import os
 import re
 
 import pytest
-from launch import horovodrun
+from launch import horovodrun, torchrun
 from paths import ROOT
 
 # the snippet's distinctive line -> what runs after it
@@ -36,6 +36,17 @@ assert bool(tf.reduce_all(same[0] == same[1]))
 print("keras snippet ok", hvd.rank())
 """,
 }
+DDP_MARKER = "sct.ddp_hook"
+DDP_DRIVER = """
+x = torch.randn(8, 1024)
+opt.zero_grad(); ddp(x).square().sum().backward(); opt.step()
+assert compression.stats()["calls"] == 4, compression.stats()  # 2 weights, 2 biases
+mine = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+everyone = [torch.empty_like(mine) for _ in range(2)]
+dist.all_gather(everyone, mine)
+assert torch.equal(everyone[0], everyone[1])
+print("ddp snippet ok", dist.get_rank())
+"""
 
 
 def snippets():
@@ -50,3 +61,11 @@ def test_readme_snippet_runs(marker, tmp_path):
     script.write_text(code + "\nimport tensorflow as tf\n" * ("tensorflow" in code) + DRIVERS[marker])
     output = horovodrun(2, script)
     assert output.count("snippet ok") == 2, output[-3000:]
+
+
+def test_readme_ddp_snippet_runs(tmp_path):
+    (code,) = [s for s in snippets() if DDP_MARKER in s]
+    script = tmp_path / "readme_ddp_snippet.py"
+    script.write_text(code + DDP_DRIVER)
+    output = torchrun(2, script)
+    assert output.count("ddp snippet ok") == 2, output[-3000:]
