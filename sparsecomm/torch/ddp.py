@@ -26,7 +26,7 @@ import time
 import torch
 
 from . import collectives
-from .ddp_parts import Gathered, Reduced, Scattered
+from .ddp_parts import Gathered, Reduced, Scattered, future_on
 from .exchange import Dense, Wire
 
 ROUTES = ("dense", "allgather", "spardl")  # what exchange="auto" chooses among under the hook
@@ -106,7 +106,7 @@ class BucketExchange:
         futures = self.reduced.start() + self.gathered.start() + self.scattered.start()
         if bucket.is_last():  # no later hook in this backward pass to start the second phase
             self.ways.advance_scattered()
-        result = torch.futures.Future()
+        result = future_on(bucket.buffer().device)
         torch.futures.collect_all(futures).add_done_callback(lambda done: self._finish(done, bucket, unused, result))
         return result
 
@@ -137,7 +137,7 @@ class BucketExchange:
     def _finish(self, done, bucket, unused, result):
         try:
             for future in done.value():
-                future.value()  # a collective's error, raised here
+                future.wait()  # a collective's error raised here; on a GPU, this stream waits for it
             self.reduced.finish(self.ranks)
             self.gathered.finish()
             self.scattered.finish()

@@ -19,6 +19,21 @@ from .exchange import spardl_reduce, spardl_split
 COUNT = torch.empty(0, dtype=torch.int64).element_size()
 
 
+def future_on(device):
+    """A future whose value lives on `device`: on a GPU, whoever waits for it waits for the
+    kernels that wrote it (CUDA events), not only for the host."""
+    return torch.futures.Future(devices=[device] if device.type == "cuda" else None)
+
+
+def _header(counts, device):
+    """The int64 counts on `device`, as bytes: from pinned memory on a GPU, so the host does not
+    wait for the stream's earlier work."""
+    counts = torch.tensor(counts, dtype=torch.int64)
+    if device.type == "cuda":
+        counts = counts.pin_memory().to(device, non_blocking=True)
+    return counts.view(torch.uint8)
+
+
 def _bytes(tensor):
     return tensor.contiguous().view(-1).view(torch.uint8)
 
@@ -97,12 +112,9 @@ class Gathered:
         if not self.items:
             return []
         device = self.blobs[0].device
-        counts = torch.tensor([count for _, _, count, _, _ in self.items], dtype=torch.int64)
-        mine = torch.zeros(
-            COUNT * len(self.items) + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device
-        )
-        mine[: counts.numel() * COUNT] = _bytes(counts.to(device))
-        offset = counts.numel() * COUNT
+        offset = COUNT * len(self.items)
+        mine = torch.zeros(offset + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device)
+        mine[:offset] = _header([count for _, _, count, _, _ in self.items], device)
         for blob, (*_, capacity, _) in zip(self.blobs, self.items):
             mine[offset : offset + blob.numel()] = _bytes(blob)
             offset += capacity
@@ -152,7 +164,7 @@ class Scattered:
         self.ways, self.counters = ways, counters
         self.items = []  # (wire, layout, value dtype, rows for each block's owner)
         self.second = Gathered(ways, counters)
-        self.done = torch.futures.Future()
+        self.done = None  # the second phase's arrival, on the rows' device
 
     def add(self, wire_, packed):
         layout = SparDLLayout.of(wire_.shape.numel(), wire_.k, wire_.ranks)
@@ -181,14 +193,14 @@ class Scattered:
         sending = torch.zeros(ranks, chunk, dtype=torch.uint8, device=device)
         for owner in range(ranks):
             mine = owner == self._rank()  # its own rows stay here: a chunk of zeros
-            counts = torch.tensor([0 if mine else rows[owner].shape[0] for *_, rows in self.items], dtype=torch.int64)
-            sending[owner, : COUNT * len(self.items)] = _bytes(counts.to(device))
+            counts = [0 if mine else rows[owner].shape[0] for *_, rows in self.items]
+            sending[owner, : COUNT * len(self.items)] = _header(counts, device)
             offset = COUNT * len(self.items)
             for _, layout, _, rows in self.items:
                 if not mine:
                     sending[owner, offset : offset + rows[owner].numel()] = _bytes(rows[owner])
                 offset += layout.per_rank * rows[owner].shape[1]
-        self.received = torch.empty_like(sending)
+        self.received, self.done = torch.empty_like(sending), future_on(device)
         self.work = dist.all_to_all_single(self.received, sending, group=self.ways.group, async_op=True)
         self.ways.scattered.append(self)
         return [self.done]
@@ -213,6 +225,7 @@ class Scattered:
 
     def _arrived(self, gathered):
         try:
+            gathered.wait()  # (on a GPU: this stream waits for the gather, then records for `done`)
             self.done.set_result(gathered.value())
         except Exception as error:  # the gather's error, raised by the bucket's finish
             self.done.set_exception(error)
