@@ -143,14 +143,14 @@ def test_the_hook_counts_what_each_parameter_sent_and_received(run):
     assert {n: t["exchange"] for n, t in stats["tensors"].items()} == dict.fromkeys(k, "allgather")
 
 
-def test_auto_measures_over_ddps_group_and_routes_dense_or_allgather(run):
+def test_auto_measures_over_ddps_group_and_routes_each_tensor(run):
     """exchange="auto" (the default) under the hook: the network measured over torch.distributed,
-    each tensor routed dense or by allgather (SparDL does not run under the hook yet), the same
-    on every rank, and the ranks in sync."""
+    each tensor routed dense, by allgather or by SparDL, the same on every rank, and the ranks
+    in sync."""
     size, ranks = run
     routes = [{n: t["exchange"] for n, t in r["stats"]["topk_0.1_auto"]["tensors"].items()} for r in ranks]
     assert set(routes[0]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
-    assert set(routes[0].values()) <= {"dense", "allgather"} and all(r == routes[0] for r in routes)
+    assert set(routes[0].values()) <= {"dense", "allgather", "spardl"} and all(r == routes[0] for r in routes)
     for rank in range(1, size):
         assert_history_close(
             ranks[rank]["history"]["topk_0.1_auto"], ranks[0]["history"]["topk_0.1_auto"], rtol=0, atol=0
