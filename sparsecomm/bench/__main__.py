@@ -8,6 +8,7 @@ e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a 
 convergence  dense vs each method on real data (digits CNN, character-level LM)
 all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
 report       the figures and docs/results.md again from --out's results.json, measuring nothing
+             (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart)
 """
 
 import argparse
@@ -184,6 +185,13 @@ def _parser():
     )
     for p in (a, r):
         p.add_argument("--results-md", default="docs/results.md")
+    r.add_argument(
+        "--add-e2e",
+        nargs="+",
+        metavar="E2E_JSON",
+        help="first add these `bench e2e --json` runs to results.json, beside the run of record (each "
+        "replaces an added run of the same cells): rows timed since, without timing the rest again",
+    )
     a.add_argument(
         "--convergence-from",
         metavar="RESULTS_JSON",
@@ -216,6 +224,13 @@ def main():
 
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
+        for added in args.add_e2e or ():
+            with open(added) as f:
+                results = report.add_run(results, json.load(f))
+        if args.add_e2e:
+            with open(os.path.join(args.out, "results.json"), "w") as f:
+                json.dump(results, f, indent=1)
+            print(f"added {len(args.add_e2e)} e2e run(s) to {args.out}/results.json")
         report.write(results, args.out, args.results_md)
         print(
             f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "

@@ -11,7 +11,8 @@ import shlex
 import textwrap
 
 from . import scaling
-from .e2e import PHASES, ratio_text
+from .e2e import PHASES, local_ratio, ratio_text
+from .network import RATES
 
 
 def _plt():
@@ -165,6 +166,7 @@ SHORT = {"comm": "an MLP with 101 MB of gradient", "compute": "a small CNN"}
 # PyTorch DDP's communication hooks.
 PEERS = {"dense fp16": "Horovod fp16", "DDP fp16": "DDP fp16 hook", "DDP PowerSGD": "DDP PowerSGD hook"}
 EXCHANGES = ("allgather", "spardl", "auto")  # a method's e2e rows are named "<method> <exchange>"
+DDP_HOOK = "DDP + "  # a DDP hook row is named "DDP + <method>" (its Horovod row: horovod_twin)
 AUTO = "DGC 0.1% auto"
 WITHIN = 0.97  # exchange="auto" is to be within 3% of dense's step time, or faster
 VERDICTS = (
@@ -223,7 +225,9 @@ def _joined(values, sep=" / "):
 
 
 def _trained_as(method, trained):
-    """The convergence method an e2e row runs: its own name, or its name less the exchange."""
+    """The convergence method an e2e row runs: its own name, or its name less the exchange (and
+    less "DDP + ": a DDP hook row runs its Horovod row's compressor)."""
+    method = method.removeprefix(DDP_HOOK)
     if method in trained:
         return method
     name, _, exchange = method.rpartition(" ")
@@ -495,6 +499,192 @@ def _timing(e2e):
     return "\n".join(parts)
 
 
+# -- the same compressor, two ways in: Horovod and DDP's hook -------------------------------
+
+WAYS_HEADER = (
+    "ranks",
+    "network",
+    "method",
+    "Horovod ms/step",
+    "vs floor",
+    "DDP hook ms/step",
+    "vs floor",
+    "DDP hook / Horovod",
+    "DDP hook vs DDP PowerSGD",
+    "received MB Horovod / DDP",
+    "backward + step ms Horovod / DDP",
+)
+
+
+def _over(by, horovod, ddp):
+    """(the DDP row's step over the Horovod row's, a 95% interval or None): paired turn by turn
+    through the floor where both were (rows of different groups ran minutes apart), else of medians."""
+    floor = by.get("floor")
+    return local_ratio(ddp, horovod, floor) if floor is not None else (ddp["step_ms"] / horovod["step_ms"], None)
+
+
+def _twins(records):
+    """(cell records, the Horovod row, its DDP + row) of each comm-model cell that has both."""
+    for _, _, _, cell in _cells(records):
+        by = {r["method"]: r for r in cell}
+        for ddp in cell:
+            horovod = by.get(ddp.get("horovod_twin"))
+            if horovod is not None:
+                yield by, horovod, ddp
+
+
+def _ways_rows(records):
+    """WAYS_HEADER's rows: per comm cell and method timed both ways, each way's step and vs floor,
+    the DDP row's step over the Horovod row's (paired turn by turn through the floor where both
+    were, as a method over its local row is), the DDP row against DDP PowerSGD (PowerSGD's vs
+    floor over the row's: above 1.0x the row is faster), the MB each receives, and the phases
+    where the exchange is waited for (backward, step)."""
+    rows = []
+    for by, horovod, ddp in _twins(records):
+        powersgd = by.get("DDP PowerSGD")
+        against = None
+        if powersgd is not None and powersgd.get("vs_floor") and ddp.get("vs_floor"):
+            against = powersgd["vs_floor"] / ddp["vs_floor"]
+        waits = [
+            "-" if "phases_ms" not in r else f"{r['phases_ms']['backward']:.0f} + {r['phases_ms']['step']:.0f}"
+            for r in (horovod, ddp)
+        ]
+        rows.append(
+            (
+                ddp["ranks"],
+                ddp["network"],
+                ddp["method"].removeprefix(DDP_HOOK),
+                f"{horovod['step_ms']:.1f}",
+                ratio_text(horovod.get("vs_floor"), horovod.get("vs_floor_interval")),
+                f"{ddp['step_ms']:.1f}",
+                ratio_text(ddp.get("vs_floor"), ddp.get("vs_floor_interval")),
+                ratio_text(*_over(by, horovod, ddp)),
+                ratio_text(against),
+                f"{horovod['received_bytes'] / 1e6:.3f} / {ddp['received_bytes'] / 1e6:.3f}",
+                " / ".join(waits),
+            )
+        )
+    return rows
+
+
+def _ways_block(records):
+    rows = _ways_rows(records)
+    if not rows:
+        return ""
+    return f"""**Horovod or DDP** (comm model): each method through Horovod and as DDP's communication
+hook, in the same run. DDP hook / Horovod: below 1.00x the hook is faster.
+
+{_md_table(WAYS_HEADER, rows)}
+
+{_ways_text(records)}
+
+"""
+
+
+def _ways_text(records):
+    """Where each way in is faster, and why, from the measured figures: the pairs each way wins;
+    where each waits for the exchange (Horovod: in the optimizer's step, after the backward pass;
+    DDP: inside the backward pass, which its buckets' exchanges overlap and which copies the
+    gradients into the buckets and back); and the bytes the hook's padding adds."""
+    pairs = [(horovod, ddp, _over(by, horovod, ddp)[0]) for by, horovod, ddp in _twins(records)]
+    wins = [p for p in pairs if p[2] < 1]
+    losses = [p for p in pairs if p[2] >= 1]
+    said = f"DDP's hook in {len(wins)} of {len(pairs)} pairs" + (f" ({_pairs_text(wins)})" if wins else "")
+    lines = [_para(f"- **Faster way in:** {said}" + (f"; Horovod in {_pairs_text(losses)}." if losses else "."))]
+    timed = [p for p in pairs if "phases_ms" in p[0] and "phases_ms" in p[1]]
+    if timed:
+        phase = lambda way, name: [p[way]["phases_ms"][name] for p in timed]  # noqa: E731
+        longer = [d["phases_ms"]["backward"] - h["phases_ms"]["backward"] for h, d, _ in timed]
+        lines.append(
+            _para(
+                f"- **Why:** Horovod waits for the exchanges after the backward pass, in the optimizer's step "
+                f"({_span(phase(0, 'step'))} ms, decompress included); DDP waits inside the backward pass, whose "
+                f"buckets' exchanges overlap it, so its step is the SGD update alone ({_span(phase(1, 'step'))} ms). "
+                f"But DDP's backward pass also copies every gradient into its buckets and back, and unpacks: it "
+                f"is {_span(longer)} ms longer than Horovod's." + _who_wins(timed)
+            )
+        )
+    gathered = [(h, d) for h, d, _ in pairs if h["received_bytes"] and "allgather" in d["exchanges"]]
+    if gathered:
+        more = [d["received_bytes"] / h["received_bytes"] for h, d in gathered]
+        shaped = [(h, d) for h, d in gathered if d["network"] in RATES]
+        costs = [1000 * (d["received_bytes"] - h["received_bytes"]) / RATES[d["network"]] for h, d in shaped]
+        cost = f", {_span(costs, '.1f')} ms a step at the shaped rates: not what sets the ways apart" if costs else ""
+        lines.append(
+            _para(
+                f"- **Bytes:** the hook gathers each parameter's rows padded to a capacity the same on every "
+                f"rank (one all_gather, no size exchange first): it receives {_span(more, '.2f')}x the MB of "
+                f"Horovod's allgather{cost}."
+            )
+        )
+    return "\n".join(lines)
+
+
+def _who_wins(timed):
+    """The sentence that sorts the (Horovod row, DDP row, DDP / Horovod) pairs by that trade: the
+    hook wins where Horovod's step waits long, Horovod where it waits little."""
+    won = [p for p in timed if p[2] < 1]
+    lost = [p for p in timed if p[2] >= 1]
+    if not won or not lost:
+        return ""
+    waits = lambda pairs: _span([h["phases_ms"]["step"] for h, *_ in pairs])  # noqa: E731
+    return (
+        f" The hook wins where Horovod's step waits long ({_names(won)}: {waits(won)} ms), Horovod where "
+        f"it waits little ({_names(lost)}: {waits(lost)} ms) and the copies decide."
+    )
+
+
+def _names(pairs):
+    return ", ".join(_ordered(d["method"].removeprefix(DDP_HOOK) for _, d, _ in pairs))
+
+
+def _pairs_text(pairs):
+    return ", ".join(f"{d['method'].removeprefix(DDP_HOOK)} at {d['network']} {r:.2f}x" for _, d, r in pairs)
+
+
+def _span(values, spec=".0f"):
+    low, high = min(values), max(values)
+    return f"{low:{spec}}" if f"{low:{spec}}" == f"{high:{spec}}" else f"{low:{spec}} to {high:{spec}}"
+
+
+# -- runs added to the record ----------------------------------------------------------------
+
+
+def _cells_of(records):
+    return {(r["model"], r["ranks"], r["network"], r["network_model"]) for r in records}
+
+
+def add_run(results, run):
+    """`results` with an e2e run (what `bench e2e --json` writes: its records, command, commit
+    and minutes) under "e2e_added": the page shows it apart from the run of record, so that every
+    ratio stays against a baseline of its own run. It replaces the added runs whose cells (model,
+    ranks, network, network model) it covers. A later `make bench` times every row itself and
+    writes a results.json without them."""
+    cells = _cells_of(run["records"])
+    kept = [r for r in results.get("e2e_added", []) if not _cells_of(r["records"]) <= cells]
+    added = {key: run.get(key) for key in ("command", "commit", "minutes")}
+    return dict(results, e2e_added=kept + [dict(added, records=run["records"])])
+
+
+def _added_block(results):
+    """Each added run: what ran it, its table (as the run of record's), and its Horovod or DDP
+    block."""
+    blocks = []
+    for run in results.get("e2e_added", []):
+        made = f"`{relative_command(run['command'])}`" if run.get("command") else "A run"
+        code = f" on {run['commit']}" if run.get("commit") else ""
+        minutes = f", {run['minutes']:.0f} minutes" if run.get("minutes") is not None else ""
+        said = _para(f"{made}{code}{minutes}: its ratios are against its own floor and dense.")
+        blocks.append(f"{said}\n\n{_e2e_tables(run['records'])}\n\n{_ways_block(run['records'])}")
+    if not blocks:
+        return ""
+    intro = _para(
+        "Rows timed after the run of record, in runs of their own (added by `python -m sparsecomm.bench "
+        "report --add-e2e`), on the same machine kind."
+    )
+    return "### Runs added to the record\n\n" + intro + "\n\n" + "\n\n".join(blocks).rstrip("\n") + "\n\n"
+
+
 # -- convergence and kernels -----------------------------------------------------------------
 
 
@@ -621,6 +811,10 @@ ROWS = """- **Floor and peers.** `floor`: the step with no exchange, which none 
   must. All step SGD with momentum 0.9, except DGC (its own) and RandomBlock (plain SGD). Peers:
   PyTorch DDP on gloo, same worker and network: `DDP dense`, `DDP fp16` (`fp16_compress_hook`),
   `DDP PowerSGD` (`powerSGD_hook`, rank 4, error feedback, warm start, one bucket).
+- **DDP + rows.** `DDP + DGC 0.1%` and the like: DDP (default buckets) with our compressor as its
+  communication hook, `sparsecomm.torch.ddp_hook`, with the settings and optimizer of the method's
+  Horovod row (DGC's: `DGC 0.1% allgather`; the hook had no spardl route when these rows were added).
+  Their received MB counts each gathered parameter at its padded capacity: what the hook sends.
 - **Local rows and phases.** A `local` row runs its method's compressor on a process set of each
   rank alone: every kernel, nothing sent. forward: zero_grad and forward. backward: Horovod's hooks
   compress and start the exchanges. step: Horovod waits, decompresses, and the optimizer steps.
@@ -706,7 +900,7 @@ in brackets. Received MB per rank and step, per network where they differ.
 
 {_e2e_tables(e2e)}
 
-{_auto_block(e2e)}{_phase_block(e2e)}## Convergence on real data
+{_auto_block(e2e)}{_phase_block(e2e)}{_ways_block(e2e)}{_added_block(results)}## Convergence on real data
 {_reused(results)}
 Final test accuracy (digits) or validation loss (charlm); bytes: dense's per step over the method's.
 
@@ -727,8 +921,22 @@ Per size and density: median ms, that over a memcpy, and torch.topk's time over 
         f.write(text.rstrip("\n") + "\n")
 
 
+def figure_records(results):
+    """The e2e records the speedup figure shows: the run of record's, then the rows of each added
+    run that the run of record lacks in that cell (each bar is a ratio to dense of its own run)."""
+    records = list(results["e2e"])
+    for run in results.get("e2e_added", []):
+        have = {(r["model"], r["ranks"], r["network"], r["network_model"], r["method"]) for r in records}
+        records += [
+            r
+            for r in run["records"]
+            if (r["model"], r["ranks"], r["network"], r["network_model"], r["method"]) not in have
+        ]
+    return records
+
+
 def write(results, out, path):
     """The figures into `out` (speedup, convergence, scaling) and the page at `path`."""
-    speed_figure(results["e2e"], os.path.join(out, "e2e_speedup.png"))
+    speed_figure(figure_records(results), os.path.join(out, "e2e_speedup.png"))
     convergence_figure(results["convergence"], os.path.join(out, "convergence.png"))
     write_markdown(results, out, path)  # draws the scaling figure

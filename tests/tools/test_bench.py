@@ -77,7 +77,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     floor, dense, DGC, DDP dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must
     write the JSON, both figures and the results page."""
     md = tmp_path / "results.md"
-    rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD"]
+    rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD", "DDP + DGC 0.1%"]
     proc = subprocess.run(
         [
             sys.executable,
@@ -136,6 +136,9 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert e2e["DDP dense"]["received_bytes"] == e2e["dense"]["received_bytes"]  # the same ring, same gradient
     # the timed PowerSGD step compressed: rank-4 factors are far smaller than the gradient
     assert 0 < e2e["DDP PowerSGD"]["received_bytes"] < e2e["DDP dense"]["received_bytes"] / 5
+    hooked = e2e["DDP + DGC 0.1%"]  # our compressor as DDP's hook: its stats() over the timed steps
+    assert hooked["way"] == "ddp" and hooked["horovod_twin"] == "DGC 0.1% allgather"
+    assert "allgather" in hooked["exchanges"] and 0 < hooked["received_bytes"] < e2e["dense"]["received_bytes"] / 5
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
     assert all(0 <= r["final"] <= 1 for r in results["convergence"])
     data = results["convergence"][0]["data"]  # the data each record was trained on
@@ -190,7 +193,7 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
     text = md.read_text()
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings[:3] == ["## Summary", "## Figures", "## End-to-end step time on an emulated network"]
-    assert headings[-1] == "## How it was measured" and len(text.splitlines()) < 250
+    assert headings[-1] == "## How it was measured" and len(text.splitlines()) < 330
     assert "--convergence-from earlier/results.json --out results" in text
     assert str(tmp_path) not in text and "/elsewhere" not in text and "](out/results.json)" in text
     assert not [line for line in text.splitlines() if len(line) > 400 and not line.startswith("|")]
@@ -727,3 +730,120 @@ def test_reused_convergence_records_name_the_run_that_trained_them():
     assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
     if os.path.isdir(os.path.join(ROOT, ".git")):  # a checkout (CI: a fresh clone)
         assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", report.code_version())
+
+
+def test_ddp_hook_rows_run_their_horovod_rows_compressor_with_what_the_hook_carries():
+    """Each DDP + row is a row of the worker and of `bench e2e --e2e-methods`, and runs the
+    compressor and optimizer momentum of a Horovod row whose settings the DDP hook carries (no
+    spardl, no quantize)."""
+    from sparsecomm.bench.__main__ import _parser
+    from sparsecomm.bench.e2e_worker import DDP_HOOK_ROWS, METHODS, ROWS, model_and_batch
+
+    assert list(DDP_HOOK_ROWS) == ["DDP + DGC 0.1%", "DDP + Threshold 1%", "DDP + TopK 1%", "DDP + RandomBlock 1%"]
+    assert ROWS[-len(DDP_HOOK_ROWS) :] == tuple(DDP_HOOK_ROWS)
+    assert _parser().parse_args(["e2e", "--e2e-methods", *DDP_HOOK_ROWS]).methods == list(DDP_HOOK_ROWS)
+    model = model_and_batch("compute")[0]
+    for name, twin in DDP_HOOK_ROWS.items():
+        assert name == "DDP + " + twin.removesuffix(" allgather")
+        compression = METHODS[twin][0](model, None)
+        assert getattr(compression, "exchange", "shared") != "spardl" and compression.method.bits is None
+        assert compression.process_set is None and isinstance(compression.stats()["sent_bytes"], int)
+    assert [METHODS[t][1] for t in DDP_HOOK_ROWS.values()] == [0, 0.9, 0.9, 0]  # DGC, RandomBlock: plain SGD
+
+
+def _two_ways(network="1gbit"):
+    """A comm cell's records with DGC through Horovod and as DDP's hook, both paired with the floor."""
+    from sparsecomm.bench.e2e import add_ratios
+
+    cell = dict(model="comm", ranks=2, network=network, network_model="per-host", rounds=2, exchanges=[])
+
+    def row(method, family, steps, received=0.0, phases=(10.0, 100.0, 5.0), **extra):
+        return dict(
+            cell,
+            method=method,
+            family=family,
+            step_times_ms=steps,
+            step_ms=sum(steps) / 2,
+            received_bytes=received,
+            phases_ms=dict(zip(("forward", "backward", "step"), phases)),
+            baselines={"floor": [100.0, 100.0]},
+            **extra,
+        )
+
+    records = [
+        row("floor", "floor", [100.0, 100.0]),
+        row("dense", "horovod", [800.0, 800.0], 100e6),
+        dict(row("DGC 0.1% allgather", "sparsecomm", [130.0, 130.0], 0.24e6, (10, 60, 60)), exchanges=["allgather"]),
+        row("DDP PowerSGD", "ddp", [450.0, 450.0], 0.33e6),
+        dict(
+            row("DDP + DGC 0.1%", "sparsecomm", [117.0, 117.0], 0.6e6, (10, 100, 7)),
+            exchanges=["allgather"],
+            way="ddp",
+            horovod_twin="DGC 0.1% allgather",
+        ),
+    ]
+    add_ratios(records)
+    return records
+
+
+def test_results_page_sets_each_ddp_hook_row_beside_its_horovod_row():
+    """The Horovod or DDP table: per comm cell and method timed both ways, each way's step and vs
+    floor, the DDP row over the Horovod row (paired through the floor), against DDP PowerSGD, the
+    MB received and the phases; and a passage that says which way is faster and why, from them."""
+    from sparsecomm.bench import report
+
+    records = _two_ways()
+    assert report._ways_rows(records) == [
+        (
+            2,
+            "1gbit",
+            "DGC 0.1%",
+            "130.0",
+            "1.30x",
+            "117.0",
+            "1.17x",
+            "0.90x",
+            "3.85x",
+            "0.240 / 0.600",
+            "60 + 60 / 100 + 7",
+        )
+    ]
+    block = " ".join(report._ways_block(records).split())  # its passage, unwrapped
+    assert "**Horovod or DDP** (comm model)" in block and "| DDP hook / Horovod |" in block
+    assert "DDP's hook in 1 of 1 pairs (DGC 0.1% at 1gbit 0.90x)." in block
+    assert "in the optimizer's step (60 ms, decompress included)" in block and "update alone (7 ms)" in block
+    assert "it is 40 ms longer than Horovod's." in block and "The hook wins where" not in block  # no pair lost
+    assert "it receives 2.50x the MB of Horovod's allgather, 2.9 ms a step at the shaped rates" in block
+    slower = dict(step_ms=140.0, step_times_ms=[140.0, 140.0])  # paired through the floor, turn by turn
+    lost = [dict(r, **slower) if r["method"] == "DDP + DGC 0.1%" else r for r in records]
+    lost += [dict(r, network="10gbit") for r in records]  # another cell, where the hook wins
+    text = " ".join(report._ways_text(lost).split())
+    assert "DDP's hook in 1 of 2 pairs (DGC 0.1% at 10gbit 0.90x); Horovod in DGC 0.1% at 1gbit 1.08x." in text
+    assert report._ways_block(records[:4]) == "" and report._trained_as("DDP + DGC 0.1%", {"DGC 0.1%"}) == "DGC 0.1%"
+
+
+def test_an_e2e_run_is_added_to_the_record_apart_and_replaces_an_earlier_one_of_its_cells(tmp_path):
+    """`bench report --add-e2e RUN.json`: the run's records go under e2e_added, shown in a table of
+    their own after the run of record's (their ratios against their own baselines), in the figure
+    where the run of record lacks the row; a later run of the same cells replaces it."""
+    from sparsecomm.bench import report
+
+    main = [dict(r, network_model="per-host") for r in _two_ways()[:2]]
+    results = {"e2e": main}
+    run = {"command": "python -m sparsecomm.bench e2e --models comm", "commit": "abc1234", "minutes": 7.2}
+    results = report.add_run(results, dict(run, records=_two_ways()))
+    results = report.add_run(results, dict(run, records=_two_ways("10gbit")))
+    assert [r["records"][0]["network"] for r in results["e2e_added"]] == ["1gbit", "10gbit"]
+    results = report.add_run(results, dict(run, commit="def5678", records=_two_ways()))  # the 1gbit cell again
+    assert [(r["commit"], r["records"][0]["network"]) for r in results["e2e_added"]] == [
+        ("abc1234", "10gbit"),
+        ("def5678", "1gbit"),
+    ]
+    assert results["e2e"] == main
+    shown = report.figure_records(results)
+    assert len(shown) == 2 + 5 + 3 and [r["method"] for r in shown[:2]] == ["floor", "dense"]
+    block = report._added_block(results)
+    assert block.startswith("### Runs added to the record\n")
+    assert "`python -m sparsecomm.bench e2e --models comm` on def5678, 7 minutes" in block
+    assert "| comm | DDP + DGC 0.1% | 0.600 | allgather | 117.0 | 6.84x | 1.17x |" in block
+    assert block.count("**Horovod or DDP**") == 2 and report._added_block({"e2e": main}) == ""
