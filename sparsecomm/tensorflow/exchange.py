@@ -184,11 +184,13 @@ class Shared:
             index = packed.index
             unpack = lambda summed: ops.sparse_unpack(summed, index, numel)  # noqa: E731
         count = tf.size(packed.values, out_type=tf.int64)
+        size, ranks = count * wire_bytes(packed.values.dtype), wire.ranks
         return Handed(
             handed,
             lambda output: tf.reshape(unpack(tf.cast(output, dtype)), shape),
             count,
-            count * wire_bytes(packed.values.dtype),
+            size,
+            2 * (ranks - 1) * size // ranks,  # a ring allreduce receives 2 (N-1)/N of it
         )
 
 

@@ -112,7 +112,7 @@ class Shared:
 
     def start(self, packed, wire):
         values = to_wire(packed.values)
-        return values, Context(self, wire, values.numel(), values.numel() * values.element_size(), pending=packed)
+        return values, Context(self, wire, *Dense.traffic(values, wire.ranks), pending=packed)
 
     def finish(self, output, ctx):
         packed, numel, out = ctx.pending, ctx.wire.shape.numel(), ctx.wire.output()

@@ -191,3 +191,16 @@ def test_sparse_configs_send_less_than_dense(run):
     for config in ("topk_0.1", "threshold_0.1", "random_block_0.1", "threshold_0.1_1bit"):
         sent, dense = float(run[0][f"{config}/stats/sent_bytes"]), float(run[0][f"{config}/stats/dense_bytes"])
         assert 0 < sent < 0.5 * dense, (config, sent, dense)
+
+
+def test_shared_coordinates_count_what_the_ring_allreduce_receives(run):
+    """random_block_0.1 rides Horovod's ring allreduce: each rank receives 2 (N-1)/N of what it
+    sent, per tensor and step (each count rounded down; stats() counted none before)."""
+    size = len(run)
+    for rank in run:
+        sent, received = (
+            float(rank["random_block_0.1/stats/sent_bytes"]),
+            float(rank["random_block_0.1/stats/received_bytes"]),
+        )
+        calls = int(rank["random_block_0.1/stats/calls"])
+        assert sent > 0 and 0 <= sent * 2 * (size - 1) / size - received < calls, (sent, received)

@@ -59,3 +59,14 @@ def test_dgc_at_ratio_one_without_masking_is_momentum_sgd(run):
     """The paper's equivalence: momentum in DGC + plain SGD == dense momentum SGD."""
     _, ranks = run
     assert_history_close(ranks[0]["dgc_1.0_no_masking"], ranks[0]["dense_momentum"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", ["random_block_0.1", "randomk_0.1"])
+def test_shared_coordinates_count_what_the_ring_allreduce_receives(run, config):
+    """Shared coordinates ride Horovod's ring allreduce: each rank receives 2 (N-1)/N of the
+    values it hands it, per tensor and step (stats() counted none before)."""
+    size, ranks = run
+    for rank in ranks:
+        for name, t in rank[f"stats/{config}"]["tensors"].items():
+            per_step = t["sent_bytes"] // STEPS
+            assert per_step > 0 and t["received_bytes"] == STEPS * (2 * (size - 1) * per_step // size), name

@@ -178,6 +178,8 @@ for config, (make_compression, options, *mode) in CONFIGS.items():
         stats = compression.stats()
         out[f"{config}/stats/sent_bytes"] = np.array(stats["sent_bytes"])
         out[f"{config}/stats/dense_bytes"] = np.array(stats["dense_bytes"])
+        out[f"{config}/stats/received_bytes"] = np.array(stats["received_bytes"])
+        out[f"{config}/stats/calls"] = np.array(stats["calls"])
         out[f"{config}/stats/names"] = np.array(list(stats["tensors"]))
 for name, v in tf_model():
     out[f"initial/{name}"] = v.numpy()

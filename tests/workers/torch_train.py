@@ -169,10 +169,11 @@ results = {}
 for config, (make_compression, options, *sgd_options) in CONFIGS.items():
     model = common.torch_model()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    compression = make_compression(model)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=args.lr, **(sgd_options or [{}])[0]),
         named_parameters=model.named_parameters(),
-        compression=make_compression(model),
+        compression=compression,
         **options,
     )
     history = []
@@ -184,5 +185,7 @@ for config, (make_compression, options, *sgd_options) in CONFIGS.items():
         opt.step()
         history.append({n: p.detach().clone() for n, p in model.named_parameters()})
     results[config] = history
+    if hasattr(compression, "stats"):
+        results[f"stats/{config}"] = compression.stats()
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
 print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs x {args.steps} steps done")
