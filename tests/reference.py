@@ -70,6 +70,12 @@ def tensor_id(name):
     return zlib.crc32(name.encode("utf-8"))
 
 
+def rank_seed(seed, rank):
+    """rTop-k's seed on `rank`: the seed plus rank times 2**64 over the golden ratio (rounded),
+    modulo 2**64: an independent Philox key per rank, rank 0's the seed itself."""
+    return (seed + rank * 0x9E3779B97F4A7C15) % 2**64
+
+
 def count(ratio, numel):
     return 0 if numel == 0 else min(numel, max(1, math.floor(ratio * numel + 0.5)))
 

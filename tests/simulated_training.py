@@ -132,7 +132,7 @@ def simulate(
                             ratio,
                             name,
                             step,
-                            seed,
+                            simulation.seed_for(method, seed, rank),
                         )
                         if error_feedback:
                             residuals[rank][name] = new_residual

@@ -1,6 +1,7 @@
 """Single-process references of what one rank's compressor sends, in plain torch (tests/reference.py):
 each method takes (grad, residual, ratio, name, step, seed) and returns (the dense float32
-tensor of what was sent, the new residual). Shared by the torch and TF multi-rank tests."""
+tensor of what was sent, the new residual); seed_for gives a rank's seed. Shared by the torch
+and TF multi-rank tests."""
 
 import reference
 import torch
@@ -70,6 +71,12 @@ METHODS = {
     "rtopk_0.3": lambda *a: rtopk(*a, r_ratio=0.3),
     "rtopk_1.0": lambda *a: rtopk(*a, r_ratio=1.0),
 }
+
+
+def seed_for(method, seed, rank):
+    """The seed `method` draws with on `rank`: rTop-k's draw is each rank's own
+    (reference.rank_seed); RandomK's and RandomBlock's are shared by every rank."""
+    return reference.rank_seed(seed, rank) if method.startswith("rtopk") else seed
 
 
 def dgc_density(ratio, step, warmup_steps, stages):

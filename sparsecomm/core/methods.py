@@ -8,7 +8,7 @@ of their framework (sparsecomm/torch/compression.py, sparsecomm/tensorflow/compr
 
 import math
 
-from . import validate
+from . import selection, validate
 from .cost import EXCHANGES
 from .selection import BAND
 
@@ -96,6 +96,10 @@ class RTopK(Method):
         super().__init__(owner, ratio, error_feedback)
         self.r = validate.check_r(owner, self.ratio, r)
         self.seed = validate.check_seed(owner, seed)
+
+    def seed_of(self, rank):
+        """The seed of this rank's draw: independent per rank (selection.rank_seed)."""
+        return selection.rank_seed(self.seed, rank)
 
 
 class Threshold(Method):

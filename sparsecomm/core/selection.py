@@ -52,6 +52,15 @@ def tensor_id(name):
     return zlib.crc32(name.encode("utf-8"))
 
 
+RANK_STRIDE = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: consecutive ranks' seeds far apart
+
+
+def rank_seed(seed, rank):
+    """The seed of rank `rank`'s own random stream (rank 0 keeps `seed`): rTop-k draws its k of
+    the top r independently on every worker, as Barnes et al. (2020) analyse it."""
+    return (seed + rank * RANK_STRIDE) % _UINT64
+
+
 def seed_as_int64(seed):
     """The uint64 seed as the int64 with the same bits (the ops' integer type)."""
     return seed - _UINT64 if seed >= 2**63 else seed

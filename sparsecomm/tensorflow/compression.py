@@ -140,6 +140,9 @@ class Compressor(Settings, tf.Module):
     def _ranks(self):
         return self.collective_set().size() if exchange.horovod().is_initialized() else 1
 
+    def _rank(self):
+        return self.collective_set().rank() if exchange.horovod().is_initialized() else 0
+
     def _allgather_ints(self, ints, name):
         return exchange.allgather_ints(ints, name, self.collective_set())
 
@@ -294,7 +297,7 @@ class RTopK(Compressor):
             state.read_residual(),
             selected_count(method.r, numel),
             selected_count(density, numel),
-            seed=method.seed,
+            seed=method.seed_of(self._rank()),
             tensor_id=state.tensor_id,
             step=state.step,
         )

@@ -3,6 +3,7 @@ measurement of exchange="auto" and the route trial's means. Two ways in provide 
 Horovod (hvd.DistributedOptimizer) and torch.distributed (the DDP communication hook).
 
     size()                              the number of ranks
+    rank()                              this rank's place among them (0 on one process)
     allgather_ints(ints, name)          every rank's ints, concatenated in rank order
     mean_over_ranks(values, name)       the values averaged over the ranks
     allreduce(tensor, name)             a blocking sum (the network measurement)
@@ -25,6 +26,9 @@ class Horovod:
 
     def size(self):
         return self.process_set().size() if exchange.horovod().is_initialized() else 1
+
+    def rank(self):
+        return self.process_set().rank() if exchange.horovod().is_initialized() else 0
 
     def allgather_ints(self, ints, name):
         ints = torch.tensor(ints, dtype=torch.int64)
@@ -58,6 +62,11 @@ class TorchDistributed:
         import torch.distributed as dist
 
         return dist.get_world_size(self.group) if dist.is_initialized() else 1
+
+    def rank(self):
+        import torch.distributed as dist
+
+        return dist.get_rank(self.group) if dist.is_initialized() else 0
 
     def allgather_ints(self, ints, name):
         # Each rank's count may differ (a settings mismatch is what the check looks for): objects.

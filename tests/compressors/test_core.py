@@ -429,3 +429,14 @@ def test_the_network_is_measured_only_after_the_watched_steps():
         world.planner.auto.backward.note_decompress()
         assert world.measures == (1 if step >= 2 else 0)
     assert world.planner.choices["w"]["exchange"] == "allgather"  # 2 ranks on SLOW, nothing hidden
+
+
+def test_rtopk_draws_with_each_ranks_own_seed():
+    """rTop-k's draw is each rank's own: rank 0 keeps the seed, every rank's differs, the
+    uint64 wraps; RandomK and RandomBlock keep one seed for all (they have no seed_of)."""
+    method = methods.RTopK("RTopK", 0.1, seed=7)
+    assert method.seed_of(0) == 7
+    seeds = [method.seed_of(rank) for rank in range(1024)]
+    assert len(set(seeds)) == 1024 and all(0 <= s < 2**64 for s in seeds)
+    assert methods.RTopK("RTopK", 0.1, seed=2**64 - 1).seed_of(1) == 0x9E3779B97F4A7C14
+    assert not hasattr(methods.RandomK("RandomK", 0.1, seed=7), "seed_of")

@@ -41,7 +41,12 @@ def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=Fals
                     )
                 else:
                     dense, new = simulation.METHODS[METHOD[method]](
-                        grad, residuals[rank][name] if error_feedback else None, ratio, name, step, 7
+                        grad,
+                        residuals[rank][name] if error_feedback else None,
+                        ratio,
+                        name,
+                        step,
+                        simulation.seed_for(METHOD[method], 7, rank),
                     )
                     if error_feedback:
                         residuals[rank][name] = new

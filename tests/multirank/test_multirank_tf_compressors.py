@@ -118,7 +118,12 @@ def replay(
                 total = 0
                 for rank in range(size):
                     sent, new_residual = METHODS[method](
-                        grads[rank], residuals[rank][name] if error_feedback else None, ratio, stream[name], step, seed
+                        grads[rank],
+                        residuals[rank][name] if error_feedback else None,
+                        ratio,
+                        stream[name],
+                        step,
+                        simulation.seed_for(method, seed, rank),
                     )
                     if error_feedback:
                         residuals[rank][name] = new_residual
