@@ -124,4 +124,7 @@ def test_random_coordinate_methods_keep_an_unsent_burst_in_the_residual_until_it
         assert not _nonfinite(ranks[0][config][step]["residual"]), step
     if config != "rtopk":
         assert surfaced == {c: _first_draw(config, c) for c in BURST}
-    assert set(surfaced) == set(BURST) and max(surfaced.values()) > S  # some waited, none forever (in this run)
+        assert set(surfaced) == set(BURST)  # none waits forever (in this run)
+    # rTop-k draws k of the top r on each rank: a burst coordinate may still wait after the last
+    # step (the loop checked it is in rank 1's residual then); most surfaced, some after waiting
+    assert len(surfaced) >= len(BURST) - 1 and max(surfaced.values()) > S, surfaced
