@@ -98,6 +98,7 @@ for method, cls, settings in (
 ):
     CONFIGS[f"everyday/{method}"] = (named(cls, ratio=0.1, **settings), EVERYDAY)
 CONFIGS["everyday/dense"] = (None, EVERYDAY)
+CONFIGS["everyday/dgc_no_sync"] = (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(EVERYDAY, passes=2))
 CONFIGS["everyday/topk_bucket_view"] = (
     named(TopK, ratio=0.1, **GATHERED),
     dict(EVERYDAY, gradient_as_bucket_view=True),
