@@ -82,8 +82,8 @@ LOCAL_ROWS = {"DGC 0.1% local": "DGC 0.1% allgather", "Threshold 1% local": "Thr
 DDP_ROWS = ("DDP dense", "DDP fp16", "DDP PowerSGD")
 # A DDP + row runs a Horovod row's compressor (its settings, and its optimizer momentum) as DDP's
 # communication hook, sparsecomm.torch.ddp_hook, over DDP's default group: the same method, the other
-# way in. name -> that Horovod row. Each sends by allgather (RandomBlock: its shared allreduce); the
-# hook carried no spardl or quantize when these rows were added, so DGC's twin is its allgather row.
+# way in. name -> that Horovod row. Each sends by allgather (RandomBlock: its shared allreduce); DGC's
+# twin is its allgather row, the exchange auto keeps for it on this model.
 DDP_HOOK_ROWS = {
     "DDP + DGC 0.1%": "DGC 0.1% allgather",
     "DDP + Threshold 1%": "Threshold 1%",
