@@ -26,6 +26,15 @@ def same_bits(got, want):
     return torch.equal(got.isnan(), nan) and torch.equal(got[~nan].view(bits), want[~nan].view(bits))
 
 
+def assert_same_params(got, want, what):
+    """Every parameter of `want` (name -> tensor) equal in `got`, bit for bit; the message says
+    by how much one differs."""
+    for name in want:
+        assert torch.equal(got[name], want[name]), (
+            f"{what}: {name} differs by up to {float((got[name] - want[name]).abs().max()):.3g}"
+        )
+
+
 def gathered_selections(numel, per_rank, ranks, dtype, seed):
     """What an allgather brings to unpack: one index-ordered selection per rank, overlapping."""
     gen = torch.Generator().manual_seed(seed)

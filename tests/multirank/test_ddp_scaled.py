@@ -8,6 +8,7 @@ checkpoint against the run that did not stop."""
 import common
 import pytest
 import torch
+from cases import assert_same_params
 from launch import torchrun
 
 CONFIGS = ["dgc", "threshold_2bit", "topk_spardl", "rtopk", "randomk", "random_block"]
@@ -24,29 +25,22 @@ def runs(tmp_path_factory):
     return {mode: [torch.load(out / f"{mode}{r}.pt") for r in range(SIZE)] for mode in ("straight", "resume")}
 
 
-def _assert_bitwise(got, want, what):
-    for name in want:
-        assert torch.equal(got[name], want[name]), (
-            f"{what}: {name} differs by up to {float((got[name] - want[name]).abs().max()):.3g}"
-        )
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 def test_an_overflowed_step_leaves_no_trace(runs, config):
     initial = dict(common.torch_model().named_parameters())
     for rank in range(SIZE):
         run = runs["straight"][rank][config]
         assert run["scales"] == SCALES, (rank, run["scales"])  # it grew, backed off once, grew again
-        _assert_bitwise(run["params"], run["reference"]["params"], f"rank {rank}: scaled vs unscaled")
+        assert_same_params(run["params"], run["reference"]["params"], f"rank {rank}: scaled vs unscaled")
         assert run["steps"] == run["reference"]["steps"] == {n: 9 for n in initial}  # the overflow rolled back
         assert not torch.equal(run["params"]["0.weight"], initial["0.weight"])  # it trained
-    _assert_bitwise(runs["straight"][1][config]["params"], runs["straight"][0][config]["params"], "rank 1 vs 0")
+    assert_same_params(runs["straight"][1][config]["params"], runs["straight"][0][config]["params"], "rank 1 vs 0")
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_torchrun_restart_resumes_bitwise(runs, config):
     for rank in range(SIZE):
         straight, resumed = runs["straight"][rank][config], runs["resume"][rank][config]
-        _assert_bitwise(resumed["params"], straight["params"], f"rank {rank}: resumed vs straight")
+        assert_same_params(resumed["params"], straight["params"], f"rank {rank}: resumed vs straight")
         assert resumed["scales"] == SCALES[-len(resumed["scales"]) :]
         assert resumed["steps"] == straight["steps"]

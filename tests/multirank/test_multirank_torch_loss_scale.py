@@ -10,6 +10,7 @@ and a bfloat16 autocast run."""
 import common
 import pytest
 import torch
+from cases import assert_same_params
 from launch import horovodrun
 
 CONFIGS = ["dgc", "threshold_2bit", "topk_spardl", "rtopk", "randomk", "random_block"]
@@ -24,31 +25,24 @@ def results(tmp_path_factory):
     return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
 
 
-def _assert_bitwise(got, want, what):
-    for name in want:
-        assert torch.equal(got[name], want[name]), (
-            f"{what}: {name} differs by up to {float((got[name] - want[name]).abs().max()):.3g}"
-        )
-
-
 @pytest.mark.parametrize("config", CONFIGS)
 def test_an_overflowed_step_leaves_no_trace_and_residuals_follow_the_scale(results, config):
     initial = dict(common.torch_model().named_parameters())
     for rank in range(2):
         r = results[rank][config]
         assert r["scales"] == SCALES, (rank, r["scales"])  # it grew, backed off once (the overflow), grew again
-        _assert_bitwise(r["scaled"], r["reference"], f"rank {rank}: scaled vs unscaled without the overflowed step")
+        assert_same_params(r["scaled"], r["reference"], f"rank {rank}: scaled vs unscaled without the overflowed step")
         assert r["steps"] == r["reference_steps"] == {n: 9 for n in initial}  # the overflowed step rolled back
         assert set(r["loss_scales"].values()) == {SCALES[-1]}
         assert not torch.equal(r["scaled"]["0.weight"], initial["0.weight"])  # it trained
-    _assert_bitwise(results[1][config]["scaled"], results[0][config]["scaled"], "rank 1 vs rank 0")
+    assert_same_params(results[1][config]["scaled"], results[0][config]["scaled"], "rank 1 vs rank 0")
 
 
 @pytest.mark.parametrize("config", CONFIGS)
 def test_a_checkpoint_with_a_rescale_or_rollback_pending_resumes_exactly(results, config):
     for rank in range(2):
         r = results[rank][config]
-        _assert_bitwise(r["resumed"], r["scaled"], f"rank {rank}: resumed vs straight")
+        assert_same_params(r["resumed"], r["scaled"], f"rank {rank}: resumed vs straight")
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -32,6 +32,25 @@ def loss_scale_configs(framework):
     }
 
 
+# The loss-scale workers' forced overflow: rank 1's gradient element set to inf at one step.
+POISONED = ("0.weight", (5, 7))
+
+
+def poison(run, overflow):
+    """The forced overflow on `run` (a loss-scale worker's Run: its model, scaler and step): at
+    step `overflow` of a scaled run, POISONED's gradient element becomes inf (call on rank 1)."""
+    name, where = POISONED
+
+    def hook(grad):
+        if run.step != overflow or run.scaler is None:
+            return grad
+        grad = grad.clone()
+        grad[where] = float("inf")
+        return grad
+
+    dict(run.model.named_parameters())[name].register_hook(hook)
+
+
 def digits():
     from sklearn.datasets import load_digits
 

@@ -31,7 +31,6 @@ torch.set_num_threads(1)
 rank, size = dist.get_rank(), dist.get_world_size()
 x_all, y_all = common.digits()
 STEPS, OVERFLOW, LR = 10, 4, 0.5
-POISONED = ("0.weight", (5, 7))  # rank 1's gradient element set to inf at step OVERFLOW
 CONFIGS = common.loss_scale_configs(sparsecomm.torch)
 
 
@@ -47,18 +46,7 @@ class Run:
         self.opt = torch.optim.SGD(self.ddp.parameters(), lr=LR, momentum=0.9)
         self.step, self.scales = None, []
         if rank == 1:
-            name, where = POISONED
-            dict(self.model.named_parameters())[name].register_hook(self._poison(where))
-
-    def _poison(self, where):
-        def hook(grad):
-            if self.step != OVERFLOW or self.scaler is None:
-                return grad
-            grad = grad.clone()
-            grad[where] = float("inf")
-            return grad
-
-        return hook
+            common.poison(self, OVERFLOW)
 
     def train(self, steps):
         for step in steps:

@@ -30,7 +30,6 @@ hvd.init()
 torch.set_num_threads(1)
 x_all, y_all = common.digits()
 STEPS, OVERFLOW, LR = 10, 4, 0.5
-POISONED = ("0.weight", (5, 7))  # rank 1's gradient element set to inf at step OVERFLOW
 CONFIGS = common.loss_scale_configs(sparsecomm.torch)
 
 
@@ -51,18 +50,7 @@ class Run:
         )
         self.step = None
         if hvd.rank() == 1:  # the forced overflow: one inf in one gradient of one rank
-            name, where = POISONED
-            dict(self.model.named_parameters())[name].register_hook(self._poison(where))
-
-    def _poison(self, where):
-        def hook(grad):
-            if self.step != OVERFLOW or self.scaler is None:
-                return grad
-            grad = grad.clone()
-            grad[where] = float("inf")
-            return grad
-
-        return hook
+            common.poison(self, OVERFLOW)
 
     def train(self, steps, autocast=False):
         losses = []
