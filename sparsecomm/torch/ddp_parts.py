@@ -34,6 +34,12 @@ def _header(counts, device):
     return counts.view(torch.uint8)
 
 
+def _counts(table, params):
+    """Each rank's row of `table` (uint8) starts with the header of `params` counts: them, per
+    rank, read on the host (on a GPU: one read per table)."""
+    return table[:, : COUNT * params].contiguous().view(torch.int64).tolist()
+
+
 def _bytes(tensor):
     return tensor.contiguous().view(-1).view(torch.uint8)
 
@@ -128,7 +134,7 @@ class Gathered:
             return
         ranks, params = self.ways.size(), len(self.items)
         everyone = self.everyone.view(ranks, -1)
-        counts = everyone[:, : COUNT * params].contiguous().view(torch.int64).tolist()  # (on a GPU: one read)
+        counts = _counts(everyone, params)
         offset = COUNT * params
         for i, (grad, name, _, capacity, reader) in enumerate(self.items):
             regions = everyone[:, offset : offset + capacity]
@@ -161,24 +167,19 @@ class Scattered:
     owned sums, all-gathered as Gathered rows) starts at the next hook."""
 
     def __init__(self, ways, counters):
-        self.ways, self.counters = ways, counters
+        self.ways, self.counters, self.rank = ways, counters, ways.rank()
         self.items = []  # (wire, layout, value dtype, rows for each block's owner)
         self.second = Gathered(ways, counters)
         self.done = None  # the second phase's arrival, on the rows' device
 
     def add(self, wire_, packed):
         layout = SparDLLayout.of(wire_.shape.numel(), wire_.k, wire_.ranks)
-        rows = spardl_split(packed, layout, self._rank(), wire_.residual)
+        rows = spardl_split(packed, layout, self.rank, wire_.residual)
         self.items.append((wire_, layout, packed.values.dtype, rows))
         width = rows[0].shape[1]
-        sent = sum(r.shape[0] for b, r in enumerate(rows) if b != self._rank())
+        sent = sum(r.shape[0] for b, r in enumerate(rows) if b != self.rank)
         padded = (wire_.ranks - 1) * (COUNT + layout.per_rank * width)
         return sent, padded, padded
-
-    def _rank(self):
-        import torch.distributed as dist
-
-        return dist.get_rank(self.ways.group)
 
     def _chunk_bytes(self):
         return sum(COUNT + layout.per_rank * rows[0].shape[1] for _, layout, _, rows in self.items)
@@ -192,7 +193,7 @@ class Scattered:
         ranks, chunk, device = self.ways.size(), self._chunk_bytes(), self.items[0][3][0].device
         sending = torch.zeros(ranks, chunk, dtype=torch.uint8, device=device)
         for owner in range(ranks):
-            mine = owner == self._rank()  # its own rows stay here: a chunk of zeros
+            mine = owner == self.rank  # its own rows stay here: a chunk of zeros
             counts = [0 if mine else rows[owner].shape[0] for *_, rows in self.items]
             sending[owner, : COUNT * len(self.items)] = _header(counts, device)
             offset = COUNT * len(self.items)
@@ -208,8 +209,8 @@ class Scattered:
     def advance(self):
         """Waits for the scatter, reduces each owned block (in rank order) and starts the gather."""
         self.work.wait()
-        rank, params = self._rank(), len(self.items)
-        counts = self.received[:, : COUNT * params].contiguous().view(torch.int64).tolist()
+        rank, params = self.rank, len(self.items)
+        counts = _counts(self.received, params)
         offset = COUNT * params
         for i, (wire_, layout, value_dtype, rows) in enumerate(self.items):
             width = rows[0].shape[1]
