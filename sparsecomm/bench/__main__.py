@@ -93,7 +93,7 @@ def _convergence(args):
     advance = _progress("convergence", len(args.tasks), lambda r: r)
     for task in args.tasks:
         print(f"\n== {task}", flush=True)
-        records += convergence.run(task, args.np, args.methods, args.epochs)
+        records += convergence.run(task, args.np, args.methods, args.epochs, args.seeds)
         advance(task)
     print("\n" + convergence.table(records))
     return records
@@ -177,6 +177,14 @@ def _parser():
         p.add_argument("-np", type=int, default=2)
         p.add_argument("--convergence-methods", dest="conv_methods", nargs="+")
         p.add_argument("--epochs", type=int)
+        p.add_argument(
+            "--seeds",
+            type=int,
+            nargs="+",
+            default=[0, 1],
+            help="train each method once per seed (initial weights and data order); the records give the "
+            "mean and the range (default: 0 1)",
+        )
     for p in (k, e, c):
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")

@@ -9,6 +9,12 @@ ships offline:
            validation loss (nats per character) after each epoch.
 
 Each rank trains on its own shard; the curves are rank 0's (the ranks stay identical).
+
+Every row trains on the same schedule, so that the compression is all that differs between
+rows: the learning rate rises linearly over the task's warm-up epochs (DGC's density warm-up
+runs over the same steps), the averaged gradient is clipped to the task's clip_norm (DGC
+clips locally instead, at clip_norm / sqrt(N), its paper's version of the same rule), and
+--seed sets the model's initial weights and the data order.
 """
 
 import argparse
@@ -25,7 +31,7 @@ import torch
 
 from sparsecomm.torch import DGC, RandomBlock, RTopK, Threshold, TopK
 
-TASKS = {  # epochs, batch per rank, learning rate, warm-up epochs and local clipping of DGC
+TASKS = {  # epochs, batch per rank, learning rate, warm-up epochs (every row) and clipping norm
     "digits": dict(epochs=30, batch=16, lr=0.05, warmup_epochs=4, clip_norm=None),
     "charlm": dict(epochs=6, batch=16, lr=0.25, warmup_epochs=1, clip_norm=1.0),
 }
@@ -81,8 +87,8 @@ def digits_data():
     return (x[train], torch.tensor(y[train])), (x[test], torch.tensor(y[test])), data
 
 
-def digits_model():
-    torch.manual_seed(0)
+def digits_model(seed=0):
+    torch.manual_seed(seed)
     return torch.nn.Sequential(
         torch.nn.Conv2d(1, 16, 3, padding=1),
         torch.nn.ReLU(),
@@ -123,9 +129,9 @@ def corpus(limit=600_000):
 
 
 class CharGRU(torch.nn.Module):
-    def __init__(self, vocab=128, embed=64, hidden=192):
+    def __init__(self, vocab=128, embed=64, hidden=192, seed=0):
         super().__init__()
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         self.embed = torch.nn.Embedding(vocab, embed)
         self.gru = torch.nn.GRU(embed, hidden, batch_first=True)
         self.out = torch.nn.Linear(hidden, vocab)
@@ -137,10 +143,15 @@ class CharGRU(torch.nn.Module):
 SEQ = 64
 
 
-def charlm_batches(text, batch, rank, size, epoch):
+def epoch_order(n, epoch, seed):
+    """A permutation of range(n) for one epoch (seed 0 keeps the orders of the earlier records)."""
+    return torch.randperm(n, generator=torch.Generator().manual_seed(1000 * seed + epoch))
+
+
+def charlm_batches(text, batch, rank, size, epoch, seed=0):
     """This rank's batches of one epoch: sequences at shuffled offsets, disjoint across ranks."""
     starts = torch.arange(0, len(text) - SEQ - 1, SEQ)
-    starts = starts[torch.randperm(len(starts), generator=torch.Generator().manual_seed(epoch))]
+    starts = starts[epoch_order(len(starts), epoch, seed)]
     per_step = batch * size
     for first in range(0, len(starts) - per_step + 1, per_step):
         mine = starts[first + rank * batch : first + (rank + 1) * batch]
@@ -152,52 +163,92 @@ def charlm_batches(text, batch, rank, size, epoch):
 # --- training -----------------------------------------------------------------------------
 
 
-def train(task, method, size, rank):
-    settings = TASKS[task]
-    if task == "digits":
-        (x, y), (x_test, y_test), data = digits_data()
-        model = digits_model()
-        shard = torch.arange(rank, len(y), size)
-        steps_per_epoch = len(shard) // settings["batch"]
-    else:
-        text, data = corpus()
+class Digits:
+    """The digits task of one rank: its shard, batches and the test accuracy."""
+
+    metric = "accuracy"
+
+    def __init__(self, batch, rank, size, seed):
+        (self.x, self.y), (self.x_test, self.y_test), self.data = digits_data()
+        self.model, self.batch, self.seed = digits_model(seed), batch, seed
+        self.shard = torch.arange(rank, len(self.y), size)
+        self.steps_per_epoch = len(self.shard) // batch
+
+    def batches(self, epoch):
+        order = self.shard[epoch_order(len(self.shard), epoch, self.seed)]
+        for i in range(0, self.steps_per_epoch * self.batch, self.batch):
+            yield self.x[order[i : i + self.batch]], self.y[order[i : i + self.batch]]
+
+    def evaluate(self):
+        return float((self.model(self.x_test).argmax(1) == self.y_test).float().mean())
+
+
+class CharLM:
+    """The charlm task of one rank: its sequences and the validation loss."""
+
+    metric = "val_loss"
+
+    def __init__(self, batch, rank, size, seed):
+        text, self.data = corpus()
         split = int(0.9 * len(text))
-        train_text, valid_text = text[:split], text[split:]
-        model = CharGRU()
-        steps_per_epoch = (len(train_text) // SEQ) // (settings["batch"] * size)
-    make, momentum = methods(task, steps_per_epoch)[method]
+        self.train_text, valid = text[:split], text[split:]
+        self.valid = valid[: len(valid) // (SEQ + 1) * (SEQ + 1)].reshape(-1, SEQ + 1)
+        self.model, self.batch, self.rank, self.size, self.seed = CharGRU(seed=seed), batch, rank, size, seed
+        self.steps_per_epoch = (len(self.train_text) // SEQ) // (batch * size)
+
+    def batches(self, epoch):
+        return charlm_batches(self.train_text, self.batch, self.rank, self.size, epoch, self.seed)
+
+    def evaluate(self):
+        return float(loss_of(self.model(self.valid[:, :-1]), self.valid[:, 1:]))
+
+
+def loss_of(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def warmed_up(opt, warmup_steps):
+    """The learning rate rising linearly to its value over `warmup_steps` steps, then constant."""
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / max(1, warmup_steps)))
+
+
+def step(opt, clip_norm, params):
+    """One optimizer step on the averaged gradient, clipped to clip_norm first where given
+    (Horovod's recipe: synchronize, clip, then step without synchronizing again)."""
+    if clip_norm is None:
+        opt.step()
+        return
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(params, clip_norm)
+    with opt.skip_synchronize():
+        opt.step()
+
+
+def train(task, method, size, rank, seed=0):
+    settings = TASKS[task]
+    work = (Digits if task == "digits" else CharLM)(settings["batch"], rank, size, seed)
+    model = work.model
+    make, momentum = methods(task, work.steps_per_epoch)[method]
     compression = make(model)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=settings["lr"], momentum=momentum),
         named_parameters=model.named_parameters(),
         compression=compression,
     )
+    schedule = warmed_up(opt, settings["warmup_epochs"] * work.steps_per_epoch)
+    clip_norm = None if method.startswith("DGC") else settings["clip_norm"]  # DGC clips in the compressor
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     curve = []
     for epoch in range(settings["epochs"]):
         model.train()
-        if task == "digits":
-            order = shard[torch.randperm(len(shard), generator=torch.Generator().manual_seed(epoch))]
-            batches = (
-                (x[order[i : i + settings["batch"]]], y[order[i : i + settings["batch"]]])
-                for i in range(0, steps_per_epoch * settings["batch"], settings["batch"])
-            )
-        else:
-            batches = charlm_batches(train_text, settings["batch"], rank, size, epoch)
-        for inputs, targets in batches:
+        for inputs, targets in work.batches(epoch):
             opt.zero_grad()
-            logits = model(inputs)
-            torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)).backward()
-            opt.step()
+            loss_of(model(inputs), targets).backward()
+            step(opt, clip_norm, model.parameters())
+            schedule.step()
         model.eval()
         with torch.no_grad():
-            if task == "digits":
-                curve.append(float((model(x_test).argmax(1) == y_test).float().mean()))
-            else:
-                chunk = valid_text[: len(valid_text) // (SEQ + 1) * (SEQ + 1)].reshape(-1, SEQ + 1)
-                logits = model(chunk[:, :-1])
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), chunk[:, 1:].reshape(-1))
-                curve.append(float(loss))
+            curve.append(work.evaluate())
         if not all(math.isfinite(v) for v in curve):
             break
     stats = compression.stats() if hasattr(compression, "stats") else None
@@ -207,13 +258,15 @@ def train(task, method, size, rank):
         "task": task,
         "method": method,
         "ranks": size,
-        "metric": "accuracy" if task == "digits" else "val_loss",
+        "seed": seed,
+        "metric": work.metric,
         "curve": curve,
         "final": curve[-1],
         "sent_bytes_per_step": sent,
         "dense_bytes_per_step": dense,
         "epochs": settings["epochs"],
-        "data": data,
+        "schedule": dict(lr=settings["lr"], warmup_epochs=settings["warmup_epochs"], clip_norm=settings["clip_norm"]),
+        "data": work.data,
     }
 
 
@@ -222,6 +275,7 @@ def main():
     parser.add_argument("--task", choices=list(TASKS), required=True)
     parser.add_argument("--methods", nargs="+")
     parser.add_argument("--epochs", type=int)
+    parser.add_argument("--seed", type=int, default=0, help="the model's initial weights and the data order")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     hvd.init()
@@ -231,10 +285,11 @@ def main():
     names = args.methods or list(methods(args.task, 1))
     records = []
     for method in names:
-        records.append(train(args.task, method, hvd.size(), hvd.rank()))
+        records.append(train(args.task, method, hvd.size(), hvd.rank(), args.seed))
         if hvd.rank() == 0:
             print(
-                f"[convergence] {args.task} {method:<22} final {records[-1]['metric']} {records[-1]['final']:.4f}",
+                f"[convergence] {args.task} {method:<22} seed {args.seed} final {records[-1]['metric']} "
+                f"{records[-1]['final']:.4f}",
                 flush=True,
             )
     if hvd.rank() == 0:

@@ -235,12 +235,11 @@ def _trained_as(method, trained):
 
 
 def _final_text(record, dense):
-    """98.6% (+0.0 pt) for accuracy; 1.586 (+3.7%) for a loss; the change is against dense's."""
-    if record["metric"] == "accuracy":
-        delta = "" if dense is None else f" ({100 * (record['final'] - dense['final']):+.1f} pt)"
-        return f"{100 * record['final']:.1f}%{delta}"
-    delta = "" if dense is None else f" ({100 * (record['final'] / dense['final'] - 1):+.1f}%)"
-    return f"{record['final']:.3f}{delta}"
+    """98.6% (+0.0 pt) for accuracy; 1.586 (+3.7%) for a loss: the mean over the seeds (their
+    range where there are several), the change against dense's."""
+    from .convergence import final_text
+
+    return final_text(record, dense)
 
 
 def _speed(value):
@@ -675,8 +674,10 @@ def _added_block(results):
 
 
 def _convergence_rows(conv):
-    """(header, rows): a row per method, per task its final value, the change against dense and
-    the bytes dense sends per step over the method's."""
+    """(header, rows): a row per method, per task its final value (the mean over the seeds and
+    their range), the change against dense and the bytes dense sends per step over the method's."""
+    from .convergence import final_text
+
     tasks = _ordered(r["task"] for r in conv)
     by = {(r["task"], r["method"]): r for r in conv}
     rows = []
@@ -687,13 +688,9 @@ def _convergence_rows(conv):
             if r is None:
                 row += ["-", "-", "-"]
                 continue
-            if r["metric"] == "accuracy":
-                final = f"{100 * r['final']:.1f}%"
-                delta = "-" if dense is None else f"{100 * (r['final'] - dense['final']):+.1f} pt"
-            else:
-                final = f"{r['final']:.3f}"
-                delta = "-" if dense is None else f"{100 * (r['final'] / dense['final'] - 1):+.1f}%"
-            row += [final, delta, f"{r['dense_bytes_per_step'] / max(r['sent_bytes_per_step'], 1):.0f}x"]
+            final, _, delta = final_text(r, dense).partition(" (")
+            saved = r["dense_bytes_per_step"] / max(r["sent_bytes_per_step"], 1)
+            row += [final, delta.rstrip(")") or "-", f"{saved:.0f}x"]
         rows.append(row)
     metric = {r["task"]: r["metric"] for r in conv}
     header = ["method"] + [
@@ -811,6 +808,26 @@ ROWS = """- **Floor and peers.** `floor`: the step with no exchange, which none 
   tens of percent. Off 1 Gbit/s, dense fp16 is slow on CPU (software half precision)."""
 
 
+def _training_text(conv):
+    """How the convergence records trained: the shared schedule where the records carry it."""
+    if not conv or any("schedule" not in r for r in conv):  # records of a run before the shared schedule
+        return "Every method trains on 2 ranks, same seeds, data order and epochs."
+    seeds = sorted({s for r in conv for s in (r.get("seeds") or [r.get("seed", 0)])})
+    tasks = {r["task"]: r["schedule"] for r in conv}
+    each = "; ".join(
+        f"{task}: learning rate {c['lr']} after a linear warm-up of {c['warmup_epochs']} epochs, "
+        + (f"the averaged gradient clipped to norm {c['clip_norm']}" if c["clip_norm"] else "no clipping")
+        for task, c in tasks.items()
+    )
+    return (
+        f"Every method trains on 2 ranks on the same schedule, once per seed ({', '.join(map(str, seeds))}: "
+        f"initial weights and data order; a final value is the mean [the range]). {each}. DGC's density "
+        "warm-up runs over the same steps, and DGC clips locally at the norm / sqrt(N) (its paper's rule). "
+        "Optimizer momentum 0.9, except DGC (its own) and RandomBlock (plain SGD: with momentum it diverges, "
+        "[random_block.md](random_block.md))."
+    )
+
+
 def _method_section(results, rel, scaling_method):
     e2e = results["e2e"]
     models = "\n".join(f"- {m} model: {MODELS[m]}." for m in _ordered(r["model"] for r in e2e) if m in MODELS)
@@ -818,7 +835,7 @@ def _method_section(results, rel, scaling_method):
         f"### Network model: {m}\n\n{NETWORK_MODELS[m]}" for m in sorted({r["network_model"] for r in e2e})
     )
     runs = _para(
-        "Every method trains on 2 ranks, same seeds, data order and epochs. digits: a small CNN, 1,437 training / "
+        _training_text(results["convergence"]) + " digits: a small CNN, 1,437 training / "
         "360 held-out images. charlm: a GRU (64-dim embedding, 192 hidden) on the Python standard library's "
         "sources (600 kB, last 10% held out). Kernels are timed in turn with a float32 memcpy of the same numel "
         'and torch.topk(x.abs(), k) ([kernels.md](kernels.md#measured-speed-cpu)). A "whole path (1 rank)" row '

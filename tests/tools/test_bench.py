@@ -114,6 +114,9 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
             "DGC 0.1%",
             "--epochs",
             "1",
+            "--seeds",
+            "0",
+            "1",
         ],
         capture_output=True,
         text=True,
@@ -140,7 +143,10 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert hooked["way"] == "ddp" and hooked["horovod_twin"] == "DGC 0.1% allgather"
     assert "allgather" in hooked["exchanges"] and 0 < hooked["received_bytes"] < e2e["dense"]["received_bytes"] / 5
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
-    assert all(0 <= r["final"] <= 1 for r in results["convergence"])
+    for r in results["convergence"]:  # each trained once per seed: the mean, and every seed's final
+        assert r["seeds"] == [0, 1] and len(r["finals"]) == 2 and all(0 <= f <= 1 for f in r["finals"])
+        assert r["final"] == sum(r["finals"]) / 2 and r["curve"] == [r["final"]]  # one epoch
+        assert r["finals"][0] != r["finals"][1]  # the seeds differ: other weights, other data order
     data = results["convergence"][0]["data"]  # the data each record was trained on
     assert data["source"].startswith("scikit-learn ") and re.fullmatch(r"[0-9a-f]{64}", data["sha256"])
     assert all(r["data"] == data for r in results["convergence"])
@@ -161,6 +167,11 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
     assert "The compute model's rows were timed in 2 interleaved turns" in text
     assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
+    dense = results["convergence"][0]
+    finals = sorted(100 * f for f in dense["finals"])
+    assert f"| dense | {100 * dense['final']:.1f}% [{finals[0]:.1f}-{finals[1]:.1f}] | +0.0 pt |" in text
+    words = " ".join(text.split())  # (the page's paragraphs are wrapped)
+    assert "once per seed (0, 1:" in words and "digits: learning rate 0.05 after a linear warm-up of 4 epochs" in words
     assert (
         text.index("## Summary")
         < text.index("## Figures")
@@ -847,3 +858,36 @@ def test_an_e2e_run_is_added_to_the_record_apart_and_replaces_an_earlier_one_of_
     assert "`python -m sparsecomm.bench e2e --models comm` on def5678, 7 minutes" in block
     assert "| comm | DDP + DGC 0.1% | 0.600 | allgather | 117.0 | 6.84x | 1.17x |" in block
     assert block.count("**Horovod or DDP**") == 2 and report._added_block({"e2e": main}) == ""
+
+
+def test_seeds_merge_into_the_mean_with_every_final_and_a_diverged_seed_shortens_the_curve():
+    from sparsecomm.bench.convergence import final_text, merged
+
+    def record(method, seed, curve, metric="val_loss"):
+        return dict(task="charlm", method=method, seed=seed, metric=metric, curve=curve, final=curve[-1])
+
+    one, two = record("TopK 1%", 0, [2.0, 1.5, 1.25]), record("TopK 1%", 1, [2.5, float("inf")])
+    dense = record("dense", 0, [2.0, 1.0])
+    out = merged([dense, one, two])
+    assert out[0] is dense  # one seed: the record as it was
+    topk = out[1]
+    assert topk["seeds"] == [0, 1] and topk["finals"] == [1.25, float("inf")] and topk["final"] == float("inf")
+    assert topk["curve"] == [2.25, float("inf")]  # as long as the shortest seed's
+    assert merged([one, record("TopK 1%", 1, [2.0, 1.5, 1.75])])[0]["final"] == 1.5
+    assert final_text(merged([one, record("TopK 1%", 1, [2.0, 1.5, 1.75])])[0], dense) == "1.500 [1.250-1.750] (+50.0%)"
+    accuracy = merged([record("a", 0, [0.5], "accuracy"), record("a", 1, [0.75], "accuracy")])[0]
+    assert final_text(accuracy, dict(final=0.5)) == "62.5% [50.0-75.0] (+12.5 pt)"
+
+
+def test_every_convergence_row_warms_up_its_learning_rate_linearly():
+    import torch
+
+    from sparsecomm.bench.convergence_worker import warmed_up
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
+    schedule, seen = warmed_up(opt, 4), []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        opt.step()
+        schedule.step()
+    assert seen == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
