@@ -170,6 +170,7 @@ def assert_history_close(got, want, **tol):
 SIMULATIONS = {
     "dense": {},
     "random_block_0.1": dict(method="random_block", ratio=0.1),
+    "random_block_0.1_momentum": dict(method="random_block", ratio=0.1, momentum=0.9),
     "random_block_1.0": dict(method="random_block", ratio=1.0),
     "topk_0.1": dict(method="topk", ratio=0.1),
     "topk_1.0": dict(method="topk", ratio=1.0),

@@ -1,5 +1,5 @@
 """sparsecomm.torch.ddp_hook in DistributedDataParallel under torchrun --nproc_per_node 2 and 3
-(Gloo), every compressor (tests/workers/ddp_train.py, 36 configurations on the MLP: shared,
+(Gloo), every compressor (tests/workers/ddp_train.py, 37 configurations on the MLP: shared,
 gathered (values, 1- and 2-bit codes) and SparDL routes, the dense route and the per-layer
 policy, DGC's warm-up, clipping and masking, a bucket per parameter, gradient_as_bucket_view,
 static_graph, a process group of its own, no_sync() accumulation, DDP's own allreduce; and 9 on
@@ -34,6 +34,7 @@ CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: it
     "dense",
     "dense_momentum",
     "random_block_0.1",
+    "random_block_0.1_momentum",
     "random_block_1.0",
     "randomk_0.1",
     "randomk_1.0",

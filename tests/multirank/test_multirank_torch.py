@@ -1,5 +1,5 @@
 """Every compressor under horovodrun -np 2 and -np 3 with stock hvd.DistributedOptimizer
-(tests/workers/torch_train.py, 25 configurations: each method and its options, DGC's warm-up,
+(tests/workers/torch_train.py, 26 configurations: each method and its options, DGC's warm-up,
 clipping and policy, dense with and without momentum), each rank against a single-process
 simulation of the N ranks (simulated_training.py), and the ranks against each other bit for bit."""
 

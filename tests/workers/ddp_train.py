@@ -40,6 +40,7 @@ CONFIGS = {
     "dense": (None, {}),
     "dense_momentum": (None, dict(momentum=0.9)),
     "random_block_0.1": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), {}),
+    "random_block_0.1_momentum": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), dict(momentum=0.9)),
     "random_block_1.0": (named(RandomBlock, ratio=1.0, seed=7, **EVERY), {}),
     "randomk_0.1": (named(RandomK, ratio=0.1, seed=7, **EVERY), {}),
     "randomk_1.0": (named(RandomK, ratio=1.0, seed=7, **EVERY), {}),

@@ -27,6 +27,12 @@ CONFIGS = {
         lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters(), **EVERY),
         {},
     ),
+    # optimizer momentum after the reduce, as a user pairs it with RandomBlock (random_block.md)
+    "random_block_0.1_momentum": (
+        lambda model: RandomBlock(ratio=0.1, seed=7, named_parameters=model.named_parameters(), **EVERY),
+        {},
+        {"momentum": 0.9},
+    ),
     "random_block_1.0": (
         lambda model: RandomBlock(ratio=1.0, seed=7, named_parameters=model.named_parameters(), **EVERY),
         {},
