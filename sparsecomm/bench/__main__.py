@@ -206,6 +206,12 @@ def _parser():
         help="take the convergence records of another run's results.json instead of training again "
         "(results.md says so)",
     )
+    r.add_argument(
+        "--convergence-from",
+        metavar="JSON",
+        help="first replace results.json's convergence records with those of a `bench convergence --json` "
+        "run or another run's results.json (results.md names the run that trained them)",
+    )
     return parser
 
 
@@ -235,10 +241,13 @@ def main():
         for added in args.add_e2e or ():
             with open(added) as f:
                 results = report.add_run(results, json.load(f))
-        if args.add_e2e:
+        if args.convergence_from:
+            with open(args.convergence_from) as f:
+                results = report.with_convergence_of(results, json.load(f), args.convergence_from)
+        if args.add_e2e or args.convergence_from:
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
-            print(f"added {len(args.add_e2e)} e2e run(s) to {args.out}/results.json")
+            print(f"updated {args.out}/results.json")
         report.write(results, args.out, args.results_md)
         print(
             f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "

@@ -137,6 +137,13 @@ def convergence_source(earlier, path):
     return f"{command} on {earlier['commit']}" if earlier.get("commit") else command
 
 
+def with_convergence_of(results, run, path):
+    """`results` with the convergence records of `run`, read from `path`: what `bench convergence
+    --json` writes (records, command, commit) or another run's results.json."""
+    records = run["records"] if "records" in run else run["convergence"]
+    return dict(results, convergence=records, convergence_from=convergence_source(run, path))
+
+
 def _para(text):
     """A paragraph (or a "- " list item) wrapped at 100 characters."""
     return textwrap.fill(

@@ -891,3 +891,38 @@ def test_every_convergence_row_warms_up_its_learning_rate_linearly():
         opt.step()
         schedule.step()
     assert seen == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
+
+
+def test_report_takes_the_convergence_records_of_a_convergence_run(tmp_path):
+    """`bench report --convergence-from RUN.json` puts a `bench convergence --json` run's records
+    into results.json and the page: each method's mean, the range over its seeds, and the run
+    that trained them."""
+    import shutil
+
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    shutil.copytree(os.path.join(ROOT, "docs", "results"), out)
+    schedule = dict(lr=0.05, warmup_epochs=4, clip_norm=None)
+    common = dict(task="digits", metric="accuracy", dense_bytes_per_step=4e5, schedule=schedule, epochs=1)
+    records = [
+        dict(common, method="dense", seeds=[0, 1], finals=[0.99, 0.98], final=0.985, curve=[0.985]),
+        dict(common, method="TopK 1%", seeds=[0, 1], finals=[0.97, 0.98], final=0.975, curve=[0.975]),
+    ]
+    records[0]["sent_bytes_per_step"], records[1]["sent_bytes_per_step"] = 4e5, 2e4
+    run = dict(command="python -m sparsecomm.bench convergence --seeds 0 1", commit="abc1234", records=records)
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
+        + ["--convergence-from", str(tmp_path / "run.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["convergence"] == records
+    assert results["convergence_from"] == "`python -m sparsecomm.bench convergence --seeds 0 1` on abc1234"
+    text = md.read_text()
+    assert "| TopK 1% | 97.5% [97.0-98.0] | -1.0 pt | 20x |" in text
+    assert "trained by another run (`python -m sparsecomm.bench convergence --seeds 0 1` on abc1234)" in text
+    assert "once per seed (0, 1:" in " ".join(text.split())
