@@ -320,7 +320,7 @@ def route_trial(stats):
         "route_trial": {
             "kept": trial["route_trial"],
             "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
-            "ratio": trial["route_trial_ratio"],
+            "ratios": trial["route_trial_ratios"],
             "steps": trial["route_trial_steps"],
         }
     }

@@ -383,7 +383,7 @@ AUTO_HEADER = (
     "vs dense",
     "sent by",
     "route trial, ms a step",
-    "median pair",
+    "median turn / model",
     "kept",
     "compress hooks, ms a step",
     "verdict",
@@ -400,7 +400,7 @@ def _auto_rows(e2e):
             continue
         trial = r.get("route_trial") or {}
         sides = ", ".join(f"{side} {ms:.0f}" for side, ms in trial.get("step_ms", {}).items()) or "-"
-        pair = f"{trial['ratio']:.2f} over {trial['steps']} steps" if "ratio" in trial else "-"
+        pair = _trial_ratios(trial)
         hooks = "-" if "compress_ms" not in r else f"{r['compress_ms']:.2f} ({r['compress_ms'] / r['step_ms']:.1%})"
         rows.append(
             (
@@ -417,6 +417,18 @@ def _auto_rows(e2e):
             )
         )
     return rows
+
+
+def _trial_ratios(trial):
+    """Each alternative's median turn ratio to the model's routes (a record before the trial of
+    several alternatives: its one median pair's), over the steps counted."""
+    if "ratios" in trial:
+        ratios = ", ".join(f"{side} {ratio:.2f}" for side, ratio in trial["ratios"].items())
+    elif "ratio" in trial:
+        ratios = f"{trial['ratio']:.2f}"
+    else:
+        return "-"
+    return f"{ratios} over {trial['steps']} steps"
 
 
 def _auto_block(e2e):

@@ -11,11 +11,12 @@ framework adapter (`needs_network`) and handed in. An adapter that can time Horo
 (PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto sends
 dense for OBSERVED_STEPS steps while it records when each gradient is handed over, and then
 chooses with the overlap of each exchange and the backward (cost.hidden_times). It then tries
-its choice on the training (RouteTrial): it times pairs of steps, one routed by the model and
-the next by the other extreme (every tensor sparse where the model sent some dense, else every
-tensor dense), in rounds of TRIAL_PAIRS pairs, until every pair agrees on whether the other
-extreme is faster by more than TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median pair
-decides; the model's routes stand unless the other extreme wins.
+its choice on the training (RouteTrial): it times turns of steps, one routed by the model and
+one by each extreme the model did not choose (every tensor sparse where the model sent some
+dense, every tensor dense where it sent some sparse: both for a mix), in rounds of TRIAL_TURNS
+turns, until every turn agrees on whether each extreme is faster than the model by more than
+TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median turn decides; the fastest extreme
+that beats the model by the margin is kept, else the model's routes.
 """
 
 import collections
@@ -31,16 +32,17 @@ from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
 # (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
 OBSERVED_STEPS = 2
 # The route trial's schedule. The step after the watch measures the network; it is routed by
-# the sparser side and not counted, since it pays every first use. Then pairs of steps, the
-# model's routes and the alternative's: adjacent steps see the machine alike, so a pair's ratio
-# is steadier than two medians. After each round of TRIAL_PAIRS pairs the trial decides if every
-# pair agrees; after TRIAL_ROUNDS rounds the median pair decides (docs/exchanges.md, step 4).
-TRIAL_PAIRS = 4
+# the sparsest side and not counted, since it pays every first use. Then turns of steps, one
+# step of each side (the model's routes, then each alternative's): adjacent steps see the
+# machine alike, so a turn's ratios are steadier than medians. After each round of TRIAL_TURNS
+# turns the trial decides if every turn agrees; after TRIAL_ROUNDS rounds the median turn
+# decides (docs/exchanges.md, step 4).
+TRIAL_TURNS = 4
 TRIAL_ROUNDS = 3
-ROUND_STEPS = 2 * TRIAL_PAIRS
-TRIAL_STEPS = ROUND_STEPS * TRIAL_ROUNDS  # the most counted steps
 MODEL, ALL_SPARSE, ALL_DENSE = "model", "all sparse", "all dense"  # the sides of a RouteTrial
-# How much faster than the model's routes the alternative must be to be kept: within it the
+MOST_SIDES = 3  # the model's routes, all sparse and all dense
+TRIAL_STEPS = MOST_SIDES * TRIAL_TURNS * TRIAL_ROUNDS  # the most counted steps
+# How much faster than the model's routes an alternative must be to be kept: within it the
 # model's routes, which rest on measurements of their own, stand.
 TRIAL_MARGIN = 0.03
 # The most steps before auto's routes are final where it watches: the watch, the measuring step
@@ -275,7 +277,7 @@ class AutoRouter:
         if self._hidden is None:
             self._hidden = self._hidden_times(ranks)
             if self.steps is not None:
-                self.trial = RouteTrial(self.steps.step, self._alternative(ranks))
+                self.trial = RouteTrial(self.steps.step, self._alternatives(ranks))
         side = MODEL if self.trial is None else self.trial.arm(self.steps.step)
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks, side):
@@ -312,14 +314,18 @@ class AutoRouter:
             hidden,
         )
 
-    def _alternative(self, ranks):
-        """The side the model's routes are tried against: ALL_SPARSE where the model sends some
-        watched tensor dense, else ALL_DENSE."""
-        for name, (numel, size, density, by_auto) in self._shapes.items():
-            k = selected_count(density, numel)
-            if by_auto and self._cost_choice(numel, k, size, ranks, self._hidden.get(name, 0.0))[0] == "dense":
-                return ALL_SPARSE
-        return ALL_DENSE
+    def _alternatives(self, ranks):
+        """The sides the model's routes are tried against: ALL_SPARSE where the model sends some
+        watched tensor dense, ALL_DENSE where it sends some sparse (or none is watched); both for
+        a mix, which can be slower than either."""
+        dense = {
+            self._cost_choice(numel, selected_count(density, numel), size, ranks, self._hidden.get(name, 0.0))[0]
+            == "dense"
+            for name, (numel, size, density, by_auto) in self._shapes.items()
+            if by_auto
+        }
+        sides = (ALL_SPARSE,) if True in dense else ()
+        return sides + ((ALL_DENSE,) if False in dense or not dense else ())
 
     def _hidden_times(self, ranks):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
@@ -362,12 +368,12 @@ class StepClock:
     """Training steps as Horovod's hooks show them: a step begins at its first compress after a
     decompress, and ends at its last decompress. From one end to the next is a whole step (the
     optimizer's update, the forward, the backward with its packs, the wait and the unpacks).
-    `ends` holds when the last ROUND_STEPS + 1 ended steps ended (perf_counter seconds), the
+    `ends` holds when the last MOST_SIDES * TRIAL_TURNS + 1 ended steps ended (perf_counter seconds), the
     last one that of step `step - 1`: what a round of the trial needs, and no more however
     long it runs."""
 
     def __init__(self):
-        self.step, self.ends = 0, collections.deque(maxlen=ROUND_STEPS + 1)
+        self.step, self.ends = 0, collections.deque(maxlen=MOST_SIDES * TRIAL_TURNS + 1)
         self._last = None  # the last decompress of the step under way
 
     def note_compress(self):
@@ -376,7 +382,7 @@ class StepClock:
             self.step, self._last = self.step + 1, None
 
     def ended(self, step):
-        """When `step` ended (one of the last ROUND_STEPS + 1 ended steps)."""
+        """When `step` ended (one of the last MOST_SIDES * TRIAL_TURNS + 1 ended steps)."""
         return self.ends[len(self.ends) - (self.step - step)]
 
     def note_decompress(self, now):
@@ -384,70 +390,79 @@ class StepClock:
 
 
 class RouteTrial:
-    """Tries the model's routes on the training itself against an `alternative`, ALL_SPARSE or
+    """Tries the model's routes on the training itself against `alternatives`, ALL_SPARSE and/or
     ALL_DENSE (the model rests on estimates: how much of each exchange the backward hides, and
     a network measured in a few collectives, both of which the training can prove wrong). From
-    `first`, the step that measured: that step routes by the sparser side and is not counted;
-    then the steps alternate MODEL and the alternative, each timed by the StepClock, in rounds
-    of TRIAL_PAIRS pairs (see TRIAL_PAIRS for when it decides)."""
+    `first`, the step that measured: that step routes by the sparsest side and is not counted;
+    then the steps take the sides in turn (MODEL, then each alternative), each timed by the
+    StepClock, in rounds of TRIAL_TURNS turns (see TRIAL_TURNS for when it decides)."""
 
-    def __init__(self, first, alternative):
-        self.first, self.alternative = first, alternative
-        self.winner = None  # MODEL or the alternative, once decided
-        self.seconds = {MODEL: [], alternative: []}  # each counted step's seconds, averaged over the ranks
-        self.ratios = []  # each pair's alternative / model
+    def __init__(self, first, alternatives):
+        self.first, self.alternatives = first, tuple(alternatives)
+        self.sides = (MODEL, *self.alternatives)
+        self.winner = None  # MODEL or an alternative, once decided
+        self.seconds = {side: [] for side in self.sides}  # each counted step's seconds, averaged over the ranks
+        self.ratios = {side: [] for side in self.alternatives}  # each turn's alternative / model
+
+    @property
+    def round_steps(self):
+        return TRIAL_TURNS * len(self.sides)
 
     @property
     def rounds(self):
         """Rounds whose step times were added."""
-        return len(self.ratios) // TRIAL_PAIRS
+        return len(self.seconds[MODEL]) // TRIAL_TURNS
 
     def arm(self, step):
         """How `step` routes."""
         if self.winner is not None:
             return self.winner
         if step == self.first:
-            return ALL_SPARSE if self.alternative == ALL_SPARSE else MODEL
-        return (MODEL, self.alternative)[(step - self.first - 1) % 2]
+            return ALL_SPARSE if ALL_SPARSE in self.alternatives else MODEL
+        return self.sides[(step - self.first - 1) % len(self.sides)]
 
     def round_ended(self, clock):
         """Whether the round under way has ended (checked at every compress: true first at the
         first compress after its last step, while the clock still holds its steps' ends)."""
-        return self.winner is None and clock.step > self.first + ROUND_STEPS * (self.rounds + 1)
+        return self.winner is None and clock.step > self.first + self.round_steps * (self.rounds + 1)
 
     def round_seconds(self, clock):
-        """This rank's step seconds of the round just ended, in step order (MODEL, the
-        alternative, MODEL, ...)."""
-        start = self.first + 1 + ROUND_STEPS * self.rounds  # the StepClock keeps their ends
-        return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + ROUND_STEPS)]
+        """This rank's step seconds of the round just ended, in step order (a turn: MODEL, then
+        each alternative)."""
+        start = self.first + 1 + self.round_steps * self.rounds  # the StepClock keeps their ends
+        return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + self.round_steps)]
 
     def add_round(self, seconds):
         """The round's step seconds (round_seconds, averaged over the ranks: the same on every
-        rank, and so is the decision). Decides when every pair so far agrees on whether the
-        alternative beats the model by more than TRIAL_MARGIN, or after TRIAL_ROUNDS rounds; by
-        the median pair either way."""
-        model, alternative = seconds[0::2], seconds[1::2]
-        self.seconds[MODEL] += model
-        self.seconds[self.alternative] += alternative
-        self.ratios += [a / m for m, a in zip(model, alternative)]
-        beats = [ratio < 1 - TRIAL_MARGIN for ratio in self.ratios]
-        if all(beats) or not any(beats) or self.rounds == TRIAL_ROUNDS:
-            self.winner = self.alternative if self.ratio() < 1 - TRIAL_MARGIN else MODEL
+        rank, and so is the decision). Decides when, for each alternative, every turn so far
+        agrees on whether it beats the model by more than TRIAL_MARGIN, or after TRIAL_ROUNDS
+        rounds; then keeps the alternative of the lowest median turn ratio among those that beat
+        the model by the margin, else the model."""
+        n = len(self.sides)
+        for i, side in enumerate(self.sides):
+            self.seconds[side] += seconds[i::n]
+        for i, side in enumerate(self.alternatives, start=1):
+            self.ratios[side] += [a / m for m, a in zip(seconds[0::n], seconds[i::n])]
+        agreed = all(len({r < 1 - TRIAL_MARGIN for r in ratios}) == 1 for ratios in self.ratios.values())
+        if agreed or self.rounds == TRIAL_ROUNDS:
+            beating = [side for side in self.alternatives if self.ratio(side) < 1 - TRIAL_MARGIN]
+            self.winner = min(beating, key=self.ratio, default=MODEL)
 
-    def ratio(self):
-        """The median pair's alternative / model."""
-        return statistics.median(self.ratios)
+    def ratio(self, side):
+        """The median turn's `side` / model."""
+        return statistics.median(self.ratios[side])
 
     def shown(self, step):
         """What stats() shows of the trial: the side of this step while trying; then the one
-        kept, each side's median step seconds, the median pair's ratio and the steps counted."""
+        kept, each side's median step seconds, each alternative's median turn ratio and the
+        steps counted."""
         if self.winner is None:
             return {"route_trial": self.arm(step)}
         return {
             "route_trial": self.winner,
             "route_trial_seconds": {side: statistics.median(s) for side, s in self.seconds.items()},
-            "route_trial_ratio": self.ratio(),
-            "route_trial_steps": 2 * len(self.ratios),
+            "route_trial_ratios": {side: self.ratio(side) for side in self.alternatives},
+            "route_trial_steps": len(self.sides) * len(self.seconds[MODEL]),
         }
 
 

@@ -204,15 +204,16 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     exchange is hidden, so it stays dense. `late` is handed 31 ms before the end, but the link
     is busy with `early`'s 32 ms until -18 ms: 14 ms of its dense exchange would stick out, and
     it goes sparse. Alone on the link it would have 31 ms hidden and stay dense. Without the
-    windows both would go sparse. The model sends one dense, so its routes are tried against
-    every tensor sparse: the measuring step routes all sparse, the next one by the model."""
+    windows both would go sparse. The model sends one dense and one sparse, so its routes are
+    tried against every tensor sparse and every tensor dense: the measuring step routes all
+    sparse, the next one by the model."""
     dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, GBIT)["dense"][1]
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     assert planner.needs_network(2)
     planner.use_measurement(GBIT, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
     assert _step(planner, EARLY_AND_LATE, 2.0) == {"early": "allgather", "late": "allgather"}
-    assert planner.auto.trial.alternative == plan.ALL_SPARSE
+    assert planner.auto.trial.alternatives == (plan.ALL_SPARSE, plan.ALL_DENSE)
     assert planner.choices["early"]["route_trial"] == plan.ALL_SPARSE
     assert _step(planner, EARLY_AND_LATE, 3.0) == {"early": "dense", "late": "allgather"}
     assert planner.choices["early"]["hidden_seconds"] == pytest.approx(0.05)
@@ -223,6 +224,7 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     alone.use_measurement(GBIT, None, {"late": 0.031})
     _step(alone, {"late": 10**6}, 2.0)  # the measuring step, all sparse
     assert _step(alone, {"late": 10**6}, 3.0) == {"late": "dense"}
+    assert alone.auto.trial.alternatives == (plan.ALL_SPARSE,)  # the model sends nothing sparse
     planner.forget_measurement()  # a new world watches again
     assert planner.auto.trial is None and planner.auto.steps.step == 0
     assert planner.watching() and planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
@@ -242,11 +244,12 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     planner.use_measurement(GBIT, None, {"w": 0.0})
     decided, decide = [], planner._decide
     planner._decide = lambda *args: decided.append(args[0]) or decide(*args)
-    for step in range(2 * plan.TRIAL_PAIRS + 1):  # the measuring step and a round: decided at every step
+    assert planner.auto.trial is None
+    for step in range(2 * plan.TRIAL_TURNS + 1):  # the measuring step and a round: decided at every step
         _step(planner, {"w": 10**6}, 3.0 + step)
-    assert len(decided) == 2 * plan.TRIAL_PAIRS + 1
+    assert len(decided) == 2 * plan.TRIAL_TURNS + 1 and planner.auto.trial.alternatives == (plan.ALL_DENSE,)
     planner.auto.steps.note_compress()
-    planner.auto.add_trial_round([1.0, 2.0] * plan.TRIAL_PAIRS)  # the model's routes faster in every pair: kept
+    planner.auto.add_trial_round([1.0, 2.0] * plan.TRIAL_TURNS)  # the model's routes faster in every turn: kept
     decided.clear()
     assert [planner.route("w", 10**6, 2, 4, 0.001, 2) for _ in range(3)] == ["allgather"] * 3
     assert decided == ["w"]  # once, then kept
@@ -264,23 +267,30 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
 
 def _trial_planner():
     """A planner after the watch (steps 0, 1) whose model sends `early` dense and `late` by
-    allgather: its routes are tried against all sparse from step 2, the measuring step."""
+    allgather: its routes are tried against all sparse and all dense from step 2, the measuring
+    step."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     planner.use_measurement(GBIT, None, {"early": 0.05, "late": 0.031})
     return planner
 
 
-BY_MODEL, ALL_SPARSE_ROUTES = {"early": "dense", "late": "allgather"}, {"early": "allgather", "late": "allgather"}
+SIDES = (plan.MODEL, plan.ALL_SPARSE, plan.ALL_DENSE)
+ROUTES = {
+    plan.MODEL: {"early": "dense", "late": "allgather"},
+    plan.ALL_SPARSE: {"early": "allgather", "late": "allgather"},
+    plan.ALL_DENSE: {"early": "dense", "late": "dense"},
+}
+BY_MODEL, ALL_SPARSE_ROUTES = ROUTES[plan.MODEL], ROUTES[plan.ALL_SPARSE]
 
 
 def _trial_round(planner, ended, seconds):
     """A round of the trial, each step ending `seconds[side][i]` after the previous one (i: the
-    pair): checks the alternation and the routes of each side, and returns when the last ended."""
-    for i in range(2 * plan.TRIAL_PAIRS):
-        side = (plan.MODEL, plan.ALL_SPARSE)[i % 2]
-        ended += seconds[side][i // 2]
-        assert _step(planner, EARLY_AND_LATE, ended) == (BY_MODEL if side == plan.MODEL else ALL_SPARSE_ROUTES)
+    turn): checks the turns and the routes of each side, and returns when the last ended."""
+    for i in range(len(SIDES) * plan.TRIAL_TURNS):
+        side = SIDES[i % len(SIDES)]
+        ended += seconds[side][i // len(SIDES)]
+        assert _step(planner, EARLY_AND_LATE, ended) == ROUTES[side]
         assert (
             planner.auto.trial.arm(planner.auto.steps.step) == side and planner.choices["early"]["route_trial"] == side
         )
@@ -290,55 +300,54 @@ def _trial_round(planner, ended, seconds):
     return ended
 
 
-@pytest.mark.parametrize("faster", [plan.MODEL, plan.ALL_SPARSE])
-def test_the_route_trial_keeps_the_side_faster_in_every_pair_after_one_round(faster):
+@pytest.mark.parametrize("faster", SIDES)
+def test_the_route_trial_keeps_the_side_faster_in_every_turn_after_one_round(faster):
     """After the watch (steps 0, 1) and the measuring step (2, all sparse, not counted), steps
-    3-10 alternate the model's routes and every tensor sparse, each timed from the previous
-    step's end to its own. The faster side takes 0.3 s, the other 0.4 s, except in the first
-    pair, where a slow spell makes both ten times slower (its ratio is the same, and the medians
-    ignore it). Every pair agrees, so the trial decides at the first compress of step 11, and
-    the faster side routes from then on."""
+    3-14 take turns: the model's routes, every tensor sparse, every tensor dense, each timed
+    from the previous step's end to its own. The faster side takes 0.3 s, the others 0.4 s,
+    except in the first turn, where a slow spell makes all ten times slower (its ratios are the
+    same, and the medians ignore it). Every turn agrees, so the trial decides at the first
+    compress of step 15, and the faster side routes from then on."""
     planner = _trial_planner()
     assert _step(planner, EARLY_AND_LATE, 2.0) == ALL_SPARSE_ROUTES
-    slower = plan.ALL_SPARSE if faster == plan.MODEL else plan.MODEL
-    seconds = {faster: [3.0, 0.3, 0.3, 0.3], slower: [4.0, 0.4, 0.4, 0.4]}
+    seconds = {side: [3.0, 0.3, 0.3, 0.3] if side == faster else [4.0, 0.4, 0.4, 0.4] for side in SIDES}
     _trial_round(planner, 2.0, seconds)
     round_seconds = planner.auto.trial.round_seconds(planner.auto.steps)
-    assert round_seconds == pytest.approx(
-        [x for pair in zip(seconds[plan.MODEL], seconds[plan.ALL_SPARSE]) for x in pair]
-    )
+    assert round_seconds == pytest.approx([x for turn in zip(*(seconds[side] for side in SIDES)) for x in turn])
     planner.auto.add_trial_round(round_seconds)  # as averaged over the ranks
     assert not planner.auto.round_ended() and not planner.timing_steps()
-    for step in range(11, 14):
-        if step > 11:
+    for step in range(15, 18):
+        if step > 15:
             planner.auto.steps.note_compress()
         routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
-        assert routes == (BY_MODEL if faster == plan.MODEL else ALL_SPARSE_ROUTES)
+        assert routes == ROUTES[faster]
     shown = planner.choices["early"]
-    assert shown["route_trial"] == faster and shown["route_trial_steps"] == 2 * plan.TRIAL_PAIRS
-    assert shown["route_trial_seconds"] == pytest.approx({faster: 0.3, slower: 0.4})
-    assert shown["route_trial_ratio"] == pytest.approx(0.75 if faster == plan.ALL_SPARSE else 4 / 3)
-    assert len(planner.auto.steps.ends) == 2 * plan.TRIAL_PAIRS + 1  # the clock keeps no more than a round needs
+    assert shown["route_trial"] == faster and shown["route_trial_steps"] == len(SIDES) * plan.TRIAL_TURNS
+    assert shown["route_trial_seconds"] == pytest.approx({side: 0.3 if side == faster else 0.4 for side in SIDES})
+    ratio = {side: 0.75 if side == faster else 1.0 if faster != plan.MODEL else 4 / 3 for side in SIDES[1:]}
+    assert shown["route_trial_ratios"] == pytest.approx(ratio)
+    assert len(planner.auto.steps.ends) == len(SIDES) * plan.TRIAL_TURNS + 1  # no more than a round needs
 
 
 @pytest.mark.parametrize("agreeing, kept", [(0.90, plan.ALL_SPARSE), (1.05, plan.MODEL)])
 def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides(agreeing, kept):
-    """Pairs that disagree (all sparse 10% faster in some, 5% slower in others): the trial goes
-    on, still alternating, round after round. The second round's pairs all agree (ratio
-    `agreeing`), but the first round's do not, so it goes on; after TRIAL_ROUNDS rounds the
-    median pair decides: 8 of the 12 ratios are `agreeing`."""
+    """Turns that disagree (all sparse 10% faster in some, 5% slower in others; all dense
+    always 20% slower): the trial goes on, still taking turns, round after round. The second
+    round's turns all agree (all sparse's ratio `agreeing`), but the first round's do not, so it
+    goes on; after TRIAL_ROUNDS rounds the median turn decides: 8 of the 12 ratios are `agreeing`."""
     planner = _trial_planner()
     ended = 2.0
     _step(planner, EARLY_AND_LATE, ended)
-    mixed = {plan.MODEL: [1.0] * 4, plan.ALL_SPARSE: [0.90, 1.05, 0.90, 1.05]}
-    rounds = [mixed, {plan.MODEL: [1.0] * 4, plan.ALL_SPARSE: [agreeing] * 4}, mixed]
+    slow_dense = {plan.MODEL: [1.0] * 4, plan.ALL_DENSE: [1.2] * 4}
+    mixed = dict(slow_dense, **{plan.ALL_SPARSE: [0.90, 1.05, 0.90, 1.05]})
+    rounds = [mixed, dict(slow_dense, **{plan.ALL_SPARSE: [agreeing] * 4}), mixed]
     assert len(rounds) == plan.TRIAL_ROUNDS
     for i, seconds in enumerate(rounds):
         ended = _trial_round(planner, ended, seconds)
         planner.auto.add_trial_round(planner.auto.trial.round_seconds(planner.auto.steps))
         assert planner.auto.trial.rounds == i + 1
         assert (planner.auto.trial.winner is None) == (i + 1 < plan.TRIAL_ROUNDS)
-    assert planner.auto.trial.winner == kept and planner.auto.trial.ratio() == pytest.approx(agreeing)
+    assert planner.auto.trial.winner == kept and planner.auto.trial.ratio(plan.ALL_SPARSE) == pytest.approx(agreeing)
     routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
     assert routes == (BY_MODEL if kept == plan.MODEL else ALL_SPARSE_ROUTES)
     assert planner.choices["early"]["route_trial_steps"] == plan.TRIAL_STEPS
@@ -355,16 +364,38 @@ def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides
     ],
 )
 def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternative, kept):
-    """Every pair alike: decided after one round, by the margin."""
-    trial = plan.RouteTrial(2, plan.ALL_SPARSE)
-    trial.add_round([model, alternative] * plan.TRIAL_PAIRS)
+    """Every turn alike: decided after one round, by the margin."""
+    trial = plan.RouteTrial(2, (plan.ALL_SPARSE,))
+    trial.add_round([model, alternative] * plan.TRIAL_TURNS)
     assert trial.winner == kept and trial.arm(20) == kept and trial.rounds == 1
     assert trial.shown(20) == {
         "route_trial": kept,
         "route_trial_seconds": {plan.MODEL: model, plan.ALL_SPARSE: alternative},
-        "route_trial_ratio": pytest.approx(alternative / model),
-        "route_trial_steps": 2 * plan.TRIAL_PAIRS,
+        "route_trial_ratios": {plan.ALL_SPARSE: pytest.approx(alternative / model)},
+        "route_trial_steps": 2 * plan.TRIAL_TURNS,
     }
+
+
+@pytest.mark.parametrize(
+    "sparse, dense, kept",
+    [
+        (1.02, 1.16, plan.ALL_SPARSE),  # a mix slower than both extremes: the faster one
+        (1.16, 1.02, plan.ALL_DENSE),
+        (1.10, 1.10, plan.ALL_SPARSE),  # a tie between them: the sparser
+        (1.30, 1.21, plan.MODEL),  # dense 2.4% faster than the model: within the margin
+        (1.40, 1.50, plan.MODEL),
+    ],
+)
+def test_a_mix_is_tried_against_both_extremes_and_the_fastest_kept(sparse, dense, kept):
+    """The model sends some tensors dense and some sparse (1.24 s a step): tried against all
+    sparse and all dense, the trial keeps whichever is fastest by more than the margin."""
+    trial = plan.RouteTrial(2, (plan.ALL_SPARSE, plan.ALL_DENSE))
+    assert [trial.arm(step) for step in range(2, 9)] == [plan.ALL_SPARSE] + list(SIDES) * 2
+    trial.add_round([1.24, sparse, dense] * plan.TRIAL_TURNS)
+    assert trial.winner == kept and trial.rounds == 1
+    assert trial.shown(20)["route_trial_ratios"] == pytest.approx(
+        {plan.ALL_SPARSE: sparse / 1.24, plan.ALL_DENSE: dense / 1.24}
+    )
 
 
 def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
@@ -375,7 +406,7 @@ def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
     _watched(planner, {"early": 0.0, "late": 0.0}, EARLY_AND_LATE)
     planner.use_measurement(GBIT, None, {"early": 0.0, "late": 0.0})
     all_sparse, all_dense = {"early": "allgather", "late": "allgather"}, {"early": "dense", "late": "dense"}
-    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.auto.trial.alternative == plan.ALL_DENSE
+    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.auto.trial.alternatives == (plan.ALL_DENSE,)
     assert [_step(planner, EARLY_AND_LATE, 3.0 + step) for step in range(4)] == [all_sparse, all_dense] * 2
     assert planner.choices["early"]["route_trial"] == plan.ALL_DENSE
     assert (

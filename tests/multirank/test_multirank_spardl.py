@@ -245,14 +245,15 @@ def test_simulated_bytes_for_many_ranks(size):
     assert max(received) <= 2 * (size - 1) * 8 * -(-k // size) <= 2.2 * 8 * k
 
 
-def test_the_route_trial_alternates_then_every_rank_keeps_the_same_side(tmp_path):
+def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side(tmp_path):
     """exchange="auto" measuring the cluster itself, its measured inputs then set so that the
-    model sends the first layer dense (hidden by a long window): its routes are tried against
-    every tensor sparse. Steps 0-1 are watched, step 2 measures (all sparse), then the steps
-    alternate the model's routes and all sparse, in rounds of plan.TRIAL_PAIRS pairs, until the
-    trial decides (after 1 to plan.TRIAL_ROUNDS rounds); from then on every rank routes alike,
-    by all sparse if the median pair's ratio of step times (averaged over the ranks) is below
-    1 - plan.TRIAL_MARGIN, else by the model (the same seconds and ratio on every rank)."""
+    model sends the first layer dense (hidden by a long window) and the rest sparse: its routes
+    are tried against every tensor sparse and every tensor dense. Steps 0-1 are watched, step 2
+    measures (all sparse), then the steps take turns (the model's routes, all sparse, all
+    dense), in rounds of plan.TRIAL_TURNS turns, until the trial decides (after 1 to
+    plan.TRIAL_ROUNDS rounds); from then on every rank routes alike, by the extreme of the
+    lowest median turn ratio of step times (averaged over the ranks) where it is below
+    1 - plan.TRIAL_MARGIN, else by the model (the same seconds and ratios on every rank)."""
     out = tmp_path / "trial"
     out.mkdir()
     steps = plan.SETTLING_STEPS + 3
@@ -263,20 +264,22 @@ def test_the_route_trial_alternates_then_every_rank_keeps_the_same_side(tmp_path
         assert first[step]["0.weight"] == {"exchange": "dense", "watching_backward": True}
     decided_at = next(step for step in range(steps) if "route_trial_seconds" in first[step]["0.weight"])
     counted = decided_at - plan.OBSERVED_STEPS - 1
-    assert counted in [2 * plan.TRIAL_PAIRS * r for r in range(1, plan.TRIAL_ROUNDS + 1)]
+    turn = (plan.MODEL, plan.ALL_SPARSE, plan.ALL_DENSE)
+    assert counted in [len(turn) * plan.TRIAL_TURNS * r for r in range(1, plan.TRIAL_ROUNDS + 1)]
     sides = [first[step]["0.weight"]["route_trial"] for step in range(2, decided_at)]
-    assert sides == [plan.ALL_SPARSE] + [plan.MODEL, plan.ALL_SPARSE] * (counted // 2)
+    assert sides == [plan.ALL_SPARSE] + list(turn) * (counted // len(turn))
     for step, side in zip(range(2, decided_at), sides):
-        assert first[step]["0.weight"]["exchange"] == ("dense" if side == plan.MODEL else "allgather")
-        if side == plan.ALL_SPARSE:
-            assert all(choice["exchange"] != "dense" for choice in first[step].values())
+        routes = {choice["exchange"] for choice in first[step].values()}
+        assert first[step]["0.weight"]["exchange"] == ("allgather" if side == plan.ALL_SPARSE else "dense")
+        assert side == plan.MODEL or routes == {"allgather" if side == plan.ALL_SPARSE else "dense"}
     decided = first[decided_at]["0.weight"]
-    seconds = decided["route_trial_seconds"]
-    assert set(seconds) == {plan.MODEL, plan.ALL_SPARSE} and all(s > 0 for s in seconds.values())
+    seconds, ratios = decided["route_trial_seconds"], decided["route_trial_ratios"]
+    assert set(seconds) == set(turn) and all(s > 0 for s in seconds.values()) and set(ratios) == set(turn[1:])
     assert decided["route_trial_steps"] == counted
-    winner = plan.ALL_SPARSE if decided["route_trial_ratio"] < 1 - plan.TRIAL_MARGIN else plan.MODEL
+    beating = [side for side in turn[1:] if ratios[side] < 1 - plan.TRIAL_MARGIN]
+    winner = min(beating, key=ratios.get, default=plan.MODEL)
     assert decided["route_trial"] == winner
-    assert decided["exchange"] == ("dense" if winner == plan.MODEL else "allgather")
+    assert decided["exchange"] == ("allgather" if winner == plan.ALL_SPARSE else "dense")
     for step in range(decided_at, steps):
         assert first[step]["0.weight"] == decided
     assert ranks[1]["choices"] == first  # every step's routes, the trial's seconds, ratio and decision

@@ -589,7 +589,7 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
         exchanges=["allgather"],
         route_trial={"kept": "all sparse", "step_ms": {"model": 320.4, "all sparse": 255.9}},
     )
-    assert report.AUTO_HEADER[4:8] == ("sent by", "route trial, ms a step", "median pair", "kept")
+    assert report.AUTO_HEADER[4:8] == ("sent by", "route trial, ms a step", "median turn / model", "kept")
     assert report._auto_rows([tried])[0][4:] == (
         "allgather",
         "model 320, all sparse 256",
@@ -610,6 +610,8 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
         "within 3% of dense or faster",
     )
     assert "| verdict |\n" in report._auto_block([paired]) and report._auto_block([]) == ""
+    both = dict(tried, route_trial=dict(tried["route_trial"], ratios={"all sparse": 0.8, "all dense": 1.1}, steps=36))
+    assert report._auto_rows([both])[0][6] == "all sparse 0.80, all dense 1.10 over 36 steps"  # since both are tried
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():
