@@ -233,9 +233,10 @@ def main():
         args.methods = args.conv_methods
 
     started = time.time()
-    if args.command == "report":
-        from . import report
+    from . import report
 
+    commit = report.code_version()  # of the code that runs, before anything changes the checkout
+    if args.command == "report":
         with open(os.path.join(args.out, "results.json")) as f:
             results = json.load(f)
         for added in args.add_e2e or ():
@@ -261,14 +262,12 @@ def main():
     elif args.command == "convergence":
         records = _convergence(args)
     else:
-        from . import report
-
         os.makedirs(args.out, exist_ok=True)
         command = report.relative_command("python -m sparsecomm.bench " + " ".join(map(shlex.quote, sys.argv[1:])))
         results = {
             "machine": report.machine(),
             "command": command,
-            "commit": report.code_version(),
+            "commit": commit,
             "kernels": _kernels(args),
         }
         results["e2e"] = _e2e(args)
@@ -290,14 +289,12 @@ def main():
         )
         return
     if args.json:
-        from . import report
-
         with open(args.json, "w") as f:
             json.dump(
                 {
                     "machine": {"python": platform.python_version(), "torch": torch.__version__},
                     "command": report.relative_command("python -m sparsecomm.bench " + shlex.join(sys.argv[1:])),
-                    "commit": report.code_version(),
+                    "commit": commit,
                     "minutes": (time.time() - started) / 60,
                     "records": records,
                 },
