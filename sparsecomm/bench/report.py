@@ -834,7 +834,8 @@ def _training_text(conv):
     seeds = sorted({s for r in conv for s in (r.get("seeds") or [r.get("seed", 0)])})
     tasks = {r["task"]: r["schedule"] for r in conv}
     each = "; ".join(
-        f"{task}: learning rate {c['lr']} after a linear warm-up of {c['warmup_epochs']} epochs, "
+        f"{task}: learning rate {c['lr']} after a linear warm-up of {c['warmup_epochs']} "
+        f"epoch{'' if c['warmup_epochs'] == 1 else 's'}, "
         + (f"the averaged gradient clipped to norm {c['clip_norm']}" if c["clip_norm"] else "no clipping")
         for task, c in tasks.items()
     )
