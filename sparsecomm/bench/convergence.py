@@ -56,7 +56,7 @@ def merged(records):
 
 
 def final_text(record, dense=None):
-    """98.6% [98.3-98.9] (+0.2 pt) for accuracy, 1.586 [1.57-1.60] (+3.7%) for a loss: the
+    """98.6% [98.3-98.9] (+0.2 pt) for accuracy, 1.586 [1.570-1.600] (+3.7%) for a loss: the
     mean over the seeds, their range where there are several, the change against dense's mean."""
     accuracy = record["metric"] == "accuracy"
     shown = (lambda v: f"{100 * v:.1f}") if accuracy else (lambda v: f"{v:.3f}")

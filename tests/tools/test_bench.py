@@ -171,7 +171,8 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     finals = sorted(100 * f for f in dense["finals"])
     assert f"| dense | {100 * dense['final']:.1f}% [{finals[0]:.1f}-{finals[1]:.1f}] | +0.0 pt |" in text
     words = " ".join(text.split())  # (the page's paragraphs are wrapped)
-    assert "once per seed (0, 1:" in words and "digits: learning rate 0.05 after a linear warm-up of 4 epochs" in words
+    assert "once per seed (0, 1:" in words
+    assert "digits: learning rate 0.05 after a linear warm-up of 0.25 epochs" in words  # a quarter of 1 epoch
     assert (
         text.index("## Summary")
         < text.index("## Figures")
