@@ -11,6 +11,7 @@ import shlex
 import textwrap
 
 from . import scaling
+from .convergence import change_text, final_text, final_value_text
 from .e2e import PHASES, local_ratio, ratio_text
 from .network import RATES
 
@@ -241,14 +242,6 @@ def _trained_as(method, trained):
     return name if exchange in EXCHANGES and name in trained else None
 
 
-def _final_text(record, dense):
-    """98.6% (+0.0 pt) for accuracy; 1.586 (+3.7%) for a loss: the mean over the seeds (their
-    range where there are several), the change against dense's."""
-    from .convergence import final_text
-
-    return final_text(record, dense)
-
-
 def _speed(value):
     return "-" if value is None else f"{value:.1f}x"
 
@@ -292,7 +285,7 @@ def _summary(results):
         row = [method] + [against(method, n, p) for n in networks for p in [None, *peers]]
         for task in tasks:
             record = trained.get((task, _trained_as(method, {m for t, m in trained if t == task}) or method))
-            row.append("-" if record is None else _final_text(record, trained.get((task, "dense"))))
+            row.append("-" if record is None else final_text(record, trained.get((task, "dense"))))
         table.append(row)
     described = f"the {model} model ({SHORT[model]})" if model in SHORT else f"the {model} model"
     intro = (
@@ -695,8 +688,6 @@ def _added_block(results):
 def _convergence_rows(conv):
     """(header, rows): a row per method, per task its final value (the mean over the seeds and
     their range), the change against dense and the bytes dense sends per step over the method's."""
-    from .convergence import final_text
-
     tasks = _ordered(r["task"] for r in conv)
     by = {(r["task"], r["method"]): r for r in conv}
     rows = []
@@ -707,9 +698,8 @@ def _convergence_rows(conv):
             if r is None:
                 row += ["-", "-", "-"]
                 continue
-            final, _, delta = final_text(r, dense).partition(" (")
             saved = r["dense_bytes_per_step"] / max(r["sent_bytes_per_step"], 1)
-            row += [final, delta.rstrip(")") or "-", f"{saved:.0f}x"]
+            row += [final_value_text(r), "-" if dense is None else change_text(r, dense), f"{saved:.0f}x"]
         rows.append(row)
     metric = {r["task"]: r["metric"] for r in conv}
     header = ["method"] + [
