@@ -11,8 +11,8 @@ Checks that sparsecomm works on this machine, on its GPUs when it has any:
                            spardl); the loss must go down and the ranks end bitwise equal.
                            On cpu with Gloo; on cuda with NCCL (one GPU per rank) when Horovod
                            has it
-  DDP training             torchrun: the same with the DDP hook (and Threshold 2-bit and
-                           RandomBlock), Gloo on cpu, NCCL on cuda (1 rank on 1 GPU)
+  DDP training             torchrun: the same with the DDP hook (and Threshold 2-bit, DGC
+                           with exchange="auto", RandomBlock), Gloo on cpu, NCCL on cuda (1 rank on 1 GPU)
 
 Each step PASSes, FAILs, or is SKIPped with the reason. The exit code is 0 when nothing FAILed
 (a SKIP is not a failure), 1 otherwise."""

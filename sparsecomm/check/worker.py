@@ -1,6 +1,6 @@
 """Worker of the self-check's training smoke tests: a tiny MLP trained for a few SGD steps,
 once per sparsecomm configuration (DGC and TopK, each with exchange="allgather" and "spardl";
-under DDP also Threshold in 2 bits and RandomBlock). --way horovod (under horovodrun): stock
+under DDP also Threshold in 2 bits, DGC with "auto" and RandomBlock). --way horovod (under horovodrun): stock
 hvd.DistributedOptimizer; --way ddp (under torchrun): DistributedDataParallel with
 sparsecomm.torch.ddp_hook, over NCCL on cuda and Gloo on cpu.
 
@@ -32,6 +32,7 @@ CONFIGS = {
 DDP_CONFIGS = {
     **CONFIGS,
     "Threshold 2bit": (Threshold, dict(ratio=0.1, quantize="2bit", exchange="allgather")),
+    "DGC auto": (DGC, dict(ratio=0.1, momentum=0.9, exchange="auto")),  # measures the group's network
     "RandomBlock": (RandomBlock, dict(ratio=0.1, seed=1)),
 }
 ROWS, FEATURES, CLASSES, BATCH = 2048, 32, 10, 32

@@ -18,7 +18,9 @@ def measure(compressor):
     backward = compressor.planner.auto.backward  # watched first, where the hooks are timed (not under DDP)
     watched = backward.windows if backward is not None else {}
     network, timings = measure_network(
-        compressor.collectives, time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names]
+        compressor.collectives,
+        time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names],
+        compressor.device,
     )
     (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
     local = cost.LocalCost.fitted((SIZES[0], small), (SIZES[1], large), unpack, memset, pairs)
@@ -57,26 +59,31 @@ def unpacked_locally(packed):
     return ops.dequantize(packed.codes, packed.scales, packed.index.numel(), packed.bits), packed.index
 
 
-def measure_network(collectives, local=()):
+def measure_network(collectives, local=(), device="cpu"):
     """Measures this cluster for exchange="auto" (once), over the compressor's collectives
     (sparsecomm.torch.collectives): latency from 1-element allreduces, bandwidth from 4 MB ones,
     copy bandwidth from a local copy, the cost of one more collective in flight from bursts of
     tiny allgathers. These timings and this rank's `local` ones are averaged over the ranks (the
     timings, not the bandwidths: one rank whose 4 MB allreduce came out no slower than its
     1-element one would make a mean bandwidth endless), so every rank makes the same choices.
-    Returns (Network, the averaged local timings)."""
-    small, big = torch.zeros(1), torch.zeros(1 << 20)
+    Its tensors live on `device`, where the gradients do: a GPU's go over NCCL, not the CPU's
+    path. Returns (Network, the averaged local timings)."""
+    device = torch.device(device)
+    small, big = torch.zeros(1, device=device), torch.zeros(1 << 20, device=device)
     counter = iter(range(1 << 30))
+    done = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # NCCL returns before it ends
 
     def reduce(t):
-        return collectives.allreduce(t, f"sparsecomm.measure.{next(counter)}")
+        collectives.allreduce(t, f"sparsecomm.measure.{next(counter)}")
+        done()
 
     def burst(count):  # `count` tiny allgathers in flight at once, as a step's exchanges are
         collectives.allgathers(small, count, f"sparsecomm.measure.{next(counter)}")
+        done()
 
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
-    t_copy = cost.median_seconds(lambda: big.clone(), 3)
+    t_copy = cost.median_seconds(lambda: (big.clone(), done()), 3)
     per_op = max(0.0, (cost.median_seconds(lambda: burst(16), 3) - cost.median_seconds(lambda: burst(1), 3)) / 15)
     mean = collectives.mean_over_ranks([t_small, t_big, t_copy, per_op, *local], "sparsecomm.measure.mean")
     ranks = collectives.size()

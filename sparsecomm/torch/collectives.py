@@ -58,6 +58,14 @@ class TorchDistributed:
     def __init__(self, group=None):
         self.group = group
 
+    def device(self):
+        """Where this group's collectives take their tensors: NCCL reduces only GPU memory."""
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_backend(self.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def size(self):
         import torch.distributed as dist
 
@@ -77,7 +85,7 @@ class TorchDistributed:
         return [i for ints in everyone for i in ints]
 
     def mean_over_ranks(self, values, name):
-        total = self.allreduce(torch.tensor(values, dtype=torch.float64), name)
+        total = self.allreduce(torch.tensor(values, dtype=torch.float64, device=self.device()), name)
         return (total / self.size()).tolist()
 
     def allreduce(self, tensor, name):
@@ -88,7 +96,7 @@ class TorchDistributed:
         return tensor
 
     def allgathers(self, tensor, count, name):
-        outputs = [torch.empty(self.size() * tensor.numel(), dtype=tensor.dtype) for _ in range(count)]
+        outputs = [tensor.new_empty(self.size() * tensor.numel()) for _ in range(count)]
         works = [all_gather_into(out, tensor, self.group, async_op=True) for out in outputs]
         for work in works:
             work.wait()

@@ -14,7 +14,7 @@ import torch
 from ..core import wire
 from ..core.plan import SparDLLayout
 from . import collectives, ops
-from .exchange import spardl_reduce, spardl_split
+from .exchange import ints_on, spardl_reduce, spardl_split
 
 COUNT = torch.empty(0, dtype=torch.int64).element_size()
 
@@ -26,12 +26,8 @@ def future_on(device):
 
 
 def _header(counts, device):
-    """The int64 counts on `device`, as bytes: from pinned memory on a GPU, so the host does not
-    wait for the stream's earlier work."""
-    counts = torch.tensor(counts, dtype=torch.int64)
-    if device.type == "cuda":
-        counts = counts.pin_memory().to(device, non_blocking=True)
-    return counts.view(torch.uint8)
+    """The int64 counts on `device`, as bytes."""
+    return ints_on(counts, torch.int64, device).view(torch.uint8)
 
 
 def _counts(table, params):

@@ -213,13 +213,22 @@ def _owned_scratch(wire, size):
     return torch.empty(size, dtype=torch.float32, device=wire.out.device)
 
 
+def ints_on(values, dtype, device):
+    """Host ints as a tensor on `device`: through pinned memory on a GPU, so that the host does
+    not wait for the stream's earlier work (a copy from pageable memory would)."""
+    tensor = torch.tensor(values, dtype=dtype)
+    if device.type == "cuda":
+        tensor = tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
 def spardl_split(packed, layout, rank, residual):
     """Phase 1 on one rank: its selection's wire rows for each block's owner, in block order.
     Its own block's rows are kept whole; of every other block, the per_rank largest (the rest to
     `residual`: global residual collection)."""
     value_dtype, index = packed.values.dtype, packed.index
     values = packed.values.float()  # selection and residual in float32; exact back in value_dtype
-    bounds = torch.searchsorted(index, torch.tensor(layout.bounds(), dtype=torch.int32)).tolist()
+    bounds = torch.searchsorted(index, ints_on(layout.bounds(), torch.int32, index.device)).tolist()
     rows = []
     for b in range(layout.ranks):
         v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]

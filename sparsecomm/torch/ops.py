@@ -92,7 +92,7 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
     elements with |acc| >= threshold (NaN included), in index order. grad_scale: as
     sample_threshold's (it needs a residual or a momentum)."""
     if not isinstance(threshold, torch.Tensor):
-        threshold = torch.tensor(float(threshold))
+        threshold = torch.tensor(float(threshold), device=grad.device)
     return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold, grad_scale)
 
 

@@ -128,6 +128,25 @@ def test_the_smoke_test_flags_each_kind_of_bad_record():
         assert len(problems) == 1 and problems[0].startswith("TopK spardl: "), (bad, problems)
 
 
+def test_auto_may_take_any_of_its_routes_and_one_rank_routes_nothing():
+    auto = {
+        "config": "DGC auto",
+        "exchange": "auto",
+        "ranks": 2,
+        "loss_before": 2.3,
+        "loss_after": 2.1,
+        "ranks_equal": True,
+        "exchanges": ["allgather", "dense"],
+        "sent_bytes": 100,  # dense where that is faster: as many bytes as dense is no fault
+        "dense_bytes": 100,
+    }
+    assert steps.smoke_problems(auto) == []
+    assert steps.smoke_problems(dict(auto, exchanges=[], ranks=1)) == []
+    for bad in ({"exchanges": []}, {"exchanges": ["allgather", "shared"]}):
+        problems = steps.smoke_problems(dict(auto, **bad))
+        assert len(problems) == 1 and problems[0].startswith("DGC auto: exchanges used"), (bad, problems)
+
+
 def _env(**changes):
     """A machine with 2 GPUs, sparsecomm's CUDA kernels and Horovod with NCCL 2.18.5 and Gloo."""
     base = environment.Environment(
