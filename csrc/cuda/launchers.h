@@ -22,8 +22,11 @@ template <typename T>
 void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64_t length, float scale,
                   cudaStream_t stream);
 
-// Sampled threshold: gathers the sample's magnitudes into `sample` (plan.count floats of
-// scratch), then a single-block radix select writes the rank-th largest to *threshold.
+// Sampled threshold: gathers the sample's magnitudes into `sample` (scratch of
+// sample_scratch_floats(plan.count) floats), then a radix select over the whole grid writes the
+// rank-th largest to *threshold.
+constexpr int64_t kSelectStateFloats = 264;  // the select's state, kept after the sample
+inline int64_t sample_scratch_floats(int64_t count) { return count + kSelectStateFloats; }
 template <typename T>
 void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan, float* sample,
                       float* threshold, cudaStream_t stream);

@@ -83,7 +83,7 @@ class GpuDevice {
   template <typename T>
   absl::Status sample_threshold(const Tensor& grad, const Feedback& fb, const SamplePlan& plan, Tensor* out) const {
     Tensor sample;
-    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({plan.count}), &sample));
+    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({cuda::sample_scratch_floats(plan.count)}), &sample));
     cuda::sample_threshold(raw<T>(grad), fb, grad.NumElements(), plan, sample.flat<float>().data(),
                            out->flat<float>().data(), stream_);
     return launched();

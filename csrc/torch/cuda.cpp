@@ -98,7 +98,7 @@ struct CudaDevice {
   // The threshold stays on the device (no synchronisation); the selection needs scratch.
   template <typename T>
   static at::Tensor sample_threshold(const FeedbackArgs& a, const SamplePlan& plan) {
-    at::Tensor sample = at::empty({plan.count}, a.grad.options().dtype(at::kFloat));
+    at::Tensor sample = at::empty({cuda::sample_scratch_floats(plan.count)}, a.grad.options().dtype(at::kFloat));
     at::Tensor threshold = at::empty({}, a.grad.options().dtype(at::kFloat));
     cuda::sample_threshold<T>(data_as<T>(a.grad), a.fb, a.grad.numel(), plan, sample.data_ptr<float>(),
                               threshold.data_ptr<float>(), stream());

@@ -336,8 +336,10 @@ void check_sample_threshold() {
         FeedbackBuffers state(fc, n, r);
         const FeedbackBuffers before = state;
         const Feedback fb = state.cuda();
-        std::vector<float> sample(static_cast<size_t>(plan.count), -1.0f), threshold(1, -1.0f);
+        std::vector<float> sample(static_cast<size_t>(sc::cuda::sample_scratch_floats(plan.count)), -1.0f);
+        std::vector<float> threshold(1, -1.0f);
         sc::cuda::sample_threshold<T>(grad.data(), fb, n, plan, sample.data(), threshold.data(), nullptr);
+        sample.resize(static_cast<size_t>(plan.count));  // the select's state follows the sample
         // The gathered sample, element by element, then the selected threshold.
         std::vector<float> expected(static_cast<size_t>(plan.count));
         float u;
