@@ -283,11 +283,28 @@ def free_port():
         return s.getsockname()[1]
 
 
+# The first line of a rank's own failure: launchers end with their own traceback, which names
+# only the rank and its exit code.
+RANK_ERROR = re.compile(
+    r"^(?:\[rank\d+\]:\s*)?"  # torchrun's prefix of a rank's lines
+    r"(?:(?!ChildFailed)\w+(?:Error|Exception): .*|terminate called.*|Fatal Python error.*"
+    r"|.*(?:Segmentation fault|Aborted).*)$",
+    re.M,
+)
+
+
+def first_rank_error(output):
+    found = RANK_ERROR.search(output)
+    return found.group(0).strip()[:300] if found else None
+
+
 def judged(code, output, out, backend, steps):
     """A smoke test's verdict from its launch and the records rank 0 wrote to `out`."""
     if code != 0 or not os.path.exists(out):
         show_tail(output)
-        return FAIL, f"{backend}: the launch " + ("timed out" if code is None else f"exited {code}")
+        error = first_rank_error(output)
+        launch = "timed out" if code is None else f"exited {code}"
+        return FAIL, f"{backend}: the launch {launch}" + (f"; first error: {error}" if error else "")
     with open(out) as f:
         records = json.load(f)
     for r in records:

@@ -147,6 +147,23 @@ def test_auto_may_take_any_of_its_routes_and_one_rank_routes_nothing():
         assert len(problems) == 1 and problems[0].startswith("DGC auto: exchanges used"), (bad, problems)
 
 
+def test_a_failed_launch_names_the_first_error_of_a_rank():
+    output = (
+        "[rank1]: Traceback (most recent call last):\n"
+        "[rank1]: RuntimeError: Expected all tensors to be on the same device\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n"
+    )
+    status, detail = steps.judged(1, output, "/nonexistent", "NCCL, 2 ranks", 30)
+    assert status == FAIL and detail == (
+        "NCCL, 2 ranks: the launch exited 1; first error: [rank1]: RuntimeError: Expected all tensors to be on "
+        "the same device"
+    ), detail
+    assert steps.first_rank_error("x\nterminate called after throwing an instance of 'gloo::IoException'\n") == (
+        "terminate called after throwing an instance of 'gloo::IoException'"
+    )
+    assert steps.first_rank_error("ChildFailedError: \nrank 0 exit code -6\n") is None
+
+
 def _env(**changes):
     """A machine with 2 GPUs, sparsecomm's CUDA kernels and Horovod with NCCL 2.18.5 and Gloo."""
     base = environment.Environment(
