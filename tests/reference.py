@@ -109,12 +109,15 @@ def random_block_unpack(values, numel, start, scale=1.0):
     return dense
 
 
-def accumulate(grad, residual=None, momentum=None, momentum_factor=0.0):
-    """(acc, u) of error feedback with optional DGC momentum correction, in float32 torch."""
-    u = grad.reshape(-1).float()
+def accumulate(grad, residual=None, momentum=None, momentum_factor=0.0, nesterov=False):
+    """(acc, u) of error feedback with optional DGC momentum correction, in float32 torch:
+    u = m u + g, acc = r + u; with Nesterov (DGC's official code) u = m (u + g), acc = r + u + g."""
+    g = grad.reshape(-1).float()
+    u = g
     if momentum is not None:
-        u = momentum_factor * momentum + u
-    return (u if residual is None else residual + u), u
+        u = momentum_factor * (momentum + g) if nesterov else momentum_factor * momentum + g
+    acc = u if residual is None else residual + u
+    return (acc + g if nesterov else acc), u
 
 
 def finite_or_zero(left):

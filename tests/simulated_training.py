@@ -27,6 +27,7 @@ def simulate_dgc(
     forward=None,
     passes=1,
     exchange="allgather",
+    nesterov=False,
 ):
     """DGC on N ranks, plain torch (simulation.dgc per rank and tensor), summed over the ranks
     as `exchange` does, then plain SGD. A tensor in dense_names, or at a density where the
@@ -55,6 +56,7 @@ def simulate_dgc(
                         masking,
                         None if clip_norm is None else clip_norm / size**0.5,
                         dense,
+                        nesterov,
                     )
                     sent.append(rank_sent)
                 residuals = [state[rank][name][0] for rank in range(size)]
@@ -196,6 +198,7 @@ SIMULATIONS = {
         dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
     ),
     "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
+    "dgc_0.1_nesterov": dict(dgc=dict(ratio=0.1, nesterov=True, dense_names=("0.bias", "2.weight", "2.bias"))),
 }
 
 

@@ -85,11 +85,12 @@ def dgc_density(ratio, step, warmup_steps, stages):
     return ratio ** ((step * stages // warmup_steps + 1) / (stages + 1))
 
 
-def dgc(grad, state, density, name, step, momentum=0.9, masking=True, clip_limit=None, dense=False):
+def dgc(grad, state, density, name, step, momentum=0.9, masking=True, clip_limit=None, dense=False, nesterov=False):
     """One rank's DGC step on a flat gradient: clip to clip_limit (the threshold / sqrt(N)),
-    u = m u + g, v += u, send the sampled-threshold selection of v, zero v (and u when
-    masking) where sent. A tensor the policy sends dense gets momentum SGD: u = m u + g, sent
-    whole. state is (v, u); returns (the dense float32 tensor sent, the new state)."""
+    u = m u + g, v += u (Nesterov: u = m (u + g), v += u + g), send the sampled-threshold
+    selection of v, zero v (and u when masking) where sent. A tensor the policy sends dense gets
+    momentum SGD: u = m u + g sent whole (Nesterov: u + g). state is (v, u); returns (the dense
+    float32 tensor sent, the new state)."""
     v, u = state
     g = grad.reshape(-1)
     if clip_limit is not None:
@@ -97,9 +98,9 @@ def dgc(grad, state, density, name, step, momentum=0.9, masking=True, clip_limit
         if norm > clip_limit:
             g = g * (clip_limit / norm)
     if dense:
-        _, u = reference.accumulate(g, None, u, momentum)
-        return u.to(grad.dtype).float(), (v, u)
-    acc, u = reference.accumulate(g, v, u, momentum)
+        sent, u = reference.accumulate(g, None, u, momentum, nesterov)
+        return sent.to(grad.dtype).float(), (v, u)
+    acc, u = reference.accumulate(g, v, u, momentum, nesterov)
     mask = reference.sampled_mask(acc, density, 0, reference.tensor_id(name), step)
     values, index, v, u = reference.send(acc, u, mask, g.dtype, v, u, masking)
     return torch.zeros(g.numel()).index_put_((index,), values.float()), (v, u)

@@ -139,7 +139,7 @@ void magnitudes_of_run(const T* grad, const Feedback& fb, int64_t first, int64_t
   const float* r = fb.residual_in ? fb.residual_in + first : nullptr;
   const float* u = fb.momentum_in ? fb.momentum_in + first : nullptr;
   const float m = fb.momentum;
-  if (fb.grad_scale) {  // (DGC's clipping: element by element, as accumulated() reads it)
+  if (fb.grad_scale || fb.nesterov) {  // (DGC's clipping or Nesterov: element by element, as accumulated() reads it)
     float unused;
     for (int64_t q = 0; q < n; ++q) out[q] = magnitude(accumulated(grad, fb, first + q, &unused));
   } else if (r && u) {
@@ -219,7 +219,7 @@ class CandidateLists {
   size_t size_;
 };
 
-template <typename T, bool kResidual, bool kMomentum>
+template <typename T, bool kResidual, bool kMomentum, bool kNesterov = false>
 void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t end, float threshold,
                        CandidateLists& out) {
   const float* residual_in = fb.residual_in;
@@ -235,13 +235,15 @@ void accumulate_blocks(const T* grad, const Feedback& fb, int64_t begin, int64_t
     int any = 0;
     for (int64_t j = 0; j < n; ++j) {
       const int64_t i = first + j;
-      float u = to_float(grad[i]);
-      if (scaled_grad) u = scaled<T>(u, s);
+      float g = to_float(grad[i]);
+      if (scaled_grad) g = scaled<T>(g, s);
+      float u = g;
       if (kMomentum) {
-        u = m * momentum_in[i] + u;
+        u = kNesterov ? m * (momentum_in[i] + g) : m * momentum_in[i] + g;
         momentum_out[i] = u;
       }
-      const float a = kResidual ? residual_in[i] + u : u;
+      float a = kResidual ? residual_in[i] + u : u;
+      if (kNesterov) a = a + g;
       if (kResidual) residual_out[i] = a;
       acc[j] = a;
       any |= int(selected(a, threshold));
@@ -303,6 +305,9 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
   // The candidates' acc is read back from the state. (An empty tensor's state may have no data.)
   if (fb.grad_scale && !residual && !momentum && numel > 0)
     throw std::invalid_argument("accumulate_candidates: a grad_scale needs a residual or a momentum");
+  // Nesterov's acc is not u: it lands in the residual only.
+  if (fb.nesterov && !(residual && momentum) && numel > 0)
+    throw std::invalid_argument("accumulate_candidates: Nesterov momentum needs a residual and a momentum");
   auto pass = residual && momentum ? accumulate_blocks<T, true, true>
               : residual           ? accumulate_blocks<T, true, false>
               : momentum           ? accumulate_blocks<T, false, true>
@@ -314,6 +319,7 @@ void accumulate_candidates(const T* grad, const Feedback& fb, int64_t numel, flo
            : momentum           ? accumulate_blocks_avx2<false, true>
                                 : accumulate_blocks_avx2<false, false>;
 #endif
+  if (fb.nesterov) pass = accumulate_blocks<T, true, true, true>;  // (no AVX2 variant: an option, not the default)
   const int chunks = pass_threads(numel);
   if (chunks == 1) {
     CandidateLists out(acc, index);

@@ -4,6 +4,9 @@
 //   g   = T(grad * grad_scale)       (DGC's local clipping factor, when given; rounded once to T)
 //   u   = momentum * u_in + g        (momentum correction, DGC; u = g without momentum state)
 //   acc = residual_in + u            (error feedback; acc = u without a residual)
+// With Nesterov momentum (DGC's official code, `nesterov`; needs a momentum state):
+//   u   = momentum * (u_in + g)
+//   acc = (residual_in + u) + g
 // Before selection the state is written as if nothing were sent:
 //   residual_out = acc, momentum_out = u.
 // For an element that is sent as value T(acc) (send step):
@@ -28,6 +31,7 @@ struct Feedback {
   const float* momentum_in = nullptr;  // nullptr: no momentum correction
   float* momentum_out = nullptr;
   float momentum = 0.0f;
+  bool nesterov = false;  // with momentum_in only
   bool masking = true;
   // nullptr: 1. One float read where the kernel runs (DGC's local clipping factor stays on the
   // device), so clipping rides the state's pass instead of scaling the gradient in place first.
@@ -40,14 +44,21 @@ SC_HOST_DEVICE float scaled(float g, float scale) {
   return to_float(from_float<T>(g * scale));
 }
 
+// The momentum term u of element i whose (scaled) gradient is g.
+SC_HOST_DEVICE float momentum_term(const Feedback& fb, int64_t i, float g) {
+  if (!fb.momentum_in) return g;
+  return fb.nesterov ? fb.momentum * (fb.momentum_in[i] + g) : fb.momentum * fb.momentum_in[i] + g;
+}
+
 // acc of element i, and the momentum term u, without writing anything.
 template <typename T>
 SC_HOST_DEVICE float accumulated(const T* grad, const Feedback& fb, int64_t i, float* u_out) {
-  float u = to_float(grad[i]);
-  if (fb.grad_scale) u = scaled<T>(u, *fb.grad_scale);
-  if (fb.momentum_in) u = fb.momentum * fb.momentum_in[i] + u;
+  float g = to_float(grad[i]);
+  if (fb.grad_scale) g = scaled<T>(g, *fb.grad_scale);
+  const float u = momentum_term(fb, i, g);
   *u_out = u;
-  return fb.residual_in ? fb.residual_in[i] + u : u;  // not 0 + u: that would turn -0 into +0
+  const float acc = fb.residual_in ? fb.residual_in[i] + u : u;  // not 0 + u: that would turn -0 into +0
+  return fb.nesterov ? acc + g : acc;
 }
 
 // acc and u written as the state of an element nothing was sent from.
@@ -65,14 +76,15 @@ SC_HOST_DEVICE void accumulate_element(const T* grad, const Feedback& fb, int64_
   keep(fb, i, acc, u);
 }
 
-// DGC's dense route (momentum SGD, nothing selected): u as `accumulated` computes it, kept as the
-// momentum and written to out (rounded once to T), which is what is reduced. out may be grad.
+// DGC's dense route (momentum SGD, nothing selected; no residual): u as `accumulated` computes it,
+// kept as the momentum; acc (u, or u + g with Nesterov) written to out (rounded once to T), which
+// is what is reduced. out may be grad.
 template <typename T>
 SC_HOST_DEVICE void momentum_element(const T* grad, const Feedback& fb, int64_t i, T* out) {
   float u;
-  accumulated(grad, fb, i, &u);
+  const float acc = accumulated(grad, fb, i, &u);
   fb.momentum_out[i] = u;
-  out[i] = from_float<T>(u);
+  out[i] = from_float<T>(acc);
 }
 
 // What stays of a sent element: its rounding error, or 0 where that is not finite (acc NaN or

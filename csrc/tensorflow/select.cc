@@ -16,6 +16,7 @@ namespace tf_binding {
 REGISTER_OP("SparsecommSampleThreshold")
     .Attr("T: {float, half, bfloat16}")
     .Attr("momentum_factor: float = 0.0")
+    .Attr("nesterov: bool = false")  // csrc/kernels/feedback.h; needs a momentum
     .Attr("sample_count: int >= 1")
     .Input("grad: T")
     .Input("residual: float")
@@ -33,6 +34,7 @@ class SampleThresholdOp : public OpKernel {
  public:
   explicit SampleThresholdOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
+    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
     OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count_));
   }
   void Compute(OpKernelContext* c) override {
@@ -42,6 +44,8 @@ class SampleThresholdOp : public OpKernel {
     OP_REQUIRES_OK(c, state_input(c->input(1), numel, "residual", &fb.residual_in));
     OP_REQUIRES_OK(c, state_input(c->input(2), numel, "momentum", &fb.momentum_in));
     fb.momentum = momentum_factor_;
+    OP_REQUIRES(c, !nesterov_ || fb.momentum_in, invalid("nesterov needs a momentum, got none"));
+    fb.nesterov = nesterov_;
     OP_REQUIRES_OK(c, grad_scale_input(c->input(7), &fb.grad_scale));
     int64_t seed, tensor_id, step;
     OP_REQUIRES_OK(c, scalar_inputs(c, 3, {"seed", "tensor_id", "step"}, {&seed, &tensor_id, &step}));
@@ -59,6 +63,7 @@ class SampleThresholdOp : public OpKernel {
 
  private:
   float momentum_factor_;
+  bool nesterov_;
   int64_t sample_count_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSampleThreshold").Device(DEVICE_CPU), "T", SampleThresholdOp, CpuDevice);
@@ -67,6 +72,7 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSampleThreshold").Device(DEVICE_CPU), 
 REGISTER_OP("SparsecommAccumulateCandidates")
     .Attr("T: {float, half, bfloat16}")
     .Attr("momentum_factor: float = 0.0")
+    .Attr("nesterov: bool = false")  // needs a residual and a momentum
     .Input("grad: T")
     .Input("residual: float")
     .Input("momentum: float")
@@ -86,6 +92,7 @@ class AccumulateCandidatesOp : public OpKernel {
  public:
   explicit AccumulateCandidatesOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
+    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
@@ -102,11 +109,16 @@ class AccumulateCandidatesOp : public OpKernel {
     // (the candidates' acc is read back from the state the pass wrote, not from grad)
     OP_REQUIRES(c, !fb.grad_scale || fb.residual_out || fb.momentum_out,
                 invalid("grad_scale needs a residual or a momentum, got neither"));
+    // (and Nesterov's acc is not the momentum: it is read back from the residual)
+    OP_REQUIRES(c, !nesterov_ || (fb.residual_out && fb.momentum_out),
+                invalid("nesterov needs a residual and a momentum"));
+    fb.nesterov = nesterov_;
     OP_REQUIRES_OK(c, dev.template accumulate_candidates<T>(grad, fb, c->input(3)));
   }
 
  private:
   float momentum_factor_;
+  bool nesterov_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_CPU), "T", AccumulateCandidatesOp,
                           CpuDevice);
@@ -153,6 +165,7 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_CPU), "T", 
 REGISTER_OP("SparsecommMomentumStep")
     .Attr("T: {float, half, bfloat16}")
     .Attr("momentum_factor: float")
+    .Attr("nesterov: bool = false")  // u = momentum_factor * (momentum + grad); the payload is u + grad
     .Input("grad: T")
     .Input("momentum: float")
     .Input("grad_scale: float")  // as SparsecommSampleThreshold's
@@ -165,6 +178,7 @@ class MomentumStepOp : public OpKernel {
  public:
   explicit MomentumStepOp(OpKernelConstruction* c) : OpKernel(c) {
     OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
+    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
@@ -176,6 +190,7 @@ class MomentumStepOp : public OpKernel {
     Feedback fb;
     OP_REQUIRES_OK(c, state_io(c, dev, 1, 1, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
     fb.momentum = momentum_factor_;
+    fb.nesterov = nesterov_;
     OP_REQUIRES_OK(c, grad_scale_input(c->input(2), &fb.grad_scale));
     Tensor* payload = nullptr;
     OP_REQUIRES_OK(c, c->forward_input_or_allocate_output({0}, 0, grad.shape(), &payload));
@@ -184,6 +199,7 @@ class MomentumStepOp : public OpKernel {
 
  private:
   float momentum_factor_;
+  bool nesterov_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_CPU), "T", MomentumStepOp, CpuDevice);
 

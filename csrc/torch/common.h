@@ -101,12 +101,14 @@ struct FeedbackArgs {
   Feedback fb;
   FeedbackArgs(const char* op, const at::Tensor& grad_in, const c10::optional<at::Tensor>& residual,
                const c10::optional<at::Tensor>& momentum, double momentum_factor,
-               const c10::optional<at::Tensor>& grad_scale)
+               const c10::optional<at::Tensor>& grad_scale, bool nesterov = false)
       : grad(grad_in.contiguous()) {
     check_indexable(op, grad.numel());
     fb.residual_in = fb.residual_out = state_ptr(op, "residual", grad, residual);
     fb.momentum_in = fb.momentum_out = state_ptr(op, "momentum", grad, momentum);
     fb.momentum = float(momentum_factor);
+    TORCH_CHECK(!nesterov || momentum.has_value(), op, ": nesterov=True needs a momentum tensor, got None");
+    fb.nesterov = nesterov;
     if (grad_scale.has_value()) {
       const at::Tensor& s = *grad_scale;
       TORCH_CHECK(s.scalar_type() == at::kFloat && s.numel() == 1, op,

@@ -31,7 +31,8 @@ SC_TORCH_LIBRARY {
   // The same into an existing buffer (the gradient itself): every element written, one pass.
   m.def("block_unpack_into(Tensor values, int start, float scale, Tensor(a!) out) -> ()");
 
-  // Selection with error feedback (csrc/kernels/feedback.h): acc = residual + (m * momentum + grad).
+  // Selection with error feedback (csrc/kernels/feedback.h): acc = residual + (m * momentum + grad);
+  // nesterov (with a momentum): momentum <- m * (momentum + grad), acc = (residual + momentum) + grad.
   // grad_scale (sample_threshold, accumulate_candidates, momentum_step): a 1-element float32
   // tensor on grad's device that grad is read times, rounded once to its dtype (DGC's clipping
   // factor, not read by the host).
@@ -39,12 +40,12 @@ SC_TORCH_LIBRARY {
   // passes (rank ceil(ratio * count) of sample_count positions; csrc/kernels/sample.h).
   m.def(
       "sample_threshold(Tensor grad, Tensor? residual, Tensor? momentum, float momentum_factor, float ratio, "
-      "int sample_count, int seed, int tensor_id, int step, Tensor? grad_scale=None) -> Tensor");
+      "int sample_count, int seed, int tensor_id, int step, Tensor? grad_scale=None, bool nesterov=False) -> Tensor");
   // One pass: residual <- acc, momentum <- m * momentum + grad for every element; returns the
   // candidates |acc| >= threshold (NaN included) as (acc float32, index int32) in index order.
   m.def(
       "accumulate_candidates(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor, "
-      "Tensor threshold, Tensor? grad_scale=None) -> (Tensor, Tensor)");
+      "Tensor threshold, Tensor? grad_scale=None, bool nesterov=False) -> (Tensor, Tensor)");
   // The same pass with nothing selected: the state takes acc for every element.
   m.def("accumulate(Tensor grad, Tensor(a!)? residual, Tensor(b!)? momentum, float momentum_factor) -> ()");
   // The k candidates of largest |acc| (ties: lower index), in index order.
@@ -76,8 +77,11 @@ SC_TORCH_LIBRARY {
   m.def("sparse_unpack(Tensor values, Tensor index, int numel, float scale) -> Tensor");
   // The same into an existing buffer (e.g. the gradient itself): no allocation, no page faults.
   m.def("sparse_unpack_into(Tensor values, Tensor index, float scale, Tensor(a!) out) -> ()");
-  // DGC's dense route, one pass: momentum <- m * momentum + grad, and grad <- that (rounded to its dtype).
-  m.def("momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor, Tensor? grad_scale=None) -> ()");
+  // DGC's dense route, one pass: momentum <- m * momentum + grad, and grad <- that (rounded to its
+  // dtype); with nesterov, momentum <- m * (momentum + grad) and grad <- momentum + grad.
+  m.def(
+      "momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor, Tensor? grad_scale=None, "
+      "bool nesterov=False) -> ()");
   // The sum of the squares of x (float32, float16 or bfloat16) as a 0-d float64 tensor on x's
   // device, in one read of x and in a fixed order (csrc/kernels/squares.h): DGC's clipping norm
   // squared, without a float32 copy of a 16-bit gradient.

@@ -11,9 +11,9 @@ template <typename Device>
 at::Tensor sample_threshold(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                             const c10::optional<at::Tensor>& momentum, double momentum_factor, double ratio,
                             int64_t sample_count, int64_t seed, int64_t tensor_id, int64_t step,
-                            const c10::optional<at::Tensor>& grad_scale) {
+                            const c10::optional<at::Tensor>& grad_scale, bool nesterov) {
   const typename Device::Guard guard(grad.device());
-  FeedbackArgs a("sample_threshold", grad, residual, momentum, momentum_factor, grad_scale);
+  FeedbackArgs a("sample_threshold", grad, residual, momentum, momentum_factor, grad_scale, nesterov);
   const SamplePlan plan = checked_sample_plan(a.grad.numel(), ratio, sample_count, seed, tensor_id, step);
   return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "sample_threshold",
                                  [&] { return Device::template sample_threshold<scalar_t>(a, plan); });
@@ -24,14 +24,16 @@ std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
                                                          const c10::optional<at::Tensor>& residual,
                                                          const c10::optional<at::Tensor>& momentum,
                                                          double momentum_factor, const at::Tensor& threshold,
-                                                         const c10::optional<at::Tensor>& grad_scale) {
+                                                         const c10::optional<at::Tensor>& grad_scale, bool nesterov) {
   const typename Device::Guard guard(grad.device());
   TORCH_CHECK(threshold.numel() == 1, "accumulate_candidates: threshold should have one element, got ",
               threshold.numel());
   // (the candidates' acc is read back from the state the pass wrote, not from grad)
   TORCH_CHECK(!grad_scale.has_value() || residual.has_value() || momentum.has_value(),
               "accumulate_candidates: grad_scale needs a residual or a momentum, got neither");
-  FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor, grad_scale);
+  // (and Nesterov's acc is not the momentum: it is read back from the residual)
+  TORCH_CHECK(!nesterov || residual.has_value(), "accumulate_candidates: nesterov=True needs a residual, got None");
+  FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor, grad_scale, nesterov);
   return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates",
                                  [&] { return Device::template accumulate_candidates<scalar_t>(a, threshold); });
 }
@@ -97,10 +99,10 @@ void accumulate(const at::Tensor& grad, const c10::optional<at::Tensor>& residua
 
 template <typename Device>
 void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double momentum_factor,
-                   const c10::optional<at::Tensor>& grad_scale) {
+                   const c10::optional<at::Tensor>& grad_scale, bool nesterov) {
   const typename Device::Guard guard(grad.device());
   TORCH_CHECK(grad.is_contiguous(), "momentum_step: grad should be contiguous (it is written in place)");
-  FeedbackArgs a("momentum_step", grad, c10::nullopt, momentum, momentum_factor, grad_scale);
+  FeedbackArgs a("momentum_step", grad, c10::nullopt, momentum, momentum_factor, grad_scale, nesterov);
   SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "momentum_step", [&] {
     Device::template momentum_step<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel(),
                                              data_as<scalar_t>(a.grad));

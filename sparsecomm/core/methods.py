@@ -151,9 +151,11 @@ class DGC(Method):
         warmup_steps=0,
         warmup_stages=4,
         sample_ratio=0.01,
+        nesterov=False,
     ):
         super().__init__(owner, ratio, True)
         self.sample_ratio = validate.check_ratio(owner, sample_ratio, "sample_ratio")
+        self.nesterov = validate.check_flag(owner, "nesterov", nesterov)
         self.momentum = validate.check_dgc(owner, momentum, momentum_masking, clip_norm, warmup_steps, warmup_stages)
         self.momentum_masking = momentum_masking
         self.clip_norm = clip_norm

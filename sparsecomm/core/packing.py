@@ -172,6 +172,7 @@ def pack_sampled(
     value_dtype=None,
     bits=None,
     grad_scale=None,
+    nesterov=False,
 ):
     """Sampled threshold with bounded correction (gradient dropping, DGC): about
     k = ratio * numel elements, always between BAND[0] k and BAND[1] k (above the band, the
@@ -179,7 +180,8 @@ def pack_sampled(
     Values in `value_dtype` (default grad's; the rounding stays in the residual), or with bits
     (1 or 2) as (codes, scales), the quantization error in the residual. grad_scale: a factor
     (0-d float32 tensor) the gradient is read times, DGC's clipping (a state is needed: the
-    second pass reads acc from it)."""
+    second pass reads acc from it). nesterov: DGC's Nesterov momentum (feedback.h; it needs the
+    residual and the momentum)."""
     numel = K.numel(grad)
     k = selected_count(ratio, numel)
     if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
@@ -196,9 +198,16 @@ def pack_sampled(
             tensor_id=tensor_id,
             step=step,
             grad_scale=grad_scale,
+            nesterov=nesterov,
         )
     acc, index, residual, momentum = K.accumulate_candidates(
-        grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor, grad_scale=grad_scale
+        grad,
+        residual,
+        threshold,
+        momentum=momentum,
+        momentum_factor=momentum_factor,
+        grad_scale=grad_scale,
+        nesterov=nesterov,
     )
     count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
     too_many, too_few = math.floor(BAND[1] * k), math.ceil(BAND[0] * k)

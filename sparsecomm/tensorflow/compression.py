@@ -304,7 +304,17 @@ class RTopK(Compressor):
         return Packed(values, index, residual=residual)
 
 
-def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True, grad_scale=None):
+def _sampled(
+    compressor,
+    tensor,
+    state,
+    density,
+    momentum=None,
+    momentum_factor=0.0,
+    masking=True,
+    grad_scale=None,
+    nesterov=False,
+):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
@@ -321,6 +331,7 @@ def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=
         value_dtype=value_dtype and tf.as_dtype(value_dtype),
         bits=bits,
         grad_scale=grad_scale,
+        nesterov=nesterov,
     )
     if bits is not None:
         return Packed(index=index, codes=values[0], scales=values[1], bits=bits, residual=residual, momentum=momentum)
@@ -375,6 +386,7 @@ class DGC(Compressor):
         warmup_steps: int = 0,
         warmup_stages: int = 4,
         sample_ratio: float = 0.01,
+        nesterov: bool = False,
         variables=None,
         process_set=None,
         dense_fallback: bool = True,
@@ -393,6 +405,7 @@ class DGC(Compressor):
                 warmup_steps,
                 warmup_stages,
                 sample_ratio,
+                nesterov,
             ),
             variables,
             process_set,
@@ -417,9 +430,14 @@ class DGC(Compressor):
         return tf.cast(factor, tf.float32)
 
     def dense_payload(self, tensor, state):
-        """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced."""
+        """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced (with
+        Nesterov, u = m (u + g), and u + g)."""
         payload, momentum = ops.momentum_step(
-            tensor, state.momentum.read_value(), self.method.momentum, grad_scale=self._clip_factor(tensor, state)
+            tensor,
+            state.momentum.read_value(),
+            self.method.momentum,
+            grad_scale=self._clip_factor(tensor, state),
+            nesterov=self.method.nesterov,
         )
         return Packed(payload, momentum=momentum)
 
@@ -433,4 +451,5 @@ class DGC(Compressor):
             momentum_factor=self.method.momentum,
             masking=self.method.momentum_masking,
             grad_scale=self._clip_factor(tensor, state),
+            nesterov=self.method.nesterov,
         )

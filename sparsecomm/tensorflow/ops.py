@@ -90,10 +90,11 @@ def sample_threshold(
     tensor_id=0,
     step=0,
     grad_scale=None,
+    nesterov=False,
 ):
     """0-d float32 threshold that about `ratio` of a strided sample of |acc| passes. grad_scale
     (a float32 scalar, or None): grad is read times it, rounded once to its dtype, as if scaled
-    first (DGC's clipping factor)."""
+    first (DGC's clipping factor). nesterov: as sparsecomm.torch.ops'."""
     return _lib.sparsecomm_sample_threshold(
         _flat(grad),
         _state(residual),
@@ -104,11 +105,14 @@ def sample_threshold(
         tf.constant(float(ratio), tf.float64),
         _state(grad_scale),
         momentum_factor=float(momentum_factor),
+        nesterov=bool(nesterov),
         sample_count=sample_count(_numel(grad), ratio, sample_ratio),
     )
 
 
-def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
+def accumulate_candidates(
+    grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None, nesterov=False
+):
     """(acc, index, residual, momentum): the state takes acc for every element; the candidates
     are the elements with |acc| >= threshold (NaN included), in index order. grad_scale: as
     sample_threshold's (it needs a residual or a momentum)."""
@@ -119,6 +123,7 @@ def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_
         tf.cast(threshold, tf.float32),
         _state(grad_scale),
         momentum_factor=float(momentum_factor),
+        nesterov=bool(nesterov),
     )
     return acc, index, _given(res, residual), _given(mom, momentum)
 
@@ -132,12 +137,19 @@ def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
     return _given(res, residual), _given(mom, momentum)
 
 
-def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
+def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None, nesterov=False):
     """(payload, momentum): DGC's dense route in one pass. momentum_factor * momentum + grad is
-    the new momentum (float32, flat) and, rounded to grad's dtype, the payload (grad's shape).
-    grad_scale: as sample_threshold's."""
+    the new momentum (float32, flat) and, rounded to grad's dtype, the payload (grad's shape);
+    with nesterov, momentum_factor * (momentum + grad) and that + grad. grad_scale: as
+    sample_threshold's."""
     return tuple(
-        _lib.sparsecomm_momentum_step(grad, _flat(momentum), _state(grad_scale), momentum_factor=float(momentum_factor))
+        _lib.sparsecomm_momentum_step(
+            grad,
+            _flat(momentum),
+            _state(grad_scale),
+            momentum_factor=float(momentum_factor),
+            nesterov=bool(nesterov),
+        )
     )
 
 

@@ -373,7 +373,17 @@ class RTopK(_PerRank):
         )
 
 
-def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=0.0, masking=True, grad_scale=None):
+def _sampled(
+    compressor,
+    tensor,
+    state,
+    density,
+    momentum=None,
+    momentum_factor=0.0,
+    masking=True,
+    grad_scale=None,
+    nesterov=False,
+):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
@@ -385,6 +395,7 @@ def _sampled(compressor, tensor, state, density, momentum=None, momentum_factor=
         momentum_factor=momentum_factor,
         masking=masking,
         grad_scale=grad_scale,
+        nesterov=nesterov,
         sample_ratio=method.sample_ratio,
         value_dtype=value_dtype and getattr(torch, value_dtype),
         bits=bits,
@@ -461,6 +472,8 @@ class DGC(_PerRank):
         ratio: final density, in (0, 1] (the paper: 0.001).
         momentum: momentum factor in [0, 1).
         momentum_masking: zero the momentum of sent entries (default True).
+        nesterov: Nesterov momentum as DGC's official code runs it, u = momentum * (u + g) and
+            acc = residual + u + g (default False: u = momentum * u + g, acc = residual + u).
         clip_norm: local gradient clipping threshold before scaling by 1/sqrt(N) (None: off).
         warmup_steps, warmup_stages: the warm-up schedule (0 steps: none).
         sample_ratio, named_parameters, process_set, dense_fallback, exchange, network, loss_scaler: as
@@ -477,6 +490,7 @@ class DGC(_PerRank):
         warmup_steps: int = 0,
         warmup_stages: int = 4,
         sample_ratio: float = 0.01,
+        nesterov: bool = False,
         named_parameters=None,
         process_set=None,
         dense_fallback: bool = True,
@@ -495,6 +509,7 @@ class DGC(_PerRank):
                 warmup_steps,
                 warmup_stages,
                 sample_ratio,
+                nesterov,
             ),
             named_parameters,
             process_set,
@@ -520,11 +535,18 @@ class DGC(_PerRank):
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,
-        and u is what is reduced, so DGC + plain SGD keeps momentum on every tensor."""
+        and u is what is reduced (with Nesterov, u = m (u + g), and u + g), so DGC + plain SGD keeps
+        momentum on every tensor."""
         momentum = state.momentum_for(tensor)
         grad = tensor if tensor.is_contiguous() else tensor.contiguous()  # (a strided one: a copy, reduced instead)
         # one pass, u into the gradient Horovod reduces
-        ops.momentum_step(grad, momentum, self.method.momentum, grad_scale=self._clip_factor(tensor, state))
+        ops.momentum_step(
+            grad,
+            momentum,
+            self.method.momentum,
+            grad_scale=self._clip_factor(tensor, state),
+            nesterov=self.method.nesterov,
+        )
         return grad
 
     def pack(self, tensor, state, density):
@@ -537,4 +559,5 @@ class DGC(_PerRank):
             momentum_factor=self.method.momentum,
             masking=self.method.momentum_masking,
             grad_scale=self._clip_factor(tensor, state),
+            nesterov=self.method.nesterov,
         )

@@ -45,13 +45,23 @@ def _block_unpack_into(values, start, scale, out):
 
 @_fake("sample_threshold")
 def _sample_threshold(
-    grad, residual, momentum, momentum_factor, ratio, sample_count, seed, tensor_id, step, grad_scale=None
+    grad,
+    residual,
+    momentum,
+    momentum_factor,
+    ratio,
+    sample_count,
+    seed,
+    tensor_id,
+    step,
+    grad_scale=None,
+    nesterov=False,
 ):
     return grad.new_empty((), dtype=torch.float32)
 
 
 @_fake("accumulate_candidates")
-def _accumulate_candidates(grad, residual, momentum, momentum_factor, threshold, grad_scale=None):
+def _accumulate_candidates(grad, residual, momentum, momentum_factor, threshold, grad_scale=None, nesterov=False):
     count = torch.library.get_ctx().new_dynamic_size()
     return grad.new_empty(count, dtype=torch.float32), grad.new_empty(count, dtype=torch.int32)
 
@@ -83,7 +93,7 @@ def _accumulate(grad, residual, momentum, momentum_factor):
 
 
 @_fake("momentum_step")
-def _momentum_step(grad, momentum, momentum_factor, grad_scale=None):
+def _momentum_step(grad, momentum, momentum_factor, grad_scale=None, nesterov=False):
     return None
 
 

@@ -53,7 +53,8 @@ def block_unpack(values: torch.Tensor, numel: int, start: int, scale: float = 1.
 # --- Selection with error feedback (csrc/kernels/feedback.h, sample.h; csrc/cpu/select.cpp) ---
 #
 # acc = residual + (momentum_factor * momentum + grad), element-wise; residual and momentum
-# (float32, grad's numel) are updated in place; None means that state is absent.
+# (float32, grad's numel) are updated in place; None means that state is absent. nesterov=True
+# (with a momentum): momentum <- momentum_factor * (momentum + grad), acc = (residual + momentum) + grad.
 
 
 def sample_threshold(
@@ -68,6 +69,7 @@ def sample_threshold(
     tensor_id=0,
     step=0,
     grad_scale=None,
+    nesterov=False,
 ) -> torch.Tensor:
     """0-d float32 magnitude threshold that about `ratio` of a strided sample of |acc| passes.
     The sample offset comes from the (seed, tensor_id, step) selection stream. grad_scale (a
@@ -84,16 +86,19 @@ def sample_threshold(
         tensor_id,
         step,
         grad_scale,
+        nesterov,
     )
 
 
-def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
+def accumulate_candidates(
+    grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None, nesterov=False
+):
     """One pass: the state takes acc for every element; returns (acc, index int32) of the
     elements with |acc| >= threshold (NaN included), in index order. grad_scale: as
     sample_threshold's (it needs a residual or a momentum)."""
     if not isinstance(threshold, torch.Tensor):
         threshold = torch.tensor(float(threshold), device=grad.device)
-    return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold, grad_scale)
+    return _ops.accumulate_candidates(grad, residual, momentum, momentum_factor, threshold, grad_scale, nesterov)
 
 
 def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):
@@ -155,10 +160,12 @@ def sparse_unpack(values, index, numel, scale=1.0, *, out=None):
     return out
 
 
-def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None):
+def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None, nesterov=False):
     """DGC's dense route, one pass, in place: momentum <- momentum_factor * momentum + grad, and
-    grad <- that, rounded to grad's dtype (contiguous). grad_scale: as sample_threshold's."""
-    _ops.momentum_step(grad, momentum, momentum_factor, grad_scale)
+    grad <- that, rounded to grad's dtype (contiguous); with nesterov, momentum <-
+    momentum_factor * (momentum + grad) and grad <- momentum + grad. grad_scale: as
+    sample_threshold's."""
+    _ops.momentum_step(grad, momentum, momentum_factor, grad_scale, nesterov)
 
 
 def sum_of_squares(x):
@@ -205,11 +212,9 @@ class _Kernels:
         return random_k_indices(like, min(k, like.numel()), seed=seed, tensor_id=tensor_id, step=step)
 
     @staticmethod
-    def accumulate_candidates(grad, residual, threshold, *, momentum=None, momentum_factor=0.0, grad_scale=None):
-        acc, index = accumulate_candidates(
-            grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor, grad_scale=grad_scale
-        )
-        return acc, index, residual, momentum
+    def accumulate_candidates(grad, residual, threshold, **state):  # (the state is updated in place)
+        acc, index = accumulate_candidates(grad, residual, threshold, **state)
+        return acc, index, residual, state.get("momentum")
 
     @staticmethod
     def accumulate(grad, residual, *, momentum=None, momentum_factor=0.0):

@@ -301,6 +301,7 @@ def test_bad_settings_of_every_compressor_are_named(make, message):
         (lambda: DGC(warmup_steps=-1), r"DGC: warmup_steps should be an integer >= 0, got -1"),
         (lambda: DGC(warmup_stages=0), r"DGC: warmup_stages should be an integer >= 1, got 0"),
         (lambda: DGC(momentum_masking=1), r"DGC: momentum_masking should be True or False, got 1"),
+        (lambda: DGC(nesterov="yes"), r"DGC: nesterov should be True or False, got 'yes'"),
     ],
 )
 def test_bad_threshold_and_dgc_settings_are_named(make, message):

@@ -68,6 +68,7 @@ CONFIGS = [  # (and topk_0.1_auto, whose routes the network measured decides: it
     "dgc_0.1_default_policy",
     "dgc_0.1_default_policy_clip",
     "dgc_0.3_warmup_dense_stage",
+    "dgc_0.1_nesterov",
 ]
 # The simulation clips with its own arithmetic (simulation.dgc): an ulp apart from the kernel's.
 CLIPPED = {"dgc_0.05_warmup_clip", "dgc_0.1_default_policy_clip"}

@@ -56,6 +56,7 @@ REPLAYS = {
     "dgc_0.1_default_policy_clip": dict(
         dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
     ),
+    "dgc_0.1_nesterov": dict(dgc=dict(ratio=0.1, nesterov=True, dense_names=("0.bias", "2.weight", "2.bias"))),
     "plain_random_block_0.1": dict(method="random_block", ratio=0.1, streams=PLAIN),
     "plain_randomk_0.1": dict(method="randomk", ratio=0.1, streams=PLAIN),
     "plain_topk_0.1": dict(method="topk", ratio=0.1, streams=PLAIN),
@@ -110,6 +111,7 @@ def replay(
                         masking=settings.get("masking", True),
                         clip_limit=None if clip is None else clip / size**0.5,
                         dense=dense,
+                        nesterov=settings.get("nesterov", False),
                     )
                     total = total + sent
             elif method is None or name in dense_names:

@@ -296,6 +296,75 @@ def test_momentum_step_writes_the_momentum_into_the_gradient(device, dtype, nume
     assert same_bits(got_momentum.cpu(), u) and same_bits(got_grad.cpu(), u.to(dtype))
 
 
+# Three 64-element blocks and a tail: the CPU's vectorized and generic loops and CUDA's.
+NESTEROV_NUMELS = [0, 1, 3 * 64 + 13, 70_001]
+
+
+def _nesterov_case(numel, dtype, device):
+    """A gradient with NaN, infinities and -0, a residual and a momentum, and the reference's
+    Nesterov (acc, u) of them."""
+    grad = gradient(numel, dtype, "cpu", seed=11) * 3
+    specials = torch.tensor([float("nan"), float("inf"), -0.0, -float("inf")], dtype=dtype)
+    grad[: min(4, numel)] = specials[: min(4, numel)]
+    residual, momentum = feedback_state(numel, "cpu", seed=12, with_momentum=True)
+    acc, u = reference.accumulate(grad, residual, momentum, 0.9, nesterov=True)
+    return grad.to(device), residual.to(device), momentum.to(device), acc, u
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", NESTEROV_NUMELS)
+def test_nesterov_accumulate_candidates_follows_dgc_official_rule(device, dtype, numel):
+    """u = 0.9 (u + g), acc = (r + u) + g, element by element with the reference's rounding: the
+    state takes acc and u, the candidates are |acc| >= threshold in index order, NaN included."""
+    grad, residual, momentum, acc, u = _nesterov_case(numel, dtype, device)
+    got_acc, index = ops.accumulate_candidates(
+        grad, residual, 1.0, momentum=momentum, momentum_factor=0.9, nesterov=True
+    )
+    assert same_bits(residual.cpu(), acc) and same_bits(momentum.cpu(), u)
+    want = reference.above(acc, 1.0)
+    assert torch.equal(index.cpu().long(), want.nonzero().reshape(-1))
+    assert same_bits(got_acc.cpu(), acc[want])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", [1, 3 * 64 + 13, 70_001])
+def test_nesterov_sample_threshold_samples_nesterov_acc(device, dtype, numel):
+    """The sampled threshold of the Nesterov state is that of its acc taken as a plain float32
+    gradient: the same positions, the same magnitudes; the state is not written."""
+    grad, residual, momentum, acc, _ = _nesterov_case(numel, dtype, device)
+    state_before = residual.clone(), momentum.clone()
+    got = ops.sample_threshold(grad, residual, 0.05, momentum=momentum, momentum_factor=0.9, nesterov=True, step=3)
+    want = ops.sample_threshold(acc.to(device), None, 0.05, step=3)
+    assert same_bits(got.cpu().reshape(1), want.cpu().reshape(1))
+    assert torch.equal(residual, state_before[0]) and torch.equal(momentum, state_before[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("numel", NESTEROV_NUMELS)
+def test_nesterov_momentum_step_sends_u_plus_g(device, dtype, numel):
+    """DGC's dense route with Nesterov: u = 0.9 (u + g) is kept, u + g (rounded to the gradient's
+    dtype) is what is reduced."""
+    grad, _, momentum, _, _ = _nesterov_case(numel, dtype, device)
+    sent, u = reference.accumulate(grad.cpu(), None, momentum.cpu(), 0.9, nesterov=True)
+    assert ops.momentum_step(grad, momentum, 0.9, nesterov=True) is None
+    assert same_bits(momentum.cpu(), u) and same_bits(grad.cpu(), sent.to(dtype))
+
+
+@pytest.mark.usefixtures("host_binding")
+def test_nesterov_needs_its_state():
+    grad, state = torch.randn(30), torch.zeros(30)
+    with pytest.raises(RuntimeError, match=r"sample_threshold: nesterov=True needs a momentum tensor, got None"):
+        ops.sample_threshold(grad, state, 0.1, nesterov=True)
+    with pytest.raises(RuntimeError, match=r"accumulate_candidates: nesterov=True needs a residual, got None"):
+        ops.accumulate_candidates(grad, None, 1.0, momentum=state, momentum_factor=0.9, nesterov=True)
+    with pytest.raises(RuntimeError, match=r"accumulate_candidates: nesterov=True needs a momentum tensor, got None"):
+        ops.accumulate_candidates(grad, state, 1.0, nesterov=True)
+    torch.library.opcheck(
+        ops._ops.accumulate_candidates.default,
+        (torch.randn(30), torch.randn(30), torch.randn(30), 0.9, torch.tensor(0.5), None, True),
+    )
+
+
 GRAD_SCALES = [0.3, 1.0, 2.5]
 
 

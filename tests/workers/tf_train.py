@@ -130,6 +130,8 @@ CONFIGS = {
         lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, clip_norm=0.2, variables=m),
         {},
     ),
+    # Nesterov momentum on the default policy: a sparse variable and the dense route's momentum pass
+    "dgc_0.1_nesterov": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, nesterov=True, variables=m), {}),
     # every method bound to a plain list of unnamed variables: TF names them all "Variable"
     "plain_random_block_0.1": (lambda m: RandomBlock(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),
     "plain_randomk_0.1": (lambda m: RandomK(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),

@@ -145,6 +145,13 @@ CONFIGS = {
         ),
         {},
     ),
+    # Nesterov momentum on the default policy: a sparse tensor and the dense route's momentum pass
+    "dgc_0.1_nesterov": (
+        lambda model: DGC(
+            exchange="allgather", ratio=0.1, momentum=0.9, nesterov=True, named_parameters=model.named_parameters()
+        ),
+        {},
+    ),
     # warm-up stage 0 has density 0.55: sparse would be larger, so it goes dense (momentum SGD)
     "dgc_0.3_warmup_dense_stage": (
         lambda model: DGC(
