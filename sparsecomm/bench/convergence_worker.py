@@ -46,8 +46,9 @@ def warmup_epochs(task):
 
 def methods(task, steps_per_epoch):
     """name -> (compression(model), optimizer momentum). The paper settings: DGC at 0.1% with
-    its momentum and a 4-stage warm-up; gradient dropping at 1% (with and without 2-bit
-    values); rTop-k; random-block; top-k with and without error feedback."""
+    its momentum and a 4-stage warm-up (also with the official code's Nesterov momentum);
+    gradient dropping at 1% (with and without 2-bit values); rTop-k; random-block; top-k with
+    and without error feedback."""
     warmup = round(warmup_epochs(task) * steps_per_epoch)
     named = lambda m: dict(named_parameters=m.named_parameters())  # noqa: E731
     return {
@@ -56,6 +57,18 @@ def methods(task, steps_per_epoch):
             lambda m: DGC(
                 ratio=0.001,
                 momentum=0.9,
+                warmup_steps=warmup,
+                exchange="allgather",
+                clip_norm=TASKS[task]["clip_norm"],
+                **named(m),
+            ),
+            0.0,
+        ),
+        "DGC 0.1% Nesterov": (
+            lambda m: DGC(
+                ratio=0.001,
+                momentum=0.9,
+                nesterov=True,
                 warmup_steps=warmup,
                 exchange="allgather",
                 clip_norm=TASKS[task]["clip_norm"],

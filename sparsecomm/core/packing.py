@@ -184,31 +184,13 @@ def pack_sampled(
     residual and the momentum)."""
     numel = K.numel(grad)
     k = selected_count(ratio, numel)
+    state = dict(momentum=momentum, momentum_factor=momentum_factor, grad_scale=grad_scale, nesterov=nesterov)
     if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
         threshold = 0.0
     else:
-        threshold = K.sample_threshold(
-            grad,
-            residual,
-            ratio,
-            momentum=momentum,
-            momentum_factor=momentum_factor,
-            sample_ratio=sample_ratio,
-            seed=seed,
-            tensor_id=tensor_id,
-            step=step,
-            grad_scale=grad_scale,
-            nesterov=nesterov,
-        )
-    acc, index, residual, momentum = K.accumulate_candidates(
-        grad,
-        residual,
-        threshold,
-        momentum=momentum,
-        momentum_factor=momentum_factor,
-        grad_scale=grad_scale,
-        nesterov=nesterov,
-    )
+        stream = dict(sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+        threshold = K.sample_threshold(grad, residual, ratio, **stream, **state)
+    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
     count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
     too_many, too_few = math.floor(BAND[1] * k), math.ceil(BAND[0] * k)
     acc, index = K.cond(
