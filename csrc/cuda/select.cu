@@ -23,8 +23,8 @@ __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan
 // the values, so a most-significant-digit-first radix select over 4 bytes finds it exactly.
 // The sign bit is cleared first: magnitude(-0.0f) is -0.0f, which must order as 0, not above inf.
 // Each digit takes two launches: every block counts its share of the values that match the
-// digits chosen so far, then one thread picks the next digit. One block for all of it spent
-// 19 ns a value in shared atomics colliding on the few digits gradients share.
+// digits chosen so far, then one thread picks the next digit. In one block, the shared atomics
+// serialised on the few digits gradients share (kernels.md, "On a GPU").
 struct SelectState {  // kept in device memory after the sample, between the launches
   int histogram[256];
   uint32_t prefix;    // the digits chosen so far
