@@ -16,7 +16,7 @@ namespace tf_binding {
 REGISTER_OP("SparsecommSampleThreshold")
     .Attr("T: {float, half, bfloat16}")
     .Attr("momentum_factor: float = 0.0")
-    .Attr("nesterov: bool = false")  // csrc/kernels/feedback.h; needs a momentum
+    .Attr("nesterov: bool = false")  // csrc/kernels/feedback.h, with a momentum only
     .Attr("sample_count: int >= 1")
     .Input("grad: T")
     .Input("residual: float")
@@ -165,7 +165,7 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_CPU), "T", 
 REGISTER_OP("SparsecommMomentumStep")
     .Attr("T: {float, half, bfloat16}")
     .Attr("momentum_factor: float")
-    .Attr("nesterov: bool = false")  // u = momentum_factor * (momentum + grad); the payload is u + grad
+    .Attr("nesterov: bool = false")  // u = momentum_factor * (momentum + grad), and the payload u + grad
     .Input("grad: T")
     .Input("momentum: float")
     .Input("grad_scale: float")  // as SparsecommSampleThreshold's
