@@ -72,6 +72,9 @@ class Horovod:
     def gathered(self, flat, name):
         return self.hvd.allgather(flat, name=f"check.params.{name}")
 
+    def close(self):
+        self.hvd.shutdown()
+
 
 class DDP:
     """DistributedDataParallel with the compressor as its communication hook."""
@@ -92,6 +95,12 @@ class DDP:
         everyone = [torch.empty_like(flat) for _ in range(self.size)]
         self.dist.all_gather(everyone, flat)
         return torch.cat(everyone)
+
+    def close(self):
+        # Left to the interpreter's exit, Gloo's threads sometimes die joinable there: "terminate
+        # called without an active exception" (SIGABRT) after all the work is done.
+        self.dist.barrier()
+        self.dist.destroy_process_group()
 
 
 def train(way, configs, name, steps, lr, x, y):
@@ -157,6 +166,7 @@ def main():
     if way.rank == 0:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)
+    way.close()
 
 
 if __name__ == "__main__":
