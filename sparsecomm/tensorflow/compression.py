@@ -304,34 +304,21 @@ class RTopK(Compressor):
         return Packed(values, index, residual=residual)
 
 
-def _sampled(
-    compressor,
-    tensor,
-    state,
-    density,
-    momentum=None,
-    momentum_factor=0.0,
-    masking=True,
-    grad_scale=None,
-    nesterov=False,
-):
-    """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
+def _sampled(compressor, tensor, state, density, **feedback):
+    """The sampled-threshold pack of Threshold and DGC (values quantized as the method says);
+    `feedback`: DGC's momentum arguments of pack_sampled."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
     values, index, residual, momentum = ops.pack_sampled(
         tensor,
         state.read_residual(),
         density,
-        momentum=momentum,
-        momentum_factor=momentum_factor,
-        masking=masking,
         sample_ratio=method.sample_ratio,
         tensor_id=state.tensor_id,
         step=state.step,
         value_dtype=value_dtype and tf.as_dtype(value_dtype),
         bits=bits,
-        grad_scale=grad_scale,
-        nesterov=nesterov,
+        **feedback,
     )
     if bits is not None:
         return Packed(index=index, codes=values[0], scales=values[1], bits=bits, residual=residual, momentum=momentum)

@@ -373,33 +373,20 @@ class RTopK(_PerRank):
         )
 
 
-def _sampled(
-    compressor,
-    tensor,
-    state,
-    density,
-    momentum=None,
-    momentum_factor=0.0,
-    masking=True,
-    grad_scale=None,
-    nesterov=False,
-):
-    """The sampled-threshold pack of Threshold and DGC (values quantized as the method says)."""
+def _sampled(compressor, tensor, state, density, **feedback):
+    """The sampled-threshold pack of Threshold and DGC (values quantized as the method says);
+    `feedback`: DGC's momentum arguments of pack_sampled."""
     method = compressor.method
     value_dtype, bits = method.value_dtype, method.bits
     values, index = ops.pack_sampled(
         tensor,
         compressor._residual_of(state, tensor),
         density,
-        momentum=momentum,
-        momentum_factor=momentum_factor,
-        masking=masking,
-        grad_scale=grad_scale,
-        nesterov=nesterov,
         sample_ratio=method.sample_ratio,
         value_dtype=value_dtype and getattr(torch, value_dtype),
         bits=bits,
         **_pack_args(state),
+        **feedback,
     )
     if bits is not None:
         return Packed(index=index, codes=values[0], scales=values[1], bits=bits)
