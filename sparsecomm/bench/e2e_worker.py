@@ -48,7 +48,7 @@ import torch
 
 from sparsecomm.bench.e2e import PHASES
 from sparsecomm.core.plan import SETTLING_STEPS
-from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK
+from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, destroy_process_group
 
 FLOOR = "floor"
 FLOOR_SYNCED = "floor synced"
@@ -495,7 +495,7 @@ def main():
         del row  # not kept alive while the next group is built
     records.sort(key=lambda r: args.methods.index(r["method"]))  # baselines finish after their last group
     if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+        destroy_process_group()
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

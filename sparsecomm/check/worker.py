@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, ddp_hook
+from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, ddp_hook, destroy_process_group
 
 # Compress every tensor, however small: the default policy would send this model's small and
 # 1-D tensors dense, and the kernels would never run.
@@ -97,10 +97,7 @@ class DDP:
         return torch.cat(everyone)
 
     def close(self):
-        # Left to the interpreter's exit, Gloo's threads sometimes die joinable there: "terminate
-        # called without an active exception" (SIGABRT) after all the work is done.
-        self.dist.barrier()
-        self.dist.destroy_process_group()
+        destroy_process_group()
 
 
 def train(way, configs, name, steps, lr, x, y):

@@ -10,10 +10,12 @@ opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
 
 ddp = torch.nn.parallel.DistributedDataParallel(model)        # or, under torchrun
 ddp.register_comm_hook(compression, sct.ddp_hook)
+...
+sct.destroy_process_group()                                   # at the end: docs/ddp.md
 """
 
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
-from .ddp import ddp_hook
+from .ddp import ddp_hook, destroy_process_group
 
-__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ddp_hook", "ops"]
+__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ddp_hook", "destroy_process_group", "ops"]

@@ -32,6 +32,23 @@ from .exchange import Dense, Wire
 ROUTES = ("dense", "allgather", "spardl")  # what exchange="auto" chooses among under the hook
 
 
+_LAST_WORKS = []  # held to the interpreter's exit: see destroy_process_group
+
+
+def destroy_process_group(group=None):
+    """torch.distributed.destroy_process_group(group), after a barrier whose work this module
+    keeps to the interpreter's exit, for the end of a training script.
+
+    A Gloo thread that drops a finished work frees its tensors under the GIL. If the interpreter
+    is already shutting down, the thread dies there and the process aborts ("terminate called
+    without an active exception") after the job is done. The barrier's work holds the works
+    before it, so they are freed by the main thread instead (docs/ddp.md, "Ending the job")."""
+    last = torch.distributed.barrier(group=group, async_op=True)
+    last.wait()
+    _LAST_WORKS.append(last)
+    torch.distributed.destroy_process_group(group)
+
+
 def ddp_hook(compressor, bucket):
     """DDP's communication hook (``ddp.register_comm_hook(compressor, ddp_hook)``): the
     bucket's gradients compressed, exchanged over DDP's process group and averaged."""

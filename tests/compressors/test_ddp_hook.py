@@ -15,7 +15,16 @@ import sparsecomm.torch as sct
 def group():
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
-    dist.destroy_process_group()
+    sct.destroy_process_group()  # the next test's init fails if it did not
+
+
+def test_destroy_process_group_ends_the_group_and_keeps_its_last_work_to_exit(group):
+    sub = dist.new_group([0])
+    held = len(sct.ddp._LAST_WORKS)
+    sct.destroy_process_group(sub)
+    assert dist.is_initialized() and len(sct.ddp._LAST_WORKS) == held + 1
+    with pytest.raises(ValueError, match="not registered"):
+        dist.get_rank(sub)
 
 
 def step(model, compression, lr=0.5):

@@ -37,6 +37,7 @@ print("keras snippet ok", hvd.rank())
 """,
 }
 DDP_MARKER = "sct.ddp_hook"
+DDP_TEARDOWN = "sct.destroy_process_group()"
 DDP_DRIVER = """
 x = torch.randn(8, 1024)
 opt.zero_grad(); ddp(x).square().sum().backward(); opt.step()
@@ -65,7 +66,8 @@ def test_readme_snippet_runs(marker, tmp_path):
 
 def test_readme_ddp_snippet_runs(tmp_path):
     (code,) = [s for s in snippets() if DDP_MARKER in s]
+    setup, teardown = code.split(DDP_TEARDOWN)  # the step runs before the snippet's own last line
     script = tmp_path / "readme_ddp_snippet.py"
-    script.write_text(code + DDP_DRIVER)
+    script.write_text(setup + DDP_DRIVER + DDP_TEARDOWN + teardown)
     output = torchrun(2, script)
     assert output.count("ddp snippet ok") == 2, output[-3000:]

@@ -13,7 +13,7 @@ import common
 import torch
 import torch.distributed as dist
 
-from sparsecomm.torch import TopK, ddp_hook
+from sparsecomm.torch import TopK, ddp_hook, destroy_process_group
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--case", choices=["mismatch", "sparse"], required=True)
@@ -37,4 +37,4 @@ except Exception as error:  # what DDP raised from the hook
     print(f"rank {rank} refused: {error}", flush=True)
     sys.exit(3)
 print(f"rank {rank} stepped", flush=True)
-dist.destroy_process_group()
+destroy_process_group()

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 import sparsecomm.torch
-from sparsecomm.torch import ddp_hook
+from sparsecomm.torch import ddp_hook, destroy_process_group
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -98,4 +98,4 @@ for config, make in CONFIGS.items():
         results[config] = run.train(range(OVERFLOW + 1, STEPS)).record()
 torch.save(results, checkpoints if args.mode == "stop" else os.path.join(args.out, f"{args.mode}{rank}.pt"))
 print(f"rank {rank}/{size}: {args.mode}, {len(results)} configs")
-dist.destroy_process_group()
+destroy_process_group()

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from common import EVERY
 
-from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK, ddp_hook
+from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK, ddp_hook, destroy_process_group
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
@@ -146,4 +146,4 @@ for config, (make_compression, options) in CONFIGS.items():
         stats[config] = None if compression is None else compression.stats()
 torch.save({"history": results, "stats": stats}, os.path.join(args.out, f"rank{rank}.pt"))
 print(f"rank {rank}/{size}: {len(results)} configs x {args.steps} steps done")
-dist.destroy_process_group()
+destroy_process_group()
