@@ -78,7 +78,7 @@ def methods(task, steps_per_epoch):
         ),
         "Threshold 1%": (lambda m: Threshold(ratio=0.01, exchange="allgather", **named(m)), 0.9),
         "Threshold 1% 2bit": (lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather", **named(m)), 0.9),
-        "RTopK 1% of 4%": (lambda m: RTopK(ratio=0.01, seed=1, exchange="allgather", **named(m)), 0.9),
+        "RTopK 1% of 1.25%": (lambda m: RTopK(ratio=0.01, r=0.0125, seed=1, exchange="allgather", **named(m)), 0.9),
         "RandomBlock 1%": (lambda m: RandomBlock(ratio=0.01, seed=1, **named(m)), 0.0),
         "TopK 1%": (lambda m: TopK(ratio=0.01, exchange="allgather", **named(m)), 0.9),
         "TopK 1% no feedback": (

@@ -838,6 +838,18 @@ def _training_text(conv):
     )
 
 
+def _dense_flat_text(conv):
+    """Where dense ends on each task: its last epochs, to show the runs are long enough."""
+
+    def shown(record):
+        last, epochs = record["curve"][-3:], len(record["curve"])
+        values = ", ".join(f"{v:.1%}" if record["metric"] == "accuracy" else f"{v:.3f}" for v in last)
+        return f"{record['task']} {values} (epochs {epochs - 2}-{epochs})"
+
+    ends = [shown(r) for r in conv if r["method"] == "dense" and len(r["curve"]) >= 3]
+    return f" Dense has flattened by the end: {'; '.join(ends)}." if ends else ""
+
+
 def _method_section(results, rel, scaling_method):
     e2e = results["e2e"]
     models = "\n".join(f"- {m} model: {MODELS[m]}." for m in _ordered(r["model"] for r in e2e) if m in MODELS)
@@ -845,7 +857,9 @@ def _method_section(results, rel, scaling_method):
         f"### Network model: {m}\n\n{NETWORK_MODELS[m]}" for m in sorted({r["network_model"] for r in e2e})
     )
     runs = _para(
-        _training_text(results["convergence"]) + " digits: a small CNN, 1,437 training / "
+        _training_text(results["convergence"])
+        + _dense_flat_text(results["convergence"])
+        + " digits: a small CNN, 1,437 training / "
         "360 held-out images. charlm: a GRU (64-dim embedding, 192 hidden) on the Python standard library's "
         "sources (600 kB, last 10% held out). Kernels are timed in turn with a float32 memcpy of the same numel "
         'and torch.topk(x.abs(), k) ([kernels.md](kernels.md#measured-speed-cpu)). A "whole path (1 rank)" row '

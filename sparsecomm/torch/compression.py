@@ -328,7 +328,7 @@ class RTopK(_PerRank):
 
     Args:
         ratio: fraction of each tensor sent per step, in (0, 1].
-        r: fraction of each tensor to draw from, in [ratio, 1] (default: 4 * ratio, at most 1).
+        r: fraction of each tensor to draw from, in [ratio, 1] (default: 1.25 * ratio, at most 1).
         seed: seeds the draw (with the rank, step and parameter name: each rank draws on its
             own, as the paper analyses it); no global RNG is used.
         named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.

@@ -315,8 +315,8 @@ def test_dgc_warmup_follows_the_papers_exponential_schedule():
     assert sparsity == [0.7488, 0.9369, 0.9842, 0.996, 0.999, 0.999]  # 75%, 93.75%, 98.4%, 99.6%, 99.9%
 
 
-def test_rtopk_default_r_is_four_times_ratio_capped_at_one():
-    assert RTopK(ratio=0.01).method.r == 0.04 and RTopK(ratio=0.5).method.r == 1.0
+def test_rtopk_default_r_is_one_and_a_quarter_times_ratio_capped_at_one():
+    assert RTopK(ratio=0.01).method.r == pytest.approx(0.0125) and RTopK(ratio=0.9).method.r == 1.0
 
 
 def test_the_default_policy_sends_small_and_1d_tensors_dense():
