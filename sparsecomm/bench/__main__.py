@@ -5,7 +5,7 @@ e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a 
              and a compute-heavy model: no exchange (the floor), dense, each method, PyTorch DDP
              (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
              per rank; the default where namespaces work) or shared (one shaped loopback)
-convergence  dense vs each method on real data (digits CNN, character-level LM)
+convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
 all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
 report       the figures and docs/results.md again from --out's results.json, measuring nothing
              (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart)
@@ -173,7 +173,7 @@ def _parser():
             "(default: --steps, one step of each row a turn; 1: one row at a time)",
         )
     for p in (c, a):
-        p.add_argument("--tasks", nargs="+", default=["digits", "charlm"])
+        p.add_argument("--tasks", nargs="+", default=["digits", "charlm", "wordlm"])
         p.add_argument("-np", type=int, default=2)
         p.add_argument("--convergence-methods", dest="conv_methods", nargs="+")
         p.add_argument("--epochs", type=int)

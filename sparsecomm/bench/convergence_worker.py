@@ -7,6 +7,9 @@ ships offline:
   charlm   a character-level GRU language model on the Python standard library's sources
            (the first 600 kB of its .py files in sorted order; the last 10% held out);
            validation loss (nats per character) after each epoch.
+  wordlm   a word-level GRU language model on the Wikipedia sample gensim's wheel ships for
+           its tests (its first 250k words, as gensim's parser reads them; the last 10% held
+           out); validation loss (nats per word) after each epoch.
 
 Each rank trains on its own shard; the curves are rank 0's (the ranks stay identical).
 
@@ -18,6 +21,7 @@ clips locally instead, at clip_norm / sqrt(N), its paper's version of the same r
 """
 
 import argparse
+import collections
 import glob
 import hashlib
 import json
@@ -34,6 +38,7 @@ from sparsecomm.torch import DGC, RandomBlock, RTopK, Threshold, TopK
 TASKS = {  # epochs, batch per rank, learning rate, warm-up epochs (every row) and clipping norm
     "digits": dict(epochs=30, batch=16, lr=0.05, warmup_epochs=4, clip_norm=None),
     "charlm": dict(epochs=6, batch=16, lr=0.25, warmup_epochs=1, clip_norm=1.0),
+    "wordlm": dict(epochs=6, batch=16, lr=0.5, warmup_epochs=1, clip_norm=1.0),
 }
 
 
@@ -148,7 +153,44 @@ def corpus(limit=600_000):
     return torch.tensor(list(text), dtype=torch.long), data
 
 
-class CharGRU(torch.nn.Module):
+# --- word-level language model -------------------------------------------------------------
+
+WORD_VOCAB = 5000  # the training text's most frequent words; the rest share the last id (unknown)
+WIKI_SAMPLE = ("test", "test_data", "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2")
+
+
+def word_corpus(limit=250_000):
+    """(the word ids of the first `limit` words of the Wikipedia sample gensim's wheel ships for
+    its tests, their provenance). gensim's own parser reads it: articles in file order, redirects
+    skipped, markup filtered, lowercased words of 2 to 15 letters. Ids rank the words of the first
+    90% (the training part) by count, ties in order of appearance."""
+    import bz2
+    from importlib.util import find_spec
+
+    if find_spec("gensim") is None:
+        raise ModuleNotFoundError("the wordlm task reads gensim's Wikipedia sample: pip install 'gensim>=4.4,<5'")
+    import gensim
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki, tokenize
+
+    words, articles = [], 0
+    with bz2.BZ2File(os.path.join(gensim.__path__[0], *WIKI_SAMPLE)) as f:
+        for _, text, _ in extract_pages(f, filter_namespaces=("0",)):
+            if len(words) >= limit:
+                break
+            if not text.lower().startswith("#redirect"):
+                words += tokenize(filter_wiki(text), lower=True)
+                articles += 1
+    words = words[:limit]
+    counts = collections.Counter(words[: int(0.9 * len(words))])
+    ids = {word: i for i, (word, _) in enumerate(counts.most_common(WORD_VOCAB - 1))}
+    data = {
+        "source": f"gensim {gensim.__version__} test data: Wikipedia, {articles} articles, {len(words):,} words",
+        "sha256": hashlib.sha256(" ".join(words).encode()).hexdigest(),
+    }
+    return torch.tensor([ids.get(word, WORD_VOCAB - 1) for word in words]), data
+
+
+class GRULanguageModel(torch.nn.Module):
     def __init__(self, vocab=128, embed=64, hidden=192, seed=0):
         super().__init__()
         torch.manual_seed(seed)
@@ -160,7 +202,8 @@ class CharGRU(torch.nn.Module):
         return self.out(self.gru(self.embed(x))[0])
 
 
-SEQ = 64
+SEQ = 64  # characters a sequence; WORD_SEQ words
+WORD_SEQ = 35
 
 
 def epoch_order(n, epoch, seed):
@@ -168,14 +211,14 @@ def epoch_order(n, epoch, seed):
     return torch.randperm(n, generator=torch.Generator().manual_seed(1000 * seed + epoch))
 
 
-def charlm_batches(text, batch, rank, size, epoch, seed=0):
+def text_batches(text, batch, rank, size, epoch, seed=0, seq=SEQ):
     """This rank's batches of one epoch: sequences at shuffled offsets, disjoint across ranks."""
-    starts = torch.arange(0, len(text) - SEQ - 1, SEQ)
+    starts = torch.arange(0, len(text) - seq - 1, seq)
     starts = starts[epoch_order(len(starts), epoch, seed)]
     per_step = batch * size
     for first in range(0, len(starts) - per_step + 1, per_step):
         mine = starts[first + rank * batch : first + (rank + 1) * batch]
-        idx = mine[:, None] + torch.arange(SEQ + 1)
+        idx = mine[:, None] + torch.arange(seq + 1)
         chunk = text[idx]
         yield chunk[:, :-1], chunk[:, 1:]
 
@@ -203,28 +246,43 @@ class Digits:
         return float((self.model(self.x_test).argmax(1) == self.y_test).float().mean())
 
 
-class CharLM:
-    """The charlm task of one rank: its sequences and the validation loss."""
+class LanguageModelTask:
+    """A language-model task of one rank (charlm or wordlm): its sequences and the validation
+    loss, in chunks of rows (a word model's logits of the whole held-out text would not fit)."""
 
     metric = "val_loss"
 
-    def __init__(self, batch, rank, size, seed):
-        text, self.data = corpus()
+    def __init__(self, task, batch, rank, size, seed):
+        (text, self.data), vocab, self.seq = (
+            (corpus(), 128, SEQ) if task == "charlm" else (word_corpus(), WORD_VOCAB, WORD_SEQ)
+        )
         split = int(0.9 * len(text))
         self.train_text, valid = text[:split], text[split:]
-        self.valid = valid[: len(valid) // (SEQ + 1) * (SEQ + 1)].reshape(-1, SEQ + 1)
-        self.model, self.batch, self.rank, self.size, self.seed = CharGRU(seed=seed), batch, rank, size, seed
-        self.steps_per_epoch = (len(self.train_text) // SEQ) // (batch * size)
+        self.valid = valid[: len(valid) // (self.seq + 1) * (self.seq + 1)].reshape(-1, self.seq + 1)
+        hidden = 192 if task == "charlm" else 128
+        self.model, self.batch, self.rank, self.size, self.seed = (
+            GRULanguageModel(vocab, 64, hidden, seed),
+            batch,
+            rank,
+            size,
+            seed,
+        )
+        self.steps_per_epoch = (len(self.train_text) // self.seq) // (batch * size)
 
     def batches(self, epoch):
-        return charlm_batches(self.train_text, self.batch, self.rank, self.size, epoch, self.seed)
+        return text_batches(self.train_text, self.batch, self.rank, self.size, epoch, self.seed, self.seq)
 
-    def evaluate(self):
-        return float(loss_of(self.model(self.valid[:, :-1]), self.valid[:, 1:]))
+    def evaluate(self, rows=256):
+        total = sum(
+            float(loss_of(self.model(chunk[:, :-1]), chunk[:, 1:], reduction="sum")) for chunk in self.valid.split(rows)
+        )
+        return total / self.valid[:, 1:].numel()
 
 
-def loss_of(logits, targets):
-    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+def loss_of(logits, targets, reduction="mean"):
+    return torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction=reduction
+    )
 
 
 def warmed_up(opt, warmup_steps):
@@ -246,7 +304,10 @@ def step(opt, clip_norm, params):
 
 def train(task, method, size, rank, seed=0):
     settings = TASKS[task]
-    work = (Digits if task == "digits" else CharLM)(settings["batch"], rank, size, seed)
+    if task == "digits":
+        work = Digits(settings["batch"], rank, size, seed)
+    else:
+        work = LanguageModelTask(task, settings["batch"], rank, size, seed)
     model = work.model
     make, momentum = methods(task, work.steps_per_epoch)[method]
     compression = make(model)

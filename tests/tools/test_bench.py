@@ -239,6 +239,47 @@ def test_the_charlm_corpus_names_its_files_and_hash():
     assert corpus(limit=50_000)[1] == data and corpus(limit=60_000)[1]["sha256"] != data["sha256"]
 
 
+def test_the_wordlm_corpus_is_gensims_wikipedia_sample_as_word_ids_by_count():
+    """The articles as gensim reads them, then an independent count: ids rank the training
+    words (the first 90%) by count, every other word is the last id."""
+    import bz2
+    import collections
+    import hashlib
+
+    import gensim
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki, tokenize
+
+    from sparsecomm.bench.convergence_worker import WIKI_SAMPLE, WORD_VOCAB, word_corpus
+
+    ids, data = word_corpus(limit=30_000)
+    words = []
+    with bz2.BZ2File(os.path.join(gensim.__path__[0], *WIKI_SAMPLE)) as f:
+        for _, text, _ in extract_pages(f, filter_namespaces=("0",)):
+            if len(words) < 30_000 and not text.lower().startswith("#redirect"):
+                words += tokenize(filter_wiki(text), lower=True)
+    words = words[:30_000]
+    assert words[:6] == ["anarchism", "is", "political", "philosophy", "that", "advocates"]
+    assert ids.shape == (30_000,) and data["sha256"] == hashlib.sha256(" ".join(words).encode()).hexdigest()
+    assert data["source"].startswith(f"gensim {gensim.__version__} test data: Wikipedia, ")
+    ranked = [w for w, _ in collections.Counter(words[:27_000]).most_common(WORD_VOCAB - 1)]
+    first = {w: words.index(w) for w in ranked[:3] + ranked[-1:]}
+    assert [int(ids[first[w]]) for w in first] == [0, 1, 2, len(ranked) - 1]
+    known = set(ranked)
+    assert int((ids == WORD_VOCAB - 1).sum()) == sum(w not in known for w in words) > 0
+
+
+def test_a_language_model_task_evaluates_in_chunks_as_in_one_pass():
+    import torch
+
+    from sparsecomm.bench.convergence_worker import LanguageModelTask, loss_of
+
+    task = LanguageModelTask("charlm", batch=4, rank=0, size=1, seed=0)
+    task.valid = task.valid[:50]
+    with torch.no_grad():
+        whole = float(loss_of(task.model(task.valid[:, :-1]), task.valid[:, 1:]))
+        assert task.evaluate(rows=7) == pytest.approx(whole, rel=1e-6)
+
+
 def test_the_results_page_says_which_data_each_task_was_trained_on():
     from sparsecomm.bench import report
 
