@@ -246,6 +246,12 @@ class Digits:
         return float((self.model(self.x_test).argmax(1) == self.y_test).float().mean())
 
 
+LANGUAGE_MODELS = {  # the task's text, vocabulary, GRU hidden size and sequence length
+    "charlm": (corpus, 128, 192, SEQ),
+    "wordlm": (word_corpus, WORD_VOCAB, 128, WORD_SEQ),
+}
+
+
 class LanguageModelTask:
     """A language-model task of one rank (charlm or wordlm): its sequences and the validation
     loss, in chunks of rows (a word model's logits of the whole held-out text would not fit)."""
@@ -253,20 +259,13 @@ class LanguageModelTask:
     metric = "val_loss"
 
     def __init__(self, task, batch, rank, size, seed):
-        (text, self.data), vocab, self.seq = (
-            (corpus(), 128, SEQ) if task == "charlm" else (word_corpus(), WORD_VOCAB, WORD_SEQ)
-        )
+        read, vocab, hidden, self.seq = LANGUAGE_MODELS[task]
+        text, self.data = read()
         split = int(0.9 * len(text))
         self.train_text, valid = text[:split], text[split:]
         self.valid = valid[: len(valid) // (self.seq + 1) * (self.seq + 1)].reshape(-1, self.seq + 1)
-        hidden = 192 if task == "charlm" else 128
-        self.model, self.batch, self.rank, self.size, self.seed = (
-            GRULanguageModel(vocab, 64, hidden, seed),
-            batch,
-            rank,
-            size,
-            seed,
-        )
+        self.model = GRULanguageModel(vocab, 64, hidden, seed)
+        self.batch, self.rank, self.size, self.seed = batch, rank, size, seed
         self.steps_per_epoch = (len(self.train_text) // self.seq) // (batch * size)
 
     def batches(self, epoch):
