@@ -207,6 +207,13 @@ def _parser():
         "(results.md says so)",
     )
     r.add_argument(
+        "--add-convergence",
+        nargs="+",
+        metavar="CONVERGENCE_JSON",
+        help="first put these `bench convergence --json` runs' records into results.json, each in place of "
+        "the record of the same task and method, the others kept (results.md names every run)",
+    )
+    r.add_argument(
         "--convergence-from",
         metavar="JSON",
         help="first replace results.json's convergence records with those of a `bench convergence --json` "
@@ -245,7 +252,10 @@ def main():
         if args.convergence_from:
             with open(args.convergence_from) as f:
                 results = report.with_convergence_of(results, json.load(f), args.convergence_from)
-        if args.add_e2e or args.convergence_from:
+        for added in args.add_convergence or ():
+            with open(added) as f:
+                results = report.with_convergence_added(results, json.load(f), added)
+        if args.add_e2e or args.convergence_from or args.add_convergence:
             with open(os.path.join(args.out, "results.json"), "w") as f:
                 json.dump(results, f, indent=1)
             print(f"updated {args.out}/results.json")

@@ -155,6 +155,19 @@ def with_convergence_of(results, run, path):
     return dict(results, convergence=records, convergence_from=convergence_source(run, path))
 
 
+def with_convergence_added(results, run, path):
+    """`results` with a `bench convergence --json` run's records (read from `path`) in place of
+    the records of the same task and method, the others kept where they are, new ones after
+    them; convergence_from names the added run beside the earlier source."""
+    added = {(r["task"], r["method"]): r for r in run["records"]}
+    records = [added.pop((r["task"], r["method"]), r) for r in results["convergence"]]
+    records += added.values()  # rows no earlier record had
+    tasks = sorted({r["task"] for r in run["records"]})
+    earlier = results.get("convergence_from") or f"`{results['command']}` on {results.get('commit')}"
+    source = f"{earlier}; {len(run['records'])} {'/'.join(tasks)} rows by {convergence_source(run, path)}"
+    return dict(results, convergence=records, convergence_from=source)
+
+
 def _para(text):
     """A paragraph (or a "- " list item) wrapped at 100 characters."""
     return textwrap.fill(

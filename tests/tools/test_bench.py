@@ -970,3 +970,39 @@ def test_report_takes_the_convergence_records_of_a_convergence_run(tmp_path):
     assert "| TopK 1% | 97.5% [97.0-98.0] | -1.0 pt | 20x |" in text
     assert "trained by another run (`python -m sparsecomm.bench convergence --seeds 0 1` on abc1234)" in text
     assert "once per seed (0, 1:" in " ".join(text.split())
+
+
+def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
+    """`bench report --add-convergence RUN.json`: the run's record of a task and method takes the
+    place of the earlier one, a new task's records come after the rest, every other record stays,
+    and the page names both runs."""
+    import shutil
+
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    shutil.copytree(os.path.join(ROOT, "docs", "results"), out)
+    before = json.loads((out / "results.json").read_text())
+    first = before["convergence"][0]  # digits, dense
+    schedule = dict(lr=0.5, warmup_epochs=1, clip_norm=1.0)
+    common = dict(metric="val_loss", dense_bytes_per_step=4e6, schedule=schedule, epochs=1, seed=0)
+    added = [
+        dict(first, final=0.5, curve=[0.5]),
+        dict(common, task="wordlm", method="dense", final=5.2, curve=[5.2], sent_bytes_per_step=4e6),
+        dict(common, task="wordlm", method="TopK 1%", final=5.3, curve=[5.3], sent_bytes_per_step=1e5),
+    ]
+    run = dict(command="python -m sparsecomm.bench convergence --tasks digits wordlm", commit="abc1234", records=added)
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
+        + ["--add-convergence", str(tmp_path / "run.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["convergence"] == [added[0], *before["convergence"][1:], added[1], added[2]]
+    source = f"{before['convergence_from']}; 3 digits/wordlm rows by `{run['command']}` on abc1234"
+    assert results["convergence_from"] == source
+    text = md.read_text()
+    assert "| dense | 50.0% " in text and "| TopK 1% | " in text and "5.300" in text
