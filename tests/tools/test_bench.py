@@ -986,10 +986,10 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
     common = dict(metric="val_loss", dense_bytes_per_step=4e6, schedule=schedule, epochs=1, seed=0)
     added = [
         dict(first, final=0.5, curve=[0.5]),
-        dict(common, task="wordlm", method="dense", final=5.2, curve=[5.2], sent_bytes_per_step=4e6),
-        dict(common, task="wordlm", method="TopK 1%", final=5.3, curve=[5.3], sent_bytes_per_step=1e5),
+        dict(common, task="newlm", method="dense", final=5.2, curve=[5.2], sent_bytes_per_step=4e6),
+        dict(common, task="newlm", method="TopK 1%", final=5.3, curve=[5.3], sent_bytes_per_step=1e5),
     ]
-    run = dict(command="python -m sparsecomm.bench convergence --tasks digits wordlm", commit="abc1234", records=added)
+    run = dict(command="python -m sparsecomm.bench convergence --tasks digits newlm", commit="abc1234", records=added)
     (tmp_path / "run.json").write_text(json.dumps(run))
     proc = subprocess.run(
         [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
@@ -1002,7 +1002,7 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["convergence"] == [added[0], *before["convergence"][1:], added[1], added[2]]
-    source = f"{before['convergence_from']}; 3 digits/wordlm rows by `{run['command']}` on abc1234"
+    source = f"{before['convergence_from']}; 3 digits/newlm rows by `{run['command']}` on abc1234"
     assert results["convergence_from"] == source
     text = md.read_text()
     assert "| dense | 50.0% " in text and "| TopK 1% | " in text and "5.300" in text
