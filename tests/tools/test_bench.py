@@ -937,6 +937,22 @@ def test_every_convergence_row_warms_up_its_learning_rate_linearly():
     assert seen == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
 
 
+def report_with_run(tmp_path, out, md, option, run):
+    """`bench report` of the results in `out` with `option` naming `run` (written to a file): the
+    results.json it writes."""
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
+        + [option, str(tmp_path / "run.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "results.json").read_text())
+
+
 def test_report_takes_the_convergence_records_of_a_convergence_run(tmp_path):
     """`bench report --convergence-from RUN.json` puts a `bench convergence --json` run's records
     into results.json and the page: each method's mean, the range over its seeds, and the run
@@ -953,17 +969,7 @@ def test_report_takes_the_convergence_records_of_a_convergence_run(tmp_path):
     ]
     records[0]["sent_bytes_per_step"], records[1]["sent_bytes_per_step"] = 4e5, 2e4
     run = dict(command="python -m sparsecomm.bench convergence --seeds 0 1", commit="abc1234", records=records)
-    (tmp_path / "run.json").write_text(json.dumps(run))
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
-        + ["--convergence-from", str(tmp_path / "run.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    results = report_with_run(tmp_path, out, md, "--convergence-from", run)
     assert results["convergence"] == records
     assert results["convergence_from"] == "`python -m sparsecomm.bench convergence --seeds 0 1` on abc1234"
     text = md.read_text()
@@ -990,17 +996,7 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
         dict(common, task="newlm", method="TopK 1%", final=5.3, curve=[5.3], sent_bytes_per_step=1e5),
     ]
     run = dict(command="python -m sparsecomm.bench convergence --tasks digits newlm", commit="abc1234", records=added)
-    (tmp_path / "run.json").write_text(json.dumps(run))
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
-        + ["--add-convergence", str(tmp_path / "run.json")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads((out / "results.json").read_text())
+    results = report_with_run(tmp_path, out, md, "--add-convergence", run)
     assert results["convergence"] == [added[0], *before["convergence"][1:], added[1], added[2]]
     source = f"{before['convergence_from']}; 3 digits/newlm rows by `{run['command']}` on abc1234"
     assert results["convergence_from"] == source
