@@ -67,7 +67,8 @@ def _e2e(args):
     runs = [(ranks, net, model) for model in args.models for ranks in args.ranks for net in args.networks]
     advance = _progress("e2e", len(runs), lambda r: r)
     for ranks, net, model in runs:
-        label = f"{model} model, {ranks} ranks, {net or 'unshaped'}"
+        layout = f"{ranks // args.ranks_per_host} hosts of {args.ranks_per_host}" if args.ranks_per_host > 1 else ranks
+        label = f"{model} model, {layout} ranks, {net or 'unshaped'}"
         advance_label = label
         print(f"\n== {label}, {args.network_model} network model", flush=True)
         steps = args.steps or e2e.STEPS[model]
@@ -80,6 +81,7 @@ def _e2e(args):
             steps,
             network_model=args.network_model,
             rounds=args.rounds or steps,
+            ranks_per_host=args.ranks_per_host,
         )
         advance(advance_label)
     print("\n" + e2e.table(records))
@@ -97,6 +99,18 @@ def _convergence(args):
         advance(task)
     print("\n" + convergence.table(records))
     return records
+
+
+def _check_layout(parser, args):
+    """--ranks-per-host above 1 needs the per-host model and every --ranks a multiple of it."""
+    per_host = args.ranks_per_host
+    if per_host < 1:
+        parser.error(f"--ranks-per-host should be at least 1, got {per_host}")
+    if per_host > 1 and args.network_model != "per-host":
+        parser.error(f"--ranks-per-host {per_host}: needs the per-host network model, not {args.network_model}")
+    uneven = [n for n in args.ranks if n % per_host]
+    if uneven:
+        parser.error(f"--ranks-per-host {per_host}: every --ranks should be a multiple of it, got {uneven}")
 
 
 def _network_model(parser, asked):
@@ -156,8 +170,15 @@ def _parser():
         p.add_argument(
             "--network-model",
             choices=list(network.MODELS),
-            help="per-host: one namespace and one shaped NIC per rank (default where it can be "
-            "built); shared: all ranks behind one shaped loopback",
+            help="per-host: one namespace and one shaped NIC per host of --ranks-per-host ranks "
+            "(default where it can be built); shared: all ranks behind one shaped loopback",
+        )
+        p.add_argument(
+            "--ranks-per-host",
+            type=int,
+            default=1,
+            help="per-host model: ranks in each host's namespace, joined by its unshaped loopback "
+            "(default 1; 2 with --ranks 4: 2 hosts of 2 ranks, each host one shaped NIC)",
         )
         p.add_argument("--warmup", type=int, default=3)
         p.add_argument(
@@ -236,6 +257,7 @@ def main():
     if hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]
         args.network_model = _network_model(parser, args.network_model)
+        _check_layout(parser, args)
     if args.command == "convergence":
         args.methods = args.conv_methods
 

@@ -66,11 +66,13 @@ def interleaving(model, ranks, methods, rounds, available=None):
     return 1, 0
 
 
-def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model="shared", rounds=1):
-    """Records of one launch (all rows for one model, ranks and network) on `network_model`,
-    timed in `rounds` interleaved turns, in groups that fit in memory (see the worker)."""
+def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model="shared", rounds=1, ranks_per_host=1):
+    """Records of one launch (all rows for one model, ranks and network) on `network_model`
+    (per-host: hosts of `ranks_per_host` ranks), timed in `rounds` interleaved turns, in groups
+    that fit in memory (see the worker)."""
     rounds, group_size = interleaving(model, ranks, methods, rounds)
-    with tempfile.TemporaryDirectory() as tmp, network.emulated(network_model, net, ranks) as placed:
+    placement = network.emulated(network_model, net, ranks, ranks_per_host)
+    with tempfile.TemporaryDirectory() as tmp, placement as placed:
         out = os.path.join(tmp, "records.json")
         placed.launch(
             ranks,
@@ -99,6 +101,7 @@ def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model=
     for record in records:
         record["network"] = placed.rate or "unshaped"
         record["network_model"] = placed.model
+        record["ranks_per_host"] = ranks_per_host
         record["group_size"] = group_size
     add_ratios(records)
     return records
@@ -181,6 +184,12 @@ def ratio_text(value, interval=None):
     return f"{value:.2f}x" + ("" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})")
 
 
+def layout_text(record):
+    """The ranks of a record: "4", or "2x2" for 2 hosts of 2 ranks."""
+    per_host = record.get("ranks_per_host", 1)
+    return str(record["ranks"]) if per_host == 1 else f"{record['ranks'] // per_host}x{per_host}"
+
+
 def table(records):
     """A text table: one row per (model, ranks, network, method)."""
     header = (
@@ -190,7 +199,7 @@ def table(records):
     lines = [header, "-" * len(header)]
     for r in records:
         lines.append(
-            f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['network_model']:<10}{r['method']:<21}"
+            f"{r['model']:<8}{layout_text(r):>6}  {r['network']:<9}{r['network_model']:<10}{r['method']:<21}"
             f"{r['step_ms']:>10.1f}{ratio_text(r['vs_dense'], r.get('vs_dense_interval')):>20}"
             f"{ratio_text(r['vs_floor'], r.get('vs_floor_interval')):>20}"
             f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}"
@@ -205,7 +214,7 @@ def table(records):
         ]
         for r in timed:
             lines.append(
-                f"{r['model']:<8}{r['ranks']:>6}  {r['network']:<9}{r['method']:<21}"
+                f"{r['model']:<8}{layout_text(r):>6}  {r['network']:<9}{r['method']:<21}"
                 + "".join(f"{r['phases_ms'][p]:>10.1f}" for p in PHASES)
                 + f"{ratio_text(r.get('vs_local'), r.get('vs_local_interval')):>20}"
             )

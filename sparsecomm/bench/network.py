@@ -4,11 +4,13 @@
   shared    every rank in ONE network namespace whose loopback is shaped: ranks behind one
             link of that rate (the aggregate), started by horovodrun inside the namespace.
             Unshaped: plain loopback, no namespace.
-  per-host  one namespace per rank (a "host"), each joined to a bridge (in a namespace of its
-            own) by a veth pair. Both ends are shaped, so every rank has its own NIC of that
-            rate in each direction: the rank's end limits what it sends, the bridge's end what
-            it receives. The ranks are started here, one per namespace, with the Gloo
-            environment horovodrun would give them; Horovod's rendezvous server runs in the
+  per-host  one namespace per host, each joined to a bridge (in a namespace of its own) by a
+            veth pair. Both ends are shaped, so every host has its own NIC of that rate in each
+            direction: the host's end limits what it sends, the bridge's end what it receives.
+            A host holds one rank, or R (ranks_per_host) that talk among themselves over its
+            unshaped loopback, as GPUs of one machine do over NVLink or PCIe. The ranks are
+            started here, in their host's namespace, with the Gloo environment horovodrun
+            would give them (hvd.local_size() is R); Horovod's rendezvous server runs in the
             bridge's namespace. Unshaped: the same veths and bridge without tbf.
 
 Where namespaces cannot be made, `shared` runs on plain, unshaped loopback and says why;
@@ -173,18 +175,22 @@ def shaped(rate):
 
 
 class PerHostNics:
-    """One namespace per rank, each with its own (shaped) NIC on a shared bridge. build() makes
-    them, remove() deletes every namespace made so far (and with them the veths and bridge)."""
+    """One namespace per host, each with its own (shaped) NIC on a shared bridge, and
+    `ranks_per_host` ranks in it that talk to each other over its unshaped loopback (a host's
+    NVLink or PCIe, next to its NIC). build() makes them, remove() deletes every namespace made
+    so far (and with them the veths and bridge)."""
 
     model = "per-host"
 
-    def __init__(self, ranks, rate):
-        if not 1 <= ranks <= 250:
-            raise ValueError(f"per-host network: 1 to 250 ranks, not {ranks}")
+    def __init__(self, hosts, rate, ranks_per_host=1):
+        if not 1 <= hosts <= 250:
+            raise ValueError(f"per-host network: hosts should be 1 to 250, got {hosts}")
+        if not 1 <= ranks_per_host <= 64:
+            raise ValueError(f"per-host network: ranks_per_host should be 1 to 64, got {ranks_per_host}")
         tag = f"sparsecomm-{os.getpid()}-{next(_RUN_IDS)}-{secrets.token_hex(2)}"  # unique per run
-        self.ranks, self.rate = ranks, rate
+        self.ranks, self.ranks_per_host, self.rate = hosts * ranks_per_host, ranks_per_host, rate
         self.bridge = f"{tag}-bridge"
-        self.hosts = [f"{tag}-host{i}" for i in range(ranks)]
+        self.hosts = [f"{tag}-host{i}" for i in range(hosts)]
         self.created = []
 
     def _add_namespace(self, name):
@@ -223,7 +229,8 @@ class PerHostNics:
         """Horovod's rendezvous server in the bridge's namespace, reachable from every host;
         returns the process and its port."""
         server = subprocess.Popen(
-            ["ip", "netns", "exec", self.bridge, sys.executable, "-m", "sparsecomm.bench.rendezvous", str(self.ranks)],
+            ["ip", "netns", "exec", self.bridge, sys.executable, "-m", "sparsecomm.bench.rendezvous"]
+            + [str(len(self.hosts)), str(self.ranks_per_host)],
             env=_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -236,37 +243,39 @@ class PerHostNics:
         return server, int(line.split()[1])
 
     def _rank_envs(self, port):
-        """What horovodrun's Gloo launcher gives each rank (its own functions), one host per rank."""
+        """What horovodrun's Gloo launcher gives each rank (its own functions): host i holds ranks
+        i * ranks_per_host onwards, so HOROVOD_LOCAL_SIZE is ranks_per_host."""
         from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
 
         from .rendezvous import host_slots
 
-        slots = host_slots(self.ranks)
+        slots = host_slots(len(self.hosts), self.ranks_per_host)
         common = {k: str(v) for k, v in create_run_env_vars(BRIDGE_ADDRESS, [IFACE], port).items()}
         return [dict(_env(), **common, **create_slot_env_vars(slot)) for slot in slots]
 
     def _rank_command(self, rank):
-        """The prefix that runs a command as host `rank`: in its namespace, with its address as
-        hostname (own UTS namespace). Horovod 0.28.1 builds the Gloo device of its process sets
-        from the hostname, not from HOROVOD_GLOO_IFACE; the machine's name resolves to 127.0.0.1,
-        which from a namespace of its own reaches no other rank. An address resolves to itself."""
+        """The prefix that runs a command as rank `rank`: in its host's namespace, with the host's
+        address as hostname (own UTS namespace). Horovod 0.28.1 builds the Gloo device of its
+        process sets from the hostname, not from HOROVOD_GLOO_IFACE; the machine's name resolves
+        to 127.0.0.1, which from a namespace of its own reaches no other rank. An address
+        resolves to itself."""
         return [
             "ip",
             "netns",
             "exec",
-            self.hosts[rank],
+            self.hosts[rank // self.ranks_per_host],
             "unshare",
             "--uts",
             "sh",
             "-c",
             'hostname "$0" && exec "$@"',
-            self.address(rank),
+            self.address(rank // self.ranks_per_host),
         ]
 
     def launch(self, ranks, module, args, marker, log=print):
-        """Runs `python -m module args` once per host namespace, as ranks of one Gloo job."""
+        """Runs `python -m module args` once per rank, in its host's namespace, as one Gloo job."""
         if ranks != self.ranks:
-            raise ValueError(f"this network has {self.ranks} hosts, not {ranks}")
+            raise ValueError(f"this network has {self.ranks} ranks, not {ranks}")
         server, port = self._start_rendezvous()
         read, write = os.pipe()  # one stream for all ranks, like horovodrun's
         procs = []
@@ -299,10 +308,10 @@ class PerHostNics:
 
 
 @contextlib.contextmanager
-def per_host(rate, ranks):
-    """Yields a PerHostNics of `ranks` hosts at `rate` (None: unshaped veths); removes it on exit,
-    also when building or running failed."""
-    network = PerHostNics(ranks, rate)
+def per_host(rate, hosts, ranks_per_host=1):
+    """Yields a PerHostNics of `hosts` hosts of `ranks_per_host` ranks at `rate` (None: unshaped
+    veths); removes it on exit, also when building or running failed."""
+    network = PerHostNics(hosts, rate, ranks_per_host)
     try:
         network.build()
         yield network
@@ -320,10 +329,16 @@ def per_host_unavailable():
 
 
 @contextlib.contextmanager
-def emulated(model, rate, ranks):
-    """Yields where to launch `ranks` ranks: a PerHostNics or a SharedLink at `rate`."""
+def emulated(model, rate, ranks, ranks_per_host=1):
+    """Yields where to launch `ranks` ranks: a PerHostNics (hosts of `ranks_per_host` ranks) or a
+    SharedLink at `rate`."""
+    if ranks_per_host != 1 and (model != "per-host" or ranks % ranks_per_host):
+        raise ValueError(
+            f"ranks_per_host={ranks_per_host}: needs the per-host model and ranks a multiple of it, "
+            f"got the {model} model and {ranks} ranks"
+        )
     if model == "per-host":
-        with per_host(rate, ranks) as network:
+        with per_host(rate, ranks // ranks_per_host, ranks_per_host) as network:
             yield network
     elif model == "shared":
         with shaped(rate) as prefix:

@@ -11,7 +11,7 @@ import sys
 import time
 
 import pytest
-from paths import ROOT
+from paths import ROOT, WORKERS
 
 from sparsecomm.bench.e2e import ratio_text
 
@@ -490,6 +490,63 @@ def test_per_host_network_removes_its_namespaces_when_a_rank_fails():
             assert all(name in _namespaces() for name in names)
             hosts.launch(2, "sparsecomm.bench.no_such_module", [], "[e2e]")
     assert not any(name in _namespaces() for name in names)
+
+
+def test_per_host_network_of_2_hosts_of_2_ranks_keeps_a_host_off_its_nic(monkeypatch):
+    """2 hosts x 2 ranks at 1 Gbit/s: Horovod sees the layout (local and cross ranks, one
+    hostname per host), an allreduce inside a host sends almost nothing over the host's NIC and
+    one over all 4 ranks sends the ring's cross-host share of it."""
+    network = _per_host_or_skip()
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([WORKERS, ROOT]))
+    lines = []
+    with network.per_host("1gbit", 2, ranks_per_host=2) as hosts:
+        hosts.launch(4, "hosts_layout", [], "[layout]", log=lines.append)
+    seen = {int(f["rank"]): f for f in (dict(zip(*[iter(line.split())] * 2)) for line in lines)}
+    assert sorted(seen) == [0, 1, 2, 3], lines
+    numel_bytes = 8_000_000
+    for rank, f in seen.items():
+        host = rank // 2
+        assert (f["size"], f["local_size"], f["cross_size"]) == ("4", "2", "2"), f
+        assert (int(f["local_rank"]), int(f["cross_rank"])) == (rank % 2, host), f
+        assert f["host"] == network.PerHostNics.address(host), f
+        assert float(f["local_sum"]) == sum(range(2 * host, 2 * host + 2)), f
+        assert int(f["local_nic_bytes"]) < numel_bytes / 100, f  # Horovod's control messages only
+        # a 4-rank ring sends 2 (N-1)/N of the tensor from every rank; half of its links leave the host
+        assert int(f["every_nic_bytes"]) >= 1.5 * numel_bytes * 0.99, f
+
+
+def test_e2e_on_2_hosts_of_2_ranks(tmp_path):
+    """`bench e2e --ranks 4 --ranks-per-host 2`: one launch of 4 ranks in 2 host namespaces; the
+    records and the table name the layout."""
+    _per_host_or_skip()
+    out = tmp_path / "e2e.json"
+    methods = ["floor", "dense", "TopK 1%"]
+    command = [sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host", "--ranks", "4"]
+    command += ["--ranks-per-host", "2", "--networks", "1gbit", "--models", "compute", "--e2e-methods", *methods]
+    proc = subprocess.run(
+        command + ["--warmup", "1", "--steps", "1", "--json", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
+    records = json.loads(out.read_text())["records"]
+    assert [r["method"] for r in records] == methods
+    assert all(r["ranks"] == 4 and r["ranks_per_host"] == 2 and r["network_model"] == "per-host" for r in records)
+    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"compute\s+2x2\s+1gbit", proc.stdout), proc.stdout
+
+
+def test_a_layout_of_several_ranks_per_host_needs_the_per_host_model():
+    from sparsecomm.bench import network
+
+    with pytest.raises(ValueError, match="ranks_per_host=2: needs the per-host model.*shared model"):
+        with network.emulated("shared", None, 4, ranks_per_host=2):
+            pass
+    with pytest.raises(ValueError, match="ranks_per_host=2: .*got the per-host model and 3 ranks"):
+        with network.emulated("per-host", None, 3, ranks_per_host=2):
+            pass
+    with pytest.raises(ValueError, match="ranks_per_host should be 1 to 64, got 0"):
+        network.PerHostNics(2, None, ranks_per_host=0)
+    command = [sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "shared"]
+    proc = subprocess.run(command + ["--ranks", "4", "--ranks-per-host", "2"], capture_output=True, text=True)
+    assert proc.returncode == 2 and "--ranks-per-host 2: needs the per-host network model, not shared" in proc.stderr
 
 
 def test_ratios_against_dense_and_floor_of_the_same_run():
