@@ -30,6 +30,7 @@ def main():
     hvd.init(process_sets=hosts)
     mine = hosts[hvd.rank() // per_host]
     value = torch.full((NUMEL,), float(hvd.rank()))
+    # the first allreduce inside the host also opens its connections: only the second is counted
     local = hvd.allreduce(value, op=hvd.Sum, process_set=mine)
     local_sent = sent_during(lambda: hvd.allreduce(value, op=hvd.Sum, process_set=mine))
     every_sent = sent_during(lambda: hvd.allreduce(value, op=hvd.Sum))
