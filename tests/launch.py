@@ -19,21 +19,28 @@ HOROVODRUN = [
     "-c",
     "import horovod.runner.launch as launch; launch.gloo_built = lambda verbose=False: True; launch.run_commandline()",
 ]
+# Two names of this machine that horovodrun runs on without ssh and Horovod tells apart: -H
+# localhost:R,127.0.0.1:R holds two hosts of R ranks (hvd.local_size() == R).
+LAYOUT_HOSTS = ("localhost", "127.0.0.1")
 LAUNCHES = []  # (command summary, exit code, seconds): printed in the test summary (conftest.py)
 
 
-def horovodrun_outcome(np, script, *args, timeout=300, elastic=None):
+def horovodrun_outcome(np, script, *args, timeout=300, elastic=None, hosts=None):
     """Runs `script` (a path, or a name in tests/workers/) on np ranks: (exit code, the ranks' output, seconds).
     On a time-out, kills the whole process group (no orphaned ranks) and fails the test. `elastic`: horovodrun's
     elastic arguments (--min-np, --host-discovery-script, ...) instead of -H; Horovod's elastic driver needs the
-    loopback interface named here. (Gloo's time-out stays at its 30 s: it also bounds how long the ranks wait for a
-    joining rank to start, and TF takes 10-20 s to import on this machine.)"""
-    hosts = ["-H", f"localhost:{np}"] if elastic is None else [*map(str, elastic), "--network-interface", "lo"]
+    loopback interface named here. `hosts`: horovodrun's -H (default localhost:np; LAYOUT_HOSTS makes two hosts
+    of this machine). (Gloo's time-out stays at its 30 s: it also bounds how long the ranks wait for a joining rank
+    to start, and TF takes 10-20 s to import on this machine.)"""
+    if elastic is None:
+        where = ["-H", hosts or f"localhost:{np}"]
+    else:
+        where = [*map(str, elastic), "--network-interface", "lo"]
     cmd = [
         *HOROVODRUN,
         "-np",
         str(np),
-        *hosts,
+        *where,
         "--gloo",
         sys.executable,
         os.path.join(WORKERS, script),
@@ -101,9 +108,9 @@ def _launch(cmd, summary, timeout):
     return proc.returncode, output, seconds
 
 
-def horovodrun(np, script, *args, timeout=300, elastic=None):
+def horovodrun(np, script, *args, timeout=300, elastic=None, hosts=None):
     """horovodrun_outcome's output; fails the test with the ranks' output on a non-zero exit."""
-    code, output, _ = horovodrun_outcome(np, script, *args, timeout=timeout, elastic=elastic)
+    code, output, _ = horovodrun_outcome(np, script, *args, timeout=timeout, elastic=elastic, hosts=hosts)
     if code != 0:
         pytest.fail(f"horovodrun -np {np} {script} exited {code}:\n{output[-6000:]}")
     return output

@@ -131,6 +131,21 @@ def spardl(selections, residuals, k, numel, value_dtype=torch.float32):
     residual (modified in place; None: dropped for good). Each pair is an int32 index and a
     value_dtype value on the wire. Returns (the float32 dense sum, bytes each rank received)."""
     ranks = len(selections)
+    pair_bytes = 4 + torch.empty(0, dtype=value_dtype).element_size()
+    owned, received = spardl_owned(selections, residuals, k, numel, value_dtype)
+    total = torch.zeros(numel)
+    for rank, (v, i) in enumerate(owned):
+        total[i] = v
+        for other in range(ranks):
+            if other != rank:
+                received[other] += pair_bytes * len(i)
+    return total, received
+
+
+def spardl_owned(selections, residuals, k, numel, value_dtype):
+    """SparDL's reduce-scatter (see spardl): (each rank's reduced (values, index) of the block it
+    owns, bytes each rank received)."""
+    ranks = len(selections)
     block, per_rank = -(-numel // ranks), max(1, -(-k // ranks))
     pair_bytes = 4 + torch.empty(0, dtype=value_dtype).element_size()
     inbox = [[None] * ranks for _ in range(ranks)]  # inbox[owner][sender]
@@ -163,10 +178,28 @@ def spardl(selections, residuals, k, numel, value_dtype=torch.float32):
         if residuals[owner] is not None:
             residuals[owner][index] += reference.finite_or_zero(kept - rounded)
         owned.append((rounded, index))
+    return owned, received
+
+
+def hierarchical(selections, residuals, k, numel, per_host, value_dtype=torch.float32):
+    """The hierarchical exchange on hosts of `per_host` consecutive ranks, plain torch: SparDL's
+    reduce-scatter inside each host (spardl_owned over its ranks: local rank b keeps ceil(k/R)
+    of the host's sums in block b), then every host's rows of each block added in host order
+    (float32). Residuals as in spardl. Returns the float32 dense sum."""
+    hosts = len(selections) // per_host
+    owned = [
+        spardl_owned(
+            selections[h * per_host : (h + 1) * per_host],
+            residuals[h * per_host : (h + 1) * per_host],
+            k,
+            numel,
+            value_dtype,
+        )[0]
+        for h in range(hosts)
+    ]
     total = torch.zeros(numel)
-    for rank, (v, i) in enumerate(owned):
-        total[i] = v
-        for other in range(ranks):
-            if other != rank:
-                received[other] += pair_bytes * len(i)
-    return total, received
+    for block in range(per_host):
+        for host in range(hosts):
+            v, i = owned[host][block]
+            total[i] += v
+    return total

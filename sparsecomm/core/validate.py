@@ -6,7 +6,7 @@ import numbers
 _UINT64 = 2**64
 
 # The names users pass; each table exists here only.
-EXCHANGE_CHOICES = ("auto", "allgather", "spardl")
+EXCHANGE_CHOICES = ("auto", "allgather", "spardl", "hierarchical")
 QUANTIZE_CHOICES = (None, "fp16", "bf16", "1bit", "2bit")
 
 
@@ -86,9 +86,9 @@ def check_quantize(owner, quantize, exchange):
     if quantize not in QUANTIZE_CHOICES:
         listed = ", ".join(repr(q) for q in QUANTIZE_CHOICES)
         raise ValueError(f"{owner}: quantize should be one of {listed}, got {quantize!r}")
-    if quantize in ("1bit", "2bit") and exchange == "spardl":
+    if quantize in ("1bit", "2bit") and exchange in ("spardl", "hierarchical"):
         raise ValueError(
-            f"{owner}: exchange='spardl' adds values on the way and cannot carry {quantize} codes; "
+            f"{owner}: exchange={exchange!r} adds values on the way and cannot carry {quantize} codes; "
             f"use exchange='allgather' (or 'auto') with quantize={quantize!r}"
         )
     return quantize

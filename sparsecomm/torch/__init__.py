@@ -17,5 +17,17 @@ sct.destroy_process_group()                                   # at the end: docs
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 from .ddp import ddp_hook, destroy_process_group
+from .hosts import host_process_sets
 
-__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ddp_hook", "destroy_process_group", "ops"]
+__all__ = [
+    "DGC",
+    "RandomBlock",
+    "RandomK",
+    "RTopK",
+    "Threshold",
+    "TopK",
+    "ddp_hook",
+    "destroy_process_group",
+    "host_process_sets",
+    "ops",
+]

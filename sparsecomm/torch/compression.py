@@ -278,7 +278,9 @@ class TopK(_PerRank):
         dense_fallback: a tensor whose sparse payload (k values and k indices) would not be
             smaller than the tensor goes dense (default True).
         exchange: "allgather" (every rank's values and int32 indices), "spardl" (sparse
-            reduce-scatter + all-gather: O(k) bytes per rank whatever the number of ranks) or
+            reduce-scatter + all-gather: O(k) bytes per rank whatever the number of ranks),
+            "hierarchical" (SparDL inside each host, then only the host's k pairs between hosts;
+            needs ``hvd.init(process_sets=host_process_sets())``: docs/exchanges.md) or
             "auto" (default: per tensor, whichever sparsecomm.core.cost predicts faster, where
             it is predicted at least 20% faster than the dense allreduce; else dense).
         network: the network "auto" predicts for (default: measured on the first step).

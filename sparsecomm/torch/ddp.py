@@ -85,6 +85,11 @@ def _attached(compressor):
             f"{compressor.method.owner}: under ddp_hook, process_set should be a torch.distributed "
             f"ProcessGroup (DDP's process_group) or None, got {type(group).__name__}"
         )
+    if compressor.exchange == "hierarchical":
+        raise ValueError(
+            f"{compressor.method.owner}: exchange='hierarchical' runs on Horovod's process sets of the hosts, "
+            "not under ddp_hook yet: use 'allgather', 'spardl' or 'auto'"
+        )
     if compressor.planner.auto is not None:
         compressor.planner.auto.untimed(ROUTES)
     compressor.collectives = HookCollectives(group)

@@ -2,7 +2,8 @@
 sparsecomm.core.plan, behind one small protocol, in the registry EXCHANGES.
 
     start(payload, wire) -> (what compress hands Horovod's allreduce, context)
-    advance(context)     -> None   (only where `advances`: a second phase, see SparDL)
+    advance(context, phase) -> None (phases 0 to `advances` - 1 where an exchange has more: SparDL,
+                                     Hierarchical)
     finish(output, context) -> the dense gradient    (in decompress)
 
 (Dense is the exception: compress hands Horovod the payload itself and the context None, as for
@@ -15,8 +16,8 @@ and scaling: it comes back as 1 under op=Average (whatever gradient_predivide_fa
 the process set's size M under op=Sum. So `finish` scales the sum of all ranks'
 contributions by output / M, the optimizer's semantics, without being told the op.
 
-Adding an exchange: a class here with start/finish (and `advances`/advance if it has a second
-phase), an entry in EXCHANGES, and its cost in sparsecomm/core/cost.py.
+Adding an exchange: a class here with start/finish (and `advances`/advance if it has more
+phases), an entry in EXCHANGES, and its cost in sparsecomm/core/cost.py.
 """
 
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ import torch
 
 from .. import prerequisites
 from ..core.plan import SparDLLayout
-from . import ops
+from . import hosts, ops
 
 
 def horovod():
@@ -203,6 +204,7 @@ class _SparDLState:
     own: torch.Tensor = None  # this rank's rows of the block it owns
     own_bytes: int = 0  # bytes this rank put into the gather
     gather_handle: object = None
+    sets: tuple = None  # hierarchical: (the host's process set, the cross one)
 
 
 def _owned_scratch(wire, size):
@@ -257,41 +259,17 @@ class SparDL:
     """Phase 1 in compress (per-block reselection, alltoall to the owners), phase 2 in
     `advance` (reduce the owned block, all-gather), phase 3 in finish."""
 
-    advances = True
+    advances = 1  # phases between start and finish
 
     def start(self, packed, wire):
-        hvd, ps = horovod(), wire.process_set
-        layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, wire.ranks), ps.rank()
-        rows = spardl_split(packed, layout, rank, wire.residual)
-        own, splits = rows[rank], [0 if b == rank else r.shape[0] for b, r in enumerate(rows)]
-        payload = torch.cat([r for b, r in enumerate(rows) if b != rank] or [rows[rank][:0]])
-        handle = hvd.alltoall_async(
-            payload,
-            splits=torch.tensor(splits, dtype=torch.int32),
-            name=f"sparsecomm.{wire.name}.scatter",
-            process_set=ps,
-        )
-        return _placeholder(payload.device), Context(
-            self,
-            wire,
-            payload.shape[0],
-            payload.numel(),
-            pending=_SparDLState(layout, rank, handle, packed.values.dtype, own),
-        )
+        return spardl_scatter(self, packed, wire, wire.process_set)
 
-    def advance(self, ctx):
+    def advance(self, ctx, phase):
         """Waits for the scatter, reduces the owned block in rank order, keeps its per_rank
         largest sums (the rest to this rank's residual) and starts the all-gather."""
-        hvd, st = horovod(), ctx.pending
-        received, splits = hvd.synchronize(st.handle)
-        ctx.received_bytes += received.numel()
-        parts = list(received.split(splits.tolist()))
-        parts[st.rank] = st.own
-        payload = spardl_reduce(parts, st.layout, st.rank, st.value_dtype, ctx.wire)
-        ctx.sent_elements += payload.shape[0]
-        ctx.sent_bytes += payload.numel()
-        st.own, st.own_bytes = None, payload.numel()
-        st.gather_handle = hvd.allgather_async(
+        payload = spardl_reduced(ctx)
+        ctx.pending.own_bytes = payload.numel()
+        ctx.pending.gather_handle = horovod().allgather_async(
             payload, name=f"sparsecomm.{ctx.wire.name}.gather", process_set=ctx.wire.process_set
         )
 
@@ -301,7 +279,77 @@ class SparDL:
         return _unpacked_rows(output, ctx, gathered, ctx.pending.value_dtype)
 
 
-EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
+def spardl_scatter(exchange, packed, wire, process_set):
+    """SparDL's phase 1 over `process_set`: the selection split into one block per rank of the
+    set, each block's rows sent to its owner in one alltoall. Returns (placeholder, context)."""
+    layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, process_set.size()), process_set.rank()
+    rows = spardl_split(packed, layout, rank, wire.residual)
+    own, splits = rows[rank], [0 if b == rank else r.shape[0] for b, r in enumerate(rows)]
+    payload = torch.cat([r for b, r in enumerate(rows) if b != rank] or [rows[rank][:0]])
+    handle = horovod().alltoall_async(
+        payload,
+        splits=torch.tensor(splits, dtype=torch.int32),
+        name=f"sparsecomm.{wire.name}.scatter",
+        process_set=process_set,
+    )
+    state = _SparDLState(layout, rank, handle, packed.values.dtype, own)
+    return _placeholder(payload.device), Context(exchange, wire, payload.shape[0], payload.numel(), pending=state)
+
+
+def spardl_reduced(ctx):
+    """SparDL's phase 2: waits for the scatter and returns the owned block's reduced rows (what
+    was dropped or rounded off went to this rank's residual), counted as sent."""
+    st = ctx.pending
+    received, splits = horovod().synchronize(st.handle)
+    ctx.received_bytes += received.numel()
+    parts = list(received.split(splits.tolist()))
+    parts[st.rank] = st.own
+    payload = spardl_reduce(parts, st.layout, st.rank, st.value_dtype, ctx.wire)
+    ctx.sent_elements += payload.shape[0]
+    ctx.sent_bytes += payload.numel()
+    st.own = None
+    return payload
+
+
+class Hierarchical:
+    """Dense inside a host, sparse between hosts: SparDL over the host's ranks (each owns 1/R of
+    the tensor and keeps ceil(k/R) of the host's sums there, so the host keeps k), the owned rows
+    all-gathered across the hosts (the ranks of the same local rank: only the host's k pairs
+    cross its NIC), then all-gathered inside the host. What a rank drops or rounds off goes to
+    its own residual, as in SparDL. Phases: start, advance 0 and 1, finish."""
+
+    advances = 2
+
+    def start(self, packed, wire):
+        if wire.ranks != horovod().size():
+            raise ValueError(
+                f"exchange='hierarchical' runs over every rank's hosts, not a process set of {wire.ranks} of "
+                f"{horovod().size()} ranks: leave process_set=None"
+            )
+        local, cross = hosts.registered()
+        placeholder, ctx = spardl_scatter(self, packed, wire, local)
+        ctx.pending.sets = (local, cross)
+        return placeholder, ctx
+
+    def advance(self, ctx, phase):
+        """Phase 0: the host's reduced rows of this rank's block to the other hosts; phase 1: the
+        hosts' rows of this block to the other ranks of the host."""
+        st, local, cross = ctx.pending, *ctx.pending.sets
+        if phase == 0:
+            payload, process_set, name = spardl_reduced(ctx), cross, "cross"
+        else:
+            payload, process_set, name = horovod().synchronize(st.gather_handle), local, "host"
+            ctx.received_bytes += payload.numel() - st.own_bytes
+            ctx.sent_bytes += payload.numel()
+        st.own_bytes = payload.numel()
+        st.gather_handle = horovod().allgather_async(
+            payload, name=f"sparsecomm.{ctx.wire.name}.{name}", process_set=process_set
+        )
+
+    finish = SparDL.finish
+
+
+EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL(), "hierarchical": Hierarchical()}
 
 
 class InFlight:
@@ -320,7 +368,7 @@ class InFlight:
         out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
         wire = Wire(state.name, tensor.shape, tensor.dtype, process_set, ranks, k, state.residual, out)
         handed, ctx = EXCHANGES[route].start(payload, wire)
-        if getattr(ctx.exchange, "advances", False):
+        if getattr(ctx.exchange, "advances", 0):
             self.pending.append(ctx)
         return handed, ctx, (ctx.sent_elements, ctx.sent_bytes, ctx.received_bytes)
 
@@ -328,15 +376,19 @@ class InFlight:
         """The dense gradient; account_later(name, sent_bytes, received_bytes) counts what moved here."""
         if ctx is None or isinstance(ctx, torch.dtype):  # sent dense
             return Dense.restored(output, ctx)
-        if getattr(ctx.exchange, "advances", False):
-            # Every pending exchange is advanced before any is finished: every rank has started all
-            # of them, whatever order Horovod decompresses in.
-            for pending in self.pending:
-                sent_before, received_before = pending.sent_bytes, pending.received_bytes
-                pending.exchange.advance(pending)
-                account_later(
-                    pending.wire.name, pending.sent_bytes - sent_before, pending.received_bytes - received_before
-                )
+        if getattr(ctx.exchange, "advances", 0):
+            # Every pending exchange is advanced before any is finished, phase by phase: every rank
+            # has started all of them, whatever order Horovod decompresses in.
+            for phase in range(max((p.exchange.advances for p in self.pending), default=0)):
+                for pending in self.pending:
+                    if phase < pending.exchange.advances:
+                        sent_before, received_before = pending.sent_bytes, pending.received_bytes
+                        pending.exchange.advance(pending, phase)
+                        account_later(
+                            pending.wire.name,
+                            pending.sent_bytes - sent_before,
+                            pending.received_bytes - received_before,
+                        )
             self.pending = []
         received_before = ctx.received_bytes  # what compress already counted (a dense allreduce's)
         result = ctx.exchange.finish(output, ctx)

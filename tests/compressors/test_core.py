@@ -108,6 +108,8 @@ def test_quantized_codes_never_take_spardl():
     assert methods.Threshold("Threshold", 0.01, quantize="bf16").value_dtype == "bfloat16"
     with pytest.raises(ValueError, match="exchange='spardl' adds values on the way and cannot carry 2bit"):
         methods.Threshold("Threshold", 0.01, quantize="2bit", exchange="spardl")
+    with pytest.raises(ValueError, match="exchange='hierarchical' adds values on the way and cannot carry 1bit"):
+        methods.Threshold("Threshold", 0.01, quantize="1bit", exchange="hierarchical")
 
 
 def test_dgc_schedule_is_the_papers_and_its_stage_works_on_any_minimum():

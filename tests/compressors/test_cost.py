@@ -88,7 +88,8 @@ def test_bad_networks_are_named(kwargs, message):
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_bad_exchange_settings_are_named(framework):
     family = pytest.importorskip(f"sparsecomm.{framework}")
-    with pytest.raises(ValueError, match=r"TopK: exchange should be one of 'auto', 'allgather', 'spardl', got 'ring'"):
+    choices = "'auto', 'allgather', 'spardl', 'hierarchical'"
+    with pytest.raises(ValueError, match=rf"TopK: exchange should be one of {choices}, got 'ring'"):
         family.TopK(ratio=0.1, exchange="ring")
     with pytest.raises(TypeError, match=r"DGC: network should be None \(measured\) or a sparsecomm.Network, got str"):
         family.DGC(network="fast")

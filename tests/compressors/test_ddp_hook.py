@@ -70,6 +70,7 @@ def test_at_ratio_one_on_one_rank_the_step_is_plain_sgd(cls, exchange):
     "settings, error, message",
     [
         (dict(process_set="all"), TypeError, r"TopK: under ddp_hook, process_set should be a torch.distributed"),
+        (dict(exchange="hierarchical"), ValueError, r"TopK: exchange='hierarchical' runs on Horovod's process sets"),
     ],
 )
 def test_what_the_hook_cannot_run_is_refused_naming_the_argument(settings, error, message):

@@ -9,63 +9,12 @@ import reference
 import simulation
 import torch
 from launch import horovodrun
+from replay import LR, STEPS, replay
 
 from sparsecomm.core import cost, plan
 from sparsecomm.core.plan import OBSERVED_STEPS
 
-STEPS, LR = 4, 0.5
-METHOD = {"topk": "topk", "threshold": "threshold", "rtopk": "rtopk_0.3", "threshold_fp16": "threshold_fp16"}
 SLOW = cost.Network(bandwidth=1e7, latency=1e-6)
-
-
-def replay(ranks, config, method, ratio, exchange, error_feedback=True, dgc=False, value_dtype=torch.float32):
-    """From the recorded local gradients: parameters after each step, final residuals, each
-    step's exchanged (averaged, float32) gradients and each rank's received bytes (SparDL's,
-    its values on the wire as value_dtype)."""
-    size = len(ranks)
-    params = {n: p.detach().clone().reshape(-1) for n, p in common.torch_model().named_parameters()}
-    residuals = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
-    momenta = [{n: torch.zeros(p.numel()) for n, p in params.items()} for _ in range(size)]
-    scale = torch.tensor(1.0) / size
-    history, exchanged, received = [], [], [{n: 0 for n in params} for _ in range(size)]
-    for step in range(STEPS):
-        exchanged.append({})
-        for name in params:
-            numel, k = params[name].numel(), reference.count(ratio, params[name].numel())
-            sent = []
-            for rank in range(size):
-                grad = ranks[rank][config]["grads"][step][name].reshape(-1)
-                if dgc:
-                    dense, (residuals[rank][name], momenta[rank][name]) = simulation.dgc(
-                        grad, (residuals[rank][name], momenta[rank][name]), ratio, name, step
-                    )
-                else:
-                    dense, new = simulation.METHODS[METHOD[method]](
-                        grad,
-                        residuals[rank][name] if error_feedback else None,
-                        ratio,
-                        name,
-                        step,
-                        simulation.seed_for(METHOD[method], 7, rank),
-                    )
-                    if error_feedback:
-                        residuals[rank][name] = new
-                sent.append(dense)
-            if exchange == "spardl":
-                selections = [(d[d != 0], d.nonzero().reshape(-1)) for d in sent]
-                total, got = simulation.spardl(
-                    selections, [r[name] if error_feedback else None for r in residuals], k, numel, value_dtype
-                )
-                for rank in range(size):
-                    received[rank][name] += got[rank]
-            elif exchange == "allgather":
-                total = sum(sent)
-            else:  # dense
-                total = sum(ranks[rank][config]["grads"][step][name].reshape(-1) for rank in range(size))
-            exchanged[step][name] = total * scale
-            params[name] = params[name] - LR * exchanged[step][name]
-        history.append({n: p.clone() for n, p in params.items()})
-    return history, residuals, exchanged, received
 
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"np{n}")

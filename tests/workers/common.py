@@ -240,3 +240,41 @@ class ElasticScenario:
         if self.fail and self.leaving(state) and rank == 2:
             print(f"rank 2 dies at step {state.step}", flush=True)
             os._exit(1)
+
+
+def train_recorded(configs, dtypes, steps, lr):
+    """SGD steps of the digits MLP under hvd.DistributedOptimizer for each config (name -> a
+    function of the model giving its compression; dtypes: name -> the model's dtype where not
+    float32): every rank's local gradients (after backward, before the exchange), exchanged
+    gradients and parameters after every step, and the compressor's final stats and residuals."""
+    import horovod.torch as hvd
+    import torch
+
+    x_all, y_all = digits()
+    results = {}
+    for config, make_compression in configs.items():
+        dtype = dtypes.get(config, torch.float32)
+        model = torch_model().to(dtype)
+        compression = make_compression(model)
+        opt = hvd.DistributedOptimizer(
+            torch.optim.SGD(model.parameters(), lr=lr),
+            named_parameters=model.named_parameters(),
+            compression=compression,
+        )
+        grads, params, exchanged = [], [], []
+        for step in range(steps):
+            idx = rows(step, hvd.rank(), hvd.size(), len(y_all))
+            opt.zero_grad()
+            x = torch.from_numpy(x_all[idx]).to(dtype)
+            torch.nn.functional.cross_entropy(model(x).float(), torch.from_numpy(y_all[idx])).backward()
+            grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+            opt.synchronize()
+            exchanged.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
+            with opt.skip_synchronize():
+                opt.step()
+            params.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        results[config] = {"grads": grads, "params": params, "exchanged": exchanged}
+        if hasattr(compression, "stats"):
+            results[config]["stats"] = compression.stats()
+            results[config]["residuals"] = {n: s.residual for n, s in compression.state.parameters.items()}
+    return results

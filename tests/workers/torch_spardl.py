@@ -23,7 +23,6 @@ parser.add_argument("--lr", type=float, default=0.5)
 args = parser.parse_args()
 hvd.init()
 torch.set_num_threads(1)
-x_all, y_all = common.digits()
 SLOW = Network(bandwidth=1e7, latency=1e-6)  # bytes dominate: a sparse exchange wins
 FAST = Network(bandwidth=1e12, latency=0.0, copy_bandwidth=1e8)  # packing costs more than sending: dense wins
 CONFIGS = {
@@ -62,30 +61,6 @@ CONFIGS = {
     ),
 }
 DTYPES = {"topk_0.1_spardl_bfloat16": torch.bfloat16, "topk_0.1_spardl_float16": torch.float16}
-results = {}
-for config, make_compression in CONFIGS.items():
-    model = common.torch_model().to(DTYPES.get(config, torch.float32))
-    compression = make_compression(model)
-    opt = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr),
-        named_parameters=model.named_parameters(),
-        compression=compression,
-    )
-    grads, params, exchanged = [], [], []
-    for step in range(args.steps):
-        idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
-        opt.zero_grad()
-        x = torch.from_numpy(x_all[idx]).to(DTYPES.get(config, torch.float32))
-        torch.nn.functional.cross_entropy(model(x).float(), torch.from_numpy(y_all[idx])).backward()
-        grads.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
-        opt.synchronize()
-        exchanged.append({n: p.grad.detach().clone() for n, p in model.named_parameters()})
-        with opt.skip_synchronize():
-            opt.step()
-        params.append({n: p.detach().clone() for n, p in model.named_parameters()})
-    results[config] = {"grads": grads, "params": params, "exchanged": exchanged}
-    if hasattr(compression, "stats"):
-        results[config]["stats"] = compression.stats()
-        results[config]["residuals"] = {n: s.residual for n, s in compression.state.parameters.items()}
+results = common.train_recorded(CONFIGS, DTYPES, args.steps, args.lr)
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
 print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs done")

@@ -1,0 +1,80 @@
+"""exchange="hierarchical" (PyTorch) on two hosts of 2 and of 3 ranks under horovodrun (this
+machine named twice: launch.LAYOUT_HOSTS), against a plain-torch replay of the hosts
+(tests/replay.py with simulation.hierarchical): every rank's parameters bitwise equal, and equal
+to the replay; each rank's residual holds what it dropped (global residual collection), so the
+total gradient is conserved; ratio 1.0 equals dense."""
+
+import common
+import pytest
+import torch
+from launch import LAYOUT_HOSTS, horovodrun
+from replay import LR, STEPS, replay
+
+# config -> (simulated method, ratio, replay options)
+CASES = {
+    "topk_0.1_hierarchical": ("topk", 0.1, {}),
+    "threshold_0.1_hierarchical": ("threshold", 0.1, {}),
+    "rtopk_0.1_hierarchical": ("rtopk", 0.1, {}),
+    "dgc_0.1_hierarchical": ("topk", 0.1, {"dgc": True}),
+    "topk_0.1_no_feedback_hierarchical": ("topk", 0.1, {"error_feedback": False}),
+    "threshold_fp16_0.1_hierarchical": ("threshold_fp16", 0.1, {"value_dtype": torch.float16}),
+}
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=lambda r: f"2x{r}")
+def run(request, tmp_path_factory):
+    per_host = request.param
+    out = tmp_path_factory.mktemp(f"hierarchical_2x{per_host}")
+    hosts = ",".join(f"{host}:{per_host}" for host in LAYOUT_HOSTS)
+    horovodrun(2 * per_host, "torch_hierarchical.py", "--out", out, "--steps", STEPS, "--lr", LR, hosts=hosts)
+    return [torch.load(out / f"rank{r}.pt") for r in range(2 * per_host)]
+
+
+def test_the_ranks_sit_on_two_hosts(run):
+    per_host = len(run) // 2
+    for rank, recorded in enumerate(run):
+        assert recorded["layout"] == {
+            "local_rank": rank % per_host,
+            "local_size": per_host,
+            "cross_rank": rank // per_host,
+        }
+
+
+@pytest.mark.parametrize("config", list(CASES))
+def test_every_rank_equals_the_replay_of_the_hosts(run, config):
+    """Parameters after every step: bitwise equal on every rank and to the replay; residuals
+    equal to the replay's (what each rank dropped in the host's reduction went to its own)."""
+    method, ratio, options = CASES[config]
+    assert {t["exchange"] for t in run[0][config]["stats"]["tensors"].values()} == {"hierarchical"}
+    history, residuals, _, _ = replay(run, config, method, ratio, "hierarchical", per_host=len(run) // 2, **options)
+    for rank, recorded in enumerate(run):
+        for step in range(STEPS):
+            for name, want in history[step].items():
+                got = recorded[config]["params"][step][name].reshape(-1)
+                assert torch.equal(got, want), (config, rank, step, name, (got - want).abs().max())
+    if options.get("error_feedback", True) and not options.get("dgc"):
+        for rank, recorded in enumerate(run):
+            for name, residual in recorded[config]["residuals"].items():
+                assert torch.equal(residual, residuals[rank][name]), (config, rank, name)
+
+
+@pytest.mark.parametrize("config", ["topk_0.1_hierarchical", "threshold_0.1_hierarchical"])
+def test_conservation_total_gradient_is_update_times_n_plus_residuals(run, config):
+    """sum of every rank's gradients == N * (sum of the averaged updates) + sum of all residuals:
+    nothing lost, nothing counted twice."""
+    initial = {n: p.detach().reshape(-1) for n, p in common.torch_model().named_parameters()}
+    for name, start in initial.items():
+        grads = sum(r[config]["grads"][step][name].reshape(-1) for r in run for step in range(STEPS))
+        applied = (start - run[0][config]["params"][-1][name].reshape(-1)) / LR
+        residuals = sum(r[config]["residuals"][name] for r in run)
+        torch.testing.assert_close(applied * len(run) + residuals, grads, rtol=1e-4, atol=1e-5)
+
+
+def test_ratio_one_equals_dense(run):
+    """Nothing dropped at ratio 1.0: the hosts' sums of sums equal dense up to float rounding
+    (summation order: inside each host, then across hosts)."""
+    for step in range(STEPS):
+        for name, dense in run[0]["dense"]["params"][step].items():
+            torch.testing.assert_close(
+                run[0]["topk_1.0_hierarchical"]["params"][step][name], dense, rtol=1e-6, atol=1e-7
+            )
