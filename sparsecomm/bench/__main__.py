@@ -127,15 +127,15 @@ def _network_model(parser, asked):
 
 
 def _e2e_rows():
-    """The end-to-end rows' names, from the worker, which imports Horovod: without Horovod, none
-    (main then stops e2e and all with the reason; the kernel benchmark runs on)."""
+    """(the end-to-end rows' names, those run by default), from the worker, which imports Horovod:
+    without Horovod, none (main then stops e2e and all with the reason; the kernels run on)."""
     try:
-        from .e2e_worker import ROWS
+        from .e2e_worker import DEFAULT_ROWS, ROWS
     except ModuleNotFoundError as error:
         if (error.name or "").split(".")[0] != "horovod":
             raise
-        return ()
-    return ROWS
+        return (), ()
+    return ROWS, DEFAULT_ROWS
 
 
 def _parser():
@@ -161,12 +161,12 @@ def _parser():
             choices=list(kernels.MODELS),
             help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
         )
-    rows = _e2e_rows()
+    rows, default_rows = _e2e_rows()
     for p in (e, a):
         p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
         p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
         p.add_argument("--models", nargs="+", default=["comm", "compute"])
-        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(rows), choices=list(rows))
+        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(default_rows), choices=list(rows))
         p.add_argument(
             "--network-model",
             choices=list(network.MODELS),
@@ -252,7 +252,7 @@ def main():
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args()
-    if args.command in ("e2e", "all") and not _e2e_rows():
+    if args.command in ("e2e", "all") and not _e2e_rows()[0]:
         parser.error(f"{args.command}: the end-to-end benchmark needs Horovod (python -m sparsecomm.install_horovod)")
     if hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]

@@ -48,7 +48,7 @@ import torch
 
 from sparsecomm.bench.e2e import PHASES
 from sparsecomm.core.plan import SETTLING_STEPS
-from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, destroy_process_group
+from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, destroy_process_group, host_process_sets
 
 FLOOR = "floor"
 FLOOR_SYNCED = "floor synced"
@@ -69,6 +69,7 @@ METHODS = {
     "dense fp16": (lambda model, process_set: hvd.Compression.fp16, 0.9),
     "DGC 0.1% allgather": (ours(DGC, ratio=0.001, exchange="allgather"), 0),
     "DGC 0.1% spardl": (ours(DGC, ratio=0.001, exchange="spardl"), 0),
+    "DGC 0.1% hierarchical": (ours(DGC, ratio=0.001, exchange="hierarchical"), 0),
     "DGC 0.1% auto": (ours(DGC, ratio=0.001), 0),
     "Threshold 1%": (ours(Threshold, ratio=0.01, exchange="allgather"), 0.9),
     "Threshold 1% 2bit": (ours(Threshold, ratio=0.01, quantize="2bit", exchange="allgather"), 0.9),
@@ -91,6 +92,9 @@ DDP_HOOK_ROWS = {
     "DDP + RandomBlock 1%": "RandomBlock 1%",
 }
 ROWS = (FLOOR, FLOOR_SYNCED, *METHODS, *LOCAL_ROWS, *DDP_ROWS, *DDP_HOOK_ROWS)  # in the order a run measures them
+# Rows for hosts of several ranks (--ranks-per-host), asked for by name: not among the default rows.
+HOST_ROWS = ("DGC 0.1% hierarchical",)
+DEFAULT_ROWS = tuple(row for row in ROWS if row not in HOST_ROWS)
 BASELINES = (FLOOR, "dense")  # every ratio's reference: timed in every group of rows
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)
@@ -176,7 +180,13 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
             row.warmed()
         in_group = {row.method: [] for row in rows}
         for row, count in turns(rows, steps, rounds):
+            before = nic_received()
+            if before is not None:  # after every rank's last step: a host's NIC no longer carries it
+                hvd.allreduce(torch.zeros(1), name="bench.nic.barrier")
+                before = nic_received()
             row_times, row_phases = timed_steps(row, count)
+            if before is not None:
+                NIC_RECEIVED[row.method] = NIC_RECEIVED.get(row.method, 0) + nic_received() - before
             in_group[row.method] += row_times
             phases[row.method] += row_phases
         baselines = {m: t for m, t in in_group.items() if m in BASELINES} if rounds > 1 else {}
@@ -191,6 +201,19 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
                 )
         del rows, row  # a group's models go before the next group's are built: collected now,
         gc.collect()  # as the optimizers' hooks hold them in reference cycles
+
+
+NIC_RECEIVED = {}  # row -> bytes its host's NIC received during the row's timed steps (per-host model)
+
+
+def nic_received():
+    """Bytes the NIC of this rank's host has received so far: where the per-host network model
+    names it (SPARSECOMM_NIC); None elsewhere. Inside a host, ranks talk over the loopback."""
+    nic = os.environ.get("SPARSECOMM_NIC")
+    if not nic:
+        return None
+    with open(f"/sys/class/net/{nic}/statistics/rx_bytes") as f:
+        return int(f.read())
 
 
 def groups(methods, size):
@@ -234,7 +257,11 @@ def record(kind, method, family, model, times, sent, received, exchanges=()):
     median."""
     step_times = slowest_ms(times, f"bench.{method}")
     numel = sum(p.numel() for p in model.parameters())
-    return {
+    nic = {}
+    if nic_received() is not None:  # a host's NIC a step (every rank of the host counts it: averaged)
+        per_step = torch.tensor(NIC_RECEIVED.get(method, 0) / len(times), dtype=torch.float64)
+        nic["nic_received_bytes"] = hvd.allreduce(per_step, name=f"bench.nic.{method}").item()
+    return nic | {
         "model": kind,
         "method": method,
         "family": family,
@@ -277,11 +304,13 @@ ALONE = []  # init_horovod's process sets of one rank each, where local rows run
 
 
 def init_horovod(methods):
-    """hvd.init, with a process set of each rank alone where a local row is to run (static
-    process sets: every rank registers the same ones at init)."""
+    """hvd.init, with a process set of each rank alone where a local row is to run and the hosts'
+    where a host row is (static process sets: every rank registers the same ones at init, once)."""
+    sets = host_process_sets() if any(m in HOST_ROWS for m in methods) else []
     if any(m in LOCAL_ROWS for m in methods):
-        ALONE[:] = [hvd.ProcessSet([r]) for r in range(int(os.environ["HOROVOD_SIZE"]))]
-    hvd.init(process_sets=ALONE or None)
+        hosts = {tuple(s.ranks): s for s in sets}  # hosts of one rank: the same sets
+        ALONE[:] = [hosts.get((r,)) or hvd.ProcessSet([r]) for r in range(int(os.environ["HOROVOD_SIZE"]))]
+    hvd.init(process_sets=sets + [s for s in ALONE if s not in sets] or None)
 
 
 class Counted:

@@ -251,7 +251,7 @@ class PerHostNics:
 
         slots = host_slots(len(self.hosts), self.ranks_per_host)
         common = {k: str(v) for k, v in create_run_env_vars(BRIDGE_ADDRESS, [IFACE], port).items()}
-        return [dict(_env(), **common, **create_slot_env_vars(slot)) for slot in slots]
+        return [dict(_env(), **common, **create_slot_env_vars(slot), SPARSECOMM_NIC=IFACE) for slot in slots]
 
     def _rank_command(self, rank):
         """The prefix that runs a command as rank `rank`: in its host's namespace, with the host's
