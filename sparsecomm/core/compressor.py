@@ -19,14 +19,11 @@ class Settings(abc.ABC):
     `policy` (``compressor.policy.min_numel``) and `planner` (routes; ``compressor.planner.network``),
     and the cross-rank agreement check. An adapter provides the abstract methods below."""
 
-    def _configure(self, method, min_numel=1024, dense_1d=True, dense=(), unbuilt=None, **exchange):
-        """exchange: exchange=, network=, dense_fallback= of the per-rank-coordinate methods;
-        unbuilt: the exchange= values this way in does not carry yet -> what to say instead."""
+    def _configure(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
+        """exchange: exchange=, network=, dense_fallback= of the per-rank-coordinate methods."""
         self.method = method
         self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
         self.planner = Planner(method.owner, method, self.policy, **exchange)
-        if self.exchange in (unbuilt or {}):
-            raise ValueError(f"{method.owner}: exchange={self.exchange!r} {unbuilt[self.exchange]}")
         self._instance = report.next_instance()  # names the settings check (same on every rank)
         self._world = None  # the number of ranks the settings were checked for (None: check at the next compress)
         self._reset_seen = False  # an elastic reset happened since the last check: adopt rank 0's shared state

@@ -8,7 +8,8 @@ allreduce, the tf-keras DistributedOptimizer) and a Keras 3 path (``sparsecomm.t
     tape = hvd.DistributedGradientTape(tape, compression=compression)
 """
 
+from ..host_sets import host_process_sets
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
-__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "ops"]
+__all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "host_process_sets", "ops"]

@@ -21,9 +21,6 @@ from . import state as state_module
 from .exchange import EXCHANGES, Packed, Wire
 from .state import VariableBinding, VariableState
 
-# exchange= values TensorFlow does not carry yet -> what to say instead
-UNBUILT_EXCHANGES = {"hierarchical": "runs under horovod.torch only so far: use 'allgather', 'spardl' or 'auto'"}
-
 
 class Compressor(Settings, tf.Module):
     """The compress/decompress template every compressor shares: attribution -> route ->
@@ -38,7 +35,7 @@ class Compressor(Settings, tf.Module):
 
     def __init__(self, method, variables=None, process_set=None, loss_scaler=None, **settings):
         tf.Module.__init__(self)
-        self._configure(method, unbuilt=UNBUILT_EXCHANGES, **settings)
+        self._configure(method, **settings)
         self._name = method.owner
         self._process_set = process_set
         self._scaler = loss_scaling.checked_scaler(self._name, loss_scaler)

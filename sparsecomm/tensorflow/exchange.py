@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from .. import prerequisites
+from .. import host_sets, prerequisites
 from ..core import wire as wire_format
 from ..core.plan import SparDLLayout
 from . import ops
@@ -292,16 +292,47 @@ def _rounded(sums, index, value_dtype, residual):
     return rounded, residual
 
 
+@dataclass
+class _Reduced:
+    """SparDL's reduce-scatter on one rank: the reduced rows of the block it owns (`final`), the
+    residual after it, and its counts so far (int64 tensors)."""
+
+    final: tf.Tensor
+    residual: tf.Tensor | None
+    value_dtype: tf.DType
+    sent_pairs: tf.Tensor
+    sent: tf.Tensor
+    received: tf.Tensor
+
+    def outcome(self, gathered, wire, relayed=None):
+        """The Outcome once `gathered` (every owner's rows) arrived; `relayed`: rows this rank
+        passed on besides its own (the hierarchical exchange's hosts' rows)."""
+        values, index = _from_rows(gathered, self.value_dtype)
+        values = tf.cast(values, wire.dtype)  # as the allgather exchange
+        sent = self.sent + tf.size(self.final, out_type=tf.int64)
+        if relayed is not None:
+            sent += tf.size(relayed, out_type=tf.int64)
+        received = self.received + tf.size(gathered, out_type=tf.int64) - tf.size(self.final, out_type=tf.int64)
+        return Outcome(values, index, None, self.residual, self.sent_pairs, sent, received)
+
+
 class SparDL:
     """Sparse reduce-scatter (one alltoall to the block owners) + sparse all-gather, in the graph."""
 
     def run(self, packed, wire):
-        hvd, ps = horovod(), wire.process_set
-        layout, rank = SparDLLayout.of(wire.numel, wire.k, wire.ranks), ps.rank()
+        reduced = self.reduce_scatter(packed, wire, wire.process_set)
+        gathered = horovod().allgather(
+            reduced.final, name=collective_name(wire.name, "gather"), process_set=wire.process_set
+        )
+        return reduced.outcome(gathered, wire)
+
+    def reduce_scatter(self, packed, wire, process_set):
+        """Phase 1 and the owner's reduction over `process_set`, one block per rank of it."""
+        layout, rank = SparDLLayout.of(wire.numel, wire.k, process_set.size()), process_set.rank()
         value_dtype = packed.values.dtype
         payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
-        received, received_splits = hvd.alltoall(
-            payload, splits=tf.stack(splits), name=collective_name(wire.name, "scatter"), process_set=ps
+        received, received_splits = horovod().alltoall(
+            payload, splits=tf.stack(splits), name=collective_name(wire.name, "scatter"), process_set=process_set
         )
         parts = tf.split(received, received_splits, num=layout.ranks)
         parts[rank] = own
@@ -312,17 +343,14 @@ class SparDL:
         reduced, owned, residual = _keep_largest(tf.gather(sums, owned - low), owned, layout.per_rank, residual)
         reduced, residual = _rounded(reduced, owned, value_dtype, residual)
         final = _rows(reduced, owned)
-        gathered = hvd.allgather(final, name=collective_name(wire.name, "gather"), process_set=ps)
-        values, index = _from_rows(gathered, value_dtype)
-        values = tf.cast(values, wire.dtype)  # as the allgather exchange
-        sent_pairs = _i64(tf.shape(payload)[0] + tf.shape(final)[0])
-        sent = tf.size(payload, out_type=tf.int64) + tf.size(final, out_type=tf.int64)
-        received_bytes = (
-            tf.size(received, out_type=tf.int64)
-            + tf.size(gathered, out_type=tf.int64)
-            - tf.size(final, out_type=tf.int64)
+        return _Reduced(
+            final,
+            residual,
+            value_dtype,
+            _i64(tf.shape(payload)[0] + tf.shape(final)[0]),
+            tf.size(payload, out_type=tf.int64),
+            tf.size(received, out_type=tf.int64),
         )
-        return Outcome(values, index, None, residual, sent_pairs, sent, received_bytes)
 
     @staticmethod
     def _scatter_rows(packed, layout, rank):
@@ -344,7 +372,32 @@ class SparDL:
         return (tf.concat(rows, 0) if rows else empty), splits, own, residual
 
 
-EXCHANGES = {"dense": Dense(), "shared": Shared(), "allgather": Allgather(), "spardl": SparDL()}
+class Hierarchical:
+    """sparsecomm.torch.exchange.Hierarchical's twin: SparDL's reduce-scatter over the host's
+    ranks, each rank's reduced block all-gathered across the hosts (its cross set), then the
+    hosts' rows all-gathered inside the host."""
+
+    def run(self, packed, wire):
+        hvd = horovod()
+        if wire.ranks != hvd.size():
+            raise ValueError(
+                f"exchange='hierarchical' runs over every rank's hosts, not a process set of {wire.ranks} of "
+                f"{hvd.size()} ranks: leave process_set=None"
+            )
+        local, cross = host_sets.registered(hvd)
+        reduced = SparDL().reduce_scatter(packed, wire, local)
+        across = hvd.allgather(reduced.final, name=collective_name(wire.name, "cross"), process_set=cross)
+        gathered = hvd.allgather(across, name=collective_name(wire.name, "host"), process_set=local)
+        return reduced.outcome(gathered, wire, relayed=across)
+
+
+EXCHANGES = {
+    "dense": Dense(),
+    "shared": Shared(),
+    "allgather": Allgather(),
+    "spardl": SparDL(),
+    "hierarchical": Hierarchical(),
+}
 
 
 def allgather_ints(ints, name, process_set):

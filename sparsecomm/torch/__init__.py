@@ -14,10 +14,10 @@ ddp.register_comm_hook(compression, sct.ddp_hook)
 sct.destroy_process_group()                                   # at the end: docs/ddp.md
 """
 
+from ..host_sets import host_process_sets
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 from .ddp import ddp_hook, destroy_process_group
-from .hosts import host_process_sets
 
 __all__ = [
     "DGC",

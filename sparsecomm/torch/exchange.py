@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import prerequisites
+from .. import host_sets, prerequisites
 from ..core.plan import SparDLLayout
-from . import hosts, ops
+from . import ops
 
 
 def horovod():
@@ -326,7 +326,7 @@ class Hierarchical:
                 f"exchange='hierarchical' runs over every rank's hosts, not a process set of {wire.ranks} of "
                 f"{horovod().size()} ranks: leave process_set=None"
             )
-        local, cross = hosts.registered()
+        local, cross = host_sets.registered(horovod())
         placeholder, ctx = spardl_scatter(self, packed, wire, local)
         ctx.pending.sets = (local, cross)
         return placeholder, ctx

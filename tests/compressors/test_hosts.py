@@ -39,13 +39,3 @@ def test_hosts_of_unequal_sizes_are_refused():
         HostLayout.from_environment({"HOROVOD_SIZE": "4", "HOROVOD_LOCAL_SIZE": "3"})
     with pytest.raises(RuntimeError, match=r"rank 3 of 4 is local rank 0 on host 1, not where 2 hosts of 2"):
         HostLayout(4, 2).check(rank=3, size=4, local_rank=0, cross_rank=1)
-
-
-def test_tensorflow_refuses_it_naming_what_works():
-    pytest.importorskip("tensorflow")
-    import sparsecomm.tensorflow as sctf
-
-    with pytest.raises(
-        ValueError, match=r"TopK: exchange='hierarchical' runs under horovod.torch only so far: use 'allgather'"
-    ):
-        sctf.TopK(ratio=0.1, exchange="hierarchical")

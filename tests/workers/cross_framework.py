@@ -15,6 +15,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--framework", choices=["torch", "tf"], required=True)
 parser.add_argument("--steps", type=int, default=3)
+parser.add_argument("--host-sets", action="store_true", help="only HIERARCHICAL, on the hosts horovodrun's -H gives")
 args = parser.parse_args()
 
 TENSORS = {"a.weight": ((40, 50), "float32"), "b.weight": ((300,), "float16"), "c.weight": ((7, 33), "bfloat16")}
@@ -38,6 +39,24 @@ CONFIGS = {
     "topk_auto_fast": ("TopK", dict(ratio=0.05, network=Network(bandwidth=1e12, latency=0.0, copy_bandwidth=1e8))),
 }
 
+# exchange="hierarchical" (--host-sets): the host process sets registered at hvd.init
+HIERARCHICAL = {
+    "topk_hierarchical": ("TopK", dict(exchange="hierarchical", ratio=0.05)),
+    "rtopk_hierarchical": ("RTopK", dict(exchange="hierarchical", ratio=0.05, r=0.2, seed=3)),
+    "threshold_hierarchical": ("Threshold", dict(exchange="hierarchical", ratio=0.05)),
+    "threshold_bf16_hierarchical": ("Threshold", dict(exchange="hierarchical", ratio=0.05, quantize="bf16")),
+    "dgc_hierarchical": ("DGC", dict(exchange="hierarchical", ratio=0.05, warmup_steps=2, warmup_stages=1)),
+}
+if args.host_sets:
+    CONFIGS = HIERARCHICAL
+
+
+def init(hvd):
+    """hvd.init, with the hosts' process sets where the hierarchical configs run."""
+    from sparsecomm.host_sets import host_process_sets
+
+    hvd.init(process_sets=host_process_sets() if args.host_sets else None)
+
 
 # Rank 1's gradient of a.weight at step 1 has a NaN and +-inf (the NaN/Inf policy in both frameworks).
 BURST = {"a.weight": {5: np.nan, 700: np.inf, 1500: -np.inf}}
@@ -57,7 +76,7 @@ def run_torch():
 
     import sparsecomm.torch as family
 
-    hvd.init()
+    init(hvd)
     params = {
         n: torch.nn.Parameter(torch.zeros(shape, dtype=getattr(torch, dtype))) for n, (shape, dtype) in TENSORS.items()
     }
@@ -86,7 +105,7 @@ def run_tf():
 
     import sparsecomm.tensorflow as family
 
-    hvd.init()
+    init(hvd)
     variables = [(n, tf.Variable(tf.zeros(shape, dtype))) for n, (shape, dtype) in TENSORS.items()]
     out = {}
     for config, (cls, kwargs) in CONFIGS.items():

@@ -1,13 +1,13 @@
 """The Horovod process sets exchange="hierarchical" runs on: one per host (its ranks, joined by
 the host's own links) and one per local rank (that rank of every host, one NIC each). Horovod
-0.28.1 registers process sets at hvd.init, so they are made first and handed to it:
+0.28.1 registers process sets at hvd.init, so they are made first and handed to it, in either
+framework (sparsecomm.torch and sparsecomm.tensorflow export host_process_sets):
 
     hvd.init(process_sets=sparsecomm.torch.host_process_sets())
 
 The same objects come back on every call: the exchange finds them registered."""
 
-from .. import prerequisites
-from ..core.hosts import HostLayout
+from .core.hosts import HostLayout
 
 _MADE = {}  # HostLayout -> HostSets: what host_process_sets handed to hvd.init
 
@@ -26,9 +26,9 @@ class HostSets:
         """The sets hvd.init should register: a set of every rank is Horovod's global one already."""
         return [s for s in self.hosts + self.cross if len(s.ranks) < self.layout.size]
 
-    def of_this_rank(self):
-        """(this rank's host set, its cross set): the global set where one holds every rank."""
-        hvd = prerequisites.horovod("torch")
+    def of_this_rank(self, hvd):
+        """(this rank's host set, its cross set) under `hvd` (horovod.torch or horovod.tensorflow):
+        the global set where one holds every rank."""
         self.layout.check(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.cross_rank())
         local, cross = self.hosts[hvd.cross_rank()], self.cross[hvd.local_rank()]
         return tuple(hvd.global_process_set if len(s.ranks) == self.layout.size else s for s in (local, cross))
@@ -43,9 +43,9 @@ def host_process_sets():
     return _MADE[layout].to_register()
 
 
-def registered():
-    """This rank's (host set, cross set), or an error saying how to register them."""
-    hvd = prerequisites.horovod("torch")
+def registered(hvd):
+    """This rank's (host set, cross set) under `hvd` (horovod.torch or horovod.tensorflow), or an
+    error saying how to register them."""
     layout = HostLayout(hvd.size(), hvd.local_size())
     sets = _MADE.get(layout)
     if sets is None and not HostSets(layout).to_register():  # one rank: nothing to register
@@ -53,6 +53,7 @@ def registered():
     if sets is None or any(s.process_set_id is None for s in sets.to_register()):
         raise RuntimeError(
             "exchange='hierarchical' runs on the process sets of the hosts, which Horovod registers at init: "
-            "call hvd.init(process_sets=sparsecomm.torch.host_process_sets()) before training"
+            "call hvd.init(process_sets=sparsecomm.torch.host_process_sets()) (or sparsecomm.tensorflow's) "
+            "before training"
         )
-    return sets.of_this_rank()
+    return sets.of_this_rank(hvd)
