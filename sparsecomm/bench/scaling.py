@@ -33,6 +33,10 @@ DENSITY = 0.001  # DGC 0.1%, the e2e rows this model is checked against
 ELEMENT_SIZE = VALUE_SIZE = 4  # float32 gradients, DGC sends float32 values
 CHECKED_METHODS = {"dense": "dense", "DGC 0.1% allgather": "allgather", "DGC 0.1% spardl": "spardl"}
 CHECKED_RANKS = (2, 4)
+PER_HOST = 8  # GPUs a host in the hosts view
+HOST_RANKS = tuple(n for n in RANKS if n >= PER_HOST)  # 8, 16, ..., 1024: whole hosts
+HOST_EXCHANGES = (*cost.EXCHANGES, "hierarchical")
+NAMES = {"dense": "dense", "allgather": "allgather", "spardl": "SparDL", "hierarchical": "hierarchical"}
 
 # The parameters (name, shape) of sparsecomm.bench.e2e_worker.model_and_batch, written out so
 # this module needs neither torch nor Horovod (tests compare the counts with the records).
@@ -90,6 +94,17 @@ def predict(model_shapes, ranks, network, local, floor_ms, density=DENSITY, poli
     seconds = dict.fromkeys(cost.EXCHANGES, 0.0)
     for numel, k, dense in _tensors(model_shapes, density, policy):
         each = cost.costs(numel, k, ELEMENT_SIZE, VALUE_SIZE, ranks, network, local)
+        for exchange in seconds:
+            seconds[exchange] += each["dense" if dense else exchange]
+    return {exchange: floor_ms + 1000 * s for exchange, s in seconds.items()}
+
+
+def predict_hosts(model_shapes, hosts, per_host, network, local, floor_ms, density=DENSITY, policy=Policy()):
+    """predict on `hosts` hosts of `per_host` ranks (cost.host_costs), "hierarchical" included;
+    `network` is a host's NIC."""
+    seconds = dict.fromkeys(HOST_EXCHANGES, 0.0)
+    for numel, k, dense in _tensors(model_shapes, density, policy):
+        each = cost.host_costs(numel, k, ELEMENT_SIZE, VALUE_SIZE, hosts, per_host, network, local)
         for exchange in seconds:
             seconds[exchange] += each["dense" if dense else exchange]
     return {exchange: floor_ms + 1000 * s for exchange, s in seconds.items()}
@@ -225,6 +240,75 @@ def table(
                     }
                 )
     return rows
+
+
+def hosts_table(kernel_records, e2e_records=(), models=("comm", "compute"), rates=RATES, density=DENSITY):
+    """table() for hosts of PER_HOST GPUs, one NIC each at `rates`: a row per (model, rate, GPUs)
+    with the predicted ms of every exchange, "hierarchical" included."""
+    local = local_cost_from_kernels(kernel_records, "DGC", density)
+    rows = []
+    for model in models:
+        floor, source = floor_of(e2e_records, model, 2)
+        floor = floor or 0.0
+        for rate_name, rate in rates.items():
+            network = cost.Network(bandwidth=rate, latency=LATENCY)
+            for ranks in HOST_RANKS:
+                predicted = predict_hosts(MODELS[model], ranks // PER_HOST, PER_HOST, network, local, floor, density)
+                rows.append({"model": model, "network": rate_name, "ranks": ranks, "floor_ms": floor, **predicted})
+    return rows
+
+
+def beats_dense_markdown(rows):
+    """Per model and rate, the GPU counts at which each sparse exchange is predicted faster than
+    dense, as ranges ("8-512"; "-": none)."""
+    body = []
+    for model, rate in dict.fromkeys((r["model"], r["network"]) for r in rows):
+        line = sorted((r for r in rows if (r["model"], r["network"]) == (model, rate)), key=lambda r: r["ranks"])
+        cells = []
+        for exchange in HOST_EXCHANGES[1:]:
+            wins = [r[exchange] < r["dense"] for r in line]
+            runs = [i for i, win in enumerate(wins) if win and (i == 0 or not wins[i - 1])]
+            ranges = []
+            for start in runs:
+                end = next((i for i in range(start, len(line)) if not wins[i]), len(line)) - 1
+                ranges.append(
+                    f"{line[start]['ranks']}-{line[end]['ranks']}" if end > start else f"{line[start]['ranks']}"
+                )
+            cells.append(", ".join(ranges) or "-")
+        body.append([model, rate, *cells])
+    return _md(["model", "link", *(NAMES[e] for e in HOST_EXCHANGES[1:])], body)
+
+
+def hosts_markdown(rows):
+    """Predicted ms/step on hosts of PER_HOST, for one model and rate: a row per GPU count."""
+    body = [
+        [f"{r['ranks']:,}"] + [f"{r[e]:,.0f}" for e in HOST_EXCHANGES] for r in sorted(rows, key=lambda r: r["ranks"])
+    ]
+    return _md(["GPUs", *(NAMES[e] for e in HOST_EXCHANGES)], body)
+
+
+def hosts_section(kernels, e2e):
+    """The "### Hosts of 8 GPUs" part: up to how many GPUs each exchange beats dense, and the
+    comm model's predicted steps."""
+    rows = hosts_table(kernels, e2e)
+    text = _para(
+        f"Hosts of {PER_HOST} GPUs joined inside by a {cost.HOST_LINK.bandwidth / 1e9:.0f} GB/s link, one NIC "
+        f"each at the rate named (cost.host_costs: the flat exchanges over every GPU, hierarchical inside each host "
+        f"and then across hosts). The GPU counts, of {HOST_RANKS[0]} to {HOST_RANKS[-1]}, at which each exchange is "
+        f"predicted faster than dense:"
+    )
+    per_rate = "\n\n".join(
+        f"Predicted ms/step of the comm model at {rate}:\n\n"
+        + hosts_markdown([r for r in rows if (r["model"], r["network"]) == ("comm", rate)])
+        for rate in dict.fromkeys(r["network"] for r in rows)
+    )
+    return f"""### Hosts of {PER_HOST} GPUs
+
+{text}
+
+{beats_dense_markdown(rows)}
+
+{per_rate}"""
 
 
 def figure(path, rows):
@@ -446,7 +530,9 @@ def parts(results, out_dir):
 
 {against}
 
-{check_markdown(checked)}"""
+{check_markdown(checked)}
+
+{hosts_section(kernels, e2e)}"""
     described = _para(
         f'The cost model of exchange="auto" (`sparsecomm/core/cost.py`, alpha-beta: '
         f"[exchanges.md](exchanges.md#the-cost-model-sparsecommcorecostpy)) gives the floor plus each tensor's "

@@ -140,6 +140,37 @@ def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=
     return sparse, predicted
 
 
+# Inside a host (the scaling view's hosts of GPUs): NVLink-class, 100 GB/s a GPU, 5 us a message.
+HOST_LINK = Network(bandwidth=1e11, latency=5e-6)
+
+
+def host_costs(numel, k, size, value_size, hosts, per_host, network, local=None, host_link=HOST_LINK):
+    """Seconds per step of each exchange, "hierarchical" included, for one tensor on `hosts`
+    hosts of `per_host` ranks (R), N = hosts * R. `network` is a host's NIC, `host_link` what
+    joins the ranks of a host. The flat exchanges run over all N ranks, as on the network model's
+    2 x 2 hosts: a ring (dense, allgather) crosses each host's NIC on one of its links, so it
+    carries what one rank of a one-NIC-per-rank cluster does; SparDL's alltoall and gather send
+    ceil(k/N) pairs between every two ranks, so a host's NIC carries R (N-R) of them each way.
+    hierarchical: SparDL over the host's R ranks (host link), an allgather across the hosts of
+    R ceil(k/R) pairs a host (the NIC: (H-1) of them in, H-1 message steps), then an allgather
+    inside the host of H R ceil(k/R) pairs. Local work as in local_and_wire (hierarchical
+    unpacks about the pairs it receives). With R = 1 the flat terms are local_and_wire's; with
+    one host every exchange runs on the host link."""
+    network = host_link if hosts == 1 else network  # one host: every ring link is inside it
+    n, r, h = hosts * per_host, per_host, hosts
+    pair, beta, alpha, inner = value_size + 4, 1.0 / network.bandwidth, network.latency, 1.0 / host_link.bandwidth
+    flat = local_and_wire(numel, k, size, value_size, n, network, local)
+    per_rank, per_local = math.ceil(k / n), math.ceil(k / r)
+    spardl = 2 * (n - 1) * alpha + 2 * per_rank * pair * (r * (n - r) * beta + (r - 1) * inner)
+    flat["spardl"] = (flat["spardl"][0], spardl)
+    added = (r - 1) * per_local + h * r * per_local  # pairs a rank adds up
+    work = flat["allgather"][0] if local is None else local.seconds(numel, added)
+    inside = 2 * (r - 1) * host_link.latency + (r - 1) * (1 + h) * per_local * pair * inner
+    across = (h - 1) * alpha + (h - 1) * r * per_local * pair * beta
+    flat["hierarchical"] = (work, inside + across)
+    return {e: work + wire for e, (work, wire) in flat.items()}
+
+
 def hidden_times(tensors, wire_seconds):
     """{name: hidden seconds} for `tensors`, (name, window seconds) pairs: the link is one queue,
     served in the order the gradients were handed over (the longest window first; ties by name,

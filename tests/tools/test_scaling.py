@@ -145,3 +145,52 @@ def test_section_on_the_recorded_results_writes_the_figure(tmp_path):
         for row in scaling.table(results["kernels"], results["e2e"])
         for e in ("dense", "allgather", "spardl")
     )
+
+
+def test_host_costs_of_one_rank_per_host_are_the_flat_model_and_hierarchical_is_allgather():
+    flat = cost.costs(2**20, 1000, 4, 4, 8, NET, LOCAL)
+    hosts = cost.host_costs(2**20, 1000, 4, 4, 8, 1, NET, LOCAL)
+    for exchange in ("dense", "allgather"):
+        assert hosts[exchange] == pytest.approx(flat[exchange], rel=1e-12)
+    assert hosts["spardl"] == pytest.approx(flat["spardl"], rel=1e-12)
+    assert hosts["hierarchical"] == pytest.approx(
+        cost.local_and_wire(2**20, 1000, 4, 4, 8, NET)["allgather"][1] + LOCAL.seconds(2**20, 8000), rel=1e-12
+    )
+
+
+def test_across_hosts_hierarchical_sends_a_hosts_k_where_allgather_sends_every_ranks():
+    """Bandwidth only (no latency, a host link of no cost, no local work): a host's NIC receives
+    (H-1) R ceil(k/R) pairs under hierarchical and (N-1) k under the allgather ring; SparDL's
+    2 R (N-R) ceil(k/N); one host runs all on its own link."""
+    nic, free = cost.Network(bandwidth=1e9, latency=0.0), cost.Network(bandwidth=1e30, latency=0.0)
+    none = cost.LocalCost(0, 0, 0)
+    hosts, per_host, k = 4, 8, 1000
+    got = cost.host_costs(2**20, k, 4, 4, hosts, per_host, nic, none, host_link=free)
+    assert got["hierarchical"] == pytest.approx((hosts - 1) * per_host * math.ceil(k / per_host) * 8 / 1e9)
+    assert got["allgather"] == pytest.approx((32 - 1) * k * 8 / 1e9)
+    assert got["spardl"] == pytest.approx(2 * per_host * (32 - per_host) * math.ceil(k / 32) * 8 / 1e9)
+    one = cost.host_costs(2**20, k, 4, 4, 1, per_host, nic, none, host_link=free)
+    assert max(one.values()) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_the_hosts_view_says_at_which_gpu_counts_each_exchange_beats_dense():
+    rows = [
+        {"model": "m", "network": "n", "ranks": ranks, "dense": 10.0, "allgather": a, "spardl": s, "hierarchical": h}
+        for ranks, a, s, h in [(8, 9, 11, 9), (16, 9, 9, 9), (32, 11, 9, 9), (64, 9, 11, 9)]
+    ]
+    table = scaling.beats_dense_markdown(rows)
+    assert table.splitlines()[-1] == "| m | n | 8-16, 64 | 16-32 | 8-64 |"
+    for r in rows:
+        r["hierarchical"] = 10.0  # a tie is no win
+    assert scaling.beats_dense_markdown(rows).splitlines()[-1].endswith("| - |")
+
+
+def test_the_hosts_view_on_the_recorded_results():
+    with open(RESULTS) as f:
+        results = json.load(f)
+    text = scaling.hosts_section(results["kernels"], results["e2e"])
+    assert text.startswith("### Hosts of 8 GPUs") and "| comm | 1 Gbit/s |" in text
+    rows = scaling.hosts_table(results["kernels"], results["e2e"])
+    assert {r["ranks"] for r in rows} == set(scaling.HOST_RANKS)
+    big = next(r for r in rows if (r["model"], r["network"], r["ranks"]) == ("comm", "1 Gbit/s", 1024))
+    assert big["hierarchical"] < big["allgather"]  # a host's k, not every rank's, on each NIC
