@@ -519,12 +519,13 @@ def test_e2e_on_2_hosts_of_2_ranks_where_hierarchical_halves_what_a_host_receive
     """`bench e2e --ranks 4 --ranks-per-host 2`: one launch of 4 ranks in 2 host namespaces; the
     records and the table name the layout. What each host's NIC received a step, less the
     floor's (Horovod's control messages): DGC 0.1% hierarchical at most half of the flat
-    allgather's (measured: about 0.35, the other host's k pairs against 3 ranks' k)."""
+    allgather's (measured: 0.375-0.386, the other host's k pairs against 3 ranks' k). Unshaped
+    veths: a shaped link drops packets at its queue, and their resends count too."""
     _per_host_or_skip()
     out = tmp_path / "e2e.json"
     methods = ["floor", "DGC 0.1% allgather", "DGC 0.1% hierarchical"]
     command = [sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host", "--ranks", "4"]
-    command += ["--ranks-per-host", "2", "--networks", "1gbit", "--models", "comm", "--e2e-methods", *methods]
+    command += ["--ranks-per-host", "2", "--networks", "unshaped", "--models", "comm", "--e2e-methods", *methods]
     proc = subprocess.run(
         command + ["--warmup", "1", "--steps", "2", "--json", str(out)], capture_output=True, text=True, timeout=300
     )
@@ -532,7 +533,7 @@ def test_e2e_on_2_hosts_of_2_ranks_where_hierarchical_halves_what_a_host_receive
     records = json.loads(out.read_text())["records"]
     assert [r["method"] for r in records] == methods
     assert all(r["ranks"] == 4 and r["ranks_per_host"] == 2 and r["network_model"] == "per-host" for r in records)
-    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm\s+2x2\s+1gbit", proc.stdout), proc.stdout
+    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm\s+2x2\s+unshaped", proc.stdout), proc.stdout
     floor, flat, hierarchical = (r["nic_received_bytes"] for r in records)
     assert records[2]["exchanges"] == ["hierarchical"]
     assert 0 < hierarchical - floor <= 0.5 * (flat - floor), (floor, flat, hierarchical)
