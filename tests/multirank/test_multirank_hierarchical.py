@@ -4,6 +4,8 @@ machine named twice: launch.LAYOUT_HOSTS), against a plain-torch replay of the h
 to the replay; each rank's residual holds what it dropped (global residual collection), so the
 total gradient is conserved; ratio 1.0 equals dense; torch and TF give the same bits."""
 
+import re
+
 import common
 import numpy as np
 import pytest
@@ -102,3 +104,17 @@ def test_torch_and_tf_give_the_same_bits_on_2_hosts_of_2(tmp_path):
             # and not in torch; every other value bit for bit
             same = (value.view(np.int32) == tf_out[key].view(np.int32)) | (np.isnan(value) & np.isnan(tf_out[key]))
             assert same.all(), (rank, key, value[~same], tf_out[key][~same])
+
+
+def test_what_it_cannot_run_is_refused_on_every_rank():
+    """Without the hosts' process sets registered (hvd.init()), and with a process set of 2 of
+    the 4 ranks: the same error on every rank concerned, naming what to do, and no hang."""
+    hosts = ",".join(f"{host}:2" for host in LAYOUT_HOSTS)
+    output = horovodrun(4, "torch_hierarchical_refused.py", hosts=hosts, timeout=180)
+    errors = re.findall(r"rank \d+: (\w+Error: .*)", output)
+    unregistered = [e for e in errors if "host_process_sets()" in e]
+    assert len(unregistered) == 4 and len(set(unregistered)) == 1, output[-3000:]
+    assert unregistered[0].startswith("RuntimeError: exchange='hierarchical' runs on the process sets of the hosts")
+    subset = [e for e in errors if "leave process_set=None" in e]
+    assert len(subset) == 2 and "not a process set of 2 of 4 ranks" in subset[0], output[-3000:]
+    assert "trained" not in output
