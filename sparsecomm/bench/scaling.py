@@ -279,36 +279,26 @@ def beats_dense_markdown(rows):
     return _md(["model", "link", *(NAMES[e] for e in HOST_EXCHANGES[1:])], body)
 
 
-def hosts_markdown(rows):
-    """Predicted ms/step on hosts of PER_HOST, for one model and rate: a row per GPU count."""
-    body = [
-        [f"{r['ranks']:,}"] + [f"{r[e]:,.0f}" for e in HOST_EXCHANGES] for r in sorted(rows, key=lambda r: r["ranks"])
-    ]
-    return _md(["GPUs", *(NAMES[e] for e in HOST_EXCHANGES)], body)
-
-
 def hosts_section(kernels, e2e):
-    """The "### Hosts of 8 GPUs" part: up to how many GPUs each exchange beats dense, and the
-    comm model's predicted steps."""
+    """The "### Hosts of 8 GPUs" part: at which GPU counts each exchange beats dense, and the comm
+    model's steps at the most GPUs."""
     rows = hosts_table(kernels, e2e)
+    top = [r for r in rows if r["model"] == "comm" and r["ranks"] == HOST_RANKS[-1]]
+    steps = "; ".join(f"{r['network']}: " + ", ".join(f"{NAMES[e]} {r[e]:,.0f}" for e in HOST_EXCHANGES) for r in top)
     text = _para(
-        f"Hosts of {PER_HOST} GPUs joined inside by a {cost.HOST_LINK.bandwidth / 1e9:.0f} GB/s link, one NIC "
-        f"each at the rate named (cost.host_costs: the flat exchanges over every GPU, hierarchical inside each host "
-        f"and then across hosts). The GPU counts, of {HOST_RANKS[0]} to {HOST_RANKS[-1]}, at which each exchange is "
-        f"predicted faster than dense:"
+        f"Hosts of {PER_HOST} GPUs joined by a {cost.HOST_LINK.bandwidth / 1e9:.0f} GB/s link, one NIC each "
+        f"(cost.host_costs: flat exchanges over every GPU; hierarchical inside each host, then across hosts). "
+        f"The GPU counts, of {HOST_RANKS[0]} to {HOST_RANKS[-1]}, at which each exchange is predicted faster "
+        f"than dense:"
     )
-    per_rate = "\n\n".join(
-        f"Predicted ms/step of the comm model at {rate}:\n\n"
-        + hosts_markdown([r for r in rows if (r["model"], r["network"]) == ("comm", rate)])
-        for rate in dict.fromkeys(r["network"] for r in rows)
-    )
+    last = _para(f"The comm model at {HOST_RANKS[-1]:,} GPUs, predicted ms/step: {steps}.")
     return f"""### Hosts of {PER_HOST} GPUs
 
 {text}
 
 {beats_dense_markdown(rows)}
 
-{per_rate}"""
+{last}"""
 
 
 def figure(path, rows):

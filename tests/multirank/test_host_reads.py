@@ -23,9 +23,9 @@ BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "DGC_allgather_clipped": {},  # the clipping factor stays on the device
     "DGC_spardl": {
         ("tolist", "torch/exchange.py:spardl_split"): 1,  # the blocks' bounds, the alltoall's splits
-        ("tolist", "torch/exchange.py:advance"): 1,
+        ("tolist", "torch/exchange.py:spardl_reduced"): 1,
     },  # what arrived from each rank
-    "TopK_spardl": {("tolist", "torch/exchange.py:spardl_split"): 1, ("tolist", "torch/exchange.py:advance"): 1},
+    "TopK_spardl": {("tolist", "torch/exchange.py:spardl_split"): 1, ("tolist", "torch/exchange.py:spardl_reduced"): 1},
 }
 
 

@@ -189,7 +189,7 @@ def test_the_hosts_view_on_the_recorded_results():
     with open(RESULTS) as f:
         results = json.load(f)
     text = scaling.hosts_section(results["kernels"], results["e2e"])
-    assert text.startswith("### Hosts of 8 GPUs") and "| comm | 1 Gbit/s |" in text
+    assert text.startswith("### Hosts of 8 GPUs") and "| comm | 1 Gbit/s |" in text and "at 1,024 GPUs" in text
     rows = scaling.hosts_table(results["kernels"], results["e2e"])
     assert {r["ranks"] for r in rows} == set(scaling.HOST_RANKS)
     big = next(r for r in rows if (r["model"], r["network"], r["ranks"]) == ("comm", "1 Gbit/s", 1024))
