@@ -43,9 +43,15 @@ def host_process_sets():
     return _MADE[layout].to_register()
 
 
-def registered(hvd):
-    """This rank's (host set, cross set) under `hvd` (horovod.torch or horovod.tensorflow), or an
-    error saying how to register them."""
+def registered(hvd, ranks):
+    """This rank's (host set, cross set) under `hvd` (horovod.torch or horovod.tensorflow), for an
+    exchange over `ranks` ranks; or an error saying what to do: leave the process set to every rank,
+    or register the hosts' sets."""
+    if ranks != hvd.size():
+        raise ValueError(
+            f"exchange='hierarchical' runs over every rank's hosts, not a process set of {ranks} of "
+            f"{hvd.size()} ranks: leave process_set=None"
+        )
     layout = HostLayout(hvd.size(), hvd.local_size())
     sets = _MADE.get(layout)
     if sets is None and not HostSets(layout).to_register():  # one rank: nothing to register

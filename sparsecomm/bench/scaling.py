@@ -13,6 +13,7 @@ Inputs, all from recorded results (nothing is measured here):
   - the network: one NIC per rank at 1, 10 or 100 Gbit/s and LATENCY per message step.
 """
 
+import functools
 import math
 import os
 import statistics
@@ -91,20 +92,33 @@ def predict(model_shapes, ranks, network, local, floor_ms, density=DENSITY, poli
     "spardl"): floor_ms + the sum over tensors of cost.costs. A tensor the compressor sends
     dense costs the dense term under every exchange. local: cost.LocalCost or None (cost.costs'
     copy estimate)."""
-    seconds = dict.fromkeys(cost.EXCHANGES, 0.0)
-    for numel, k, dense in _tensors(model_shapes, density, policy):
-        each = cost.costs(numel, k, ELEMENT_SIZE, VALUE_SIZE, ranks, network, local)
-        for exchange in seconds:
-            seconds[exchange] += each["dense" if dense else exchange]
-    return {exchange: floor_ms + 1000 * s for exchange, s in seconds.items()}
+    costs = functools.partial(
+        cost.costs, size=ELEMENT_SIZE, value_size=VALUE_SIZE, ranks=ranks, network=network, local=local
+    )
+    return _summed(model_shapes, cost.EXCHANGES, costs, floor_ms, density, policy)
 
 
 def predict_hosts(model_shapes, hosts, per_host, network, local, floor_ms, density=DENSITY, policy=Policy()):
     """predict on `hosts` hosts of `per_host` ranks (cost.host_costs), "hierarchical" included;
     `network` is a host's NIC."""
-    seconds = dict.fromkeys(HOST_EXCHANGES, 0.0)
+    costs = functools.partial(
+        cost.host_costs,
+        size=ELEMENT_SIZE,
+        value_size=VALUE_SIZE,
+        hosts=hosts,
+        per_host=per_host,
+        network=network,
+        local=local,
+    )
+    return _summed(model_shapes, HOST_EXCHANGES, costs, floor_ms, density, policy)
+
+
+def _summed(model_shapes, exchanges, costs, floor_ms, density, policy):
+    """floor_ms + the ms of each exchange summed over the tensors; costs(numel, k) -> seconds per
+    exchange of one tensor. A tensor sent dense costs the dense term under every exchange."""
+    seconds = dict.fromkeys(exchanges, 0.0)
     for numel, k, dense in _tensors(model_shapes, density, policy):
-        each = cost.host_costs(numel, k, ELEMENT_SIZE, VALUE_SIZE, hosts, per_host, network, local)
+        each = costs(numel, k)
         for exchange in seconds:
             seconds[exchange] += each["dense" if dense else exchange]
     return {exchange: floor_ms + 1000 * s for exchange, s in seconds.items()}
@@ -248,8 +262,7 @@ def hosts_table(kernel_records, e2e_records=(), models=("comm", "compute"), rate
     local = local_cost_from_kernels(kernel_records, "DGC", density)
     rows = []
     for model in models:
-        floor, source = floor_of(e2e_records, model, 2)
-        floor = floor or 0.0
+        floor = floor_of(e2e_records, model, 2)[0] or 0.0
         for rate_name, rate in rates.items():
             network = cost.Network(bandwidth=rate, latency=LATENCY)
             for ranks in HOST_RANKS:

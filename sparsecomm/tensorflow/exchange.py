@@ -379,12 +379,7 @@ class Hierarchical:
 
     def run(self, packed, wire):
         hvd = horovod()
-        if wire.ranks != hvd.size():
-            raise ValueError(
-                f"exchange='hierarchical' runs over every rank's hosts, not a process set of {wire.ranks} of "
-                f"{hvd.size()} ranks: leave process_set=None"
-            )
-        local, cross = host_sets.registered(hvd)
+        local, cross = host_sets.registered(hvd, wire.ranks)
         reduced = SparDL().reduce_scatter(packed, wire, local)
         across = hvd.allgather(reduced.final, name=collective_name(wire.name, "cross"), process_set=cross)
         gathered = hvd.allgather(across, name=collective_name(wire.name, "host"), process_set=local)

@@ -321,12 +321,7 @@ class Hierarchical:
     advances = 2
 
     def start(self, packed, wire):
-        if wire.ranks != horovod().size():
-            raise ValueError(
-                f"exchange='hierarchical' runs over every rank's hosts, not a process set of {wire.ranks} of "
-                f"{horovod().size()} ranks: leave process_set=None"
-            )
-        local, cross = host_sets.registered(horovod())
+        local, cross = host_sets.registered(horovod(), wire.ranks)
         placeholder, ctx = spardl_scatter(self, packed, wire, local)
         ctx.pending.sets = (local, cross)
         return placeholder, ctx
