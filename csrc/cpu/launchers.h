@@ -25,6 +25,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 #include "../kernels/quantize.h"
 #include "../kernels/sample.h"
 #include "../kernels/squares.h"
+#include "../kernels/wire.h"
 
 namespace sparsecomm {
 namespace cpu {
@@ -78,10 +79,14 @@ void momentum_step(const T* grad, const Feedback& fb, int64_t numel, T* out);
 template <typename T>
 void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out);
 
-// The wire rows of sparsecomm/core/wire.py, [count, 4 + value_bytes]: each index, then its
-// value's bytes; and back.
-void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, uint8_t* rows);
-void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index);
+// The wire rows of sparsecomm/core/wire.py (kernels/wire.h) of a send of [start, start + length):
+// count + wire_buckets(start, length) rows of 2 + value_bytes. False where index is not strictly
+// ascending inside the range (nothing is sent then).
+bool wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, int64_t start,
+               int64_t length, uint8_t* rows);
+// The elements of any sequence of sends (marker rows dropped), in order: how many were written,
+// or -1 where an element comes before a marker or lands past int32.
+int64_t wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index);
 
 // The k shared-seed random indices of permutation.h, sorted ascending.
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out);

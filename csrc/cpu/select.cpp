@@ -556,34 +556,64 @@ void sum_of_squares(const T* x, int64_t numel, double* tile_sums, double* out) {
 namespace {
 
 // A row's parts copied with sizes known at compile time: plain loads and stores, no memcpy call.
+// One pass over the elements, a marker row written before each bucket's.
 template <int64_t kValueBytes>
-void rows_from_columns(const uint8_t* values, const int32_t* index, int64_t count, uint8_t* rows) {
-  constexpr int64_t width = sizeof(int32_t) + kValueBytes;
-  for (int64_t j = 0; j < count; ++j) {
-    std::memcpy(rows + j * width, index + j, sizeof(int32_t));
-    std::memcpy(rows + j * width + sizeof(int32_t), values + j * kValueBytes, kValueBytes);
+bool rows_from_columns(const uint8_t* values, const int32_t* index, int64_t count, int64_t start, int64_t length,
+                       uint8_t* rows) {
+  constexpr int64_t width = kWireOffsetBytes + kValueBytes;
+  const int64_t first = start / kWireBucket, last = first + wire_buckets(start, length), end = start + length;
+  int64_t j = 0, previous = start - 1;
+  for (int64_t b = first; b < last; ++b) {
+    const uint16_t marker[2] = {kWireMarker, uint16_t(b)};
+    std::memset(rows, 0, width);
+    std::memcpy(rows, marker, sizeof(marker));
+    rows += width;
+    const int64_t bucket_end = std::min(end, (b + 1) * kWireBucket);
+    for (; j < count && index[j] < bucket_end; ++j) {
+      if (index[j] <= previous) return false;
+      previous = index[j];
+      const uint16_t offset = uint16_t(index[j] - b * kWireBucket);
+      std::memcpy(rows, &offset, kWireOffsetBytes);
+      std::memcpy(rows + kWireOffsetBytes, values + j * kValueBytes, kValueBytes);
+      rows += width;
+    }
   }
+  return j == count;
 }
 
 template <int64_t kValueBytes>
-void columns_from_rows(const uint8_t* rows, int64_t count, uint8_t* values, int32_t* index) {
-  constexpr int64_t width = sizeof(int32_t) + kValueBytes;
-  for (int64_t j = 0; j < count; ++j) {
-    std::memcpy(index + j, rows + j * width, sizeof(int32_t));
-    std::memcpy(values + j * kValueBytes, rows + j * width + sizeof(int32_t), kValueBytes);
+int64_t columns_from_rows(const uint8_t* rows, int64_t count, uint8_t* values, int32_t* index) {
+  constexpr int64_t width = kWireOffsetBytes + kValueBytes;
+  int64_t base = -1, n = 0;
+  for (int64_t j = 0; j < count; ++j, rows += width) {
+    uint16_t offset;
+    std::memcpy(&offset, rows, kWireOffsetBytes);
+    if (offset == kWireMarker) {
+      uint16_t bucket;
+      std::memcpy(&bucket, rows + kWireOffsetBytes, sizeof(bucket));
+      base = int64_t(bucket) * kWireBucket;
+      continue;
+    }
+    if (base < 0 || base + offset > std::numeric_limits<int32_t>::max()) return -1;
+    index[n] = int32_t(base + offset);
+    std::memcpy(values + n * kValueBytes, rows + kWireOffsetBytes, kValueBytes);
+    ++n;
   }
+  return n;
 }
 
 }  // namespace
 
-void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, uint8_t* rows) {
+bool wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, int64_t start,
+               int64_t length, uint8_t* rows) {
   const auto* v = static_cast<const uint8_t*>(values);
-  value_bytes == 2 ? rows_from_columns<2>(v, index, count, rows) : rows_from_columns<4>(v, index, count, rows);
+  return value_bytes == 2 ? rows_from_columns<2>(v, index, count, start, length, rows)
+                          : rows_from_columns<4>(v, index, count, start, length, rows);
 }
 
-void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index) {
+int64_t wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index) {
   auto* v = static_cast<uint8_t*>(values);
-  value_bytes == 2 ? columns_from_rows<2>(rows, count, v, index) : columns_from_rows<4>(rows, count, v, index);
+  return value_bytes == 2 ? columns_from_rows<2>(rows, count, v, index) : columns_from_rows<4>(rows, count, v, index);
 }
 
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {

@@ -11,7 +11,7 @@
 //     send_quantized, dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
-//     wire_rows(values, index, rows), wire_columns(rows, values, index)
+//     wire_rows(values, index, start, length, rows), wire_columns(rows, value_dtype, exact)
 //   raw bytes for quantize.h's segments: copy_bytes(from, to), zero_bytes(t), write_count(segment,
 //     count), read_count(gathered, at) (CUDA: a read back)
 #pragma once
@@ -25,6 +25,7 @@
 #include "../kernels/quantize.h"
 #include "../kernels/sample.h"
 #include "../kernels/squares.h"
+#include "../kernels/wire.h"
 
 namespace sparsecomm {
 namespace torch_binding {
@@ -75,7 +76,7 @@ inline float* state_ptr(const char* op, const char* name, const at::Tensor& like
   return s.data_ptr<float>();
 }
 
-constexpr int64_t kWireIndexBytes = sizeof(int32_t);  // a wire row's index (sparsecomm/core/wire.py)
+constexpr int64_t kSegmentIndexBytes = sizeof(int32_t);  // a 1-/2-bit segment's index (sparsecomm/core/wire.py)
 
 // Indices are int32 on the wire: tensors of 2^31 elements or more are not supported.
 inline void check_indexable(const char* op, int64_t numel) {

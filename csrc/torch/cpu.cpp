@@ -72,13 +72,21 @@ struct CpuDevice {
     return count;
   }
 
-  static void wire_rows(const at::Tensor& values, const at::Tensor& index, const at::Tensor& rows) {
-    cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(),
-                   rows.data_ptr<uint8_t>());
+  static void wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
+                        const at::Tensor& rows) {
+    TORCH_CHECK(cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(),
+                               start, length, rows.data_ptr<uint8_t>()),
+                "wire_rows: index should be strictly ascending and inside [start, start + length) = [", start, ", ",
+                start + length, ")");
   }
-  static void wire_columns(const at::Tensor& rows, const at::Tensor& values, const at::Tensor& index) {
-    cpu::wire_columns(rows.data_ptr<uint8_t>(), rows.size(0), values.element_size(), values.data_ptr(),
-                      index.data_ptr<int32_t>());
+  // The marker rows are dropped in the pass (exact or not).
+  static std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype, bool) {
+    at::Tensor values = at::empty({rows.size(0)}, rows.options().dtype(value_dtype));
+    at::Tensor index = at::empty({rows.size(0)}, rows.options().dtype(at::kInt));
+    const int64_t n = cpu::wire_columns(rows.data_ptr<uint8_t>(), rows.size(0), values.element_size(),
+                                        values.data_ptr(), index.data_ptr<int32_t>());
+    TORCH_CHECK(n >= 0, "wire rows: an element comes before its bucket's marker row, or past 2^31 - 1");
+    return {values.narrow(0, 0, n), index.narrow(0, 0, n)};
   }
 
   // The threshold is computed on the host: a float, not a device tensor.

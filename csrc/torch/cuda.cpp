@@ -74,25 +74,45 @@ struct CudaDevice {
     return count;
   }
 
-  // The wire rows by torch's strided copies on the stream: each column viewed in the widest
-  // integer unit that tiles a row (int32 for 4-byte values, int16 for 2-byte ones).
-  static at::Tensor row_units(const at::Tensor& rows, int64_t value_bytes) {
-    return rows.view(value_bytes % 4 == 0 ? at::kInt : at::kShort);
+  // The wire rows by torch's ops on the stream, in units of int16 (every part's size is even).
+  // Element j goes to row j + (its bucket - the first) + 1, after its bucket's marker; marker i to
+  // row i + the elements of the buckets before it. Not checked (it would need a synchronisation).
+  static void wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
+                        const at::Tensor& rows) {
+    const int64_t k = index.numel(), first = start / kWireBucket, n = wire_buckets(start, length);
+    const at::Tensor units = rows.view(at::kShort), longs = index.to(at::kLong);
+    const at::Tensor bucket = longs.div(kWireBucket, "floor");
+    at::Tensor elements = at::empty({k, units.size(1)}, units.options());
+    elements.select(1, 0).copy_(longs - bucket * kWireBucket);  // the offsets' uint16 bits
+    elements.narrow(1, 1, units.size(1) - 1).copy_(values.view(at::kShort).view({k, units.size(1) - 1}));
+    units.index_copy_(0, at::arange(k, longs.options()) + (bucket - first) + 1, elements);
+    const at::Tensor numbers = at::arange(first, first + n, longs.options());
+    at::Tensor markers = at::zeros({n, units.size(1)}, units.options());
+    markers.select(1, 0).fill_(int16_t(kWireMarker));
+    markers.select(1, 1).copy_(numbers);
+    units.index_copy_(0, at::arange(n, longs.options()) + at::searchsorted(bucket, numbers), markers);
   }
-  static void wire_rows(const at::Tensor& values, const at::Tensor& index, const at::Tensor& rows) {
-    const at::Tensor units = row_units(rows, values.element_size());
-    const int64_t index_units = kWireIndexBytes / units.element_size(), k = index.numel();
-    units.narrow(1, 0, index_units).copy_(index.view(units.scalar_type()).view({k, index_units}));
-    units.narrow(1, index_units, units.size(1) - index_units)
-        .copy_(values.view(units.scalar_type()).view({k, units.size(1) - index_units}));
-  }
-  static void wire_columns(const at::Tensor& rows, const at::Tensor& values, const at::Tensor& index) {
-    const at::Tensor units = row_units(rows, values.element_size());
-    const int64_t index_units = kWireIndexBytes / units.element_size(), k = rows.size(0);
-    index.view(units.scalar_type()).view({k, index_units}).copy_(units.narrow(1, 0, index_units));
-    values.view(units.scalar_type())
-        .view({k, units.size(1) - index_units})
-        .copy_(units.narrow(1, index_units, units.size(1) - index_units));
+  // Each row's base is the number of the last marker at or before it (a running max of marker
+  // positions). Not exact: a marker stays, as -0.0 at its bucket's first index (which adds
+  // nothing to any sum: an unpack needs no size from the host). Exact: the markers are dropped
+  // (a synchronisation, for the count).
+  static std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype,
+                                                         bool exact) {
+    if (rows.size(0) == 0)  // (an empty narrow keeps an offset that cannot be viewed as 4-byte values)
+      return {at::empty({0}, rows.options().dtype(value_dtype)), at::empty({0}, rows.options().dtype(at::kInt))};
+    const at::Tensor units = rows.view(at::kShort);
+    const at::Tensor offsets = units.select(1, 0).to(at::kLong).bitwise_and(0xFFFF);
+    const at::Tensor is_marker = offsets.eq(int64_t(kWireMarker));
+    const at::Tensor positions = at::arange(rows.size(0), offsets.options());
+    const at::Tensor last = std::get<0>(at::where(is_marker, positions, -1).cummax(0)).clamp_min(0);
+    const at::Tensor numbers = units.select(1, 1).to(at::kLong).bitwise_and(0xFFFF);
+    const at::Tensor index =
+        (numbers.index_select(0, last) * kWireBucket + at::where(is_marker, 0, offsets)).to(at::kInt);
+    const at::Tensor raw = units.narrow(1, 1, units.size(1) - 1).contiguous().view(value_dtype).view(-1);
+    const at::Tensor values = at::where(is_marker, at::scalar_tensor(-0.0, raw.options()), raw);
+    if (!exact) return {values, index};
+    const at::Tensor keep = is_marker.logical_not();
+    return {values.masked_select(keep), index.masked_select(keep)};
   }
 
   // The threshold stays on the device (no synchronisation); the selection needs scratch.

@@ -86,10 +86,11 @@ SC_TORCH_LIBRARY {
   // device, in one read of x and in a fixed order (csrc/kernels/squares.h): DGC's clipping norm
   // squared, without a float32 copy of a 16-bit gradient.
   m.def("sum_of_squares(Tensor x) -> Tensor");
-  // The wire rows of sparsecomm/core/wire.py, uint8 [k, 4 + value bytes]: each index (int32),
-  // then its value's bytes.
-  m.def("wire_rows(Tensor values, Tensor index) -> Tensor");
-  // The columns of wire rows whose values are `value_dtype`: (values, index int32).
+  // The wire rows of sparsecomm/core/wire.py of a send of [start, start + length) (index int32,
+  // strictly ascending in it), uint8 [k + buckets, 2 + value bytes]: a marker row for each
+  // bucket, then each element's uint16 offset in its bucket and its value's bytes.
+  m.def("wire_rows(Tensor values, Tensor index, int start, int length) -> Tensor");
+  // The elements of wire rows whose values are `value_dtype`: (values, index int32), in order.
   m.def("wire_columns(Tensor rows, ScalarType value_dtype) -> (Tensor, Tensor)");
   // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's
   // dtype), the sums scaled by scale[0] / divisor, as sparse_unpack_segments_into's.

@@ -46,7 +46,7 @@ struct QuantizedSegment {
       : count(count),
         scales_at(kCountBytes),
         index_at(kCountBytes + int64_t(sizeof(float)) * quantized_scales(bits)),
-        codes_at(index_at + kWireIndexBytes * count),
+        codes_at(index_at + kSegmentIndexBytes * count),
         codes_end(codes_at + quantized_bytes(count, bits)),
         size((codes_end + kCountBytes - 1) / kCountBytes * kCountBytes) {}
 };
@@ -95,9 +95,9 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
     TORCH_CHECK(start + QuantizedSegment::kCountBytes <= gathered.numel(), "sparse_unpack_segments: gathered (",
                 gathered.numel(), " bytes) should hold ", ranks, " segments, got ", r);
     const int64_t count = Device::read_count(gathered, start);
-    TORCH_CHECK(count >= 0 && count <= (gathered.numel() - start) / kWireIndexBytes, "sparse_unpack_segments: segment ",
-                r, " at byte ", start, " has a count of ", count, ", which does not fit in gathered (",
-                gathered.numel(), " bytes)");
+    TORCH_CHECK(count >= 0 && count <= (gathered.numel() - start) / kSegmentIndexBytes,
+                "sparse_unpack_segments: segment ", r, " at byte ", start, " has a count of ", count,
+                ", which does not fit in gathered (", gathered.numel(), " bytes)");
     segments.emplace_back(count, int(bits));
     starts.push_back(start);
     start += segments.back().size;
@@ -114,7 +114,7 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
     const uint8_t* segment = base + starts[r];
     Device::dequantize(segment + s.codes_at, reinterpret_cast<const float*>(segment + s.scales_at), s.count, int(bits),
                        values.data_ptr<float>() + filled);
-    Device::copy_bytes(gathered.narrow(0, starts[r] + s.index_at, kWireIndexBytes * s.count),
+    Device::copy_bytes(gathered.narrow(0, starts[r] + s.index_at, kSegmentIndexBytes * s.count),
                        index.narrow(0, filled, s.count));
     filled += s.count;
   }

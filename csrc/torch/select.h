@@ -123,16 +123,19 @@ at::Tensor sum_of_squares(const at::Tensor& x_in) {
   return out;
 }
 
-// The (index, value) rows of sparsecomm/core/wire.py: row j is index[j] (int32), then the bytes of
-// values[j]. Built and split by one op each (Device::wire_rows, Device::wire_columns), not by a
-// handful of Python-level torch calls (3-4 us each on a CPU) for every tensor.
+// The wire rows of sparsecomm/core/wire.py (kernels/wire.h): a marker row for each bucket, an
+// element's uint16 offset in its bucket, then the bytes of its value. Built and split by one op
+// each (Device::wire_rows, Device::wire_columns), not by a handful of Python-level torch calls
+// (3-4 us each on a CPU) for every tensor.
 inline void check_wire_value_dtype(const char* op, at::ScalarType dtype) {
   TORCH_CHECK(dtype == at::kFloat || dtype == at::kHalf || dtype == at::kBFloat16, op,
               ": values should be float32, float16 or bfloat16, got ", dtype);
 }
 
+// The send of [start, start + length) of a tensor: its selection's values and int32 indices,
+// strictly ascending inside the range.
 template <typename Device>
-at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index) {
+at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length) {
   const typename Device::Guard guard(values.device());
   TORCH_CHECK(values.dim() == 1, "wire_rows: values should be 1-D, got ", values.dim(), "-D");
   TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 1,
@@ -140,26 +143,30 @@ at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index) {
   TORCH_CHECK(values.numel() == index.numel(), "wire_rows: values and index should have the same length, got ",
               values.numel(), " and ", index.numel());
   TORCH_CHECK(index.device() == values.device(), "wire_rows: values and index should be on one device");
+  TORCH_CHECK(start >= 0 && length >= 0 && start + length <= (int64_t(1) << 31),
+              "wire_rows: [start, start + length) should lie in [0, 2^31), got start ", start, ", length ", length);
+  TORCH_CHECK(index.numel() <= length, "wire_rows: ", index.numel(), " elements do not fit a range of ", length);
   check_wire_value_dtype("wire_rows", values.scalar_type());
-  at::Tensor rows =
-      at::empty({index.numel(), kWireIndexBytes + values.element_size()}, values.options().dtype(at::kByte));
-  Device::wire_rows(values.contiguous(), index.contiguous(), rows);
+  at::Tensor rows = at::empty({index.numel() + wire_buckets(start, length), kWireOffsetBytes + values.element_size()},
+                              values.options().dtype(at::kByte));
+  Device::wire_rows(values.contiguous(), index.contiguous(), start, length, rows);
   return rows;
 }
 
-// The columns of wire rows whose values are `value_dtype`: (values, index int32).
+inline void check_wire_rows(const char* op, const at::Tensor& rows, at::ScalarType value_dtype) {
+  check_wire_value_dtype(op, value_dtype);
+  const int64_t width = kWireOffsetBytes + c10::elementSize(value_dtype);
+  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.size(1) == width, op,
+              ": rows should be a 2-D uint8 tensor of ", width, " columns (a uint16 offset, then a ", value_dtype,
+              " value), got ", rows.dim(), "-D ", rows.scalar_type(), " of shape ", rows.sizes());
+}
+
+// The elements of wire rows whose values are `value_dtype`: (values, index int32), in order.
 template <typename Device>
 std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype) {
   const typename Device::Guard guard(rows.device());
-  check_wire_value_dtype("wire_columns", value_dtype);
-  const int64_t width = kWireIndexBytes + c10::elementSize(value_dtype);
-  TORCH_CHECK(rows.scalar_type() == at::kByte && rows.dim() == 2 && rows.size(1) == width,
-              "wire_columns: rows should be a 2-D uint8 tensor of ", width, " columns (an int32 index, then a ",
-              value_dtype, " value), got ", rows.dim(), "-D ", rows.scalar_type(), " of shape ", rows.sizes());
-  at::Tensor values = at::empty({rows.size(0)}, rows.options().dtype(value_dtype));
-  at::Tensor index = at::empty({rows.size(0)}, rows.options().dtype(at::kInt));
-  Device::wire_columns(rows.contiguous(), values, index);
-  return {values, index};
+  check_wire_rows("wire_columns", rows, value_dtype);
+  return Device::wire_columns(rows.contiguous(), value_dtype, /*exact=*/true);
 }
 
 // sparse_unpack_into of gathered wire rows (each rank's, in rank order), their values cast to
@@ -168,7 +175,9 @@ template <typename Device>
 void sparse_unpack_rows_into(const at::Tensor& rows, at::ScalarType value_dtype, const at::Tensor& scale,
                              int64_t divisor, const at::Tensor& out) {
   const UnpackScale factor = unpack_scale("sparse_unpack_rows", scale, divisor, out);
-  const auto [values, index] = wire_columns<Device>(rows, value_dtype);
+  const typename Device::Guard guard(rows.device());
+  check_wire_rows("sparse_unpack_rows", rows, value_dtype);
+  const auto [values, index] = Device::wire_columns(rows.contiguous(), value_dtype, /*exact=*/false);
   unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
 }
 

@@ -7,12 +7,15 @@ elements on N ranks, each rank sending k elements:
              (fused = min(1, numel * size / FUSION_BYTES): Horovod fuses the dense allreduces
              of a step into buffers of FUSION_BYTES, so a small tensor pays its share of one
              allreduce's latency, not a whole one; a sparse exchange is its own collective)
-  allgather  values + indices:   (N-1) alpha + (N-1) * k * (value_size + 4) * beta
-             (one gather of (index, value) rows; each rank receives every other rank's k pairs)
-  spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) (index, value) pairs to each
-             rank) + sparse all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
-             2 (N-1) alpha + 2 (N-1) * ceil(k/N) * (value_size + 4) * beta
+  allgather  values + indices:   (N-1) alpha + (N-1) * send(k, numel) * beta
+             (one gather of wire rows; each rank receives every other rank's k pairs)
+  spardl     sparse reduce-scatter (one alltoall, at most ceil(k/N) pairs to each rank) + sparse
+             all-gather of the reduced blocks (ceil(k/N) pairs from each rank):
+             2 (N-1) alpha + 2 (N-1) * send(ceil(k/N), numel/N) * beta
              (the gather waits for the alltoall)
+
+send(k, numel) is wire.send_bytes: k rows of a 2-byte offset and the value, and a marker row per
+65,535 elements of the range (1-/2-bit codes: 4-byte indices, no markers).
 
 plus, for the sparse ones, the local work of packing and unpacking. Measured (LocalCost,
 what exchange="auto" uses when it measures the cluster itself): this compressor's own pack +
@@ -40,6 +43,8 @@ network given by the user) hidden is 0: every second of the exchange is paid.
 import math
 import time
 from dataclasses import dataclass
+
+from . import wire
 
 EXCHANGES = ("dense", "allgather", "spardl")
 PACK_COPIES = 4.0  # fused pack (about 3 copies at density 0.01, docs/kernels.md) + unpack (1)
@@ -113,8 +118,8 @@ def local_and_wire(numel, k, size, value_size, ranks, network, local=None):
             0.0,
             2 * (n - 1) * alpha * min(1.0, numel * size / FUSION_BYTES) + 2 * (n - 1) / n * numel * size * beta,
         ),
-        "allgather": (gathered, (n - 1) * alpha + (n - 1) * k * (value_size + 4) * beta),
-        "spardl": (reduced, 2 * (n - 1) * alpha + 2 * (n - 1) * per_rank * (value_size + 4) * beta),
+        "allgather": (gathered, (n - 1) * alpha + (n - 1) * wire.send_bytes(k, numel, value_size) * beta),
+        "spardl": (reduced, 2 * (n - 1) * alpha + 2 * (n - 1) * _block_bytes(per_rank, numel, n, value_size) * beta),
     }
 
 
@@ -158,15 +163,16 @@ def host_costs(numel, k, size, value_size, hosts, per_host, network, local=None,
     one host every exchange runs on the host link."""
     network = host_link if hosts == 1 else network  # one host: every ring link is inside it
     n, r, h = hosts * per_host, per_host, hosts
-    pair, beta, alpha, inner = value_size + 4, 1.0 / network.bandwidth, network.latency, 1.0 / host_link.bandwidth
+    beta, alpha, inner = 1.0 / network.bandwidth, network.latency, 1.0 / host_link.bandwidth
     flat = local_and_wire(numel, k, size, value_size, n, network, local)
     per_rank, per_local = math.ceil(k / n), math.ceil(k / r)
-    spardl = 2 * (n - 1) * alpha + 2 * per_rank * pair * (r * (n - r) * beta + (r - 1) * inner)
+    block, local_block = _block_bytes(per_rank, numel, n, value_size), _block_bytes(per_local, numel, r, value_size)
+    spardl = 2 * (n - 1) * alpha + 2 * block * (r * (n - r) * beta + (r - 1) * inner)
     flat["spardl"] = (flat["spardl"][0], spardl)
     added = (r - 1) * per_local + h * r * per_local  # pairs a rank adds up
     work = flat["allgather"][0] if local is None else local.seconds(numel, added)
-    inside = 2 * (r - 1) * host_link.latency + (r - 1) * (1 + h) * per_local * pair * inner
-    across = (h - 1) * alpha + (h - 1) * r * per_local * pair * beta
+    inside = 2 * (r - 1) * host_link.latency + (r - 1) * (1 + h) * local_block * inner
+    across = (h - 1) * alpha + (h - 1) * r * local_block * beta
     flat["hierarchical"] = (work, inside + across)
     return {e: work + wire for e, (work, wire) in flat.items()}
 
@@ -192,8 +198,13 @@ def received_bytes(exchange, numel, k, size, value_size, ranks):
     if exchange == "dense":
         return 2 * (n - 1) / n * numel * size
     if exchange == "allgather":
-        return (n - 1) * k * (value_size + 4)
-    return 2 * (n - 1) * math.ceil(k / n) * (value_size + 4)
+        return (n - 1) * wire.send_bytes(k, numel, value_size)
+    return 2 * (n - 1) * _block_bytes(math.ceil(k / n), numel, n, value_size)
+
+
+def _block_bytes(count, numel, blocks, value_size):
+    """Bytes of a send of `count` pairs of one of `blocks` blocks of a tensor (SparDL's)."""
+    return wire.send_bytes(count, -(-numel // blocks), value_size)
 
 
 def from_timings(ranks, small_seconds, big_seconds, big_bytes, copy_seconds, per_op_seconds=None):

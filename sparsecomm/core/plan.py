@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from . import cost, validate
 from .selection import selected_count
-from .wire import INDEX_BYTES, MAX_INDEXED_NUMEL
+from .wire import MAX_INDEXED_NUMEL, buckets, rows_bytes
 
 # Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
 # (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
@@ -78,8 +78,8 @@ class Policy:
 
 
 def sparse_is_larger(k, numel, element_size):
-    """The dense fallback: k values and int32 indices would not be smaller than the tensor."""
-    return k * (element_size + INDEX_BYTES) >= numel * element_size
+    """The dense fallback: k wire rows (sparsecomm.core.wire) would not be smaller than the tensor."""
+    return rows_bytes(k, element_size, 0, numel) >= numel * element_size
 
 
 class Planner:
@@ -488,3 +488,8 @@ class SparDLLayout:
         """(first index, size) of the block `rank` owns."""
         low = rank * self.block
         return low, max(0, min(self.block, self.numel - low))
+
+    def most_rows(self):
+        """The wire rows of a send to an owner, or of its reduced block, at most: per_rank
+        elements and the block's marker rows (sparsecomm.core.wire)."""
+        return self.per_rank + max(buckets(*self.owned(b)) for b in range(self.ranks))

@@ -1,17 +1,25 @@
 """What one rank puts on the wire for a gathered tensor: ONE buffer per tensor and step, so
 one allgather carries it (not one per part). Written once here; the TF exchange builds and
-reads it with views and bitcasts, torch with the ops wire_rows, wire_columns and
-sparse_unpack_rows (csrc/torch/select.h), quantized_segment and sparse_unpack_segments
-(csrc/torch/quantize.h, whose QuantizedSegment mirrors Segment below): the same views and
-copies, one op each instead of a handful of Python-level torch calls per tensor. No
-arithmetic: the same bytes on every framework (tests/ops/test_torch_wire_ops.py checks torch's
-against rows and segments built in numpy).
+reads it with TF ops, torch with the ops wire_rows, wire_columns and sparse_unpack_rows
+(csrc/torch/select.h), quantized_segment and sparse_unpack_segments (csrc/torch/quantize.h,
+whose QuantizedSegment mirrors Segment below). No arithmetic on the values: the same bytes on
+every framework (tests/ops/test_torch_wire_ops.py checks torch's against rows built in numpy,
+tests/ops/test_tf_select_ops.py TF's against torch's).
 
-Values and indices (exchange="allgather"): uint8 rows of ``4 + value_bytes``, one row per
-sent element: its int32 index, then its value's bytes (the gradient's dtype, or the method's
-value_dtype), as in memory. The gathered rows of all ranks, in rank order, are split back
-into indices and values by column (the index first keeps both columns aligned for their
-dtypes, whatever the value size).
+Values and indices (allgather, SparDL, hierarchical, the DDP hook): uint8 rows of
+``2 + value_bytes``, one row per sent element: its index's offset in its bucket (uint16), then
+its value's bytes (the gradient's dtype, or the method's value_dtype), as in memory. A tensor
+is cut into buckets of BUCKET elements; a send covers a range of the tensor (the whole of it,
+or a SparDL block) and has, for every bucket the range touches, a marker row followed by the
+rows of that bucket's elements in index order:
+
+    marker   uint16 MARKER, then the bucket's number (uint16), then zeros to the row's width
+    element  uint16 offset (index - bucket * BUCKET, below MARKER), then the value's bytes
+
+So 2 bytes of index an element, plus one row a bucket (``buckets(start, length)``: known from
+the range, so a send's size is too, without reading the data). The rows are self-describing:
+ranks' sends concatenated (an allgather, an alltoall) read back by the same walk, whose index is
+``bucket * BUCKET + offset`` of the last marker seen.
 
 1-/2-bit codes: one uint8 segment per rank, its parts aligned for their dtypes:
 
@@ -25,11 +33,32 @@ The segments' lengths differ per rank (count), so the reader walks them in rank 
 
 from dataclasses import dataclass
 
-INDEX_BYTES = 4  # indices travel as int32,
+INDEX_BYTES = 2  # a row's index: its offset in its bucket (uint16)
+BUCKET = 65535  # elements a bucket: offsets 0..65534, MARKER left for the markers
+MARKER = 0xFFFF
+SEGMENT_INDEX_BYTES = 4  # a 1-/2-bit segment's indices travel as int32,
 # so a tensor sent with indices has at most this many elements (core.plan.Planner.check_indexable)
 MAX_INDEXED_NUMEL = 2**31 - 1
 COUNT_BYTES = 8
 SCALE_BYTES = 4
+
+
+def buckets(start, length):
+    """The number of buckets (marker rows) of a send covering [start, start + length)."""
+    return 0 if length <= 0 else (start + length - 1) // BUCKET - start // BUCKET + 1
+
+
+def rows_bytes(count, value_bytes, start, length):
+    """Bytes of a send of `count` elements covering [start, start + length)."""
+    return (count + buckets(start, length)) * (INDEX_BYTES + value_bytes)
+
+
+def send_bytes(count, numel, value_bytes):
+    """Bytes of a send of `count` elements of a range of `numel`, for the cost model: wire rows,
+    or for 1-/2-bit codes (a value under a byte) a segment's int32 indices and codes."""
+    if value_bytes < 1:
+        return count * (SEGMENT_INDEX_BYTES + value_bytes)
+    return rows_bytes(count, value_bytes, 0, numel)
 
 
 def scale_count(bits):
@@ -60,7 +89,7 @@ class Segment:
 
     @property
     def codes(self):
-        return self.index + INDEX_BYTES * self.count
+        return self.index + SEGMENT_INDEX_BYTES * self.count
 
     @property
     def size(self):

@@ -200,7 +200,7 @@ class Allgather:
 
     def run(self, packed, wire):
         quantized = packed.bits is not None
-        buffer = _segment(packed) if quantized else _rows(packed.values, packed.index)
+        buffer = _segment(packed) if quantized else _rows(packed.values, packed.index, 0, wire.numel)
         gathered = horovod().allgather(buffer, name=collective_name(wire.name, "gather"), process_set=wire.process_set)
         if quantized:
             values, index = _from_segments(gathered, packed.bits, wire.ranks)
@@ -229,14 +229,46 @@ def _view(data, dtype):
     return tf.bitcast(tf.reshape(data, [-1, dtype.size]), dtype)
 
 
-def _rows(values, index):
-    """(index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
-    return tf.concat([_bytes(index, [-1, wire_format.INDEX_BYTES]), _bytes(values, [-1, values.dtype.size])], 1)
+def _rows(values, index, start, length):
+    """The wire rows of sparsecomm.core.wire of a send of [start, start + length) (index int32,
+    strictly ascending in it): uint8 [k + buckets, 2 + value bytes], each bucket's marker row
+    before its elements' rows. Element j goes to row j + (its bucket - the first) + 1, marker i to
+    row i + the elements of the buckets before it (torch's CUDA op places them alike)."""
+    first, n = start // wire_format.BUCKET, wire_format.buckets(start, length)
+    index = tf.cast(index, tf.int64)
+    bucket = index // wire_format.BUCKET
+    elements = tf.concat([_u16_bytes(index - bucket * wire_format.BUCKET), _bytes(values, [-1, values.dtype.size])], 1)
+    numbers = tf.range(first, first + n, dtype=tf.int64)
+    padding = tf.zeros([n, values.dtype.size - 2], tf.uint8)
+    markers = tf.concat(
+        [_u16_bytes(tf.fill([n], tf.constant(wire_format.MARKER, tf.int64))), _u16_bytes(numbers), padding], 1
+    )
+    k = tf.size(index, out_type=tf.int64)
+    places = tf.concat(
+        [
+            tf.range(k) + bucket - first + 1,
+            tf.range(n, dtype=tf.int64) + tf.searchsorted(bucket, numbers, out_type=tf.int64),
+        ],
+        0,
+    )
+    return tf.gather(tf.concat([elements, markers], 0), tf.math.invert_permutation(places))
+
+
+def _u16_bytes(ints):
+    """int64 values below 2^16 as their uint16 bytes, [n, 2]."""
+    return _bytes(tf.cast(ints, tf.uint16), [-1, 2])
 
 
 def _from_rows(rows, value_dtype):
-    columns = wire_format.INDEX_BYTES
-    return _view(rows[:, columns:], value_dtype), _view(rows[:, :columns], tf.int32)
+    """(values, index int32) of wire rows (any sends one after another), the marker rows dropped:
+    an element's index is the last marker's bucket times BUCKET plus its offset."""
+    offsets = tf.cast(_view(rows[:, :2], tf.uint16), tf.int64)
+    is_marker = tf.equal(offsets, wire_format.MARKER)
+    numbers = tf.boolean_mask(tf.cast(_view(rows[:, 2:4], tf.uint16), tf.int64), is_marker)
+    last = tf.maximum(tf.cumsum(tf.cast(is_marker, tf.int64)) - 1, 0)
+    index = tf.gather(numbers, last) * wire_format.BUCKET + offsets
+    keep = tf.logical_not(is_marker)
+    return tf.boolean_mask(_view(rows[:, 2:], value_dtype), keep), tf.cast(tf.boolean_mask(index, keep), tf.int32)
 
 
 def _segment(packed):
@@ -330,7 +362,7 @@ class SparDL:
         """Phase 1 and the owner's reduction over `process_set`, one block per rank of it."""
         layout, rank = SparDLLayout.of(wire.numel, wire.k, process_set.size()), process_set.rank()
         value_dtype = packed.values.dtype
-        payload, splits, own, residual = self._scatter_rows(packed, layout, rank)
+        payload, splits, own, residual, sent_pairs = self._scatter_rows(packed, layout, rank)
         received, received_splits = horovod().alltoall(
             payload, splits=tf.stack(splits), name=collective_name(wire.name, "scatter"), process_set=process_set
         )
@@ -342,12 +374,12 @@ class SparDL:
         owned = tf.sort(tf.unique(index)[0])
         reduced, owned, residual = _keep_largest(tf.gather(sums, owned - low), owned, layout.per_rank, residual)
         reduced, residual = _rounded(reduced, owned, value_dtype, residual)
-        final = _rows(reduced, owned)
+        final = _rows(reduced, owned, low, size)
         return _Reduced(
             final,
             residual,
             value_dtype,
-            _i64(tf.shape(payload)[0] + tf.shape(final)[0]),
+            _i64(sent_pairs + tf.size(owned)),
             tf.size(payload, out_type=tf.int64),
             tf.size(received, out_type=tf.int64),
         )
@@ -355,21 +387,22 @@ class SparDL:
     @staticmethod
     def _scatter_rows(packed, layout, rank):
         """Each other block's at most per_rank largest pairs as rows (the rest to the residual),
-        and the rows of this rank's own block."""
+        the rows of this rank's own block, and the pairs sent."""
         values, index, residual = tf.cast(packed.values, tf.float32), packed.index, packed.residual
         bounds = tf.searchsorted(index, tf.constant(layout.bounds(), tf.int32))
-        rows, splits, own = [], [], None
+        rows, splits, own, pairs = [], [], None, tf.constant(0, tf.int32)
         for b in range(layout.ranks):
             v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
             if b == rank:
-                own = _rows(packed.values[bounds[b] : bounds[b + 1]], i)
+                own = _rows(packed.values[bounds[b] : bounds[b + 1]], i, *layout.owned(b))
                 splits.append(tf.constant(0, tf.int32))
                 continue
             v, i, residual = _keep_largest(v, i, layout.per_rank, residual)
-            rows.append(_rows(tf.cast(v, packed.values.dtype), i))
-            splits.append(tf.size(i))
-        empty = _rows(packed.values[:0], index[:0])
-        return (tf.concat(rows, 0) if rows else empty), splits, own, residual
+            rows.append(_rows(tf.cast(v, packed.values.dtype), i, *layout.owned(b)))
+            splits.append(tf.shape(rows[-1])[0])
+            pairs += tf.size(i)
+        empty = _rows(packed.values[:0], index[:0], 0, 0)
+        return (tf.concat(rows, 0) if rows else empty), splits, own, residual, pairs
 
 
 class Hierarchical:

@@ -14,7 +14,7 @@ import torch
 from ..core import wire
 from ..core.plan import SparDLLayout
 from . import collectives, ops
-from .exchange import ints_on, spardl_reduce, spardl_split
+from .exchange import elements, ints_on, spardl_reduce, spardl_split
 
 COUNT = torch.empty(0, dtype=torch.int64).element_size()
 
@@ -34,6 +34,11 @@ def _counts(table, params):
     """Each rank's row of `table` (uint8) starts with the header of `params` counts: them, per
     rank, read on the host (on a GPU: one read per table)."""
     return table[:, : COUNT * params].contiguous().view(torch.int64).tolist()
+
+
+def _aligned(nbytes):
+    """A region's bytes rounded up to whole counts, so the next header stays 8-byte aligned."""
+    return -(-nbytes // COUNT) * COUNT
 
 
 def _bytes(tensor):
@@ -90,14 +95,19 @@ class Gathered:
     def add(self, grad, name, packed, capacity):
         """A parameter's Packed (values or codes, with indices), at most `capacity` elements."""
         if packed.bits is None:
-            return self.add_rows(grad, name, ops.wire_rows(packed.values, packed.index), packed.values.dtype, capacity)
+            rows = ops.wire_rows(packed.values, packed.index, 0, grad.numel())
+            _, sent, received = self.add_rows(
+                grad, name, rows, packed.values.dtype, capacity + wire.buckets(0, grad.numel())
+            )
+            return packed.index.numel(), sent, received  # elements, not rows
         blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
         segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits)
         return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits))
 
     def add_rows(self, grad, name, rows, value_dtype, capacity):
+        """Wire rows, at most `capacity` of them (elements and markers)."""
         return self._add(
-            grad, name, rows.shape[0], rows, capacity * rows.shape[1], ("rows", value_dtype, rows.shape[1])
+            grad, name, rows.shape[0], rows, _aligned(capacity * rows.shape[1]), ("rows", value_dtype, rows.shape[1])
         )
 
     def _add(self, grad, name, count, blob, capacity_bytes, reader):
@@ -159,8 +169,8 @@ def _unpack(reader, blobs, grad, ranks):
 
 class Scattered:
     """The spardl route (exchange.spardl_split/spardl_reduce, as under Horovod): each block's
-    rows to its owner in one all_to_all, padded to per_rank; the second phase (advance: the
-    owned sums, all-gathered as Gathered rows) starts at the next hook."""
+    rows to its owner in one all_to_all, padded to per_rank and the block's markers; the second
+    phase (advance: the owned sums, all-gathered as Gathered rows) starts at the next hook."""
 
     def __init__(self, ways, counters):
         self.ways, self.counters, self.rank = ways, counters, ways.rank()
@@ -173,15 +183,15 @@ class Scattered:
         rows = spardl_split(packed, layout, self.rank, wire_.residual)
         self.items.append((wire_, layout, packed.values.dtype, rows))
         width = rows[0].shape[1]
-        sent = sum(r.shape[0] for b, r in enumerate(rows) if b != self.rank)
-        padded = (wire_.ranks - 1) * (COUNT + layout.per_rank * width)
+        sent = sum(elements(r, *layout.owned(b)) for b, r in enumerate(rows) if b != self.rank)
+        padded = (wire_.ranks - 1) * (COUNT + _aligned(layout.most_rows() * width))
         return sent, padded, padded
 
     def _chunk_bytes(self):
-        return sum(COUNT + layout.per_rank * rows[0].shape[1] for _, layout, _, rows in self.items)
+        return sum(COUNT + _aligned(layout.most_rows() * rows[0].shape[1]) for _, layout, _, rows in self.items)
 
     def start(self):
-        """Every owner's chunk: each parameter's count, then its rows padded to per_rank."""
+        """Every owner's chunk: each parameter's count, then its rows padded to layout.most_rows()."""
         if not self.items:
             return []
         import torch.distributed as dist
@@ -196,7 +206,7 @@ class Scattered:
             for _, layout, _, rows in self.items:
                 if not mine:
                     sending[owner, offset : offset + rows[owner].numel()] = _bytes(rows[owner])
-                offset += layout.per_rank * rows[owner].shape[1]
+                offset += _aligned(layout.most_rows() * rows[owner].shape[1])
         self.received, self.done = torch.empty_like(sending), future_on(device)
         self.work = dist.all_to_all_single(self.received, sending, group=self.ways.group, async_op=True)
         self.ways.scattered.append(self)
@@ -214,9 +224,9 @@ class Scattered:
                 rows[rank] if s == rank else self.received[s, offset : offset + counts[s][i] * width].view(-1, width)
                 for s in range(wire_.ranks)
             ]
-            offset += layout.per_rank * width
+            offset += _aligned(layout.most_rows() * width)
             reduced = spardl_reduce(parts, layout, rank, value_dtype, wire_)
-            sent = self.second.add_rows(wire_.out, wire_.name, reduced, value_dtype, layout.per_rank)
+            sent = self.second.add_rows(wire_.out, wire_.name, reduced, value_dtype, layout.most_rows())
             self.counters.account_later(wire_.name, sent[1], 0)
         self.second.start()[0].add_done_callback(self._arrived)
 

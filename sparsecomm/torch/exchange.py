@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import host_sets, prerequisites
+from ..core import wire as wire_format
 from ..core.plan import SparDLLayout
 from . import ops
 
@@ -129,7 +130,7 @@ class Allgather:
 
     def start(self, packed, wire):
         buffer = (
-            ops.wire_rows(packed.values, packed.index)
+            ops.wire_rows(packed.values, packed.index, 0, wire.shape.numel())
             if packed.bits is None
             else ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
         )
@@ -235,11 +236,16 @@ def spardl_split(packed, layout, rank, residual):
     for b in range(layout.ranks):
         v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
         if b == rank:
-            rows.append(ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i))
+            rows.append(ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i, *layout.owned(b)))
             continue
         v, i = _keep_largest(v, i, layout.per_rank, residual)
-        rows.append(ops.wire_rows(v.to(value_dtype), i))
+        rows.append(ops.wire_rows(v.to(value_dtype), i, *layout.owned(b)))
     return rows
+
+
+def elements(rows, start, length):
+    """The elements in a send's wire rows of [start, start + length): its rows less the markers."""
+    return rows.shape[0] - wire_format.buckets(start, length)
 
 
 def spardl_reduce(parts, layout, rank, value_dtype, wire):
@@ -252,7 +258,7 @@ def spardl_reduce(parts, layout, rank, value_dtype, wire):
     owned = torch.unique(index)
     reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
     reduced, owned = _keep_largest(reduced, owned, layout.per_rank, wire.residual)
-    return ops.wire_rows(_rounded(reduced, owned, value_dtype, wire.residual), owned)
+    return ops.wire_rows(_rounded(reduced, owned, value_dtype, wire.residual), owned, low, size)
 
 
 class SparDL:
@@ -285,6 +291,7 @@ def spardl_scatter(exchange, packed, wire, process_set):
     layout, rank = SparDLLayout.of(wire.shape.numel(), wire.k, process_set.size()), process_set.rank()
     rows = spardl_split(packed, layout, rank, wire.residual)
     own, splits = rows[rank], [0 if b == rank else r.shape[0] for b, r in enumerate(rows)]
+    pairs = sum(elements(r, *layout.owned(b)) for b, r in enumerate(rows) if b != rank)
     payload = torch.cat([r for b, r in enumerate(rows) if b != rank] or [rows[rank][:0]])
     handle = horovod().alltoall_async(
         payload,
@@ -293,7 +300,7 @@ def spardl_scatter(exchange, packed, wire, process_set):
         process_set=process_set,
     )
     state = _SparDLState(layout, rank, handle, packed.values.dtype, own)
-    return _placeholder(payload.device), Context(exchange, wire, payload.shape[0], payload.numel(), pending=state)
+    return _placeholder(payload.device), Context(exchange, wire, pairs, payload.numel(), pending=state)
 
 
 def spardl_reduced(ctx):
@@ -305,7 +312,7 @@ def spardl_reduced(ctx):
     parts = list(received.split(splits.tolist()))
     parts[st.rank] = st.own
     payload = spardl_reduce(parts, st.layout, st.rank, st.value_dtype, ctx.wire)
-    ctx.sent_elements += payload.shape[0]
+    ctx.sent_elements += elements(payload, *st.layout.owned(st.rank))
     ctx.sent_bytes += payload.numel()
     st.own = None
     return payload

@@ -114,13 +114,14 @@ def _sparse_unpack_segments_into(gathered, bits, ranks, scale, divisor, out):
 
 
 @_fake("wire_rows")
-def _wire_rows(values, index):
-    return values.new_empty((index.numel(), 4 + values.element_size()), dtype=torch.uint8)
+def _wire_rows(values, index, start, length):
+    rows = index.numel() + wire.buckets(start, length)
+    return values.new_empty((rows, wire.INDEX_BYTES + values.element_size()), dtype=torch.uint8)
 
 
 @_fake("wire_columns")
 def _wire_columns(rows, value_dtype):
-    count = rows.shape[0]
+    count = torch.library.get_ctx().new_dynamic_size()  # the marker rows dropped
     return rows.new_empty(count, dtype=value_dtype), rows.new_empty(count, dtype=torch.int32)
 
 

@@ -175,13 +175,15 @@ def sum_of_squares(x):
     return _ops.sum_of_squares(x)
 
 
-def wire_rows(values, index):
-    """The (index, value) rows of sparsecomm.core.wire: uint8 [k, 4 + value bytes]."""
-    return _ops.wire_rows(values, index)
+def wire_rows(values, index, start, length):
+    """The wire rows of sparsecomm.core.wire of a send of [start, start + length) (index int32,
+    strictly ascending inside it): uint8 [k + wire.buckets(start, length), 2 + value bytes]."""
+    return _ops.wire_rows(values, index, start, length)
 
 
 def wire_columns(rows, value_dtype):
-    """(values, index int32) of wire rows whose values are `value_dtype`."""
+    """(values, index int32) of wire rows whose values are `value_dtype` (any sends, one after
+    the other), in order: the marker rows dropped."""
     return _ops.wire_columns(rows, value_dtype)
 
 

@@ -33,7 +33,7 @@ def test_policy_is_a_pure_function_of_name_size_and_rank():
         (methods.RandomK("RandomK", 0.01), {}, True),
         (methods.RandomBlock("RandomBlock", 0.01), {}, False),  # no indices: an int64 block start
         (methods.TopK("TopK", 0.01), dict(dense=("big",)), False),  # the policy sends it dense
-        (methods.TopK("TopK", 0.5), {}, False),  # the dense fallback, at every density
+        (methods.TopK("TopK", 0.7), {}, False),  # the dense fallback, at every density
         (methods.DGC("DGC", 0.3, warmup_steps=4, warmup_stages=1), {}, True),  # dense at stage 0, sparse after
     ],
 )
@@ -48,9 +48,10 @@ def test_more_elements_than_int32_indices_address_are_refused_where_sent_with_in
     assert planner.choices == {}  # nothing recorded for stats()
 
 
-def test_dense_fallback_is_k_values_and_int32_indices_against_the_tensor():
-    assert not sparse_is_larger(49, 100, 4) and sparse_is_larger(50, 100, 4)  # 8 bytes a pair vs 4
-    assert not sparse_is_larger(33, 100, 2) and sparse_is_larger(34, 100, 2)  # 6 bytes a pair vs 2
+def test_dense_fallback_is_k_wire_rows_against_the_tensor():
+    """A row of a 2-byte offset and the value per element, and one marker row (one bucket)."""
+    assert not sparse_is_larger(65, 100, 4) and sparse_is_larger(66, 100, 4)  # 6 (k + 1) bytes vs 400
+    assert not sparse_is_larger(48, 100, 2) and sparse_is_larger(49, 100, 2)  # 4 (k + 1) bytes vs 200
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,11 @@ from sparsecomm import Network
 from sparsecomm.core import cost
 
 GBIT = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
+# A million-element float32 tensor, k = 1000 on 4 ranks, in wire rows (sparsecomm.core.wire): a
+# 2-byte offset and the value a pair, and a marker row a bucket of 65,535 elements: 16 buckets in
+# the tensor, 4 in each SparDL block of 250,000.
+GATHERED = (1000 + 16) * 6
+SCATTERED = (250 + 4) * 6
 
 
 def test_the_model_is_the_documented_formula():
@@ -17,8 +22,8 @@ def test_the_model_is_the_documented_formula():
     local = 4 * numel * 4 / 1e10
     fused = numel * 4 / cost.FUSION_BYTES  # a 4 MB tensor pays its share of a fused allreduce's latency
     assert got["dense"] == pytest.approx(2 * 3 * 5e-5 * fused + 2 * 3 / 4 * numel * 4 / 1.25e8)
-    assert got["allgather"] == pytest.approx(local + 3 * 5e-5 + 3 * k * 8 / 1.25e8)
-    assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + 2 * 3 * math.ceil(k / 4) * 8 / 1.25e8)
+    assert got["allgather"] == pytest.approx(local + 3 * 5e-5 + 3 * GATHERED / 1.25e8)
+    assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + 2 * 3 * SCATTERED / 1.25e8)
 
 
 @pytest.mark.parametrize(
@@ -36,16 +41,18 @@ def test_choices(ranks, numel, k, network, want):
     assert cost.choose(numel, k, 4, 4, ranks, network)[0] == want
 
 
-def test_pairs_cost_their_value_bytes_plus_a_4_byte_index_in_both_sparse_exchanges():
-    """16-bit values: 6-byte pairs in allgather and in SparDL alike (SparDL no longer widens to float32)."""
+def test_pairs_cost_their_value_bytes_plus_a_2_byte_offset_in_both_sparse_exchanges():
+    """16-bit values: 4-byte rows in allgather and in SparDL alike (SparDL no longer widens to
+    float32); 1-bit codes travel in segments with 4-byte indices and no markers."""
     numel, k, ranks = 1_000_000, 1000, 4
     for value_size in (4, 2):
         got = cost.costs(numel, k, value_size, value_size, ranks, GBIT)
         local = 4 * numel * value_size / 1e10
-        assert got["allgather"] == pytest.approx(local + 3 * 5e-5 + 3 * k * (value_size + 4) / 1.25e8)
-        pairs = 2 * 3 * math.ceil(k / 4)
-        assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + pairs * (value_size + 4) / 1.25e8)
-        assert cost.received_bytes("spardl", numel, k, value_size, value_size, ranks) == pairs * (value_size + 4)
+        assert got["allgather"] == pytest.approx(local + 3 * 5e-5 + 3 * (k + 16) * (value_size + 2) / 1.25e8)
+        scattered = 2 * 3 * (math.ceil(k / 4) + 4) * (value_size + 2)
+        assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + scattered / 1.25e8)
+        assert cost.received_bytes("spardl", numel, k, value_size, value_size, ranks) == scattered
+    assert cost.received_bytes("allgather", numel, k, 4, 1 / 8, ranks) == 3 * k * (4 + 1 / 8)
 
 
 @pytest.mark.parametrize("sparse_share,want", [(0.79, "allgather"), (0.81, "dense"), (1.2, "dense")])
@@ -68,7 +75,7 @@ def test_allowed_restricts_the_choice():
 def test_received_bytes_spardl_stays_order_k_allgather_grows():
     for ranks in (2, 8, 64):
         assert cost.received_bytes("spardl", 10**6, 1000, 4, 4, ranks) <= 2.2 * 8 * 1000
-        assert cost.received_bytes("allgather", 10**6, 1000, 4, 4, ranks) == (ranks - 1) * 8000
+        assert cost.received_bytes("allgather", 10**6, 1000, 4, 4, ranks) == (ranks - 1) * GATHERED
 
 
 @pytest.mark.parametrize(
@@ -108,8 +115,8 @@ def test_a_measured_local_cost_replaces_the_copy_estimate():
     assert got["dense"] == cost.costs(numel, k, 4, 4, ranks, GBIT)["dense"]  # dense has no local work
     gathered = 1e-4 + 2e-9 * numel + 5e-9 * 3 * k  # the other 3 ranks' k pairs are unpacked too
     reduced = 1e-4 + 2e-9 * numel + 5e-9 * 2 * 3 * math.ceil(k / 4)
-    assert got["allgather"] == pytest.approx(gathered + 3 * 5e-5 + 3 * k * 8 / 1.25e8)
-    assert got["spardl"] == pytest.approx(reduced + 2 * 3 * 5e-5 + 2 * 3 * math.ceil(k / 4) * 8 / 1.25e8)
+    assert got["allgather"] == pytest.approx(gathered + 3 * 5e-5 + 3 * GATHERED / 1.25e8)
+    assert got["spardl"] == pytest.approx(reduced + 2 * 3 * 5e-5 + 2 * 3 * SCATTERED / 1.25e8)
 
 
 def test_local_cost_is_fitted_from_two_sizes_and_the_unpack():

@@ -114,7 +114,7 @@ def test_a_variable_beyond_int32_indices_is_refused_when_bound(cls, kwargs):
     [
         lambda variables: TopK(ratio=0.01, variables=variables, dense=["embed*"]),
         lambda variables: RandomK(ratio=0.01, variables=variables, min_numel=2**32),
-        lambda variables: TopK(ratio=0.5, variables=variables),  # the dense fallback: sparse would be larger
+        lambda variables: TopK(ratio=0.7, variables=variables),  # the dense fallback: sparse would be larger
     ],
     ids=["dense=", "min_numel", "dense-fallback"],
 )
@@ -218,8 +218,8 @@ def test_the_default_policy_and_the_dense_fallback():
     ]
     comp = TopK(ratio=0.1, variables=named, dense=["emb.*"])
     assert [comp.goes_dense(n, v) for n, v in named] == [False, True, True, True, False]
-    assert TopK(ratio=0.34, variables=named).goes_dense("w16", named[4][1])  # 16-bit values + 32-bit indices
-    assert not TopK(ratio=0.33, variables=named).goes_dense("w16", named[4][1])
+    assert TopK(ratio=0.5, variables=named).goes_dense("w16", named[4][1])  # 16-bit values + 16-bit offsets
+    assert not TopK(ratio=0.49, variables=named).goes_dense("w16", named[4][1])
     assert not RandomK(ratio=1.0, variables=named).goes_dense("big", named[0][1])
 
 

@@ -359,15 +359,15 @@ def test_bad_policy_settings_are_named(kwargs, message):
 
 
 def test_gathering_methods_go_dense_when_sparse_would_be_larger():
-    """k values + k int32 indices against numel values: float32 goes dense from ratio 0.5,
-    float16 from 1/3; the shared-coordinate methods never do."""
+    """k wire rows (a 2-byte offset and the value) and a marker row against numel values: float32
+    goes dense from ratio 2/3, float16 from 1/2; the shared-coordinate methods never do."""
     w32 = torch.nn.Parameter(torch.zeros(100, 100))
     w16 = torch.nn.Parameter(torch.zeros(100, 100, dtype=torch.float16))
     bound = [("w32", w32), ("w16", w16)]
-    assert not TopK(ratio=0.49, named_parameters=bound).goes_dense("w32", w32)
-    assert TopK(ratio=0.5, named_parameters=bound).goes_dense("w32", w32)
-    assert not TopK(ratio=0.33, named_parameters=bound).goes_dense("w16", w16)
-    assert TopK(ratio=0.34, named_parameters=bound).goes_dense("w16", w16)
+    assert not TopK(ratio=0.66, named_parameters=bound).goes_dense("w32", w32)
+    assert TopK(ratio=0.67, named_parameters=bound).goes_dense("w32", w32)
+    assert not TopK(ratio=0.49, named_parameters=bound).goes_dense("w16", w16)
+    assert TopK(ratio=0.5, named_parameters=bound).goes_dense("w16", w16)
     assert not TopK(ratio=0.9, named_parameters=bound, dense_fallback=False).goes_dense("w32", w32)
     assert DGC(ratio=0.001, warmup_steps=10, named_parameters=bound).goes_dense("w16", w16) is False
     assert not RandomK(ratio=1.0, named_parameters=bound).goes_dense("w32", w32)
@@ -428,7 +428,7 @@ def test_a_gradient_beyond_int32_indices_is_refused_before_any_collective(make):
         lambda named: TopK(ratio=0.01, named_parameters=named, dense=["embedding.*"]),
         lambda named: Threshold(ratio=0.01, named_parameters=named, min_numel=2**32),
         lambda named: RandomK(ratio=0.01, named_parameters=named, dense_1d=True, dense=["embedding.weight"]),
-        lambda named: TopK(ratio=0.5, named_parameters=named),  # the dense fallback: sparse would be larger
+        lambda named: TopK(ratio=0.7, named_parameters=named),  # the dense fallback: sparse would be larger
     ],
     ids=["dense=", "min_numel", "RandomK-dense=", "dense-fallback"],
 )

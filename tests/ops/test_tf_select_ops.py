@@ -147,8 +147,12 @@ def test_tf_unpack_scaled_by_a_tensor_equals_torch_rows(torch_dtype, tf_dtype, r
     index = torch.cat([torch.randperm(numel, generator=gen)[:700].sort().values.int() for _ in range(ranks)])
     values = (torch.randn(index.numel(), generator=gen) * 100).to(torch_dtype)
     values[:3] = torch.tensor([float("nan"), float("inf"), -0.0])
+    sends = [
+        torch_ops.wire_rows(values[r * 700 : (r + 1) * 700], index[r * 700 : (r + 1) * 700], 0, numel)
+        for r in range(ranks)
+    ]
     expected = torch_ops.sparse_unpack_rows(
-        torch_ops.wire_rows(values, index),
+        torch.cat(sends),
         torch_dtype,
         numel,
         torch.tensor([numerator]),
@@ -160,6 +164,31 @@ def test_tf_unpack_scaled_by_a_tensor_equals_torch_rows(torch_dtype, tf_dtype, r
     args = (tf.bitcast(tf.constant(same_bits), tf_dtype), tf.constant(index.numpy()), tf.constant([numerator]))
     for run in (unpack, tf.function(unpack)):
         _same(run(*args), expected)
+
+
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES)
+def test_tf_wire_rows_are_torch_bytes_and_read_back_alike(torch_dtype, tf_dtype):
+    """The TF exchange builds and reads sparsecomm.core.wire's rows with TF ops: byte for byte
+    torch's (tests/ops/test_torch_wire_ops.py checks those against numpy), for a whole tensor and
+    SparDL blocks of three buckets, read back concatenated as an alltoall brings them."""
+    from sparsecomm.tensorflow import exchange
+
+    gen = torch.Generator().manual_seed(5)
+    numel, sends, tf_sends = 200_000, [], []
+    for start, length in [(0, numel), (0, 70_000), (70_000, 130_000), (130_000, 0)]:
+        index = (torch.randperm(length, generator=gen)[: length // 100].sort().values + start).int()
+        values = (torch.randn(index.numel(), generator=gen) * 100).to(torch_dtype)
+        same_bits = values.view(torch.int16 if values.element_size() == 2 else torch.int32).numpy()
+        tf_values = tf.bitcast(tf.constant(same_bits), tf_dtype)
+        sends.append(torch_ops.wire_rows(values, index, start, length))
+        for build in (exchange._rows, tf.function(exchange._rows)):
+            rows = build(tf_values, tf.constant(index.numpy()), start, length)
+            np.testing.assert_array_equal(rows.numpy(), sends[-1].numpy())
+        tf_sends.append(rows)
+    values, index = exchange._from_rows(tf.concat(tf_sends, 0), tf_dtype)
+    want_values, want_index = torch_ops.wire_columns(torch.cat(sends), torch_dtype)
+    _same(index, want_index)
+    _same(values, want_values)
 
 
 def test_tf_random_k_and_threshold_equal_torch():
