@@ -80,6 +80,12 @@ def count(ratio, numel):
     return 0 if numel == 0 else min(numel, max(1, math.floor(ratio * numel + 0.5)))
 
 
+def sparse_is_larger(ratio, numel):
+    """The dense fallback of a float32 tensor: k wire rows (a 2-byte offset and the value, 6
+    bytes) and a marker row for each 65,535-element bucket, against its 4 * numel bytes."""
+    return (count(ratio, numel) + -(-numel // 65535)) * 6 >= numel * 4
+
+
 def block_indices(start, length, numel):
     return (start + np.arange(length)) % max(numel, 1)
 

@@ -42,8 +42,7 @@ def simulate_dgc(
         density = dgc_density(ratio, step, warmup_steps, stages)
         with torch.no_grad():
             for name, p in trained(model):
-                larger = reference.count(density, p.numel()) * 8 >= p.numel() * 4
-                dense = name in dense_names or (dense_fallback and larger)
+                dense = name in dense_names or (dense_fallback and reference.sparse_is_larger(density, p.numel()))
                 sent = []
                 for rank in range(size):
                     rank_sent, state[rank][name] = simulation.dgc(
@@ -197,7 +196,7 @@ SIMULATIONS = {
     "dgc_0.1_default_policy_clip": dict(
         dgc=dict(ratio=0.1, clip_norm=0.2, dense_names=("0.bias", "2.weight", "2.bias"))
     ),
-    "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
+    "dgc_0.5_warmup_dense_stage": dict(dgc=dict(ratio=0.5, warmup_steps=2, stages=1)),
     "dgc_0.1_nesterov": dict(dgc=dict(ratio=0.1, nesterov=True, dense_names=("0.bias", "2.weight", "2.bias"))),
 }
 

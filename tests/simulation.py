@@ -128,18 +128,25 @@ def spardl(selections, residuals, k, numel, value_dtype=torch.float32):
     in rank order (float32, one at a time), keeps its ceil(k/N) largest sums, rounds them to
     `value_dtype` (what it drops and what rounding takes off go to its residual, a non-finite
     error as 0), and the owned blocks are gathered. Dropped values go to the dropping rank's
-    residual (modified in place; None: dropped for good). Each pair is an int32 index and a
-    value_dtype value on the wire. Returns (the float32 dense sum, bytes each rank received)."""
+    residual (modified in place; None: dropped for good). Each send is wire rows (send_bytes).
+    Returns (the float32 dense sum, bytes each rank received)."""
     ranks = len(selections)
-    pair_bytes = 4 + torch.empty(0, dtype=value_dtype).element_size()
+    block = -(-numel // ranks)
     owned, received = spardl_owned(selections, residuals, k, numel, value_dtype)
     total = torch.zeros(numel)
     for rank, (v, i) in enumerate(owned):
         total[i] = v
         for other in range(ranks):
             if other != rank:
-                received[other] += pair_bytes * len(i)
+                received[other] += send_bytes(len(i), rank * block, min(numel, (rank + 1) * block), value_dtype)
     return total, received
+
+
+def send_bytes(count, low, high, value_dtype):
+    """Bytes of a send of `count` pairs of the indices [low, high) on the wire: a row of a 2-byte
+    offset and the value for each, and one more for each 65,535-element bucket the range meets."""
+    buckets = (high - 1) // 65535 - low // 65535 + 1 if high > low else 0
+    return (count + buckets) * (2 + torch.empty(0, dtype=value_dtype).element_size())
 
 
 def spardl_owned(selections, residuals, k, numel, value_dtype):
@@ -147,7 +154,6 @@ def spardl_owned(selections, residuals, k, numel, value_dtype):
     owns, bytes each rank received)."""
     ranks = len(selections)
     block, per_rank = -(-numel // ranks), max(1, -(-k // ranks))
-    pair_bytes = 4 + torch.empty(0, dtype=value_dtype).element_size()
     inbox = [[None] * ranks for _ in range(ranks)]  # inbox[owner][sender]
     received = [0] * ranks
     for rank, (values, index) in enumerate(selections):
@@ -156,7 +162,7 @@ def spardl_owned(selections, residuals, k, numel, value_dtype):
             v, i = values[part], index[part]
             if owner != rank:
                 v, i = _keep_largest(v, i, per_rank, residuals[rank])
-                received[owner] += pair_bytes * len(i)
+                received[owner] += send_bytes(len(i), owner * block, min(numel, (owner + 1) * block), value_dtype)
             inbox[owner][rank] = (v, i)
     owned = []
     for owner in range(ranks):

@@ -100,5 +100,11 @@ void send_quantized(const float* acc, const int32_t* index, int64_t count, const
 // values[j] = scales[code j] for j < count.
 void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values);
 
+// A 1-/2-bit segment's indices (sparsecomm/core/wire.py): each of `buckets` buckets' count, then
+// each index's offset in its bucket, as uint16 bytes. False where index is not strictly
+// ascending inside the buckets. And back: false where the counts do not add up to `count`.
+bool segment_offsets(const int32_t* index, int64_t count, int64_t buckets, uint8_t* counts, uint8_t* offsets);
+bool segment_index(const uint8_t* counts, int64_t buckets, const uint8_t* offsets, int64_t count, int32_t* index);
+
 }  // namespace cpu
 }  // namespace sparsecomm

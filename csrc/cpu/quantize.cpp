@@ -1,6 +1,7 @@
 // CPU launchers for csrc/kernels/quantize.h: two passes over the (few) sent values.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "launchers.h"
 #include "scatter.h"
@@ -35,6 +36,38 @@ void send_quantized(const float* acc, const int32_t* index, int64_t count, const
 
 void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values) {
   for (int64_t j = 0; j < count; ++j) values[j] = scales[read_code(codes, j, bits)];
+}
+
+// uint16 through memcpy: a segment's parts are 2-byte aligned, but the bytes are uint8 to C++.
+bool segment_offsets(const int32_t* index, int64_t count, int64_t buckets, uint8_t* counts, uint8_t* offsets) {
+  int64_t j = 0, previous = -1;
+  for (int64_t b = 0; b < buckets; ++b) {
+    const int64_t first = j, end = (b + 1) * kWireBucket;
+    for (; j < count && index[j] < end; ++j) {
+      if (index[j] <= previous) return false;
+      previous = index[j];
+      const uint16_t offset = uint16_t(index[j] - b * kWireBucket);
+      std::memcpy(offsets + kWireOffsetBytes * j, &offset, kWireOffsetBytes);
+    }
+    const uint16_t n = uint16_t(j - first);
+    std::memcpy(counts + kWireOffsetBytes * b, &n, kWireOffsetBytes);
+  }
+  return j == count;
+}
+
+bool segment_index(const uint8_t* counts, int64_t buckets, const uint8_t* offsets, int64_t count, int32_t* index) {
+  int64_t j = 0;
+  for (int64_t b = 0; b < buckets; ++b) {
+    uint16_t n;
+    std::memcpy(&n, counts + kWireOffsetBytes * b, kWireOffsetBytes);
+    if (j + n > count) return false;
+    for (const int64_t end = j + n; j < end; ++j) {
+      uint16_t offset;
+      std::memcpy(&offset, offsets + kWireOffsetBytes * j, kWireOffsetBytes);
+      index[j] = int32_t(b * kWireBucket + offset);
+    }
+  }
+  return j == count;
 }
 
 }  // namespace cpu

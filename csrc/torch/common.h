@@ -13,7 +13,8 @@
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
 //     wire_rows(values, index, start, length, rows), wire_columns(rows, value_dtype, exact)
 //   raw bytes for quantize.h's segments: copy_bytes(from, to), zero_bytes(t), write_count(segment,
-//     count), read_count(gathered, at) (CUDA: a read back)
+//     count), read_count(gathered, at) (CUDA: a read back), segment_offsets(index, counts, offsets),
+//     segment_index(counts, offsets, index)
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -75,8 +76,6 @@ inline float* state_ptr(const char* op, const char* name, const at::Tensor& like
               s.device());
   return s.data_ptr<float>();
 }
-
-constexpr int64_t kSegmentIndexBytes = sizeof(int32_t);  // a 1-/2-bit segment's index (sparsecomm/core/wire.py)
 
 // Indices are int32 on the wire: tensors of 2^31 elements or more are not supported.
 inline void check_indexable(const char* op, int64_t numel) {

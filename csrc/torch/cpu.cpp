@@ -72,6 +72,17 @@ struct CpuDevice {
     return count;
   }
 
+  static void segment_offsets(const at::Tensor& index, const at::Tensor& counts, const at::Tensor& offsets) {
+    TORCH_CHECK(cpu::segment_offsets(index.data_ptr<int32_t>(), index.numel(), counts.numel() / kWireOffsetBytes,
+                                     counts.data_ptr<uint8_t>(), offsets.data_ptr<uint8_t>()),
+                "quantized_segment: index should be strictly ascending and below numel");
+  }
+  static void segment_index(const at::Tensor& counts, const at::Tensor& offsets, const at::Tensor& index) {
+    TORCH_CHECK(cpu::segment_index(counts.data_ptr<uint8_t>(), counts.numel() / kWireOffsetBytes,
+                                   offsets.data_ptr<uint8_t>(), index.numel(), index.data_ptr<int32_t>()),
+                "sparse_unpack_segments: a segment's bucket counts do not add up to its count, ", index.numel());
+  }
+
   static void wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
                         const at::Tensor& rows) {
     TORCH_CHECK(cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(),

@@ -74,6 +74,21 @@ struct CudaDevice {
     return count;
   }
 
+  // A segment's bucket counts and offsets (uint16 bits in int16) by torch's ops on the stream; its
+  // indices back by repeating each bucket's number its count times (the count is known).
+  static void segment_offsets(const at::Tensor& index, const at::Tensor& counts, const at::Tensor& offsets) {
+    const at::Tensor longs = index.to(at::kLong), bucket = longs.div(kWireBucket, "floor");
+    offsets.view(at::kShort).copy_(longs - bucket * kWireBucket);
+    const at::Tensor per_bucket = at::zeros({counts.numel() / kWireOffsetBytes}, longs.options());
+    counts.view(at::kShort).copy_(per_bucket.index_add(0, bucket, at::ones_like(bucket)));
+  }
+  static void segment_index(const at::Tensor& counts, const at::Tensor& offsets, const at::Tensor& index) {
+    const at::Tensor per_bucket = counts.view(at::kShort).to(at::kLong).bitwise_and(0xFFFF);
+    const at::Tensor bucket = at::repeat_interleave(at::arange(per_bucket.numel(), per_bucket.options()), per_bucket,
+                                                    /*dim=*/0, /*output_size=*/index.numel());
+    index.copy_(bucket * kWireBucket + offsets.view(at::kShort).to(at::kLong).bitwise_and(0xFFFF));
+  }
+
   // The wire rows by torch's ops on the stream, in units of int16 (every part's size is even).
   // Element j goes to row j + (its bucket - the first) + 1, after its bucket's marker; marker i to
   // row i + the elements of the buckets before it. Not checked (it would need a synchronisation).

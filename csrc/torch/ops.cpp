@@ -62,8 +62,9 @@ SC_TORCH_LIBRARY {
       "int bits) -> (Tensor, Tensor)");
   // The float32 values of `count` codes.
   m.def("dequantize(Tensor codes, Tensor scales, int count, int bits) -> Tensor");
-  // One rank's 1-/2-bit segment of sparsecomm/core/wire.py (uint8): count, scales, index, codes.
-  m.def("quantized_segment(Tensor codes, Tensor scales, Tensor index, int bits) -> Tensor");
+  // One rank's 1-/2-bit segment of sparsecomm/core/wire.py (uint8) of a tensor of numel elements:
+  // count, scales, bucket counts, offsets, codes.
+  m.def("quantized_segment(Tensor codes, Tensor scales, Tensor index, int bits, int numel) -> Tensor");
   // sparse_unpack_into of every rank's segment, gathered in rank order (values cast to out's
   // dtype), the sums scaled by scale[0] / divisor: a factor the host need not read (scale: a
   // 1-element float32 tensor on out's device, such as Horovod's reduced placeholder).

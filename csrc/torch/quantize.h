@@ -37,25 +37,28 @@ at::Tensor dequantize(const at::Tensor& codes_in, const at::Tensor& scales_in, i
 }
 
 // One rank's 1-/2-bit segment of sparsecomm/core/wire.py (whose Segment TF's graph ops build
-// from): count int64, the scales float32, the indices int32, the codes, then zeros to a multiple
-// of 8 bytes (the next rank's count stays aligned). Byte offsets from the segment's start.
+// from): count int64, the scales float32, each bucket's count (uint16), each index's offset in its
+// bucket (uint16), the codes, then zeros to a multiple of 8 bytes (the next rank's count stays
+// aligned). Byte offsets from the segment's start.
 struct QuantizedSegment {
   static constexpr int64_t kCountBytes = 8;
-  int64_t count, scales_at, index_at, codes_at, codes_end, size;
-  QuantizedSegment(int64_t count, int bits)
+  int64_t count, buckets, scales_at, counts_at, offsets_at, codes_at, codes_end, size;
+  QuantizedSegment(int64_t count, int bits, int64_t buckets)
       : count(count),
+        buckets(buckets),
         scales_at(kCountBytes),
-        index_at(kCountBytes + int64_t(sizeof(float)) * quantized_scales(bits)),
-        codes_at(index_at + kSegmentIndexBytes * count),
+        counts_at(kCountBytes + int64_t(sizeof(float)) * quantized_scales(bits)),
+        offsets_at(counts_at + kWireOffsetBytes * buckets),
+        codes_at(offsets_at + kWireOffsetBytes * count),
         codes_end(codes_at + quantized_bytes(count, bits)),
         size((codes_end + kCountBytes - 1) / kCountBytes * kCountBytes) {}
 };
 
-// This rank's segment, built by one op (it took 5 Python-level torch calls, about 25 us a tensor
-// on a CPU).
+// This rank's segment of a tensor of `numel` elements, built by one op (it took 5 Python-level
+// torch calls, about 25 us a tensor on a CPU).
 template <typename Device>
 at::Tensor quantized_segment(const at::Tensor& codes_in, const at::Tensor& scales_in, const at::Tensor& index_in,
-                             int64_t bits) {
+                             int64_t bits, int64_t numel) {
   const typename Device::Guard guard(index_in.device());
   TORCH_CHECK(index_in.scalar_type() == at::kInt && index_in.dim() == 1,
               "quantized_segment: index should be a 1-D int32 tensor, got ", index_in.dim(), "-D ",
@@ -63,12 +66,15 @@ at::Tensor quantized_segment(const at::Tensor& codes_in, const at::Tensor& scale
   check_quantized("quantized_segment", codes_in, scales_in, index_in.numel(), bits);
   TORCH_CHECK(codes_in.device() == index_in.device() && scales_in.device() == index_in.device(),
               "quantized_segment: codes, scales and index should be on one device");
+  TORCH_CHECK(numel >= index_in.numel() && numel < (int64_t(1) << 31), "quantized_segment: numel should be in [",
+              index_in.numel(), ", 2^31), got ", numel);
   const at::Tensor codes = codes_in.contiguous(), scales = scales_in.contiguous(), index = index_in.contiguous();
-  const QuantizedSegment s(index.numel(), int(bits));
+  const QuantizedSegment s(index.numel(), int(bits), wire_buckets(0, numel));
   at::Tensor segment = at::empty({s.size}, codes.options());
   Device::write_count(segment, s.count);
   Device::copy_bytes(scales, segment.narrow(0, s.scales_at, scales.nbytes()));
-  Device::copy_bytes(index, segment.narrow(0, s.index_at, index.nbytes()));
+  Device::segment_offsets(index, segment.narrow(0, s.counts_at, s.offsets_at - s.counts_at),
+                          segment.narrow(0, s.offsets_at, s.codes_at - s.offsets_at));
   Device::copy_bytes(codes, segment.narrow(0, s.codes_at, codes.nbytes()));
   Device::zero_bytes(segment.narrow(0, s.codes_end, s.size - s.codes_end));
   return segment;
@@ -95,16 +101,16 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
     TORCH_CHECK(start + QuantizedSegment::kCountBytes <= gathered.numel(), "sparse_unpack_segments: gathered (",
                 gathered.numel(), " bytes) should hold ", ranks, " segments, got ", r);
     const int64_t count = Device::read_count(gathered, start);
-    TORCH_CHECK(count >= 0 && count <= (gathered.numel() - start) / kSegmentIndexBytes,
+    TORCH_CHECK(count >= 0 && count <= (gathered.numel() - start) / kWireOffsetBytes,
                 "sparse_unpack_segments: segment ", r, " at byte ", start, " has a count of ", count,
                 ", which does not fit in gathered (", gathered.numel(), " bytes)");
-    segments.emplace_back(count, int(bits));
+    segments.emplace_back(count, int(bits), wire_buckets(0, out.numel()));
     starts.push_back(start);
     start += segments.back().size;
     total += count;
   }
-  TORCH_CHECK(start == gathered.numel(), "sparse_unpack_segments: ", ranks, " segments should fill gathered (",
-              gathered.numel(), " bytes), got ", start, " bytes");
+  TORCH_CHECK(start == gathered.numel(), "sparse_unpack_segments: ", ranks, " segments of a tensor of ", out.numel(),
+              " elements should fill gathered (", gathered.numel(), " bytes), got ", start, " bytes");
   at::Tensor values = at::empty({total}, gathered.options().dtype(at::kFloat));
   at::Tensor index = at::empty({total}, gathered.options().dtype(at::kInt));
   const uint8_t* base = gathered.data_ptr<uint8_t>();
@@ -114,8 +120,9 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
     const uint8_t* segment = base + starts[r];
     Device::dequantize(segment + s.codes_at, reinterpret_cast<const float*>(segment + s.scales_at), s.count, int(bits),
                        values.data_ptr<float>() + filled);
-    Device::copy_bytes(gathered.narrow(0, starts[r] + s.index_at, kSegmentIndexBytes * s.count),
-                       index.narrow(0, filled, s.count));
+    Device::segment_index(gathered.narrow(0, starts[r] + s.counts_at, s.offsets_at - s.counts_at),
+                          gathered.narrow(0, starts[r] + s.offsets_at, s.codes_at - s.offsets_at),
+                          index.narrow(0, filled, s.count));
     filled += s.count;
   }
   unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);

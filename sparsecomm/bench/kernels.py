@@ -99,6 +99,8 @@ def cases(x, density):
 
     values, index = ops.pack_topk(x, None, k)
     dense = torch.empty_like(x)
+    rows = ops.wire_rows(values, index, 0, numel)
+    rows_copy = torch.empty_like(rows)
     return [
         ("sample_threshold", lambda r: ops.sample_threshold(x, r, density), fresh_residual),
         ("pack_above (fused EF threshold pack)", lambda r: ops.pack_above(x, r, threshold), fresh_residual),
@@ -112,6 +114,9 @@ def cases(x, density):
             lambda: ops.block_unpack(values, numel, 12345 % numel, out=dense),
             None,
         ),
+        ("wire_rows (k values + indices to wire rows)", lambda: ops.wire_rows(values, index, 0, numel), None),
+        ("wire_columns (wire rows to k values + indices)", lambda: ops.wire_columns(rows, x.dtype), None),
+        ("copy of the wire rows' bytes (the two above's floor)", lambda: rows_copy.copy_(rows), None),
     ]
 
 
@@ -233,8 +238,9 @@ def path_methods(density):
 
 
 def count(density, device="cpu"):
-    """Records per size at this density: the 8 kernels, then the whole paths (torch's, then TF's)."""
-    return 8 + len(path_methods(density)) * (2 if _tf_paths(device) else 1)
+    """Records per size at this density: the 11 kernels (the wire's 3 included), then the whole
+    paths (torch's, then TF's)."""
+    return 11 + len(path_methods(density)) * (2 if _tf_paths(device) else 1)
 
 
 def model_count(density):

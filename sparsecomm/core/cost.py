@@ -15,7 +15,8 @@ elements on N ranks, each rank sending k elements:
              (the gather waits for the alltoall)
 
 send(k, numel) is wire.send_bytes: k rows of a 2-byte offset and the value, and a marker row per
-65,535 elements of the range (1-/2-bit codes: 4-byte indices, no markers).
+65,535 elements of the range (1-/2-bit codes: a 2-byte offset and the code, and a 2-byte count
+a bucket).
 
 plus, for the sparse ones, the local work of packing and unpacking. Measured (LocalCost,
 what exchange="auto" uses when it measures the cluster itself): this compressor's own pack +

@@ -23,12 +23,15 @@ ranks' sends concatenated (an allgather, an alltoall) read back by the same walk
 
 1-/2-bit codes: one uint8 segment per rank, its parts aligned for their dtypes:
 
-    count   int64, 8 bytes       how many elements this rank sent
-    scales  float32 x n_scales   the per-tensor class means (core.methods: 2 for 1 bit, 4 for 2)
-    index   int32 x count
-    codes   ceil(count * bits / 8) bytes, then zero padding to a multiple of 8 bytes
+    count    int64, 8 bytes         how many elements this rank sent
+    scales   float32 x n_scales     the per-tensor class means (core.methods: 2 for 1 bit, 4 for 2)
+    counts   uint16 x buckets       how many of them each bucket of the tensor holds
+    offsets  uint16 x count         each index's offset in its bucket, in index order
+    codes    ceil(count * bits / 8) bytes, then zero padding to a multiple of 8 bytes
 
-The segments' lengths differ per rank (count), so the reader walks them in rank order.
+A segment's offsets stand apart from its codes, so its buckets are told by counts (a bucket
+holds at most 65,535 elements: a uint16) rather than by marker rows. The segments' lengths
+differ per rank (count), so the reader walks them in rank order.
 """
 
 from dataclasses import dataclass
@@ -36,8 +39,8 @@ from dataclasses import dataclass
 INDEX_BYTES = 2  # a row's index: its offset in its bucket (uint16)
 BUCKET = 65535  # elements a bucket: offsets 0..65534, MARKER left for the markers
 MARKER = 0xFFFF
-SEGMENT_INDEX_BYTES = 4  # a 1-/2-bit segment's indices travel as int32,
-# so a tensor sent with indices has at most this many elements (core.plan.Planner.check_indexable)
+# Indices are int32 in memory: a tensor sent with indices has at most this many elements
+# (core.plan.Planner.check_indexable)
 MAX_INDEXED_NUMEL = 2**31 - 1
 COUNT_BYTES = 8
 SCALE_BYTES = 4
@@ -55,9 +58,9 @@ def rows_bytes(count, value_bytes, start, length):
 
 def send_bytes(count, numel, value_bytes):
     """Bytes of a send of `count` elements of a range of `numel`, for the cost model: wire rows,
-    or for 1-/2-bit codes (a value under a byte) a segment's int32 indices and codes."""
+    or for 1-/2-bit codes (a value under a byte) a segment's offsets, counts and codes."""
     if value_bytes < 1:
-        return count * (SEGMENT_INDEX_BYTES + value_bytes)
+        return count * (INDEX_BYTES + value_bytes) + INDEX_BYTES * buckets(0, numel)
     return rows_bytes(count, value_bytes, 0, numel)
 
 
@@ -73,23 +76,29 @@ def code_bytes(count, bits):
 
 @dataclass(frozen=True)
 class Segment:
-    """Byte offsets of one rank's quantized segment, relative to its start."""
+    """Byte offsets of one rank's quantized segment of a tensor of `numel` elements, relative
+    to its start."""
 
     count: int
     n_scales: int
     bits: int
+    numel: int
 
     @property
     def scales(self):
         return COUNT_BYTES
 
     @property
-    def index(self):
+    def counts(self):
         return COUNT_BYTES + SCALE_BYTES * self.n_scales
 
     @property
+    def offsets(self):
+        return self.counts + INDEX_BYTES * buckets(0, self.numel)
+
+    @property
     def codes(self):
-        return self.index + SEGMENT_INDEX_BYTES * self.count
+        return self.offsets + INDEX_BYTES * self.count
 
     @property
     def size(self):

@@ -200,10 +200,10 @@ class Allgather:
 
     def run(self, packed, wire):
         quantized = packed.bits is not None
-        buffer = _segment(packed) if quantized else _rows(packed.values, packed.index, 0, wire.numel)
+        buffer = _segment(packed, wire.numel) if quantized else _rows(packed.values, packed.index, 0, wire.numel)
         gathered = horovod().allgather(buffer, name=collective_name(wire.name, "gather"), process_set=wire.process_set)
         if quantized:
-            values, index = _from_segments(gathered, packed.bits, wire.ranks)
+            values, index = _from_segments(gathered, packed.bits, wire.ranks, wire.numel)
         else:
             values, index = _from_rows(gathered, packed.values.dtype)
         values = tf.cast(values, wire.dtype)  # values may travel in 16 bits (or quantized)
@@ -271,27 +271,39 @@ def _from_rows(rows, value_dtype):
     return tf.boolean_mask(_view(rows[:, 2:], value_dtype), keep), tf.cast(tf.boolean_mask(index, keep), tf.int32)
 
 
-def _segment(packed):
-    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D)."""
+def _segment(packed, numel):
+    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D) of a tensor of `numel`."""
     count = tf.size(packed.index, out_type=tf.int64)
-    layout = wire_format.Segment(count, wire_format.scale_count(packed.bits), packed.bits)
-    body = tf.concat([_bytes(count, [-1]), _bytes(packed.scales, [-1]), _bytes(packed.index, [-1]), packed.codes], 0)
+    layout = wire_format.Segment(count, wire_format.scale_count(packed.bits), packed.bits, numel)
+    index = tf.cast(packed.index, tf.int64)
+    bucket = index // wire_format.BUCKET
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, wire_format.buckets(0, numel))
+    parts = [
+        _bytes(count, [-1]),
+        _bytes(packed.scales, [-1]),
+        _u16_bytes(counts),
+        _u16_bytes(index - bucket * wire_format.BUCKET),
+    ]
+    body = tf.concat([tf.reshape(p, [-1]) for p in parts] + [packed.codes], 0)
     return tf.concat([body, tf.zeros([layout.size - tf.size(body, out_type=tf.int64)], tf.uint8)], 0)
 
 
-def _from_segments(gathered, bits, ranks):
+def _from_segments(gathered, bits, ranks, numel):
     """Every rank's codes decoded with that rank's scales, in rank order, and the indices. The
     segments' lengths differ: each count is read in the graph, from its segment's header."""
     values, indices, start = [], [], 0
-    n_scales = wire_format.scale_count(bits)
+    n_scales, buckets = wire_format.scale_count(bits), wire_format.buckets(0, numel)
     for _ in range(ranks):
         count = _view(gathered[start : start + wire_format.COUNT_BYTES], tf.int64)[0]
-        layout = wire_format.Segment(count, n_scales, bits)
+        layout = wire_format.Segment(count, n_scales, bits, numel)
         part = gathered[start : start + layout.size]
-        scales = _view(part[layout.scales : layout.index], tf.float32)
+        scales = _view(part[layout.scales : layout.counts], tf.float32)
         codes = part[layout.codes : layout.codes + wire_format.code_bytes(count, bits)]
         values.append(ops.dequantize(codes, scales, count, bits))
-        indices.append(_view(part[layout.index : layout.codes], tf.int32))
+        counts = tf.cast(_view(part[layout.counts : layout.offsets], tf.uint16), tf.int64)
+        offsets = tf.cast(_view(part[layout.offsets : layout.codes], tf.uint16), tf.int64)
+        index = tf.repeat(tf.range(buckets, dtype=tf.int64), counts) * wire_format.BUCKET + offsets
+        indices.append(tf.cast(index, tf.int32))
         start += layout.size
     return tf.concat(values, 0), tf.concat(indices, 0)
 

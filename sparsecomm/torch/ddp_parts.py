@@ -100,9 +100,9 @@ class Gathered:
                 grad, name, rows, packed.values.dtype, capacity + wire.buckets(0, grad.numel())
             )
             return packed.index.numel(), sent, received  # elements, not rows
-        blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
-        segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits)
-        return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits))
+        blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
+        segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
+        return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits, grad.numel()))
 
     def add_rows(self, grad, name, rows, value_dtype, capacity):
         """Wire rows, at most `capacity` of them (elements and markers)."""
@@ -153,8 +153,8 @@ def _used(reader, count):
     """The bytes a rank's blob of `count` elements takes, of its padded region."""
     if reader[0] == "rows":
         return count * reader[2]
-    bits = reader[1]
-    return wire.Segment(count, wire.scale_count(bits), bits).size
+    bits, numel = reader[1:]
+    return wire.Segment(count, wire.scale_count(bits), bits, numel).size
 
 
 def _unpack(reader, blobs, grad, ranks):

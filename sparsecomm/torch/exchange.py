@@ -132,7 +132,7 @@ class Allgather:
         buffer = (
             ops.wire_rows(packed.values, packed.index, 0, wire.shape.numel())
             if packed.bits is None
-            else ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits)
+            else ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, wire.shape.numel())
         )
         handle = horovod().allgather_async(buffer, name=f"sparsecomm.{wire.name}.gather", process_set=wire.process_set)
         pending = (handle, packed.values.dtype if packed.bits is None else None, packed.bits)

@@ -103,8 +103,8 @@ def _sum_of_squares(x):
 
 
 @_fake("quantized_segment")
-def _quantized_segment(codes, scales, index, bits):
-    layout = wire.Segment(index.numel(), scales.numel(), bits)
+def _quantized_segment(codes, scales, index, bits, numel):
+    layout = wire.Segment(index.numel(), scales.numel(), bits, numel)
     return codes.new_empty(layout.size)
 
 

@@ -130,9 +130,10 @@ def dequantize(codes, scales, count, bits):
     return _ops.dequantize(codes, scales, count, bits)
 
 
-def quantized_segment(codes, scales, index, bits):
-    """This rank's 1-/2-bit segment of sparsecomm.core.wire (uint8): count, scales, index, codes."""
-    return _ops.quantized_segment(codes, scales, index, bits)
+def quantized_segment(codes, scales, index, bits, numel):
+    """This rank's 1-/2-bit segment of sparsecomm.core.wire (uint8) of a tensor of `numel`
+    elements: count, scales, bucket counts, offsets (index int32, strictly ascending), codes."""
+    return _ops.quantized_segment(codes, scales, index, bits, numel)
 
 
 def _unpack_scale(scale, out):

@@ -43,7 +43,7 @@ def test_choices(ranks, numel, k, network, want):
 
 def test_pairs_cost_their_value_bytes_plus_a_2_byte_offset_in_both_sparse_exchanges():
     """16-bit values: 4-byte rows in allgather and in SparDL alike (SparDL no longer widens to
-    float32); 1-bit codes travel in segments with 4-byte indices and no markers."""
+    float32); 1-bit codes travel in segments of 2-byte offsets and a 2-byte count a bucket."""
     numel, k, ranks = 1_000_000, 1000, 4
     for value_size in (4, 2):
         got = cost.costs(numel, k, value_size, value_size, ranks, GBIT)
@@ -52,7 +52,7 @@ def test_pairs_cost_their_value_bytes_plus_a_2_byte_offset_in_both_sparse_exchan
         scattered = 2 * 3 * (math.ceil(k / 4) + 4) * (value_size + 2)
         assert got["spardl"] == pytest.approx(local + 2 * 3 * 5e-5 + scattered / 1.25e8)
         assert cost.received_bytes("spardl", numel, k, value_size, value_size, ranks) == scattered
-    assert cost.received_bytes("allgather", numel, k, 4, 1 / 8, ranks) == 3 * k * (4 + 1 / 8)
+    assert cost.received_bytes("allgather", numel, k, 4, 1 / 8, ranks) == 3 * (k * (2 + 1 / 8) + 2 * 16)
 
 
 @pytest.mark.parametrize("sparse_share,want", [(0.79, "allgather"), (0.81, "dense"), (1.2, "dense")])

@@ -70,8 +70,13 @@ def keras_parts():
 
     hvd.init()
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(3)])
-    compression = sctf.TopK(
-        ratio=0.25, exchange="allgather", variables=model.trainable_variables, min_numel=0, dense_1d=False
+    compression = sctf.TopK(  # every variable sparse (the 3-element bias's 1 row and marker are not smaller)
+        ratio=0.25,
+        exchange="allgather",
+        variables=model.trainable_variables,
+        min_numel=0,
+        dense_1d=False,
+        dense_fallback=False,
     )
     return model, keras.optimizers.SGD(0.1, momentum=0.9), compression
 

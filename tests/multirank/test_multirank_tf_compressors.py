@@ -50,7 +50,7 @@ REPLAYS = {
     "threshold_0.1_2bit": dict(method="threshold_2bit", ratio=0.1),
     "dgc_0.1": dict(dgc=dict(ratio=0.1)),
     "dgc_0.05_warmup_clip": dict(dgc=dict(ratio=0.05, warmup_steps=4, stages=2, clip_norm=0.2)),
-    "dgc_0.3_warmup_dense_stage": dict(dgc=dict(ratio=0.3, warmup_steps=2, stages=1)),
+    "dgc_0.5_warmup_dense_stage": dict(dgc=dict(ratio=0.5, warmup_steps=2, stages=1)),
     "dgc_1.0_no_masking": dict(dgc=dict(ratio=1.0, masking=False, dense_fallback=False)),
     "dgc_0.1_default_policy": dict(dgc=dict(ratio=0.1, dense_names=("0.bias", "2.weight", "2.bias"))),
     "dgc_0.1_default_policy_clip": dict(
@@ -100,8 +100,8 @@ def replay(
                 for rank in range(size):
                     # where the sparse payload (k values + k indices) would not be smaller, momentum SGD
                     numel = grads[rank].numel()
-                    larger = reference.count(density, numel) * 8 >= numel * 4
-                    dense = name in settings.get("dense_names", ()) or (settings.get("dense_fallback", True) and larger)
+                    larger = settings.get("dense_fallback", True) and reference.sparse_is_larger(density, numel)
+                    dense = name in settings.get("dense_names", ()) or larger
                     sent, dgc_state[rank][name] = simulation.dgc(
                         grads[rank],
                         dgc_state[rank][name],

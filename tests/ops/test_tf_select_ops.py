@@ -191,6 +191,36 @@ def test_tf_wire_rows_are_torch_bytes_and_read_back_alike(torch_dtype, tf_dtype)
     _same(values, want_values)
 
 
+@pytest.mark.parametrize("bits", [1, 2])
+def test_tf_quantized_segments_are_torch_bytes_and_read_back_alike(bits):
+    """The TF exchange's 1-/2-bit segments (count, scales, bucket counts, offsets, codes): byte for
+    byte torch's, and the indices and values read back from two ranks' gathered segments."""
+    from types import SimpleNamespace
+
+    from sparsecomm.tensorflow import exchange
+
+    gen, numel = torch.Generator().manual_seed(bits), 200_000
+    torch_segments, tf_segments = [], []
+    for count in (3000, 0):
+        index = torch.randperm(numel, generator=gen)[:count].sort().values.int()
+        codes = torch.randint(0, 256, ((count * bits + 7) // 8,), generator=gen, dtype=torch.uint8)
+        scales = torch.randn(2 if bits == 1 else 4, generator=gen)
+        torch_segments.append(torch_ops.quantized_segment(codes, scales, index, bits, numel))
+        packed = SimpleNamespace(
+            index=tf.constant(index.numpy()),
+            codes=tf.constant(codes.numpy()),
+            scales=tf.constant(scales.numpy()),
+            bits=bits,
+        )
+        tf_segments.append(exchange._segment(packed, numel))
+        np.testing.assert_array_equal(tf_segments[-1].numpy(), torch_segments[-1].numpy())
+    values, index = exchange._from_segments(tf.concat(tf_segments, 0), bits, 2, numel)
+    want = torch.zeros(numel)
+    torch_ops.sparse_unpack_segments(torch.cat(torch_segments), bits, 2, numel, out=want)
+    got = tf.scatter_nd(tf.expand_dims(index, 1), values, [numel])  # distinct indices: no order to keep
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 def test_tf_random_k_and_threshold_equal_torch():
     _same(tf_ops.random_k_indices(10_007, 99, **KW), torch_ops.random_k_indices(torch.empty(10_007), 99, **KW))
     grad, residual, _ = _inputs(100_000, torch.float32)

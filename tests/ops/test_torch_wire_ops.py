@@ -127,6 +127,18 @@ def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dt
     assert torch.equal(out.cpu(), want)
 
 
+def test_segments_name_an_index_out_of_order_or_counts_that_do_not_add_up_on_the_cpu():
+    ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
+    codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
+    with pytest.raises(RuntimeError, match=r"quantized_segment: index should be strictly ascending and below numel"):
+        ops.quantized_segment(codes, scales, index.flip(0), 2, 100)
+    segment = ops.quantized_segment(codes, scales, index, 2, 100)
+    layout = wire.Segment(20, scales.numel(), 2, 100)
+    segment[layout.counts] -= 1  # 19 in the one bucket, for a count of 20
+    with pytest.raises(RuntimeError, match=r"sparse_unpack_segments: a segment's bucket counts do not add up"):
+        ops.sparse_unpack_segments(segment, 2, 1, 100, out=torch.empty(100))
+
+
 def test_wire_rows_name_an_index_out_of_order_or_range_on_the_cpu():
     """The CPU pass checks the order and range it writes; CUDA does not (it would need a host
     synchronisation, as check_index_range)."""
@@ -167,7 +179,7 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
     for op, args in (("sparse_unpack_rows", (rows, torch.float32, 40)), ("sparse_unpack_segments", None)):
         if args is None:
             ((codes, scales, _, idx),) = _quantized_ranks(40, [5], 2, seed=2)
-            args = (ops.quantized_segment(*(torch.from_numpy(x) for x in (codes, scales, idx)), 2), 2, 1, 40)
+            args = (ops.quantized_segment(*(torch.from_numpy(x) for x in (codes, scales, idx)), 2, 40), 2, 1, 40)
         unpack = getattr(ops, op)
         with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 2 Float"):
             unpack(*args, torch.ones(2), out=torch.empty(40))
@@ -177,13 +189,16 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
             unpack(*args, torch.ones(1), 0, out=torch.empty(40))
 
 
-def _reference_segment(codes, scales, index):
+def _reference_segment(codes, scales, index, numel):
     """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
-    little-endian), the scales' and the indices' bytes, the codes, zeros to a multiple of 8."""
+    little-endian), the scales' bytes, each 65,535-element bucket's count and each index's offset
+    in its bucket (uint16), the codes, zeros to a multiple of 8."""
+    counts = np.bincount(index // wire.BUCKET, minlength=-(-numel // wire.BUCKET))
     parts = [
         np.array([index.size], "<i8").view(np.uint8),
         scales.astype("<f4").view(np.uint8),
-        index.astype("<i4").view(np.uint8),
+        counts.astype("<u2").view(np.uint8),
+        (index % wire.BUCKET).astype("<u2").view(np.uint8),
         codes,
     ]
     data = np.concatenate(parts)
@@ -205,11 +220,13 @@ def _quantized_ranks(numel, counts, bits, seed):
 
 @pytest.mark.parametrize("bits", [1, 2])
 @pytest.mark.parametrize("count", [0, 1, 5, 257])
-def test_quantized_segment_holds_count_scales_index_codes_and_padding(device, bits, count):
-    ((codes, scales, _, index),) = _quantized_ranks(1000, [count], bits, seed=count)
-    got = ops.quantized_segment(*(torch.from_numpy(x).to(device) for x in (codes, scales, index)), bits)
-    assert got.dtype == torch.uint8 and np.array_equal(got.cpu().numpy(), _reference_segment(codes, scales, index))
-    assert got.numel() == wire.Segment(count, scales.size, bits).size
+def test_quantized_segment_holds_count_scales_offsets_codes_and_padding(device, bits, count):
+    """A tensor of 4 buckets, the last one partial."""
+    ((codes, scales, _, index),) = _quantized_ranks(200_000, [count], bits, seed=count)
+    got = ops.quantized_segment(*(torch.from_numpy(x).to(device) for x in (codes, scales, index)), bits, 200_000)
+    want = _reference_segment(codes, scales, index, 200_000)
+    assert got.dtype == torch.uint8 and np.array_equal(got.cpu().numpy(), want)
+    assert got.numel() == wire.Segment(count, scales.size, bits, 200_000).size
 
 
 @pytest.mark.parametrize("scale_form", ["tensor", "number"])
@@ -221,7 +238,7 @@ def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, 
     a stale out: each rank's codes decoded with its own scales, cast to out's dtype, summed in
     rank order and scaled by scale / divisor."""
     ranks = _quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
-    gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i) for c, s, _, i in ranks]))
+    gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i, 70_000) for c, s, _, i in ranks]))
     given, factor = _unpack_scale(scale, divisor, scale_form, device)
     want = torch.zeros(70_000)
     for _, _, decoded, index in ranks:
@@ -236,8 +253,8 @@ def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, 
 def test_segment_ops_pass_opcheck_and_name_bad_segments():
     ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
     codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
-    segment = ops.quantized_segment(codes, scales, index, 2)
-    torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2))
+    segment = ops.quantized_segment(codes, scales, index, 2, 100)
+    torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2, 100))
     torch.library.opcheck(
         ops._ops.sparse_unpack_segments_into.default, (segment, 2, 1, torch.tensor([0.5]), 1, torch.empty(100))
     )
@@ -246,7 +263,7 @@ def test_segment_ops_pass_opcheck_and_name_bad_segments():
         match=r"quantized_segment: codes should have 5 bytes for 20 values of 2 bits, "
         r"got 4",
     ):
-        ops.quantized_segment(codes[:4], scales, index, 2)
+        ops.quantized_segment(codes[:4], scales, index, 2, 100)
     with pytest.raises(
         RuntimeError,
         match=r"sparse_unpack_segments: gathered \(\d+ bytes\) should hold 2 segments, "
@@ -255,8 +272,8 @@ def test_segment_ops_pass_opcheck_and_name_bad_segments():
         ops.sparse_unpack_segments(segment, 2, 2, 100, out=torch.empty(100))
     with pytest.raises(
         RuntimeError,
-        match=r"sparse_unpack_segments: 1 segments should fill gathered \(\d+ bytes\), "
-        r"got \d+ bytes",
+        match=r"sparse_unpack_segments: 1 segments of a tensor of 100 elements should fill gathered "
+        r"\(\d+ bytes\), got \d+ bytes",
     ):
         ops.sparse_unpack_segments(torch.cat([segment, segment[:8]]), 2, 1, 100, out=torch.empty(100))
     broken = segment.clone()

@@ -40,18 +40,20 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "x memcpy" in proc.stdout and "topk / op" in proc.stdout
     records = json.loads(out.read_text())["records"]
-    # 8 kernels, then the TopK and Threshold paths (DGC's only at densities <= 0.1%), torch's and
-    # TF's; then on ResNet-50's 161 tensors, torch's paths and Horovod with no compression
-    assert len(records) == 15
-    assert [r["op"] for r in records[8:12]] == [
+    # 11 kernels (the wire's 3 last), then the TopK and Threshold paths (DGC's only at densities
+    # <= 0.1%), torch's and TF's; then on ResNet-50's 161 tensors, torch's paths and Horovod with no
+    # compression
+    assert len(records) == 18
+    assert [r["op"].split()[0] for r in records[8:11]] == ["wire_rows", "wire_columns", "copy"]
+    assert [r["op"] for r in records[11:15]] == [
         f"{prefix}{name} whole path (1 rank)" for prefix in ("", "TF ") for name in ("TopK", "Threshold")
     ]
-    assert [r["op"].split()[0] for r in records[12:]] == ["TopK", "Threshold", "Horovod,"]
+    assert [r["op"].split()[0] for r in records[15:]] == ["TopK", "Threshold", "Horovod,"]
     for r in records:
         assert {"op", "numel", "density", "dtype", "device", "median_ms", "memcpy_ms", "topk_ms"} <= set(r)
         assert r["dtype"] == "float32" and r["density"] == 0.01 and r["median_ms"] > 0
-    assert [r["numel"] for r in records] == [20000] * 12 + [25_557_032] * 3
-    assert all(r["tensors"] == 161 and "ResNet-50's 161 tensors" in r["op"] for r in records[12:])
+    assert [r["numel"] for r in records] == [20000] * 15 + [25_557_032] * 3
+    assert all(r["tensors"] == 161 and "ResNet-50's 161 tensors" in r["op"] for r in records[15:])
 
 
 def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path):
@@ -66,7 +68,7 @@ def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Horovod is not installed: the whole-path rows" in proc.stdout
     records = json.loads(out.read_text())["records"]
-    assert len(records) == 8 and not any("whole path" in r["op"] for r in records)
+    assert len(records) == 11 and not any("whole path" in r["op"] for r in records)
     proc = bench("e2e", "--ranks", "2")
     assert proc.returncode == 2 and "e2e: the end-to-end benchmark needs Horovod" in proc.stderr
 

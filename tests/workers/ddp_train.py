@@ -81,8 +81,8 @@ CONFIGS = {
     "dgc_0.1_default_policy": (named(DGC, ratio=0.1, momentum=0.9, exchange="allgather"), {}),
     "dgc_0.1_default_policy_clip": (named(DGC, ratio=0.1, momentum=0.9, clip_norm=0.2, exchange="allgather"), {}),
     "dgc_0.1_nesterov": (named(DGC, ratio=0.1, momentum=0.9, nesterov=True, exchange="allgather"), {}),
-    "dgc_0.3_warmup_dense_stage": (
-        named(DGC, ratio=0.3, momentum=0.9, warmup_steps=2, warmup_stages=1, **GATHERED),
+    "dgc_0.5_warmup_dense_stage": (
+        named(DGC, ratio=0.5, momentum=0.9, warmup_steps=2, warmup_stages=1, **GATHERED),
         {},
     ),
 }

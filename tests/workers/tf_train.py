@@ -106,9 +106,9 @@ CONFIGS = {
         ),
         {},
     ),
-    "dgc_0.3_warmup_dense_stage": (
+    "dgc_0.5_warmup_dense_stage": (
         lambda m: DGC(
-            exchange="allgather", ratio=0.3, momentum=0.9, warmup_steps=2, warmup_stages=1, variables=m, **EVERY
+            exchange="allgather", ratio=0.5, momentum=0.9, warmup_steps=2, warmup_stages=1, variables=m, **EVERY
         ),
         {},
     ),

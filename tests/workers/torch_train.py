@@ -152,11 +152,12 @@ CONFIGS = {
         ),
         {},
     ),
-    # warm-up stage 0 has density 0.55: sparse would be larger, so it goes dense (momentum SGD)
-    "dgc_0.3_warmup_dense_stage": (
+    # warm-up stage 0 has density 0.71: sparse (6-byte rows) would be larger, so it goes dense
+    # (momentum SGD); then 0.5, sparse
+    "dgc_0.5_warmup_dense_stage": (
         lambda model: DGC(
             exchange="allgather",
-            ratio=0.3,
+            ratio=0.5,
             momentum=0.9,
             warmup_steps=2,
             warmup_stages=1,
