@@ -48,9 +48,11 @@ def test_dense_grows_as_the_ring_says_while_spardl_bytes_stay_order_k():
         ring = 2 * (ranks - 1) / ranks
         got = scaling.predicted_bytes(shapes, ranks)
         assert got["dense"] == pytest.approx(ring * numel * 4)
-        assert got["allgather"] == pytest.approx((ranks - 1) * k * 8 + ring * dense_numel * 4)
-        # SparDL: 2 (N-1) ceil(k/N) pairs of 8 bytes per tensor, under 16 (k + N) per tensor
-        assert got["spardl"] - ring * dense_numel * 4 <= 16 * (k + ranks * len(sparse))
+        # rows of 6 bytes: k of them, and a marker row a 65,535-element bucket of each tensor
+        markers = sum(-(-n // 65535) for n in sparse)
+        assert got["allgather"] == pytest.approx((ranks - 1) * (k + markers) * 6 + ring * dense_numel * 4)
+        # SparDL: 2 (N-1) (ceil(k/N) + a block's markers) rows per tensor: under 12 (k + 2N + n/65,535)
+        assert got["spardl"] - ring * dense_numel * 4 <= 12 * sum(k + 2 * ranks + n / 65535 for n in sparse)
         step = scaling.predict(shapes, ranks, bandwidth_only, cost.LocalCost(0, 0, 0), 0.0)
         assert step["dense"] == pytest.approx(1000 * ring * numel * 4 / 1.25e9)
 
@@ -160,15 +162,17 @@ def test_host_costs_of_one_rank_per_host_are_the_flat_model_and_hierarchical_is_
 
 def test_across_hosts_hierarchical_sends_a_hosts_k_where_allgather_sends_every_ranks():
     """Bandwidth only (no latency, a host link of no cost, no local work): a host's NIC receives
-    (H-1) R ceil(k/R) pairs under hierarchical and (N-1) k under the allgather ring; SparDL's
-    2 R (N-R) ceil(k/N); one host runs all on its own link."""
+    (H-1) R sends of ceil(k/R) pairs under hierarchical and (N-1) of k under the allgather ring;
+    SparDL's 2 R (N-R) of ceil(k/N); one host runs all on its own link. A send is 6-byte rows:
+    its pairs and a marker row for each 65,535-element bucket of its range (2^20 elements: 17
+    buckets; a block of 2^20 / 8: 3; of 2^20 / 32: 1)."""
     nic, free = cost.Network(bandwidth=1e9, latency=0.0), cost.Network(bandwidth=1e30, latency=0.0)
     none = cost.LocalCost(0, 0, 0)
     hosts, per_host, k = 4, 8, 1000
     got = cost.host_costs(2**20, k, 4, 4, hosts, per_host, nic, none, host_link=free)
-    assert got["hierarchical"] == pytest.approx((hosts - 1) * per_host * math.ceil(k / per_host) * 8 / 1e9)
-    assert got["allgather"] == pytest.approx((32 - 1) * k * 8 / 1e9)
-    assert got["spardl"] == pytest.approx(2 * per_host * (32 - per_host) * math.ceil(k / 32) * 8 / 1e9)
+    assert got["hierarchical"] == pytest.approx((hosts - 1) * per_host * (math.ceil(k / per_host) + 3) * 6 / 1e9)
+    assert got["allgather"] == pytest.approx((32 - 1) * (k + 17) * 6 / 1e9)
+    assert got["spardl"] == pytest.approx(2 * per_host * (32 - per_host) * (math.ceil(k / 32) + 1) * 6 / 1e9)
     one = cost.host_costs(2**20, k, 4, 4, 1, per_host, nic, none, host_link=free)
     assert max(one.values()) == pytest.approx(0.0, abs=1e-12)
 
