@@ -473,3 +473,30 @@ def test_every_compressor_conserves_the_gradient_over_steps(tmp_path):
                 msg=lambda m: f"{config} {name}: {m}",
             )
             assert r["residual"][name].abs().sum() > 0, (config, name)  # something was held back
+
+
+def test_spardl_sends_each_owner_the_markers_of_its_block_only():
+    """The wire of SparDL's phases (sparsecomm.core.wire) on a tensor of 5 buckets split over 3
+    owners: each block's send holds its pairs and one marker row per bucket its range touches
+    (2, 3 and 2 of the tensor's 5), and reads back to indices inside the block; the owner's
+    reduced rows too. One process: the exchange's own split and reduce, without Horovod."""
+    from sparsecomm.core.plan import SparDLLayout
+    from sparsecomm.torch.exchange import Packed, Wire, spardl_reduce, spardl_split
+    from sparsecomm.torch.ops import wire_columns
+
+    numel, ranks, k = 300_000, 3, 3000
+    layout = SparDLLayout.of(numel, k, ranks)
+    gen = torch.Generator().manual_seed(0)
+    index = torch.randperm(numel, generator=gen)[:k].sort().values.int()
+    packed = Packed(values=torch.randn(k, generator=gen), index=index)
+    rows = spardl_split(packed, layout, 0, torch.zeros(numel))
+    for owner, sent in enumerate(rows):
+        low, high = owner * 100_000, (owner + 1) * 100_000
+        inside = int(((index >= low) & (index < high)).sum())
+        _, got = wire_columns(sent, torch.float32)
+        assert sent.shape == (got.numel() + [2, 3, 2][owner], 6)
+        assert got.numel() == (inside if owner == 0 else min(inside, 1000))  # its own block whole
+        assert bool(((got >= low) & (got < high)).all())
+    wire = Wire("w", torch.Size([numel]), torch.float32, None, ranks, k, torch.zeros(numel), torch.empty(numel))
+    reduced = spardl_reduce([rows[0]] * ranks, layout, 0, torch.float32, wire)
+    assert reduced.shape[0] == min(int((index < 100_000).sum()), 1000) + 2  # the kept sums and 2 markers
