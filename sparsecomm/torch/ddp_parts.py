@@ -41,6 +41,11 @@ def _aligned(nbytes):
     return -(-nbytes // COUNT) * COUNT
 
 
+def _share_bytes(layout, width):
+    """A parameter's region in a SparDL chunk: its most rows (SparDLLayout.most_rows), aligned."""
+    return _aligned(layout.most_rows() * width)
+
+
 def _bytes(tensor):
     return tensor.contiguous().view(-1).view(torch.uint8)
 
@@ -184,11 +189,11 @@ class Scattered:
         self.items.append((wire_, layout, packed.values.dtype, rows))
         width = rows[0].shape[1]
         sent = sum(elements(r, *layout.owned(b)) for b, r in enumerate(rows) if b != self.rank)
-        padded = (wire_.ranks - 1) * (COUNT + _aligned(layout.most_rows() * width))
+        padded = (wire_.ranks - 1) * (COUNT + _share_bytes(layout, width))
         return sent, padded, padded
 
     def _chunk_bytes(self):
-        return sum(COUNT + _aligned(layout.most_rows() * rows[0].shape[1]) for _, layout, _, rows in self.items)
+        return sum(COUNT + _share_bytes(layout, rows[0].shape[1]) for _, layout, _, rows in self.items)
 
     def start(self):
         """Every owner's chunk: each parameter's count, then its rows padded to layout.most_rows()."""
@@ -206,7 +211,7 @@ class Scattered:
             for _, layout, _, rows in self.items:
                 if not mine:
                     sending[owner, offset : offset + rows[owner].numel()] = _bytes(rows[owner])
-                offset += _aligned(layout.most_rows() * rows[owner].shape[1])
+                offset += _share_bytes(layout, rows[owner].shape[1])
         self.received, self.done = torch.empty_like(sending), future_on(device)
         self.work = dist.all_to_all_single(self.received, sending, group=self.ways.group, async_op=True)
         self.ways.scattered.append(self)
@@ -224,7 +229,7 @@ class Scattered:
                 rows[rank] if s == rank else self.received[s, offset : offset + counts[s][i] * width].view(-1, width)
                 for s in range(wire_.ranks)
             ]
-            offset += _aligned(layout.most_rows() * width)
+            offset += _share_bytes(layout, width)
             reduced = spardl_reduce(parts, layout, rank, value_dtype, wire_)
             sent = self.second.add_rows(wire_.out, wire_.name, reduced, value_dtype, layout.most_rows())
             self.counters.account_later(wire_.name, sent[1], 0)
