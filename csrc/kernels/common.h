@@ -71,8 +71,8 @@ SC_HOST_DEVICE float from_float<float>(float x) {
 template <>
 SC_HOST_DEVICE bfloat16 from_float<bfloat16>(float x) {
   uint32_t u = float_bits(x);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16{uint16_t((u >> 16) | 0x40u)};  // quiet nan
-  u += 0x7fffu + ((u >> 16) & 1u);                                                    // round to nearest, ties to even
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bfloat16{uint16_t(((u >> 16) & 0x8000u) | 0x7fc0u)};  // quiet nan
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
   return bfloat16{uint16_t(u >> 16)};
 }
 

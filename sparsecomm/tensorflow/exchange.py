@@ -187,7 +187,7 @@ class Shared:
         size, ranks = count * wire_bytes(packed.values.dtype), wire.ranks
         return Handed(
             handed,
-            lambda output: tf.reshape(unpack(tf.cast(output, dtype)), shape),
+            lambda output: tf.reshape(unpack(to_value_dtype(output, dtype)), shape),
             count,
             size,
             2 * (ranks - 1) * size // ranks,  # a ring allreduce receives 2 (N-1)/N of it
@@ -325,10 +325,25 @@ def _keep_largest(values, index, k, residual):
     return kept_values, kept_index, residual
 
 
+_QUIET_NAN = {tf.bfloat16: 0x7FC0, tf.float16: 0x7E00}  # as sparsecomm.torch.exchange's: the kernels' NaN
+
+
+def to_value_dtype(values, value_dtype):
+    """float32 `values` in the value dtype, a NaN as the sign-kept quiet NaN of the kernels (TF's
+    float16 cast keeps a NaN's payload)."""
+    quiet = _QUIET_NAN.get(value_dtype)
+    if quiet is None or values.dtype == value_dtype:
+        return tf.cast(values, value_dtype)
+    rounded = tf.cast(values, value_dtype)
+    sign = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.bitcast(values, tf.int32), 16), 0x8000)
+    nan = tf.bitcast(tf.cast(tf.bitwise.bitwise_or(sign, quiet), tf.uint16), value_dtype)
+    return tf.where(tf.math.is_nan(values), nan, rounded)
+
+
 def _rounded(sums, index, value_dtype, residual):
     """(the owner's float32 sums in the value dtype, residual plus what rounding took off; a
     finite sum rounded to +-inf leaves nothing there)."""
-    rounded = tf.cast(sums, value_dtype)
+    rounded = to_value_dtype(sums, value_dtype)
     if residual is not None and value_dtype != tf.float32:
         error = sums - tf.cast(rounded, tf.float32)
         error = tf.where(tf.math.is_finite(error), error, tf.zeros_like(error))
@@ -410,7 +425,7 @@ class SparDL:
                 splits.append(tf.constant(0, tf.int32))
                 continue
             v, i, residual = _keep_largest(v, i, layout.per_rank, residual)
-            rows.append(_rows(tf.cast(v, packed.values.dtype), i, *layout.owned(b)))
+            rows.append(_rows(to_value_dtype(v, packed.values.dtype), i, *layout.owned(b)))
             splits.append(tf.shape(rows[-1])[0])
             pairs += tf.size(i)
         empty = _rows(packed.values[:0], index[:0], 0, 0)

@@ -118,7 +118,7 @@ class Shared:
 
     def finish(self, output, ctx):
         packed, numel, out = ctx.pending, ctx.wire.shape.numel(), ctx.wire.output()
-        values = output.to(ctx.wire.dtype)
+        values = to_value_dtype(output, ctx.wire.dtype)
         if packed.start is not None:
             return ops.block_unpack(values, numel, packed.start, out=out).view(ctx.wire.shape)
         return ops.sparse_unpack(values, packed.index, numel, out=out).view(ctx.wire.shape)
@@ -186,10 +186,25 @@ def _keep_largest(values, index, k, residual):
     return kept_values, kept_index
 
 
+# The quiet NaN of each 16-bit dtype, sign apart: what the kernels' from_float writes for any NaN.
+# torch's own bfloat16 cast writes 0xFFFF, TF's keeps the sign: the canonical one gives equal bits.
+_QUIET_NAN = {torch.bfloat16: 0x7FC0, torch.float16: 0x7E00}
+
+
+def to_value_dtype(values, value_dtype):
+    """float32 `values` in the value dtype, a NaN as the sign-kept quiet NaN of the kernels."""
+    quiet = _QUIET_NAN.get(value_dtype)
+    if quiet is None or values.dtype == value_dtype:
+        return values.to(value_dtype)
+    rounded = values.to(value_dtype)
+    nan = (((values.view(torch.int32) >> 16) & 0x8000) | quiet).to(torch.int16).view(value_dtype)
+    return torch.where(values.isnan(), nan, rounded)
+
+
 def _rounded(sums, index, value_dtype, residual):
     """The owner's float32 sums in the value dtype; what rounding took off goes to the residual
     (a finite sum rounded to +-inf leaves nothing there: the NaN/Inf policy of every send)."""
-    rounded = sums.to(value_dtype)
+    rounded = to_value_dtype(sums, value_dtype)
     if residual is not None and value_dtype != torch.float32:
         error = sums - rounded.float()
         residual.index_add_(0, index.long(), torch.where(error.isfinite(), error, torch.zeros_like(error)))
@@ -239,7 +254,7 @@ def spardl_split(packed, layout, rank, residual):
             rows.append(ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i, *layout.owned(b)))
             continue
         v, i = _keep_largest(v, i, layout.per_rank, residual)
-        rows.append(ops.wire_rows(v.to(value_dtype), i, *layout.owned(b)))
+        rows.append(ops.wire_rows(to_value_dtype(v, value_dtype), i, *layout.owned(b)))
     return rows
 
 

@@ -191,6 +191,31 @@ def test_tf_wire_rows_are_torch_bytes_and_read_back_alike(torch_dtype, tf_dtype)
     _same(values, want_values)
 
 
+@pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES)
+def test_tf_rounding_to_the_value_dtype_is_torch_bits_nans_included(torch_dtype, tf_dtype):
+    """The owner's rounding of float32 sums (SparDL, hierarchical) and the shared-coordinate
+    unpack's cast: the same bits in both frameworks; a NaN, whatever its sign and payload, is the
+    dtype's quiet NaN with its sign, as the kernels write it (tests/ops/test_torch_block_ops.py)."""
+    from sparsecomm.tensorflow import exchange as tf_exchange
+    from sparsecomm.torch import exchange as torch_exchange
+
+    patterns = [0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FC12345, 0xFFA00001, 0x7F800000, 0xFF800000, 0x3F808000]
+    bits = np.array(patterns + [0x477FF000, 0x00000001, 0x80000000], dtype=np.uint32)
+    values = torch.from_numpy(bits.view(np.float32).copy())
+    want = torch_exchange.to_value_dtype(values, torch_dtype)
+    got = tf_exchange.to_value_dtype(tf.constant(values.numpy()), tf_dtype)
+    np.testing.assert_array_equal(
+        tf.bitcast(got, tf.uint16 if tf_dtype.size == 2 else tf.uint32).numpy(),
+        want.view(torch.int16 if want.element_size() == 2 else torch.int32)
+        .numpy()
+        .view(np.uint16 if want.element_size() == 2 else np.uint32),
+    )
+    if torch_dtype != torch.float32:
+        quiet = 0x7FC0 if torch_dtype == torch.bfloat16 else 0x7E00
+        nan_bits = want[:5].view(torch.int16).numpy().view(np.uint16)
+        assert list(nan_bits) == [quiet, quiet | 0x8000, quiet, quiet, quiet | 0x8000], [hex(b) for b in nan_bits]
+
+
 @pytest.mark.parametrize("bits", [1, 2])
 def test_tf_quantized_segments_are_torch_bytes_and_read_back_alike(bits):
     """The TF exchange's 1-/2-bit segments (count, scales, bucket counts, offsets, codes): byte for
