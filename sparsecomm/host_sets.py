@@ -63,3 +63,18 @@ def registered(hvd, ranks):
             "before training"
         )
     return sets.of_this_rank(hvd)
+
+
+def measurable(hvd, ranks):
+    """(HostLayout, this rank's host set) where exchange="auto" may route "hierarchical": an exchange
+    over every rank, on 2 hosts or more of 2 ranks or more, the hosts' process sets registered;
+    None otherwise (as `registered`, starting nothing)."""
+    if not hvd.is_initialized() or ranks != hvd.size() or hvd.size() % hvd.local_size():
+        return None
+    layout = HostLayout(hvd.size(), hvd.local_size())
+    sets = _MADE.get(layout)
+    if layout.hosts < 2 or layout.per_host < 2 or sets is None:
+        return None
+    if any(s.process_set_id is None for s in sets.to_register()):
+        return None
+    return layout, sets.of_this_rank(hvd)[0]

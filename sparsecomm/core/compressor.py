@@ -118,7 +118,8 @@ class Settings(abc.ABC):
 
     @abc.abstractmethod
     def _measure_network(self):
-        """(Network, LocalCost or None, {tensor: backward window} or None), averaged over the ranks."""
+        """(Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None),
+        averaged over the ranks."""
 
     def _mean_over_ranks(self, values, name) -> list:
         """`values` averaged over the ranks (only adapters that time the route trial call it)."""

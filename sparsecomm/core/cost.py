@@ -47,7 +47,6 @@ from dataclasses import dataclass
 
 from . import wire
 
-EXCHANGES = ("dense", "allgather", "spardl")
 PACK_COPIES = 4.0  # fused pack (about 3 copies at density 0.01, docs/kernels.md) + unpack (1)
 FUSION_BYTES = 64 * 1024 * 1024  # Horovod's default fusion buffer (HOROVOD_FUSION_THRESHOLD)
 SPARSE_AT_MOST = 0.8  # a sparse exchange must be predicted at least 20% faster than dense to be chosen
@@ -103,10 +102,32 @@ class LocalCost:
         return cls(max(0.0, t1 - per_element * n1), per_element, per_pair)
 
 
-def local_and_wire(numel, k, size, value_size, ranks, network, local=None):
+EXCHANGES = ("dense", "allgather", "spardl")
+HIERARCHICAL = "hierarchical"  # auto considers it where the hosts' process sets are registered (Hosts)
+SPARSE = ("allgather", "spardl", HIERARCHICAL)  # the sparse exchanges, in choose's order for ties
+
+# Inside a host (the scaling view's hosts of GPUs): NVLink-class, 100 GB/s a GPU, 5 us a message.
+HOST_LINK = Network(bandwidth=1e11, latency=5e-6)
+
+
+@dataclass(frozen=True)
+class Hosts:
+    """The hosts of a job: `count` hosts of `per_host` ranks, a host's ranks joined by `link`
+    (measured over the host's process set by exchange="auto"; HOST_LINK in the scaling view).
+    With Hosts, the model's `network` is a host's NIC."""
+
+    count: int
+    per_host: int
+    link: Network = HOST_LINK
+
+
+def local_and_wire(numel, k, size, value_size, ranks, network, local=None, hosts=None):
     """(local seconds, wire seconds) per step of each exchange for one tensor (see the module
     docstring); `local` (LocalCost) replaces the copy-bandwidth estimate of the sparse path's own
-    work. Dense has no local work of ours: Horovod's allreduce is all wire."""
+    work. Dense has no local work of ours: Horovod's allreduce is all wire. With `hosts` (Hosts,
+    of `ranks` ranks in all), "hierarchical" too (_on_hosts)."""
+    if hosts is not None:
+        return _on_hosts(numel, k, size, value_size, hosts, network, local)
     n, beta, alpha = ranks, 1.0 / network.bandwidth, network.latency
     per_rank = math.ceil(k / n)
     if local is None:
@@ -124,46 +145,20 @@ def local_and_wire(numel, k, size, value_size, ranks, network, local=None):
     }
 
 
-def costs(numel, k, size, value_size, ranks, network, local=None, hidden=0.0):
-    """Predicted seconds per step each exchange adds to the step: its local work plus the part of
-    its wire time that `hidden` seconds of backward compute do not cover."""
-    return {
-        e: work + max(0.0, wire - hidden)
-        for e, (work, wire) in local_and_wire(numel, k, size, value_size, ranks, network, local).items()
-    }
-
-
-def choose(numel, k, size, value_size, ranks, network, allowed=EXCHANGES, local=None, hidden=0.0):
-    """(the allowed exchange to use, every prediction): the cheaper sparse exchange (ties: the
-    earlier of EXCHANGES) where it is predicted within SPARSE_AT_MOST of dense's time, else dense
-    (also where dense costs nothing: its wire time is all hidden)."""
-    predicted = costs(numel, k, size, value_size, ranks, network, local, hidden)
-    sparse = min((e for e in EXCHANGES[1:] if e in allowed), key=lambda e: predicted[e], default=None)
-    if "dense" in allowed and (
-        sparse is None or predicted["dense"] == 0.0 or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]
-    ):
-        return "dense", predicted
-    return sparse, predicted
-
-
-# Inside a host (the scaling view's hosts of GPUs): NVLink-class, 100 GB/s a GPU, 5 us a message.
-HOST_LINK = Network(bandwidth=1e11, latency=5e-6)
-
-
-def host_costs(numel, k, size, value_size, hosts, per_host, network, local=None, host_link=HOST_LINK):
-    """Seconds per step of each exchange, "hierarchical" included, for one tensor on `hosts`
-    hosts of `per_host` ranks (R), N = hosts * R. `network` is a host's NIC, `host_link` what
+def _on_hosts(numel, k, size, value_size, hosts, network, local):
+    """local_and_wire on H hosts of R ranks, N = H R: `network` is a host's NIC, hosts.link what
     joins the ranks of a host. The flat exchanges run over all N ranks, as on the network model's
     2 x 2 hosts: a ring (dense, allgather) crosses each host's NIC on one of its links, so it
     carries what one rank of a one-NIC-per-rank cluster does; SparDL's alltoall and gather send
     ceil(k/N) pairs between every two ranks, so a host's NIC carries R (N-R) of them each way.
     hierarchical: SparDL over the host's R ranks (host link), an allgather across the hosts of
     R ceil(k/R) pairs a host (the NIC: (H-1) of them in, H-1 message steps), then an allgather
-    inside the host of H R ceil(k/R) pairs. Local work as in local_and_wire (hierarchical
+    inside the host of H R ceil(k/R) pairs. Local work as in the flat model (hierarchical
     unpacks about the pairs it receives). With R = 1 the flat terms are local_and_wire's; with
     one host every exchange runs on the host link."""
-    network = host_link if hosts == 1 else network  # one host: every ring link is inside it
-    n, r, h = hosts * per_host, per_host, hosts
+    host_link = hosts.link
+    network = host_link if hosts.count == 1 else network  # one host: every ring link is inside it
+    n, r, h = hosts.count * hosts.per_host, hosts.per_host, hosts.count
     beta, alpha, inner = 1.0 / network.bandwidth, network.latency, 1.0 / host_link.bandwidth
     flat = local_and_wire(numel, k, size, value_size, n, network, local)
     per_rank, per_local = math.ceil(k / n), math.ceil(k / r)
@@ -174,8 +169,36 @@ def host_costs(numel, k, size, value_size, hosts, per_host, network, local=None,
     work = flat["allgather"][0] if local is None else local.seconds(numel, added)
     inside = 2 * (r - 1) * host_link.latency + (r - 1) * (1 + h) * local_block * inner
     across = (h - 1) * alpha + (h - 1) * r * local_block * beta
-    flat["hierarchical"] = (work, inside + across)
-    return {e: work + wire for e, (work, wire) in flat.items()}
+    flat[HIERARCHICAL] = (work, inside + across)
+    return flat
+
+
+def costs(numel, k, size, value_size, ranks, network, local=None, hidden=0.0, hosts=None):
+    """Predicted seconds per step each exchange adds to the step: its local work plus the part of
+    its wire time that `hidden` seconds of backward compute do not cover."""
+    return {
+        e: work + max(0.0, wire - hidden)
+        for e, (work, wire) in local_and_wire(numel, k, size, value_size, ranks, network, local, hosts).items()
+    }
+
+
+def host_costs(numel, k, size, value_size, hosts, per_host, network, local=None, host_link=HOST_LINK):
+    """costs (nothing hidden) on `hosts` hosts of `per_host` ranks joined inside by `host_link`."""
+    return costs(numel, k, size, value_size, hosts * per_host, network, local, hosts=Hosts(hosts, per_host, host_link))
+
+
+def choose(numel, k, size, value_size, ranks, network, allowed=("dense", *SPARSE), local=None, hidden=0.0, hosts=None):
+    """(the allowed exchange to use, every prediction): the cheapest sparse exchange (ties: the
+    earlier of SPARSE) where it is predicted within SPARSE_AT_MOST of dense's time, else dense
+    (also where dense costs nothing: its wire time is all hidden). "hierarchical" is predicted,
+    and so may be chosen, only with `hosts`."""
+    predicted = costs(numel, k, size, value_size, ranks, network, local, hidden, hosts)
+    sparse = min((e for e in SPARSE if e in allowed and e in predicted), key=predicted.get, default=None)
+    if "dense" in allowed and (
+        sparse is None or predicted["dense"] == 0.0 or predicted[sparse] > SPARSE_AT_MOST * predicted["dense"]
+    ):
+        return "dense", predicted
+    return sparse, predicted
 
 
 def hidden_times(tensors, wire_seconds):

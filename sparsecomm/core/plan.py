@@ -5,7 +5,9 @@ Routes (what `Planner.route` returns):
                cost model predicted no sparse exchange 20% faster: cost.choose);
   "shared"     the packed values of a shared-coordinate method on Horovod's allreduce;
   "allgather"  values and indices of every rank (sparsecomm.<framework>.exchange);
-  "spardl"     sparse reduce-scatter + all-gather.
+  "spardl"     sparse reduce-scatter + all-gather;
+  "hierarchical" SparDL inside each host, then the hosts' rows between hosts (auto: where the
+               hosts' process sets are registered, the adapter measures their link: cost.Hosts).
 Nothing here starts a collective: the network exchange="auto" needs is measured by the
 framework adapter (`needs_network`) and handed in. An adapter that can time Horovod's hooks
 (PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto sends
@@ -123,9 +125,9 @@ class Planner:
             self.auto.forget_measurement()
         self._final.clear()
 
-    def use_measurement(self, network, local, windows=None):
+    def use_measurement(self, network, local, windows=None, hosts=None):
         """What the adapter measured for auto (AutoRouter.use_measurement); routes are chosen anew."""
-        self.auto.use_measurement(network, local, windows)
+        self.auto.use_measurement(network, local, windows, hosts)
         self._final.clear()
 
     def always_dense(self, name, numel, ndim, element_size):
@@ -200,7 +202,8 @@ class AutoRouter:
         self._network_measured = False  # the network was measured here (not the user's): measured again on a new world
         self._cached = {}  # name -> ((k, ranks, side), chosen)
         self.backward = None  # BackwardWindows while auto watches the backward (watch_backward)
-        self.available = cost.EXCHANGES  # the routes the way in provides (the DDP hook: no SparDL yet)
+        self.available = (*cost.EXCHANGES, cost.HIERARCHICAL)  # the routes the way in provides (DDP: fewer)
+        self.hosts = None  # cost.Hosts, measured where the hosts' process sets are registered: hierarchical runs
         self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
         self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
         self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
@@ -237,17 +240,18 @@ class AutoRouter:
         backward or tries its routes (they change with the step)."""
         return not self.watching() and (self.trial is None or self.trial.winner is not None)
 
-    def use_measurement(self, network, local, windows=None):
-        """The network and local cost measured by the adapter, and where it watched the backward,
-        each tensor's window averaged over the ranks."""
-        self.network, self.local, self._network_measured = network, local, True
+    def use_measurement(self, network, local, windows=None, hosts=None):
+        """The network and local cost measured by the adapter, where it watched the backward each
+        tensor's window averaged over the ranks, and where the hosts' process sets are registered
+        the hosts (cost.Hosts, with their link measured): `network` is then a host's NIC."""
+        self.network, self.local, self.hosts, self._network_measured = network, local, hosts, True
         self._windows, self._hidden = dict(windows or {}), None
         self._cached.clear()
 
     def forget_measurement(self):
         """Drops a measured network (not one the user gave) and every route chosen with it."""
         if self._network_measured:
-            self.network, self.local, self._network_measured = None, None, False
+            self.network, self.local, self.hosts, self._network_measured = None, None, None, False
             self._windows, self._hidden = {}, None
         if self.backward is not None:
             self.backward, self.steps = BackwardWindows(), StepClock()
@@ -290,9 +294,7 @@ class AutoRouter:
         if side == ALL_DENSE:
             choice = "dense"
         elif side == ALL_SPARSE:  # the sparse exchange the model predicts cheapest
-            choice = self._cost_choice(
-                numel, k, element_size, ranks, hidden, tuple(e for e in self.method.exchanges() if e != "dense")
-            )[0]
+            choice = self._cost_choice(numel, k, element_size, ranks, hidden, sparse_only=True)[0]
         chosen = {"exchange": choice, "predicted_seconds": predicted}
         if name in self._hidden:
             chosen["hidden_seconds"] = hidden
@@ -300,19 +302,14 @@ class AutoRouter:
             chosen.update(self.trial.shown(self.steps.step))
         return chosen
 
-    def _cost_choice(self, numel, k, element_size, ranks, hidden, allowed=None):
-        """cost.choose for this method on the measured network: (route, every prediction)."""
-        return cost.choose(
-            numel,
-            k,
-            element_size,
-            self.method.value_bytes(element_size),
-            ranks,
-            self.network,
-            [e for e in (self.method.exchanges() if allowed is None else allowed) if e in self.available],
-            self.local,
-            hidden,
-        )
+    def _cost_choice(self, numel, k, element_size, ranks, hidden, sparse_only=False):
+        """cost.choose for this method on the measured network: (route, every prediction), among
+        the method's exchanges and "hierarchical" where it can use SparDL and hosts were measured."""
+        own = self.method.exchanges()
+        own = (*own, cost.HIERARCHICAL) if self.hosts is not None and "spardl" in own else own
+        allowed = [e for e in own if e in self.available and not (sparse_only and e == "dense")]
+        size = self.method.value_bytes(element_size)
+        return cost.choose(numel, k, element_size, size, ranks, self.network, allowed, self.local, hidden, self.hosts)
 
     def _alternatives(self, ranks):
         """The sides the model's routes are tried against: ALL_SPARSE where the model sends some
@@ -335,7 +332,8 @@ class AutoRouter:
             numel, size, density, by_auto = self._shapes[name]
             k, value_size = selected_count(density, numel), self.method.value_bytes(size)
             route = self._cost_choice(numel, k, size, ranks, hidden)[0] if by_auto else "dense"
-            return cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local)[route][1]
+            parts = cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local, self.hosts)
+            return parts[route][1]
 
         watched = [(name, window) for name, window in self._windows.items() if name in self._shapes]
         return cost.hidden_times(watched, wire_seconds)

@@ -122,9 +122,9 @@ class Compressor(Settings, tf.Module):
         )
 
     def _measure_network(self):
-        """The network, eagerly; no local cost (TF's pack runs in the graph): the copy estimate."""
+        """exchange.measure_network, eagerly; no local cost (the pack runs in the graph) or windows."""
         with tf.init_scope():
-            return exchange.measure_network(self.collective_set()), None
+            return exchange.measure_network(self.collective_set())
 
     def wire(self, state, tensor, k=0):
         return Wire(state.variable_name, state.shape, tensor.dtype, self.collective_set(), self._ranks(), k)

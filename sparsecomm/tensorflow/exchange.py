@@ -463,11 +463,34 @@ def allgather_ints(ints, name, process_set):
 
 
 def measure_network(process_set):
-    """sparsecomm.torch.exchange.measure_network with horovod.tensorflow (eager)."""
+    """sparsecomm.torch.calibration.measure_network with horovod.tensorflow (eager), and where the
+    hosts' process sets are registered (host_sets.measurable on every rank) the hosts, their link
+    timed over this rank's host set: (Network, None, None, cost.Hosts or None), as the core's
+    _measure_network returns (TF measures no local cost and watches no backward), averaged over
+    the ranks."""
     from ..core import cost
 
-    hvd = horovod()
-    ranks = process_set.size()
+    hvd, ranks = horovod(), process_set.size()
+    found = host_sets.measurable(hvd, ranks)
+    flags = hvd.allgather(
+        tf.constant([int(found is not None)], tf.int32), name="sparsecomm.measure.hosts", process_set=process_set
+    )
+    found = found if bool(tf.reduce_all(flags > 0)) else None
+    inside = _network_timings(hvd, found[1]) if found else []
+    timings = _network_timings(hvd, process_set) + inside
+    mean = hvd.allreduce(
+        tf.constant(timings, tf.float64), op=hvd.Average, name="sparsecomm.measure.mean", process_set=process_set
+    ).numpy()
+    network = _fitted_network(ranks, mean[:3])
+    if not found:
+        return network, None, None, None
+    layout = found[0]
+    return network, None, None, cost.Hosts(layout.hosts, layout.per_host, _fitted_network(layout.per_host, mean[3:]))
+
+
+def _network_timings(hvd, process_set):
+    """Seconds of a 1-element allreduce, of a 4 MB one and of a local copy of 4 MB over `process_set`."""
+    from ..core import cost
 
     small, big = tf.zeros([1]), tf.zeros([1 << 20])
     counter = iter(range(1 << 30))
@@ -477,12 +500,11 @@ def measure_network(process_set):
 
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
-    t_copy = cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)
-    mean = hvd.allreduce(
-        tf.constant([t_small, t_big, t_copy], tf.float64),
-        op=hvd.Average,
-        name="sparsecomm.measure.mean",
-        process_set=process_set,
-    ).numpy()
-    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, *map(float, mean[:2]), 1 << 22, float(mean[2]))
+    return [t_small, t_big, cost.median_seconds(lambda: tf.identity(big + 0.0).numpy(), 3)]
+
+
+def _fitted_network(ranks, timings):
+    from ..core import cost
+
+    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, *map(float, timings[:2]), 1 << 22, float(timings[2]))
     return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth)

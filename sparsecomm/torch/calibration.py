@@ -1,6 +1,7 @@
 """What exchange="auto" measures before it routes (torch): the network, this rank's cost of
-the sparse path (sparsecomm.core.cost.LocalCost) and the backward windows it watched, all
-averaged over the ranks in one collective."""
+the sparse path (sparsecomm.core.cost.LocalCost), the backward windows it watched and, where the
+hosts' process sets are registered, the link inside a host, all averaged over the ranks in one
+collective."""
 
 import torch
 
@@ -9,22 +10,30 @@ from . import ops
 from .state import ParameterState
 
 SIZES = (1 << 12, 1 << 20)  # elements: a small and a large gradient, to split per call from per element
+BIG = 1 << 20  # float32 elements of the network's large allreduce
 
 
 def measure(compressor):
-    """The network, the compressor's LocalCost and the watched backward's windows of each bound
-    parameter (0 where it was not watched), all averaged over the ranks."""
+    """The network, the compressor's LocalCost, the watched backward's windows of each bound
+    parameter (0 where it was not watched) and where the hosts' process sets are registered the
+    hosts (cost.Hosts, their link timed over this rank's host set), all averaged over the ranks."""
     names = list(compressor.bound_parameters())  # the same order on every rank
     backward = compressor.planner.auto.backward  # watched first, where the hooks are timed (not under DDP)
     watched = backward.windows if backward is not None else {}
+    hosts = compressor.collectives.hosts()
+    inside = network_timings(hosts[1], compressor.device) if hosts else []
     network, timings = measure_network(
         compressor.collectives,
-        time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names],
+        inside + time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names],
         compressor.device,
     )
+    inside, timings = timings[: len(inside)], timings[len(inside) :]
     (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
     local = cost.LocalCost.fitted((SIZES[0], small), (SIZES[1], large), unpack, memset, pairs)
-    return network, local, dict(zip(names, windows))
+    if hosts:
+        layout = hosts[0]
+        hosts = cost.Hosts(layout.hosts, layout.per_host, fitted_network(layout.per_host, inside))
+    return network, local, dict(zip(names, windows)), hosts
 
 
 def time_sparse_path(compressor):
@@ -61,15 +70,22 @@ def unpacked_locally(packed):
 
 def measure_network(collectives, local=(), device="cpu"):
     """Measures this cluster for exchange="auto" (once), over the compressor's collectives
-    (sparsecomm.torch.collectives): latency from 1-element allreduces, bandwidth from 4 MB ones,
-    copy bandwidth from a local copy, the cost of one more collective in flight from bursts of
-    tiny allgathers. These timings and this rank's `local` ones are averaged over the ranks (the
-    timings, not the bandwidths: one rank whose 4 MB allreduce came out no slower than its
-    1-element one would make a mean bandwidth endless), so every rank makes the same choices.
-    Its tensors live on `device`, where the gradients do: a GPU's go over NCCL, not the CPU's
-    path. Returns (Network, the averaged local timings)."""
+    (sparsecomm.torch.collectives): network_timings, averaged over the ranks with this rank's
+    `local` ones (the timings, not the bandwidths: one rank whose 4 MB allreduce came out no
+    slower than its 1-element one would make a mean bandwidth endless), so every rank makes the
+    same choices. Returns (Network, the averaged local timings)."""
+    timings = network_timings(collectives, device)
+    mean = collectives.mean_over_ranks([*timings, *local], "sparsecomm.measure.mean")
+    return fitted_network(collectives.size(), mean[: len(timings)]), mean[len(timings) :]
+
+
+def network_timings(collectives, device):
+    """Seconds of a 1-element allreduce, of a 4 MB one, of a local copy of 4 MB, and of one more
+    tiny allgather in flight in a burst of them (the cost of a collective among a step's others),
+    over `collectives`. Its tensors live on `device`, where the gradients do: a GPU's go over
+    NCCL, not the CPU's path."""
     device = torch.device(device)
-    small, big = torch.zeros(1, device=device), torch.zeros(1 << 20, device=device)
+    small, big = torch.zeros(1, device=device), torch.zeros(BIG, device=device)
     counter = iter(range(1 << 30))
     done = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # NCCL returns before it ends
 
@@ -85,7 +101,10 @@ def measure_network(collectives, local=(), device="cpu"):
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)
     t_copy = cost.median_seconds(lambda: (big.clone(), done()), 3)
     per_op = max(0.0, (cost.median_seconds(lambda: burst(16), 3) - cost.median_seconds(lambda: burst(1), 3)) / 15)
-    mean = collectives.mean_over_ranks([t_small, t_big, t_copy, per_op, *local], "sparsecomm.measure.mean")
-    ranks = collectives.size()
-    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, mean[0], mean[1], big.numel() * 4, mean[2], mean[3])
-    return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth), mean[4:]
+    return [t_small, t_big, t_copy, per_op]
+
+
+def fitted_network(ranks, timings):
+    """The Network of network_timings on `ranks` ranks (averaged over the ranks)."""
+    latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, timings[0], timings[1], BIG * 4, *timings[2:])
+    return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth)

@@ -8,10 +8,13 @@ Horovod (hvd.DistributedOptimizer) and torch.distributed (the DDP communication 
     mean_over_ranks(values, name)       the values averaged over the ranks
     allreduce(tensor, name)             a blocking sum (the network measurement)
     allgathers(tensor, count, name)     `count` allgathers in flight at once, then waited for
+    hosts()                             (HostLayout, the collectives of this rank's host) where the
+                                        hierarchical exchange can run, else None
 """
 
 import torch
 
+from .. import host_sets
 from . import exchange
 
 
@@ -50,6 +53,15 @@ class Horovod:
         ]
         for handle in handles:
             hvd.synchronize(handle)
+
+    def hosts(self):
+        """host_sets.measurable over this set, where every rank found the hosts (one allgather:
+        a rank that measures the host's link alone would wait for the others forever)."""
+        found = host_sets.measurable(exchange.horovod(), self.size())
+        if not all(self.allgather_ints([found is not None], "sparsecomm.measure.hosts")):
+            return None
+        layout, local = found
+        return layout, Horovod(local)
 
 
 class TorchDistributed:
@@ -94,6 +106,9 @@ class TorchDistributed:
         tensor = tensor.clone()
         dist.all_reduce(tensor, group=self.group)
         return tensor
+
+    def hosts(self):
+        return None  # the hierarchical exchange runs on Horovod's process sets only
 
     def allgathers(self, tensor, count, name):
         outputs = [tensor.new_empty(self.size() * tensor.numel()) for _ in range(count)]

@@ -253,13 +253,13 @@ class RandomK(RandomBlock):
 
 
 class _PerRank(Compressor):
-    """The per-rank-coordinate methods: ``exchange="allgather"`` (values and int32 indices of
+    """The per-rank-coordinate methods: ``exchange="allgather"`` (values and 2-byte offsets of
     every rank), ``"spardl"`` (sparse reduce-scatter + all-gather, O(k) bytes per rank whatever
-    N) or ``"auto"`` (default: allgather or SparDL, whichever the cost model of
-    sparsecomm.core.cost predicts faster for that tensor, where it is predicted at least 20%
+    N), ``"hierarchical"`` or ``"auto"`` (default: the exchange the cost model of
+    sparsecomm.core.cost predicts fastest for that tensor, where it is predicted at least 20%
     faster than the dense allreduce, else dense; on ``network`` or on the network measured
     once on the first step). With ``dense_fallback`` (default), a tensor whose sparse
-    payload (k values + k indices) would not be smaller than the dense tensor goes dense."""
+    payload (k wire rows) would not be smaller than the dense tensor goes dense."""
 
 
 class TopK(_PerRank):
@@ -277,12 +277,13 @@ class TopK(_PerRank):
         loss_scaler: the ``torch.amp.GradScaler`` of mixed precision (see RandomBlock).
         dense_fallback: a tensor whose sparse payload (k values and k indices) would not be
             smaller than the tensor goes dense (default True).
-        exchange: "allgather" (every rank's values and int32 indices), "spardl" (sparse
+        exchange: "allgather" (every rank's values and 2-byte offsets), "spardl" (sparse
             reduce-scatter + all-gather: O(k) bytes per rank whatever the number of ranks),
             "hierarchical" (SparDL inside each host, then only the host's k pairs between hosts;
             needs ``hvd.init(process_sets=host_process_sets())``: docs/exchanges.md) or
             "auto" (default: per tensor, whichever sparsecomm.core.cost predicts faster, where
-            it is predicted at least 20% faster than the dense allreduce; else dense).
+            it is predicted at least 20% faster than the dense allreduce; else dense; the
+            hierarchical exchange among them where the hosts' process sets are registered).
         network: the network "auto" predicts for (default: measured on the first step).
         min_numel, dense_1d, dense: the per-layer policy (see RandomBlock).
     """

@@ -268,6 +268,36 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     assert unwatched.route("w", 10**6, 2, 4, 0.001, 2) == "dense"
 
 
+def test_auto_routes_hierarchical_where_the_hosts_were_measured():
+    """A measurement with cost.Hosts (the hosts' process sets registered: 2 hosts of 4 ranks, a
+    10 GB/s link inside a host, 1 Gbit/s NICs) lets auto route "hierarchical" for a method that
+    can use SparDL, by the model and on the trial's all-sparse side (the measuring step); never
+    for 1-bit codes (no SparDL), without Hosts, or where the way in lacks it (the DDP hook); a new
+    world forgets the hosts with the network."""
+    hosts = cost.Hosts(2, 4, Network(bandwidth=1e10, latency=1e-5))
+    shapes = {"early": 10**6, "late": 10**6}
+    planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
+    _watched(planner, {"early": 0.5, "late": 0.0}, shapes, ranks=8)  # `early`'s dense exchange is hidden
+    planner.use_measurement(GBIT, None, {"early": 0.5, "late": 0.0}, hosts)
+    # all sparse: `early`'s wire is hidden either way, so the local work decides (a tie: allgather first)
+    assert _step(planner, shapes, 2.0, ranks=8) == {"early": "allgather", "late": "hierarchical"}
+    assert planner.choices["late"]["route_trial"] == plan.ALL_SPARSE
+    assert _step(planner, shapes, 3.0, ranks=8) == {"early": "dense", "late": "hierarchical"}
+    assert set(planner.choices["late"]["predicted_seconds"]) == {"dense", "allgather", "spardl", "hierarchical"}
+    planner.forget_measurement()
+    assert planner.auto.hosts is None
+    for method, available, measured_hosts in [
+        (methods.Threshold("Threshold", 0.001, quantize="1bit"), None, hosts),
+        (methods.TopK("TopK", 0.001), None, None),
+        (methods.TopK("TopK", 0.001), ("dense", "allgather"), hosts),
+    ]:
+        other = Planner(method.owner, method, Policy(), "auto", None)
+        if available:
+            other.auto.untimed(available)
+        other.use_measurement(GBIT, None, None, measured_hosts)
+        assert other.route("w", 10**6, 2, 4, 0.001, 8) == "allgather", method.owner
+
+
 def _trial_planner():
     """A planner after the watch (steps 0, 1) whose model sends `early` dense and `late` by
     allgather: its routes are tried against all sparse and all dense from step 2, the measuring

@@ -72,6 +72,31 @@ def test_allowed_restricts_the_choice():
     assert cost.choose(25_000_000, 25_000, 4, 0.25, 8, GBIT, allowed=("dense", "allgather"))[0] == "allgather"
 
 
+@pytest.mark.parametrize(
+    "link,want",
+    [
+        (Network(bandwidth=1e10, latency=1e-5), "hierarchical"),  # a fast link inside a host
+        (GBIT, "hierarchical"),  # as slow as the NIC: 2 host sends cross a NIC, not 8 ranks' rows
+        (Network(bandwidth=1e7, latency=1e-3), "allgather"),  # slower than the NIC: stay flat
+    ],
+)
+def test_hierarchical_is_predicted_and_may_be_chosen_only_with_hosts(link, want):
+    """2 hosts of 4 ranks, 1 Gbit/s NICs, a 1M-element tensor at 0.1%: with cost.Hosts the model
+    predicts the hierarchical exchange (the terms of host_costs, which test_scaling.py checks),
+    and chooses it unless the link inside a host is the slower one; without Hosts it is never
+    predicted; `allowed` can leave it out."""
+    numel, k, hosts = 1_000_000, 1000, cost.Hosts(2, 4, link)
+    choice, predicted = cost.choose(numel, k, 4, 4, 8, GBIT, hosts=hosts)
+    assert choice == want
+    assert predicted == pytest.approx(cost.host_costs(numel, k, 4, 4, 2, 4, GBIT, host_link=link))
+    assert set(predicted) == {"dense", "allgather", "spardl", "hierarchical"}
+    flat_choice, flat = cost.choose(numel, k, 4, 4, 8, GBIT)
+    assert "hierarchical" not in flat and flat_choice == "allgather"
+    assert cost.choose(numel, k, 4, 4, 8, GBIT, allowed=cost.EXCHANGES, hosts=hosts)[0] == "allgather"
+    walls = cost.local_and_wire(numel, k, 4, 4, 8, GBIT, hosts=hosts)
+    assert {e: work + wire for e, (work, wire) in walls.items()} == pytest.approx(predicted)
+
+
 def test_received_bytes_spardl_stays_order_k_allgather_grows():
     for ranks in (2, 8, 64):
         assert cost.received_bytes("spardl", 10**6, 1000, 4, 4, ranks) <= 2.2 * 8 * 1000

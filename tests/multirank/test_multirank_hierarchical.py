@@ -13,6 +13,8 @@ import torch
 from launch import LAYOUT_HOSTS, horovodrun
 from replay import LR, STEPS, replay
 
+from sparsecomm.core import cost
+
 # config -> (simulated method, ratio, replay options)
 CASES = {
     "topk_0.1_hierarchical": ("topk", 0.1, {}),
@@ -83,19 +85,63 @@ def test_ratio_one_equals_dense(run):
             )
 
 
+def test_auto_measures_the_hosts_and_routes_hierarchical_where_the_model_says(run):
+    """exchange="auto" with the hosts' process sets registered: its measurement finds the hosts (2
+    of R ranks) and times their link, so the model predicts "hierarchical" beside the flat
+    exchanges and each tensor takes the model's choice (step 3); every rank routes alike and
+    stays bitwise in sync. With the NIC's measurement replaced by a slow one, the largest tensor
+    goes hierarchical (a tiny one may go dense: the link's measured latency)."""
+    per_host = len(run) // 2
+    for config in ("topk_0.1_auto", "topk_0.1_auto_slow_nic"):
+        for recorded in run:
+            hosts, ranks_a_host, link = recorded["measured_hosts"][config]
+            assert (hosts, ranks_a_host) == (2, per_host) and link > 0, config
+        keys = ("exchange", "predicted_seconds", "hidden_seconds", "route_trial")
+        tensors = [
+            {name: {key: per.get(key) for key in keys} for name, per in recorded[config]["stats"]["tensors"].items()}
+            for recorded in run
+        ]
+        assert all(each == tensors[0] for each in tensors[1:]), config
+        for name, chosen in tensors[0].items():
+            predicted = chosen["predicted_seconds"]
+            assert set(predicted) == {"dense", "allgather", "spardl", "hierarchical"}, name
+            sparse = min(cost.SPARSE, key=predicted.get)
+            dense = predicted["dense"] == 0 or predicted[sparse] > cost.SPARSE_AT_MOST * predicted["dense"]
+            assert chosen["route_trial"] == "model" and chosen["exchange"] == ("dense" if dense else sparse), name
+        for step in range(STEPS):
+            for name, want in run[0][config]["params"][step].items():
+                assert all(torch.equal(r[config]["params"][step][name], want) for r in run[1:]), (config, step)
+    slow = run[0]["topk_0.1_auto_slow_nic"]["stats"]["tensors"]
+    largest = max(slow, key=lambda name: slow[name]["numel"])
+    assert slow[largest]["exchange"] == "hierarchical"  # a third of allgather's bytes on the slow NIC
+    steps = [run[0]["topk_0.1_auto_slow_nic"]["params"][step] for step in (1, 2, 3)]
+    assert all(not torch.equal(a[n], b[n]) for a, b in zip(steps, steps[1:]) for n in a)  # it trains
+
+
 def test_torch_and_tf_give_the_same_bits_on_2_hosts_of_2(tmp_path):
     """tests/workers/cross_framework.py --host-sets (TopK, RTopK, Threshold in float32 and
     bf16 values, DGC with warm-up; tensors of f32, f16, bf16, one with a NaN and +-inf) under
     each framework's hvd.allreduce(..., compression=) on 2 hosts of 2: every step's result and
     the final residual and momentum bitwise equal, NaNs included (the owner's rounding to 16
-    bits writes the kernels' quiet NaN in both: exchange.to_value_dtype)."""
+    bits writes the kernels' quiet NaN in both: exchange.to_value_dtype). TF's exchange="auto"
+    measures the hosts and, on a slow NIC, gives exchange="hierarchical"'s bits."""
     hosts = ",".join(f"{host}:2" for host in LAYOUT_HOSTS)
     for framework in ("torch", "tf"):
         horovodrun(4, "cross_framework.py", "--out", tmp_path, "--framework", framework, "--host-sets", hosts=hosts)
     for rank in range(4):
         torch_out, tf_out = (dict(np.load(tmp_path / f"{f}_rank{rank}.npz")) for f in ("torch", "tf"))
+        auto = {k: tf_out.pop(k) for k in list(tf_out) if k.startswith("topk_auto_hosts/")}  # TF only
         extra = set(tf_out) - set(torch_out)  # TF creates every residual up front, torch on first use
         assert set(torch_out) <= set(tf_out) and all("/residual/" in k and not tf_out[k].any() for k in extra), extra
+        assert list(auto.pop("topk_auto_hosts/hosts")[:2]) == [2, 2]  # auto measured the hosts ...
+        for key, value in auto.items():  # ... and, on a slow NIC, routed as exchange="hierarchical" does
+            fixed = tf_out[key.replace("topk_auto_hosts/", "topk_hierarchical/")]
+            same = (
+                str(value) == str(fixed)
+                if "/exchange/" in key
+                else np.array_equal(value.view(np.int32), fixed.view(np.int32))
+            )
+            assert same, key
         assert len(torch_out) > 40
         for key, value in torch_out.items():
             if "/exchange/" in key:

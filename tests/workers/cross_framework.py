@@ -47,6 +47,11 @@ HIERARCHICAL = {
     "threshold_bf16_hierarchical": ("Threshold", dict(exchange="hierarchical", ratio=0.05, quantize="bf16")),
     "dgc_hierarchical": ("DGC", dict(exchange="hierarchical", ratio=0.05, warmup_steps=2, warmup_stages=1)),
 }
+# TF only (torch's auto watches its backward first: tests/workers/torch_hierarchical.py): exchange="auto"
+# measuring the hosts, then its network set to a slow NIC and a fast host link, so that it routes every
+# tensor hierarchical: the bits of topk_hierarchical
+AUTO_HOSTS = {"topk_auto_hosts": ("TopK", dict(ratio=0.05))}
+SLOW_NIC, FAST_LINK = Network(bandwidth=1e4, latency=1e-6), Network(bandwidth=1e10, latency=1e-6)
 if args.host_sets:
     CONFIGS = HIERARCHICAL
 
@@ -108,10 +113,12 @@ def run_tf():
     init(hvd)
     variables = [(n, tf.Variable(tf.zeros(shape, dtype))) for n, (shape, dtype) in TENSORS.items()]
     out = {}
-    for config, (cls, kwargs) in CONFIGS.items():
+    for config, (cls, kwargs) in {**CONFIGS, **(AUTO_HOSTS if args.host_sets else {})}.items():
         kwargs = dict(kwargs)
         policy = {} if kwargs.pop("policy", False) else common.EVERY
         compressor = getattr(family, cls)(variables=variables, **kwargs, **policy)
+        if config in AUTO_HOSTS:
+            measure_hosts_then_set(compressor, out, config)
         for step in range(args.steps):
             for name, v in variables:
                 grad = tf.cast(tf.constant(gradient(name, step, hvd.rank())), v.dtype)
@@ -124,6 +131,20 @@ def run_tf():
                 if getattr(state, key) is not None:
                     out[f"{config}/{key}/{state.variable_name}"] = getattr(state, key).numpy()
     return hvd.rank(), out
+
+
+def measure_hosts_then_set(compressor, out, config):
+    """Records what the measurement found of the hosts, and routes on SLOW_NIC and FAST_LINK."""
+    from sparsecomm.core import cost
+
+    measure = compressor._measure_network
+
+    def measured():
+        _, local, windows, hosts = measure()
+        out[f"{config}/hosts"] = np.array([hosts.count, hosts.per_host, hosts.link.bandwidth])
+        return SLOW_NIC, local, windows, cost.Hosts(hosts.count, hosts.per_host, FAST_LINK)
+
+    compressor._measure_network = measured
 
 
 rank, out = run_torch() if args.framework == "torch" else run_tf()

@@ -11,6 +11,7 @@ import horovod.torch as hvd
 import torch
 from common import EVERY
 
+from sparsecomm import Network
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK, host_process_sets
 
 parser = argparse.ArgumentParser()
@@ -26,6 +27,30 @@ def hierarchical(make, **kwargs):
     return lambda m: make(exchange="hierarchical", named_parameters=m.named_parameters(), **EVERY, **kwargs)
 
 
+MEASURED = {}  # config -> what auto's measurement found of the hosts: (hosts, ranks a host, link bytes/s)
+SLOW_NIC = Network(bandwidth=1e4, latency=1e-6)  # the model's bytes decide: hierarchical's are a third of allgather's
+
+
+def auto(config, nic=None):
+    """TopK 10% with exchange="auto": it watches 2 steps (dense), measures at step 2 (the hosts
+    included), tries all sparse there and its model's routes at step 3. With `nic`, the measured
+    network is replaced by it (the hosts' link kept) and nothing is hidden by the backward."""
+
+    def make(m):
+        compression = TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY)
+        measure = compression._measure_network
+
+        def measured():
+            network, local, windows, hosts = measure()
+            MEASURED[config] = None if hosts is None else (hosts.count, hosts.per_host, hosts.link.bandwidth)
+            return (network, local, windows, hosts) if nic is None else (nic, local, {}, hosts)
+
+        compression._measure_network = measured
+        return compression
+
+    return make
+
+
 CONFIGS = {
     "dense": lambda m: hvd.Compression.none,
     "topk_0.1_hierarchical": hierarchical(TopK, ratio=0.1),
@@ -38,8 +63,11 @@ CONFIGS = {
     "topk_0.1_allgather": lambda m: TopK(
         ratio=0.1, exchange="allgather", named_parameters=m.named_parameters(), **EVERY
     ),
+    "topk_0.1_auto": auto("topk_0.1_auto"),
+    "topk_0.1_auto_slow_nic": auto("topk_0.1_auto_slow_nic", SLOW_NIC),
 }
 results = common.train_recorded(CONFIGS, {}, args.steps, args.lr)
+results["measured_hosts"] = MEASURED
 results["layout"] = {"local_rank": hvd.local_rank(), "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank()}
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
-print(f"rank {hvd.rank()}/{hvd.size()}: {len(results) - 1} configs done")
+print(f"rank {hvd.rank()}/{hvd.size()}: {len(results) - 2} configs done")

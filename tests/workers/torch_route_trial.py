@@ -31,7 +31,7 @@ measure = compression._measure_network
 
 
 def measured_then_set():
-    _, local, windows = measure()  # every rank measures, collectively, as in training
+    _, local, windows, _ = measure()  # every rank measures, collectively, as in training
     return SLOW, local, dict(windows, **WINDOWS)
 
 
