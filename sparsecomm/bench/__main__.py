@@ -6,7 +6,8 @@ e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a 
              (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
              per rank; the default where namespaces work) or shared (one shaped loopback)
 convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
-all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`)
+all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`); e2e
+             also on hosts of several ranks (--host-layouts) where the per-host model runs
 report       the figures and docs/results.md again from --out's results.json, measuring nothing
              (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart)
 """
@@ -86,6 +87,31 @@ def _e2e(args):
         advance(advance_label)
     print("\n" + e2e.table(records))
     return records
+
+
+def _host_layouts(args):
+    """`bench all`'s cells of hosts of several ranks: the comm model on each of --host-layouts at
+    --host-networks, with the flat exchanges, the hierarchical one, dense and the peers."""
+    if not args.host_layouts:
+        return []
+    if args.network_model != "per-host":
+        print(f"[e2e] no host layouts {args.host_layouts}: they need the per-host network model")
+        return []
+    from .e2e_worker import HOST_CELL_ROWS
+
+    records = []
+    for hosts, per_host in args.host_layouts:
+        cell = dict(vars(args), ranks=[hosts * per_host], ranks_per_host=per_host, networks=args.host_networks)
+        records += _e2e(argparse.Namespace(**dict(cell, models=["comm"], methods=list(HOST_CELL_ROWS))))
+    return records
+
+
+def _layout(text):
+    """--host-layouts' HxR: H hosts of R ranks, both at least 2."""
+    hosts, _, per_host = text.partition("x")
+    if not (hosts.isdigit() and per_host.isdigit() and int(hosts) >= 2 and int(per_host) >= 2):
+        raise argparse.ArgumentTypeError(f"a layout should be HxR (hosts x ranks a host, both >= 2), got {text!r}")
+    return int(hosts), int(per_host)
 
 
 def _convergence(args):
@@ -193,6 +219,14 @@ def _parser():
             help="time the rows in this many interleaved turns where they fit in memory together "
             "(default: --steps, one step of each row a turn; 1: one row at a time)",
         )
+    a.add_argument(
+        "--host-layouts",
+        type=_layout,
+        nargs="*",
+        default=[(2, 2), (2, 3)],
+        help="hosts of several ranks for the comm model, as HxR (default: 2x2 2x3; none: no such cells)",
+    )
+    a.add_argument("--host-networks", nargs="+", default=["1gbit", "10gbit"])
     for p in (c, a):
         p.add_argument("--tasks", nargs="+", default=["digits", "charlm", "wordlm"])
         p.add_argument("-np", type=int, default=2)
@@ -256,6 +290,8 @@ def main():
         parser.error(f"{args.command}: the end-to-end benchmark needs Horovod (python -m sparsecomm.install_horovod)")
     if hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]
+        if hasattr(args, "host_networks"):
+            args.host_networks = [None if n == "unshaped" else n for n in args.host_networks]
         args.network_model = _network_model(parser, args.network_model)
         _check_layout(parser, args)
     if args.command == "convergence":
@@ -302,7 +338,7 @@ def main():
             "commit": commit,
             "kernels": _kernels(args),
         }
-        results["e2e"] = _e2e(args)
+        results["e2e"] = _e2e(args) + _host_layouts(args)
         args.methods = args.conv_methods
         if args.convergence_from:
             with open(args.convergence_from) as f:

@@ -100,7 +100,7 @@ def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model=
             records = json.load(f)
     for record in records:
         record["network"] = placed.rate or "unshaped"
-        record["network_model"] = placed.model
+        record["network_model"] = layout_model(placed.model, ranks_per_host)
         record["ranks_per_host"] = ranks_per_host
         record["group_size"] = group_size
     add_ratios(records)
@@ -184,6 +184,12 @@ def ratio_text(value, interval=None):
     return f"{value:.2f}x" + ("" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})")
 
 
+def layout_model(network_model, ranks_per_host):
+    """The network model a record names: hosts of several ranks apart from hosts of one, so that no
+    table, floor or check mixes a 2 x 2 layout with 4 ranks of one NIC each."""
+    return network_model if ranks_per_host == 1 else f"{network_model}, hosts of {ranks_per_host}"
+
+
 def layout_text(record):
     """The ranks of a record: "4", or "2x2" for 2 hosts of 2 ranks."""
     per_host = record.get("ranks_per_host", 1)
@@ -198,8 +204,9 @@ def table(records):
     )
     lines = [header, "-" * len(header)]
     for r in records:
+        netmodel = r["network_model"].partition(",")[0]  # the ranks column shows the hosts
         lines.append(
-            f"{r['model']:<8}{layout_text(r):>6}  {r['network']:<9}{r['network_model']:<10}{r['method']:<21}"
+            f"{r['model']:<8}{layout_text(r):>6}  {r['network']:<9}{netmodel:<10}{r['method']:<21}"
             f"{r['step_ms']:>10.1f}{ratio_text(r['vs_dense'], r.get('vs_dense_interval')):>20}"
             f"{ratio_text(r['vs_floor'], r.get('vs_floor_interval')):>20}"
             f"{r['received_bytes'] / 1e6:>19.3f}  {','.join(r['exchanges'])}"

@@ -95,6 +95,17 @@ ROWS = (FLOOR, FLOOR_SYNCED, *METHODS, *LOCAL_ROWS, *DDP_ROWS, *DDP_HOOK_ROWS)  
 # Rows for hosts of several ranks (--ranks-per-host), asked for by name: not among the default rows.
 HOST_ROWS = ("DGC 0.1% hierarchical",)
 DEFAULT_ROWS = tuple(row for row in ROWS if row not in HOST_ROWS)
+# `bench all`'s cells of hosts of several ranks: the flat exchanges, the hierarchical one, auto, and the peers.
+HOST_CELL_ROWS = (
+    FLOOR,
+    "dense",
+    "dense fp16",
+    "DGC 0.1% allgather",
+    "DGC 0.1% spardl",
+    "DGC 0.1% hierarchical",
+    "DGC 0.1% auto",
+    "DDP PowerSGD",
+)
 BASELINES = (FLOOR, "dense")  # every ratio's reference: timed in every group of rows
 POWERSGD_RANK = 4
 POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with error feedback)

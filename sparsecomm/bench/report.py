@@ -7,6 +7,7 @@ kind of result (a row per configuration, a column per number), how it was measur
 
 import os
 import platform
+import re
 import shlex
 import textwrap
 
@@ -59,7 +60,7 @@ def speed_figure(records, path):
         ax.set_xticks([i + width * (len(networks) - 1) / 2 for i in range(len(methods))])
         ax.set_xticklabels(methods, rotation=60, ha="right", fontsize=8)
         ax.set_yscale("log")
-        ax.set_title(f"{model} model, {ranks} ranks, {netmodel} network")
+        ax.set_title(f"{model} model, {_ranks_label(ranks, netmodel)}, {netmodel.partition(',')[0]} network")
         ax.set_ylabel("speedup vs dense (same run)")
         ax.legend(fontsize=8)
     fig.tight_layout()
@@ -350,9 +351,10 @@ def _e2e_tables(e2e):
         rows = [r for r in e2e if r["network_model"] == netmodel]
         ranks = sorted({r["ranks"] for r in rows})
         cells = [(n, net) for n in ranks for net in _networks(rows)]
-        header = ["model", "method", f"received MB ({' / '.join(map(str, ranks))} ranks)", "exchange"]
+        labels = {n: _ranks_label(n, netmodel) for n in ranks}
+        header = ["model", "method", f"received MB ({' / '.join(labels.values())})", "exchange"]
         for n, net in cells:
-            header += [f"{n} ranks {net} ms/step", "vs dense", "vs floor"]
+            header += [f"{labels[n]} {net} ms/step", "vs dense", "vs floor"]
         body = []
         for model, method in _ordered((r["model"], r["method"]) for r in rows):
             found = [_cell_of(rows, model, netmodel, n, net, method) for n, net in cells]
@@ -378,9 +380,15 @@ def _e2e_tables(e2e):
                     ]
                 )
             body.append(row)
-        named = len({r["network_model"] for r in e2e}) > 1
+        named = len({r["network_model"] for r in e2e}) > 1 or ", hosts of " in netmodel
         blocks.append((f"**{netmodel.capitalize()} network.**\n\n" if named else "") + _md_table(header, body))
     return "\n\n".join(blocks)
+
+
+def _ranks_label(ranks, netmodel):
+    """A cell's ranks: "4 ranks", or "2x2" on the network model of hosts of 2 ranks."""
+    per_host = int(netmodel.partition(", hosts of ")[2] or 1)
+    return f"{ranks} ranks" if per_host == 1 else f"{ranks // per_host}x{per_host}"
 
 
 def _verdict(record):
@@ -695,7 +703,8 @@ def _added_block(results):
         code = f" on {run['commit']}" if run.get("commit") else ""
         minutes = f", {run['minutes']:.0f} minutes" if run.get("minutes") is not None else ""
         said = _para(f"{made}{code}{minutes}: its ratios are against its own floor and dense.")
-        blocks.append(f"{said}\n\n{_e2e_tables(run['records'])}\n\n{_ways_block(run['records'])}")
+        parts = (said, _e2e_tables(run["records"]), _ways_block(run["records"]).strip("\n"))
+        blocks.append("\n\n".join(part for part in parts if part))
     if not blocks:
         return ""
     intro = _para(
@@ -812,6 +821,18 @@ hosts with one full-duplex NIC each on a non-blocking switch. Unshaped: no tbf."
     "shared": """The ranks of one `horovodrun --gloo` run share one namespace whose loopback `tc ... tbf` shapes:
 ONE link for all, like a small cluster behind one switch port. Unshaped: plain loopback.""",
 }
+HOSTS_OF = """Hosts of several ranks (`--ranks-per-host`): a network namespace a host, its ranks
+talking over its own loopback (unshaped), and one veth pair a host to the bridge, both ends shaped:
+hosts of several GPUs with one NIC each. The model's check takes the link inside a host as
+`cost.HOST_LINK`, far faster than this loopback."""
+
+
+def _network_model_text(name):
+    """What a network model of the records is: NETWORK_MODELS' own, or hosts of several ranks."""
+    base, _, hosts = name.partition(", hosts of ")
+    return NETWORK_MODELS[base] if not hosts else HOSTS_OF
+
+
 RATIOS = """```
 ms/step            = median over the timed steps of the slowest rank's step time
 vs dense           = dense's ms/step / this row's       (above 1.00x: faster than dense)
@@ -876,8 +897,12 @@ def _dense_flat_text(conv):
 def _method_section(results, rel, scaling_method):
     e2e = results["e2e"]
     models = "\n".join(f"- {m} model: {MODELS[m]}." for m in _ordered(r["model"] for r in e2e) if m in MODELS)
+    added = [r for run in results.get("e2e_added", []) for r in run["records"]]
     netmodels = "\n\n".join(
-        f"### Network model: {m}\n\n{NETWORK_MODELS[m]}" for m in sorted({r["network_model"] for r in e2e})
+        f"### Network model: {m}\n\n{_network_model_text(m)}"
+        for m in sorted(
+            {re.sub(r", hosts of \d+", ", hosts of several ranks", r["network_model"]) for r in e2e + added}
+        )
     )
     runs = _para(
         _training_text(results["convergence"])

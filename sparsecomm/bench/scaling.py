@@ -22,6 +22,7 @@ import textwrap
 from ..core import cost
 from ..core.plan import Policy, sparse_is_larger
 from ..core.selection import selected_count
+from .e2e import layout_text
 from .network import RATES as EMULATED_RATES
 
 RANKS = tuple(2**i for i in range(1, 11))  # 2, 4, ..., 1024
@@ -32,8 +33,13 @@ RATES = {"1 Gbit/s": 1.25e8, "10 Gbit/s": 1.25e9, "100 Gbit/s": 1.25e10}  # byte
 LATENCY = 5e-5
 DENSITY = 0.001  # DGC 0.1%, the e2e rows this model is checked against
 ELEMENT_SIZE = VALUE_SIZE = 4  # float32 gradients, DGC sends float32 values
-CHECKED_METHODS = {"dense": "dense", "DGC 0.1% allgather": "allgather", "DGC 0.1% spardl": "spardl"}
-CHECKED_RANKS = (2, 4)
+CHECKED_METHODS = {
+    "dense": "dense",
+    "DGC 0.1% allgather": "allgather",
+    "DGC 0.1% spardl": "spardl",
+    "DGC 0.1% hierarchical": "hierarchical",  # on hosts of several ranks only
+}
+CHECKED_RANKS = (2, 4)  # of one rank a host; every layout of several (2 x 2, 2 x 3) is checked
 PER_HOST = 8  # GPUs a host in the hosts view
 HOST_RANKS = tuple(n for n in RANKS if n >= PER_HOST)  # 8, 16, ..., 1024: whole hosts
 HOST_EXCHANGES = (*cost.EXCHANGES, "hierarchical")
@@ -351,16 +357,18 @@ def figure(path, rows):
 
 
 def check(e2e_records, kernel_records, latency=LATENCY, density=DENSITY):
-    """The model against the measured 2- and 4-rank e2e rows on the shaped networks: dense,
-    "DGC 0.1% allgather" and "DGC 0.1% spardl". Returns {"rows": [...], "summary": {...}};
-    each row holds the measured and predicted ms and error = predicted / measured - 1."""
+    """The model against the measured e2e rows on the shaped networks: dense, "DGC 0.1% allgather"
+    and "DGC 0.1% spardl" on 2 and 4 ranks of one NIC each, and with "DGC 0.1% hierarchical" on
+    hosts of several ranks (predict_hosts, the network a host's NIC). Returns {"rows": [...],
+    "summary": {...}}; each row holds the measured and predicted ms and error = predicted /
+    measured - 1."""
     local = local_cost_from_kernels(kernel_records, "DGC", density)
     rows = []
     for r in e2e_records:
-        exchange = CHECKED_METHODS.get(r["method"])
+        exchange, per_host = CHECKED_METHODS.get(r["method"]), r.get("ranks_per_host", 1)
         if (
             exchange is None
-            or r["ranks"] not in CHECKED_RANKS
+            or (per_host == 1 and (r["ranks"] not in CHECKED_RANKS or exchange == "hierarchical"))
             or r["network"] not in EMULATED_RATES
             or r["model"] not in MODELS
         ):
@@ -368,13 +376,18 @@ def check(e2e_records, kernel_records, latency=LATENCY, density=DENSITY):
         network_model = network_model_of(r)
         floor, source = floor_of(e2e_records, r["model"], r["ranks"], r["network"], network_model)
         network = emulated_network(r["network"], r["ranks"], network_model, latency)
-        predicted = predict(MODELS[r["model"]], r["ranks"], network, local, floor, density)[exchange]
+        if per_host == 1:
+            predicted = predict(MODELS[r["model"]], r["ranks"], network, local, floor, density)[exchange]
+        else:
+            hosts = r["ranks"] // per_host
+            predicted = predict_hosts(MODELS[r["model"]], hosts, per_host, network, local, floor, density)[exchange]
         rows.append(
             {
                 "model": r["model"],
-                "ranks": r["ranks"],
+                "ranks": r["ranks"] if per_host == 1 else layout_text(r),
                 "network": r["network"],
                 "network_model": network_model,
+                "ranks_per_host": per_host,
                 "method": r["method"],
                 "exchange": exchange,
                 "floor_ms": floor,
@@ -384,6 +397,20 @@ def check(e2e_records, kernel_records, latency=LATENCY, density=DENSITY):
                 "error": predicted / r["step_ms"] - 1,
             }
         )
+    return {"rows": rows, "summary": summarize(rows)}
+
+
+def check_with_added_hosts(results, kernels):
+    """check over the run of record, and over the hosts' layouts of each run added to it
+    (`bench report --add-e2e`: timed after a run of record that had none), each against the
+    floor of its own run."""
+    checked = check(results.get("e2e", []), kernels)
+    rows = checked["rows"] + [
+        row
+        for run in results.get("e2e_added", [])
+        for row in check(run["records"], kernels)["rows"]
+        if row["ranks_per_host"] > 1
+    ]
     return {"rows": rows, "summary": summarize(rows)}
 
 
@@ -513,7 +540,7 @@ def parts(results, out_dir):
     kernels, e2e = results.get("kernels", []), results.get("e2e", [])
     rows = table(kernels, e2e)
     figure(os.path.join(out_dir, "scaling.png"), rows)
-    checked = check(e2e, kernels)
+    checked = check_with_added_hosts(results, kernels)
     _, local_source = path_timings(kernels, "DGC")
     floors = {m: next(r for r in rows if r["model"] == m) for m in MODELS}
     floor_text = ", ".join(

@@ -73,6 +73,19 @@ def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path
     assert proc.returncode == 2 and "e2e: the end-to-end benchmark needs Horovod" in proc.stderr
 
 
+@pytest.mark.parametrize("layout", ["2x1", "1x2", "2by2", "x"])
+def test_a_host_layout_needs_two_hosts_of_two_ranks_or_more(layout):
+    """`bench all --host-layouts` takes HxR; anything else is refused before anything runs."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparsecomm.bench", "all", "--host-layouts", layout],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"a layout should be HxR (hosts x ranks a host, both >= 2), got {layout!r}" in proc.stderr
+
+
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
     elements (no model's tensors), the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the
@@ -105,6 +118,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
             "compute",
             "--e2e-methods",
             *rows,
+            "--host-layouts",  # none: the hosts' cells run the comm model on 4 and 6 ranks
             "--warmup",
             "1",
             "--steps",
@@ -207,7 +221,8 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
     text = md.read_text()
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings[:3] == ["## Summary", "## Figures", "## End-to-end step time on an emulated network"]
-    assert headings[-1] == "## How it was measured" and len(text.splitlines()) < 345
+    # short enough to scan: 345 lines before the hosts' layouts (2 tables of added runs, 8 rows of the check)
+    assert headings[-1] == "## How it was measured" and len(text.splitlines()) < 400
     assert "--convergence-from earlier/results.json --out results" in text
     assert str(tmp_path) not in text and "/elsewhere" not in text and "](out/results.json)" in text
     assert not [line for line in text.splitlines() if len(line) > 400 and not line.startswith("|")]
@@ -537,7 +552,9 @@ def test_e2e_on_2_hosts_of_2_ranks_where_hierarchical_halves_what_a_host_receive
     assert proc.returncode == 0, (proc.stdout[-3000:], proc.stderr[-3000:])
     records = json.loads(out.read_text())["records"]
     assert [r["method"] for r in records] == methods
-    assert all(r["ranks"] == 4 and r["ranks_per_host"] == 2 and r["network_model"] == "per-host" for r in records)
+    assert all(
+        r["ranks"] == 4 and r["ranks_per_host"] == 2 and r["network_model"] == "per-host, hosts of 2" for r in records
+    )
     assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm\s+2x2\s+unshaped", proc.stdout), proc.stdout
     seconds = [statistics.mean(r["step_times_ms"]) for r in records]
     rate = records[0]["nic_received_bytes"] / seconds[0]  # the floor exchanges nothing

@@ -100,6 +100,37 @@ def test_check_computes_the_error_against_hand_made_records():
     assert summary["median_abs_error"] == pytest.approx(0.6) and summary["max_abs_error"] == pytest.approx(1.0)
 
 
+def test_check_predicts_hosts_of_several_ranks_with_the_hosts_model():
+    """A 2 x 2 layout's rows (network model "per-host, hosts of 2", ranks_per_host 2, as `bench e2e
+    --ranks-per-host 2` records them) are checked against predict_hosts on the NIC's full rate with
+    their own floor, hierarchical included, named by their layout; a flat 4-rank cell's floor is
+    not theirs, and a hierarchical row of one rank a host is not checked."""
+    hosts = dict(ranks=4, network_model="per-host, hosts of 2")
+    records = [
+        _row("floor", 80, **hosts),
+        _row("floor", 10, ranks=4, network_model="per-host"),
+        _row("DGC 0.1% hierarchical", 1.0, ranks=4, network_model="per-host"),
+    ]
+    for method in ("dense", "DGC 0.1% allgather", "DGC 0.1% spardl", "DGC 0.1% hierarchical"):
+        records.append(_row(method, 100.0, **hosts))
+    for r in records:
+        r["ranks_per_host"] = 2 if r["network_model"].endswith("hosts of 2") else 1
+    rows = scaling.check(records, [])["rows"]
+    assert [(r["ranks"], r["exchange"], r["floor_ms"]) for r in rows] == [
+        ("2x2", e, 80) for e in ("dense", "allgather", "spardl", "hierarchical")
+    ]
+    want = scaling.predict_hosts(scaling.MODELS["comm"], 2, 2, cost.Network(bandwidth=1.25e8, latency=5e-5), None, 80)
+    assert [r["predicted_ms"] for r in rows] == pytest.approx([want[r["exchange"]] for r in rows])
+    # a run added to the record (bench report --add-e2e): its layouts' rows join the check, not its flat ones
+    flat = [_row("floor", 50), _row("dense", 120)]
+    for r in flat:
+        r["ranks_per_host"] = 1
+    results = {"e2e": flat, "e2e_added": [{"records": records + [dict(r, step_ms=999) for r in flat]}]}
+    checked = scaling.check_with_added_hosts(results, [])
+    assert [(r["ranks"], r["measured_ms"]) for r in checked["rows"]] == [(2, 120)] + [("2x2", 100.0)] * 4
+    assert checked["summary"]["count"] == 5
+
+
 def test_without_a_floor_row_the_floor_is_the_fastest_row_and_says_so():
     records = [_row("dense", 900), _row("DGC 0.1% spardl", 300), _row("RandomBlock 1%", 250, network="unshaped")]
     assert scaling.floor_of(records, "comm", 2) == (250, "estimated")
