@@ -1,6 +1,7 @@
 """Run a worker script on N ranks of this host: horovodrun (Gloo) or torchrun."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -112,5 +113,16 @@ def horovodrun(np, script, *args, timeout=300, elastic=None, hosts=None):
     """horovodrun_outcome's output; fails the test with the ranks' output on a non-zero exit."""
     code, output, _ = horovodrun_outcome(np, script, *args, timeout=timeout, elastic=elastic, hosts=hosts)
     if code != 0:
-        pytest.fail(f"horovodrun -np {np} {script} exited {code}:\n{output[-6000:]}")
+        pytest.fail(f"horovodrun -np {np} {script} exited {code}:\n{first_errors(output)}{output[-6000:]}")
     return output
+
+
+def first_errors(output):
+    """Each rank's first exception line, ahead of the output's tail: the rank that failed first
+    is often one whose traceback the tail cuts off (the others then report Horovod's shutdown)."""
+    first = {}
+    for line in output.splitlines():
+        found = re.match(r"\[(\d+)\]<std(?:err|out)>:\s*(\w+(?:\.\w+)*(?:Error|Exception)\b.*)", line)
+        if found and found.group(1) not in first:
+            first[found.group(1)] = found.group(2)[:300]
+    return "".join(f"rank {rank} first raised: {error}\n" for rank, error in sorted(first.items())) + "\n"

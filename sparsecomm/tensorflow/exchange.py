@@ -476,7 +476,7 @@ def measure_network(process_set):
         tf.constant([int(found is not None)], tf.int32), name="sparsecomm.measure.hosts", process_set=process_set
     )
     found = found if bool(tf.reduce_all(flags > 0)) else None
-    inside = _network_timings(hvd, found[1]) if found else []
+    inside = _network_timings(hvd, found[1], "sparsecomm.measure.host") if found else []
     timings = _network_timings(hvd, process_set) + inside
     mean = hvd.allreduce(
         tf.constant(timings, tf.float64), op=hvd.Average, name="sparsecomm.measure.mean", process_set=process_set
@@ -488,15 +488,16 @@ def measure_network(process_set):
     return network, None, None, cost.Hosts(layout.hosts, layout.per_host, _fitted_network(layout.per_host, mean[3:]))
 
 
-def _network_timings(hvd, process_set):
-    """Seconds of a 1-element allreduce, of a 4 MB one and of a local copy of 4 MB over `process_set`."""
+def _network_timings(hvd, process_set, name="sparsecomm.measure"):
+    """Seconds of a 1-element allreduce, of a 4 MB one and of a local copy of 4 MB over `process_set`
+    (collectives named `name`.N)."""
     from ..core import cost
 
     small, big = tf.zeros([1]), tf.zeros([1 << 20])
     counter = iter(range(1 << 30))
 
     def reduce(t):
-        return hvd.allreduce(t, name=f"sparsecomm.measure.{next(counter)}", process_set=process_set).numpy()
+        return hvd.allreduce(t, name=f"{name}.{next(counter)}", process_set=process_set).numpy()
 
     reduce(small)
     t_small, t_big = cost.median_seconds(lambda: reduce(small), 5), cost.median_seconds(lambda: reduce(big), 3)

@@ -21,7 +21,7 @@ def measure(compressor):
     backward = compressor.planner.auto.backward  # watched first, where the hooks are timed (not under DDP)
     watched = backward.windows if backward is not None else {}
     hosts = compressor.collectives.hosts()
-    inside = network_timings(hosts[1], compressor.device) if hosts else []
+    inside = network_timings(hosts[1], compressor.device, "sparsecomm.measure.host") if hosts else []
     network, timings = measure_network(
         compressor.collectives,
         inside + time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names],
@@ -79,22 +79,22 @@ def measure_network(collectives, local=(), device="cpu"):
     return fitted_network(collectives.size(), mean[: len(timings)]), mean[len(timings) :]
 
 
-def network_timings(collectives, device):
+def network_timings(collectives, device, name="sparsecomm.measure"):
     """Seconds of a 1-element allreduce, of a 4 MB one, of a local copy of 4 MB, and of one more
     tiny allgather in flight in a burst of them (the cost of a collective among a step's others),
-    over `collectives`. Its tensors live on `device`, where the gradients do: a GPU's go over
-    NCCL, not the CPU's path."""
+    over `collectives`, as collectives named `name`.N (the hosts' sets: names of their own). Its
+    tensors live on `device`, where the gradients do: a GPU's go over NCCL, not the CPU's path."""
     device = torch.device(device)
     small, big = torch.zeros(1, device=device), torch.zeros(BIG, device=device)
     counter = iter(range(1 << 30))
     done = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)  # NCCL returns before it ends
 
     def reduce(t):
-        collectives.allreduce(t, f"sparsecomm.measure.{next(counter)}")
+        collectives.allreduce(t, f"{name}.{next(counter)}")
         done()
 
     def burst(count):  # `count` tiny allgathers in flight at once, as a step's exchanges are
-        collectives.allgathers(small, count, f"sparsecomm.measure.{next(counter)}")
+        collectives.allgathers(small, count, f"{name}.{next(counter)}")
         done()
 
     reduce(small)
