@@ -14,11 +14,11 @@ framework adapter (`needs_network`) and handed in. An adapter that can time Horo
 dense for OBSERVED_STEPS steps while it records when each gradient is handed over, and then
 chooses with the overlap of each exchange and the backward (cost.hidden_times). It then tries
 its choice on the training (RouteTrial): it times turns of steps, one routed by the model and
-one by each extreme the model did not choose (every tensor sparse where the model sent some
-dense, every tensor dense where it sent some sparse: both for a mix), in rounds of TRIAL_TURNS
-turns, until every turn agrees on whether each extreme is faster than the model by more than
-TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median turn decides; the fastest extreme
-that beats the model by the margin is kept, else the model's routes.
+one by each route the method can take sending every tensor that way (dense, allgather, SparDL,
+hierarchical where it runs), but the model's own where it sends every tensor one way, in
+rounds of TRIAL_TURNS turns, until every turn agrees on whether each of them is faster than
+the model by more than TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median turn decides;
+the fastest that beats the model by the margin is kept, else the model's routes.
 """
 
 import collections
@@ -33,23 +33,36 @@ from .wire import MAX_INDEXED_NUMEL, buckets, rows_bytes
 # Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
 # (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
 OBSERVED_STEPS = 2
-# The route trial's schedule. The step after the watch measures the network; it is routed by
-# the sparsest side and not counted, since it pays every first use. Then turns of steps, one
-# step of each side (the model's routes, then each alternative's): adjacent steps see the
-# machine alike, so a turn's ratios are steadier than medians. After each round of TRIAL_TURNS
-# turns the trial decides if every turn agrees; after TRIAL_ROUNDS rounds the median turn
-# decides (docs/exchanges.md, step 4).
+# The route trial's schedule. The step after the watch measures the network; it and one step
+# for each further sparse route are not counted: each pays a route's first use. Then turns of
+# steps, one step of each side (the model's routes, then each alternative's): adjacent steps
+# see the machine alike, so a turn's ratios are steadier than medians. After each round of
+# TRIAL_TURNS turns the trial decides if every turn agrees; after TRIAL_ROUNDS rounds the
+# median turn decides (docs/exchanges.md, step 4).
 TRIAL_TURNS = 4
 TRIAL_ROUNDS = 3
-MODEL, ALL_SPARSE, ALL_DENSE = "model", "all sparse", "all dense"  # the sides of a RouteTrial
-MOST_SIDES = 3  # the model's routes, all sparse and all dense
+MODEL = "model"  # the side of a RouteTrial that routes by the model; the others: every_tensor(route)
+MOST_SIDES = 1 + len(cost.EXCHANGES) + 1  # the model's routes, and every tensor by each route (hierarchical too)
 TRIAL_STEPS = MOST_SIDES * TRIAL_TURNS * TRIAL_ROUNDS  # the most counted steps
 # How much faster than the model's routes an alternative must be to be kept: within it the
 # model's routes, which rest on measurements of their own, stand.
 TRIAL_MARGIN = 0.03
 # The most steps before auto's routes are final where it watches: the watch, the measuring step
 # and the trial (a benchmark warms up this long before it times auto).
-SETTLING_STEPS = OBSERVED_STEPS + 1 + TRIAL_STEPS
+SETTLING_STEPS = OBSERVED_STEPS + len(cost.SPARSE) + TRIAL_STEPS
+
+
+def every_tensor(route):
+    """The side of a RouteTrial that sends every tensor auto routes by `route`."""
+    return f"all {route}"
+
+
+def route_of(side):
+    """The route of an every_tensor side."""
+    return side.removeprefix(every_tensor(""))
+
+
+ALL_DENSE = every_tensor("dense")
 
 
 @dataclass(frozen=True)
@@ -281,7 +294,7 @@ class AutoRouter:
         if self._hidden is None:
             self._hidden = self._hidden_times(ranks)
             if self.steps is not None:
-                self.trial = RouteTrial(self.steps.step, self._alternatives(ranks))
+                self.trial = RouteTrial(self.steps.step, *self._trial_sides(ranks))
         side = MODEL if self.trial is None else self.trial.arm(self.steps.step)
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks, side):
@@ -291,38 +304,41 @@ class AutoRouter:
     def _chosen(self, name, numel, k, element_size, ranks, side):
         hidden = self._hidden.get(name, 0.0)
         choice, predicted = self._cost_choice(numel, k, element_size, ranks, hidden)
-        if side == ALL_DENSE:
-            choice = "dense"
-        elif side == ALL_SPARSE:  # the sparse exchange the model predicts cheapest
-            choice = self._cost_choice(numel, k, element_size, ranks, hidden, sparse_only=True)[0]
-        chosen = {"exchange": choice, "predicted_seconds": predicted}
+        chosen = {"exchange": choice if side == MODEL else route_of(side), "predicted_seconds": predicted}
         if name in self._hidden:
             chosen["hidden_seconds"] = hidden
         if self.trial is not None:
             chosen.update(self.trial.shown(self.steps.step))
         return chosen
 
-    def _cost_choice(self, numel, k, element_size, ranks, hidden, sparse_only=False):
-        """cost.choose for this method on the measured network: (route, every prediction), among
-        the method's exchanges and "hierarchical" where it can use SparDL and hosts were measured."""
+    def _routes(self):
+        """The method's exchanges, and "hierarchical" where it can use SparDL and hosts were
+        measured, that the way in provides."""
         own = self.method.exchanges()
         own = (*own, cost.HIERARCHICAL) if self.hosts is not None and "spardl" in own else own
-        allowed = [e for e in own if e in self.available and not (sparse_only and e == "dense")]
-        size = self.method.value_bytes(element_size)
-        return cost.choose(numel, k, element_size, size, ranks, self.network, allowed, self.local, hidden, self.hosts)
+        return [e for e in own if e in self.available]
 
-    def _alternatives(self, ranks):
-        """The sides the model's routes are tried against: ALL_SPARSE where the model sends some
-        watched tensor dense, ALL_DENSE where it sends some sparse (or none is watched); both for
-        a mix, which can be slower than either."""
-        dense = {
+    def _cost_choice(self, numel, k, element_size, ranks, hidden):
+        """cost.choose for this method on the measured network: (route, every prediction)."""
+        size, routes = self.method.value_bytes(element_size), self._routes()
+        return cost.choose(numel, k, element_size, size, ranks, self.network, routes, self.local, hidden, self.hosts)
+
+    def _trial_sides(self, ranks):
+        """(alternatives, warming) of the RouteTrial: every tensor by each of the method's routes,
+        sparse first, but the model's own where it sends every watched tensor one way (a mix can
+        be slower than any of them); each sparse side warmed by one uncounted step. With no
+        watched tensor: all dense, warmed by the model's routes."""
+        chosen = {
             self._cost_choice(numel, selected_count(density, numel), size, ranks, self._hidden.get(name, 0.0))[0]
-            == "dense"
             for name, (numel, size, density, by_auto) in self._shapes.items()
             if by_auto
         }
-        sides = (ALL_SPARSE,) if True in dense else ()
-        return sides + ((ALL_DENSE,) if False in dense or not dense else ())
+        if not chosen:
+            return (ALL_DENSE,), (MODEL,)
+        own = every_tensor(chosen.pop()) if len(chosen) == 1 else None
+        sides = [every_tensor(route) for route in sorted(self._routes(), key="dense".__eq__)]
+        warming = tuple(MODEL if side == own else side for side in sides if side != ALL_DENSE)
+        return tuple(side for side in sides if side != own), warming or (MODEL,)
 
     def _hidden_times(self, ranks):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
@@ -388,15 +404,17 @@ class StepClock:
 
 
 class RouteTrial:
-    """Tries the model's routes on the training itself against `alternatives`, ALL_SPARSE and/or
-    ALL_DENSE (the model rests on estimates: how much of each exchange the backward hides, and
-    a network measured in a few collectives, both of which the training can prove wrong). From
-    `first`, the step that measured: that step routes by the sparsest side and is not counted;
-    then the steps take the sides in turn (MODEL, then each alternative), each timed by the
-    StepClock, in rounds of TRIAL_TURNS turns (see TRIAL_TURNS for when it decides)."""
+    """Tries the model's routes on the training itself against `alternatives`, every_tensor
+    sides (the model rests on estimates: how much of each exchange the backward hides, and a
+    network measured in a few collectives, both of which the training can prove wrong). From
+    `first`, the step that measured, the steps route by each side of `warming` in turn, not
+    counted (each pays a route's first use); then the steps take the sides in turn (MODEL, then
+    each alternative), each timed by the StepClock, in rounds of TRIAL_TURNS turns (see
+    TRIAL_TURNS for when it decides)."""
 
-    def __init__(self, first, alternatives):
-        self.first, self.alternatives = first, tuple(alternatives)
+    def __init__(self, first, alternatives, warming=(MODEL,)):
+        self.first, self.alternatives, self.warming = first, tuple(alternatives), tuple(warming)
+        self.counted_from = first + len(self.warming)
         self.sides = (MODEL, *self.alternatives)
         self.winner = None  # MODEL or an alternative, once decided
         self.seconds = {side: [] for side in self.sides}  # each counted step's seconds, averaged over the ranks
@@ -415,19 +433,19 @@ class RouteTrial:
         """How `step` routes."""
         if self.winner is not None:
             return self.winner
-        if step == self.first:
-            return ALL_SPARSE if ALL_SPARSE in self.alternatives else MODEL
-        return self.sides[(step - self.first - 1) % len(self.sides)]
+        if step < self.counted_from:
+            return self.warming[step - self.first]
+        return self.sides[(step - self.counted_from) % len(self.sides)]
 
     def round_ended(self, clock):
         """Whether the round under way has ended (checked at every compress: true first at the
         first compress after its last step, while the clock still holds its steps' ends)."""
-        return self.winner is None and clock.step > self.first + self.round_steps * (self.rounds + 1)
+        return self.winner is None and clock.step >= self.counted_from + self.round_steps * (self.rounds + 1)
 
     def round_seconds(self, clock):
         """This rank's step seconds of the round just ended, in step order (a turn: MODEL, then
         each alternative)."""
-        start = self.first + 1 + self.round_steps * self.rounds  # the StepClock keeps their ends
+        start = self.counted_from + self.round_steps * self.rounds  # the StepClock keeps their ends
         return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + self.round_steps)]
 
     def add_round(self, seconds):

@@ -199,6 +199,7 @@ def _watched(planner, windows, shapes, density=0.001, ranks=2):
 
 GBIT = Network(bandwidth=1.25e8, latency=5e-5, copy_bandwidth=1e10)
 EARLY_AND_LATE = {"early": 10**6, "late": 10**6}
+ALL_ALLGATHER, ALL_SPARDL = plan.every_tensor("allgather"), plan.every_tensor("spardl")
 
 
 def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_exchanges_dense():
@@ -208,16 +209,19 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     is busy with `early`'s 32 ms until -18 ms: 14 ms of its dense exchange would stick out, and
     it goes sparse. Alone on the link it would have 31 ms hidden and stay dense. Without the
     windows both would go sparse. The model sends one dense and one sparse, so its routes are
-    tried against every tensor sparse and every tensor dense: the measuring step routes all
-    sparse, the next one by the model."""
+    tried against every tensor by allgather, by SparDL and dense: the measuring step routes all
+    by allgather, the next all by SparDL (both uncounted, each a route's first use), the next
+    one by the model."""
     dense_wire = cost.local_and_wire(10**6, 1000, 4, 4, 2, GBIT)["dense"][1]
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     assert planner.needs_network(2)
     planner.use_measurement(GBIT, None, {"early": 0.05, "late": 0.031, "frozen": 0.0})
     assert _step(planner, EARLY_AND_LATE, 2.0) == {"early": "allgather", "late": "allgather"}
-    assert planner.auto.trial.alternatives == (plan.ALL_SPARSE, plan.ALL_DENSE)
-    assert planner.choices["early"]["route_trial"] == plan.ALL_SPARSE
+    assert planner.auto.trial.alternatives == (ALL_ALLGATHER, ALL_SPARDL, plan.ALL_DENSE)
+    assert planner.auto.trial.warming == (ALL_ALLGATHER, ALL_SPARDL)
+    assert planner.choices["early"]["route_trial"] == ALL_ALLGATHER
+    assert _step(planner, EARLY_AND_LATE, 2.5) == {"early": "spardl", "late": "spardl"}
     assert _step(planner, EARLY_AND_LATE, 3.0) == {"early": "dense", "late": "allgather"}
     assert planner.choices["early"]["hidden_seconds"] == pytest.approx(0.05)
     assert planner.choices["late"]["hidden_seconds"] == pytest.approx(0.05 - dense_wire)
@@ -225,9 +229,10 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     alone = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(alone, {"late": 0.031}, {"late": 10**6})
     alone.use_measurement(GBIT, None, {"late": 0.031})
-    _step(alone, {"late": 10**6}, 2.0)  # the measuring step, all sparse
+    assert _step(alone, {"late": 10**6}, 2.0) == {"late": "allgather"}  # the measuring step
+    assert _step(alone, {"late": 10**6}, 2.5) == {"late": "spardl"}
     assert _step(alone, {"late": 10**6}, 3.0) == {"late": "dense"}
-    assert alone.auto.trial.alternatives == (plan.ALL_SPARSE,)  # the model sends nothing sparse
+    assert alone.auto.trial.alternatives == (ALL_ALLGATHER, ALL_SPARDL)  # the model sends nothing sparse
     planner.forget_measurement()  # a new world watches again
     assert planner.auto.trial is None and planner.auto.steps.step == 0
     assert planner.watching() and planner.route("early", 10**6, 2, 4, 0.001, 2) == "dense"
@@ -248,11 +253,12 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
     decided, decide = [], planner._decide
     planner._decide = lambda *args: decided.append(args[0]) or decide(*args)
     assert planner.auto.trial is None
-    for step in range(2 * plan.TRIAL_TURNS + 1):  # the measuring step and a round: decided at every step
+    trying = 2 + 3 * plan.TRIAL_TURNS  # the measuring step, all SparDL's first, and a round: decided at every step
+    for step in range(trying):
         _step(planner, {"w": 10**6}, 3.0 + step)
-    assert len(decided) == 2 * plan.TRIAL_TURNS + 1 and planner.auto.trial.alternatives == (plan.ALL_DENSE,)
+    assert len(decided) == trying and planner.auto.trial.alternatives == (ALL_SPARDL, plan.ALL_DENSE)
     planner.auto.steps.note_compress()
-    planner.auto.add_trial_round([1.0, 2.0] * plan.TRIAL_TURNS)  # the model's routes faster in every turn: kept
+    planner.auto.add_trial_round([1.0, 2.0, 2.0] * plan.TRIAL_TURNS)  # the model's routes faster in every turn: kept
     decided.clear()
     assert [planner.route("w", 10**6, 2, 4, 0.001, 2) for _ in range(3)] == ["allgather"] * 3
     assert decided == ["w"]  # once, then kept
@@ -271,7 +277,7 @@ def test_final_routes_are_decided_once_and_again_when_the_network_or_the_world_c
 def test_auto_routes_hierarchical_where_the_hosts_were_measured():
     """A measurement with cost.Hosts (the hosts' process sets registered: 2 hosts of 4 ranks, a
     10 GB/s link inside a host, 1 Gbit/s NICs) lets auto route "hierarchical" for a method that
-    can use SparDL, by the model and on the trial's all-sparse side (the measuring step); never
+    can use SparDL, by the model and as a side of the trial (after all allgather, all SparDL); never
     for 1-bit codes (no SparDL), without Hosts, or where the way in lacks it (the DDP hook); a new
     world forgets the hosts with the network."""
     hosts = cost.Hosts(2, 4, Network(bandwidth=1e10, latency=1e-5))
@@ -279,9 +285,12 @@ def test_auto_routes_hierarchical_where_the_hosts_were_measured():
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.5, "late": 0.0}, shapes, ranks=8)  # `early`'s dense exchange is hidden
     planner.use_measurement(GBIT, None, {"early": 0.5, "late": 0.0}, hosts)
-    # all sparse: `early`'s wire is hidden either way, so the local work decides (a tie: allgather first)
-    assert _step(planner, shapes, 2.0, ranks=8) == {"early": "allgather", "late": "hierarchical"}
-    assert planner.choices["late"]["route_trial"] == plan.ALL_SPARSE
+    warming = [ALL_ALLGATHER, ALL_SPARDL, plan.every_tensor("hierarchical")]
+    assert planner.auto.trial is None and _step(planner, shapes, 2.0, ranks=8) == dict.fromkeys(shapes, "allgather")
+    assert planner.auto.trial.warming == tuple(warming) and planner.auto.trial.alternatives[-1] == plan.ALL_DENSE
+    for i, side in enumerate(warming[1:]):
+        assert _step(planner, shapes, 2.1 + i, ranks=8) == dict.fromkeys(shapes, plan.route_of(side))
+        assert planner.choices["late"]["route_trial"] == side
     assert _step(planner, shapes, 3.0, ranks=8) == {"early": "dense", "late": "hierarchical"}
     assert set(planner.choices["late"]["predicted_seconds"]) == {"dense", "allgather", "spardl", "hierarchical"}
     planner.forget_measurement()
@@ -300,21 +309,30 @@ def test_auto_routes_hierarchical_where_the_hosts_were_measured():
 
 def _trial_planner():
     """A planner after the watch (steps 0, 1) whose model sends `early` dense and `late` by
-    allgather: its routes are tried against all sparse and all dense from step 2, the measuring
-    step."""
+    allgather: its routes are tried against all allgather, all SparDL and all dense, after the
+    measuring step (2, all allgather) and all SparDL's first step (3), not counted."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.05, "late": 0.031}, EARLY_AND_LATE)
     planner.use_measurement(GBIT, None, {"early": 0.05, "late": 0.031})
     return planner
 
 
-SIDES = (plan.MODEL, plan.ALL_SPARSE, plan.ALL_DENSE)
+SIDES = (plan.MODEL, ALL_ALLGATHER, ALL_SPARDL, plan.ALL_DENSE)
 ROUTES = {
     plan.MODEL: {"early": "dense", "late": "allgather"},
-    plan.ALL_SPARSE: {"early": "allgather", "late": "allgather"},
+    ALL_ALLGATHER: {"early": "allgather", "late": "allgather"},
+    ALL_SPARDL: {"early": "spardl", "late": "spardl"},
     plan.ALL_DENSE: {"early": "dense", "late": "dense"},
 }
-BY_MODEL, ALL_SPARSE_ROUTES = ROUTES[plan.MODEL], ROUTES[plan.ALL_SPARSE]
+BY_MODEL = ROUTES[plan.MODEL]
+COUNTED_FROM = 4  # after the watch (0, 1) and the warming steps (2, 3)
+
+
+def _warmed(planner):
+    """The trial's uncounted steps (2, 3): every tensor by allgather, then by SparDL."""
+    for step, side in zip(range(2, COUNTED_FROM), (ALL_ALLGATHER, ALL_SPARDL)):
+        assert _step(planner, EARLY_AND_LATE, float(step)) == ROUTES[side]
+    return float(COUNTED_FROM - 1)
 
 
 def _trial_round(planner, ended, seconds):
@@ -335,22 +353,22 @@ def _trial_round(planner, ended, seconds):
 
 @pytest.mark.parametrize("faster", SIDES)
 def test_the_route_trial_keeps_the_side_faster_in_every_turn_after_one_round(faster):
-    """After the watch (steps 0, 1) and the measuring step (2, all sparse, not counted), steps
-    3-14 take turns: the model's routes, every tensor sparse, every tensor dense, each timed
-    from the previous step's end to its own. The faster side takes 0.3 s, the others 0.4 s,
-    except in the first turn, where a slow spell makes all ten times slower (its ratios are the
-    same, and the medians ignore it). Every turn agrees, so the trial decides at the first
-    compress of step 15, and the faster side routes from then on."""
+    """After the watch (steps 0, 1) and the warming steps (2, 3, not counted), steps 4-19 take
+    turns: the model's routes, every tensor by allgather, by SparDL, dense, each timed from the
+    previous step's end to its own. The faster side takes 0.3 s, the others 0.4 s, except in
+    the first turn, where a slow spell makes all ten times slower (its ratios are the same, and
+    the medians ignore it). Every turn agrees, so the trial decides at the first compress of
+    step 20, and the faster side routes from then on."""
     planner = _trial_planner()
-    assert _step(planner, EARLY_AND_LATE, 2.0) == ALL_SPARSE_ROUTES
     seconds = {side: [3.0, 0.3, 0.3, 0.3] if side == faster else [4.0, 0.4, 0.4, 0.4] for side in SIDES}
-    _trial_round(planner, 2.0, seconds)
+    _trial_round(planner, _warmed(planner), seconds)
     round_seconds = planner.auto.trial.round_seconds(planner.auto.steps)
     assert round_seconds == pytest.approx([x for turn in zip(*(seconds[side] for side in SIDES)) for x in turn])
     planner.auto.add_trial_round(round_seconds)  # as averaged over the ranks
     assert not planner.auto.round_ended() and not planner.timing_steps()
-    for step in range(15, 18):
-        if step > 15:
+    decided_at = COUNTED_FROM + len(SIDES) * plan.TRIAL_TURNS
+    for step in range(decided_at, decided_at + 3):
+        if step > decided_at:
             planner.auto.steps.note_compress()
         routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
         assert routes == ROUTES[faster]
@@ -359,31 +377,32 @@ def test_the_route_trial_keeps_the_side_faster_in_every_turn_after_one_round(fas
     assert shown["route_trial_seconds"] == pytest.approx({side: 0.3 if side == faster else 0.4 for side in SIDES})
     ratio = {side: 0.75 if side == faster else 1.0 if faster != plan.MODEL else 4 / 3 for side in SIDES[1:]}
     assert shown["route_trial_ratios"] == pytest.approx(ratio)
-    assert len(planner.auto.steps.ends) == len(SIDES) * plan.TRIAL_TURNS + 1  # no more than a round needs
+    kept = planner.auto.steps.ends  # no more than the longest round needs
+    assert kept.maxlen == plan.MOST_SIDES * plan.TRIAL_TURNS + 1 and len(kept) == min(kept.maxlen, decided_at)
 
 
-@pytest.mark.parametrize("agreeing, kept", [(0.90, plan.ALL_SPARSE), (1.05, plan.MODEL)])
+@pytest.mark.parametrize("agreeing, kept", [(0.90, ALL_ALLGATHER), (1.05, plan.MODEL)])
 def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides(agreeing, kept):
-    """Turns that disagree (all sparse 10% faster in some, 5% slower in others; all dense
-    always 20% slower): the trial goes on, still taking turns, round after round. The second
-    round's turns all agree (all sparse's ratio `agreeing`), but the first round's do not, so it
-    goes on; after TRIAL_ROUNDS rounds the median turn decides: 8 of the 12 ratios are `agreeing`."""
+    """Turns that disagree (all allgather 10% faster in some, 5% slower in others; all SparDL
+    and all dense always 20% slower): the trial goes on, still taking turns, round after round.
+    The second round's turns all agree (all allgather's ratio `agreeing`), but the first round's
+    do not, so it goes on; after TRIAL_ROUNDS rounds the median turn decides: 8 of the 12
+    ratios are `agreeing`."""
     planner = _trial_planner()
-    ended = 2.0
-    _step(planner, EARLY_AND_LATE, ended)
-    slow_dense = {plan.MODEL: [1.0] * 4, plan.ALL_DENSE: [1.2] * 4}
-    mixed = dict(slow_dense, **{plan.ALL_SPARSE: [0.90, 1.05, 0.90, 1.05]})
-    rounds = [mixed, dict(slow_dense, **{plan.ALL_SPARSE: [agreeing] * 4}), mixed]
+    ended = _warmed(planner)
+    slow = {plan.MODEL: [1.0] * 4, ALL_SPARDL: [1.2] * 4, plan.ALL_DENSE: [1.2] * 4}
+    mixed = dict(slow, **{ALL_ALLGATHER: [0.90, 1.05, 0.90, 1.05]})
+    rounds = [mixed, dict(slow, **{ALL_ALLGATHER: [agreeing] * 4}), mixed]
     assert len(rounds) == plan.TRIAL_ROUNDS
     for i, seconds in enumerate(rounds):
         ended = _trial_round(planner, ended, seconds)
         planner.auto.add_trial_round(planner.auto.trial.round_seconds(planner.auto.steps))
         assert planner.auto.trial.rounds == i + 1
         assert (planner.auto.trial.winner is None) == (i + 1 < plan.TRIAL_ROUNDS)
-    assert planner.auto.trial.winner == kept and planner.auto.trial.ratio(plan.ALL_SPARSE) == pytest.approx(agreeing)
+    assert planner.auto.trial.winner == kept and planner.auto.trial.ratio(ALL_ALLGATHER) == pytest.approx(agreeing)
     routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
-    assert routes == (BY_MODEL if kept == plan.MODEL else ALL_SPARSE_ROUTES)
-    assert planner.choices["early"]["route_trial_steps"] == plan.TRIAL_STEPS
+    assert routes == ROUTES[kept]
+    assert planner.choices["early"]["route_trial_steps"] == len(SIDES) * plan.TRIAL_TURNS * plan.TRIAL_ROUNDS
 
 
 @pytest.mark.parametrize(
@@ -392,19 +411,19 @@ def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides
         (1.0, 1.0, plan.MODEL),  # a tie
         (1.0, 0.98, plan.MODEL),  # 2% faster: within TRIAL_MARGIN (3%), the trial cannot tell it apart
         (1.0, 0.971, plan.MODEL),
-        (1.0, 0.969, plan.ALL_SPARSE),  # faster by more than the margin
+        (1.0, 0.969, ALL_ALLGATHER),  # faster by more than the margin
         (0.5, 1.0, plan.MODEL),
     ],
 )
 def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternative, kept):
     """Every turn alike: decided after one round, by the margin."""
-    trial = plan.RouteTrial(2, (plan.ALL_SPARSE,))
+    trial = plan.RouteTrial(2, (ALL_ALLGATHER,))
     trial.add_round([model, alternative] * plan.TRIAL_TURNS)
     assert trial.winner == kept and trial.arm(20) == kept and trial.rounds == 1
     assert trial.shown(20) == {
         "route_trial": kept,
-        "route_trial_seconds": {plan.MODEL: model, plan.ALL_SPARSE: alternative},
-        "route_trial_ratios": {plan.ALL_SPARSE: pytest.approx(alternative / model)},
+        "route_trial_seconds": {plan.MODEL: model, ALL_ALLGATHER: alternative},
+        "route_trial_ratios": {ALL_ALLGATHER: pytest.approx(alternative / model)},
         "route_trial_steps": 2 * plan.TRIAL_TURNS,
     }
 
@@ -412,9 +431,9 @@ def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternat
 @pytest.mark.parametrize(
     "sparse, dense, kept",
     [
-        (1.02, 1.16, plan.ALL_SPARSE),  # a mix slower than both extremes: the faster one
+        (1.02, 1.16, ALL_ALLGATHER),  # a mix slower than both extremes: the faster one
         (1.16, 1.02, plan.ALL_DENSE),
-        (1.10, 1.10, plan.ALL_SPARSE),  # a tie between them: the sparser
+        (1.10, 1.10, ALL_ALLGATHER),  # a tie between them: the sparser
         (1.30, 1.21, plan.MODEL),  # dense 2.4% faster than the model: within the margin
         (1.40, 1.50, plan.MODEL),
     ],
@@ -422,25 +441,31 @@ def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternat
 def test_a_mix_is_tried_against_both_extremes_and_the_fastest_kept(sparse, dense, kept):
     """The model sends some tensors dense and some sparse (1.24 s a step): tried against all
     sparse and all dense, the trial keeps whichever is fastest by more than the margin."""
-    trial = plan.RouteTrial(2, (plan.ALL_SPARSE, plan.ALL_DENSE))
-    assert [trial.arm(step) for step in range(2, 9)] == [plan.ALL_SPARSE] + list(SIDES) * 2
+    trial = plan.RouteTrial(2, (ALL_ALLGATHER, plan.ALL_DENSE), (ALL_ALLGATHER,))
+    sides = [plan.MODEL, ALL_ALLGATHER, plan.ALL_DENSE]
+    assert [trial.arm(step) for step in range(2, 9)] == [ALL_ALLGATHER] + sides * 2
     trial.add_round([1.24, sparse, dense] * plan.TRIAL_TURNS)
     assert trial.winner == kept and trial.rounds == 1
     assert trial.shown(20)["route_trial_ratios"] == pytest.approx(
-        {plan.ALL_SPARSE: sparse / 1.24, plan.ALL_DENSE: dense / 1.24}
+        {ALL_ALLGATHER: sparse / 1.24, plan.ALL_DENSE: dense / 1.24}
     )
 
 
-def test_routes_all_sparse_by_the_model_are_tried_against_all_dense():
+def test_routes_all_allgather_by_the_model_are_tried_against_the_other_routes():
     """Both tensors handed at the very end of the backward: nothing is hidden and the model sends
-    both by allgather, so the trial's other side sends every tensor dense. The measuring step
-    routes by the model (the sparser side), then the steps alternate."""
+    both by allgather, so the trial's other sides send every tensor by SparDL and dense. The
+    measuring step routes by the model, the next by SparDL (both uncounted), then the steps take
+    turns."""
     planner = Planner("TopK", methods.TopK("TopK", 0.001), Policy(), "auto", None)
     _watched(planner, {"early": 0.0, "late": 0.0}, EARLY_AND_LATE)
     planner.use_measurement(GBIT, None, {"early": 0.0, "late": 0.0})
     all_sparse, all_dense = {"early": "allgather", "late": "allgather"}, {"early": "dense", "late": "dense"}
-    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse and planner.auto.trial.alternatives == (plan.ALL_DENSE,)
-    assert [_step(planner, EARLY_AND_LATE, 3.0 + step) for step in range(4)] == [all_sparse, all_dense] * 2
+    all_spardl = {"early": "spardl", "late": "spardl"}
+    assert _step(planner, EARLY_AND_LATE, 2.0) == all_sparse
+    assert planner.auto.trial.alternatives == (ALL_SPARDL, plan.ALL_DENSE)
+    assert planner.auto.trial.warming == (plan.MODEL, ALL_SPARDL)
+    turns = [_step(planner, EARLY_AND_LATE, 3.0 + step) for step in range(7)]
+    assert turns == [all_spardl] + [all_sparse, all_spardl, all_dense] * 2
     assert planner.choices["early"]["route_trial"] == plan.ALL_DENSE
     assert (
         planner.choices["early"]["predicted_seconds"]["allgather"]

@@ -88,7 +88,8 @@ def test_ratio_one_equals_dense(run):
 def test_auto_measures_the_hosts_and_routes_hierarchical_where_the_model_says(run):
     """exchange="auto" with the hosts' process sets registered: its measurement finds the hosts (2
     of R ranks) and times their link, so the model predicts "hierarchical" beside the flat
-    exchanges and each tensor takes the model's choice (step 3); every rank routes alike and
+    exchanges and each tensor takes the model's choice (the trial's first counted step, after
+    one step of each sparse exchange); every rank routes alike and
     stays bitwise in sync. With the NIC's measurement replaced by a slow one, the largest tensor
     goes hierarchical (a tiny one may go dense: the link's measured latency)."""
     per_host = len(run) // 2

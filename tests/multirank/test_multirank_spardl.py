@@ -201,12 +201,13 @@ def test_simulated_bytes_for_many_ranks(size):
 def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side(tmp_path):
     """exchange="auto" measuring the cluster itself, its measured inputs then set so that the
     model sends the first layer dense (hidden by a long window) and the rest sparse: its routes
-    are tried against every tensor sparse and every tensor dense. Steps 0-1 are watched, step 2
-    measures (all sparse), then the steps take turns (the model's routes, all sparse, all
-    dense), in rounds of plan.TRIAL_TURNS turns, until the trial decides (after 1 to
-    plan.TRIAL_ROUNDS rounds); from then on every rank routes alike, by the extreme of the
-    lowest median turn ratio of step times (averaged over the ranks) where it is below
-    1 - plan.TRIAL_MARGIN, else by the model (the same seconds and ratios on every rank)."""
+    are tried against every tensor by allgather, by SparDL and dense. Steps 0-1 are watched,
+    step 2 measures (all allgather), step 3 is all SparDL's first (neither counted), then the
+    steps take turns (the model's routes, then each of those), in rounds of plan.TRIAL_TURNS
+    turns, until the trial decides (after 1 to plan.TRIAL_ROUNDS rounds); from then on every
+    rank routes alike, by the side of the lowest median turn ratio of step times (averaged over
+    the ranks) where it is below 1 - plan.TRIAL_MARGIN, else by the model (the same seconds and
+    ratios on every rank)."""
     out = tmp_path / "trial"
     out.mkdir()
     steps = plan.SETTLING_STEPS + 3
@@ -216,15 +217,16 @@ def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side(tmp_pat
     for step in range(plan.OBSERVED_STEPS):
         assert first[step]["0.weight"] == {"exchange": "dense", "watching_backward": True}
     decided_at = next(step for step in range(steps) if "route_trial_seconds" in first[step]["0.weight"])
-    counted = decided_at - plan.OBSERVED_STEPS - 1
-    turn = (plan.MODEL, plan.ALL_SPARSE, plan.ALL_DENSE)
+    warming = [plan.every_tensor("allgather"), plan.every_tensor("spardl")]
+    counted = decided_at - plan.OBSERVED_STEPS - len(warming)
+    turn = (plan.MODEL, *warming, plan.ALL_DENSE)
     assert counted in [len(turn) * plan.TRIAL_TURNS * r for r in range(1, plan.TRIAL_ROUNDS + 1)]
     sides = [first[step]["0.weight"]["route_trial"] for step in range(2, decided_at)]
-    assert sides == [plan.ALL_SPARSE] + list(turn) * (counted // len(turn))
+    assert sides == warming + list(turn) * (counted // len(turn))
     for step, side in zip(range(2, decided_at), sides):
         routes = {choice["exchange"] for choice in first[step].values()}
-        assert first[step]["0.weight"]["exchange"] == ("allgather" if side == plan.ALL_SPARSE else "dense")
-        assert side == plan.MODEL or routes == {"allgather" if side == plan.ALL_SPARSE else "dense"}
+        assert first[step]["0.weight"]["exchange"] == ("dense" if side == plan.MODEL else plan.route_of(side))
+        assert side == plan.MODEL or routes == {plan.route_of(side)}
     decided = first[decided_at]["0.weight"]
     seconds, ratios = decided["route_trial_seconds"], decided["route_trial_ratios"]
     assert set(seconds) == set(turn) and all(s > 0 for s in seconds.values()) and set(ratios) == set(turn[1:])
@@ -232,7 +234,7 @@ def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side(tmp_pat
     beating = [side for side in turn[1:] if ratios[side] < 1 - plan.TRIAL_MARGIN]
     winner = min(beating, key=ratios.get, default=plan.MODEL)
     assert decided["route_trial"] == winner
-    assert decided["exchange"] == ("allgather" if winner == plan.ALL_SPARSE else "dense")
+    assert decided["exchange"] == ("dense" if winner == plan.MODEL else plan.route_of(winner))
     for step in range(decided_at, steps):
         assert first[step]["0.weight"] == decided
     assert ranks[1]["choices"] == first  # every step's routes, the trial's seconds, ratio and decision

@@ -12,6 +12,7 @@ import torch
 from common import EVERY
 
 from sparsecomm import Network
+from sparsecomm.core import cost, plan
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK, host_process_sets
 
 parser = argparse.ArgumentParser()
@@ -33,8 +34,10 @@ SLOW_NIC = Network(bandwidth=1e4, latency=1e-6)  # the model's bytes decide: hie
 
 def auto(config, nic=None):
     """TopK 10% with exchange="auto": it watches 2 steps (dense), measures at step 2 (the hosts
-    included), tries all sparse there and its model's routes at step 3. With `nic`, the measured
-    network is replaced by it (the hosts' link kept) and nothing is hidden by the backward."""
+    included), routes every tensor by each sparse exchange once (the trial's uncounted steps,
+    all allgather from step 2), then by the model's routes (AUTO_STEPS). With `nic`, the
+    measured network is replaced by it (the hosts' link kept) and nothing is hidden by the
+    backward."""
 
     def make(m):
         compression = TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY)
@@ -63,10 +66,14 @@ CONFIGS = {
     "topk_0.1_allgather": lambda m: TopK(
         ratio=0.1, exchange="allgather", named_parameters=m.named_parameters(), **EVERY
     ),
+}
+AUTO_CONFIGS = {
     "topk_0.1_auto": auto("topk_0.1_auto"),
     "topk_0.1_auto_slow_nic": auto("topk_0.1_auto_slow_nic", SLOW_NIC),
 }
+AUTO_STEPS = plan.OBSERVED_STEPS + len(cost.SPARSE) + 1  # the last one routed by the model
 results = common.train_recorded(CONFIGS, {}, args.steps, args.lr)
+results.update(common.train_recorded(AUTO_CONFIGS, {}, max(args.steps, AUTO_STEPS), args.lr))
 results["measured_hosts"] = MEASURED
 results["layout"] = {"local_rank": hvd.local_rank(), "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank()}
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
