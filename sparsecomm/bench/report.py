@@ -475,10 +475,13 @@ def _trial_ratios(trial):
     return f"{ratios} over {trial['steps']} steps"
 
 
-def _auto_block(e2e):
+def _auto_block(e2e, said=True):
+    """The table of _auto_rows, after what it means (`said`; an added run's: its title alone)."""
     rows = _auto_rows(e2e)
     if not rows:
         return ""
+    if not said:
+        return f'**exchange="auto" against its routes alone.**\n\n{_md_table(AUTO_HEADER, rows)}\n\n'
     return f"""**exchange="auto" against its routes alone** (DGC 0.1%): meant to be within 3% of the fastest
 of the rows of its cell that send every tensor one way (dense, allgather, SparDL, hierarchical), or
 faster; above 1.00x auto is faster.
@@ -717,15 +720,21 @@ def add_run(results, run):
 
 
 def _added_block(results):
-    """Each added run: what ran it, its table (as the run of record's), and its Horovod or DDP
-    block."""
+    """Each added run: what ran it, its table (as the run of record's), its auto and its Horovod
+    or DDP blocks."""
     blocks = []
     for run in results.get("e2e_added", []):
         made = f"`{relative_command(run['command'])}`" if run.get("command") else "A run"
         code = f" on {run['commit']}" if run.get("commit") else ""
         minutes = f", {run['minutes']:.0f} minutes" if run.get("minutes") is not None else ""
         said = _para(f"{made}{code}{minutes}: its ratios are against its own floor and dense.")
-        parts = (said, _e2e_tables(run["records"]), _ways_block(run["records"]).strip("\n"))
+        records = run["records"]
+        parts = (
+            said,
+            _e2e_tables(records),
+            _auto_block(records, said=False).strip("\n"),
+            _ways_block(records).strip("\n"),
+        )
         blocks.append("\n\n".join(part for part in parts if part))
     if not blocks:
         return ""
