@@ -184,16 +184,28 @@ def ratio_text(value, interval=None):
     return f"{value:.2f}x" + ("" if interval is None else f" ({interval[0]:.2f}-{interval[1]:.2f})")
 
 
+HOSTS_SUFFIX = ", hosts of "  # what layout_model adds to the network model of hosts of several ranks
+
+
 def layout_model(network_model, ranks_per_host):
     """The network model a record names: hosts of several ranks apart from hosts of one, so that no
     table, floor or check mixes a 2 x 2 layout with 4 ranks of one NIC each."""
-    return network_model if ranks_per_host == 1 else f"{network_model}, hosts of {ranks_per_host}"
+    return network_model if ranks_per_host == 1 else f"{network_model}{HOSTS_SUFFIX}{ranks_per_host}"
+
+
+def ranks_per_host(network_model):
+    """The ranks a host of a record's network model holds (layout_model's inverse)."""
+    return int(network_model.partition(HOSTS_SUFFIX)[2] or 1)
+
+
+def layout_label(ranks, per_host):
+    """ "4" ranks, or "2x2" for 2 hosts of 2 ranks."""
+    return str(ranks) if per_host == 1 else f"{ranks // per_host}x{per_host}"
 
 
 def layout_text(record):
-    """The ranks of a record: "4", or "2x2" for 2 hosts of 2 ranks."""
-    per_host = record.get("ranks_per_host", 1)
-    return str(record["ranks"]) if per_host == 1 else f"{record['ranks'] // per_host}x{per_host}"
+    """The ranks of a record, as layout_label writes them."""
+    return layout_label(record["ranks"], record.get("ranks_per_host", 1))
 
 
 def table(records):

@@ -13,7 +13,7 @@ import textwrap
 
 from . import scaling
 from .convergence import change_text, final_text, final_value_text
-from .e2e import PHASES, local_ratio, ratio_text
+from .e2e import HOSTS_SUFFIX, PHASES, layout_label, local_ratio, ranks_per_host, ratio_text
 from .network import RATES
 
 TASK_TITLES = {
@@ -383,15 +383,15 @@ def _e2e_tables(e2e):
                     ]
                 )
             body.append(row)
-        named = len({r["network_model"] for r in e2e}) > 1 or ", hosts of " in netmodel
+        named = len({r["network_model"] for r in e2e}) > 1 or ranks_per_host(netmodel) > 1
         blocks.append((f"**{netmodel.capitalize()} network.**\n\n" if named else "") + _md_table(header, body))
     return "\n\n".join(blocks)
 
 
 def _ranks_label(ranks, netmodel):
     """A cell's ranks: "4 ranks", or "2x2" on the network model of hosts of 2 ranks."""
-    per_host = int(netmodel.partition(", hosts of ")[2] or 1)
-    return f"{ranks} ranks" if per_host == 1 else f"{ranks // per_host}x{per_host}"
+    per_host = ranks_per_host(netmodel)
+    return f"{ranks} ranks" if per_host == 1 else layout_label(ranks, per_host)
 
 
 def _verdict(speedup, interval):
@@ -860,7 +860,7 @@ hosts of several GPUs with one NIC each. The model's check takes the link inside
 
 def _network_model_text(name):
     """What a network model of the records is: NETWORK_MODELS' own, or hosts of several ranks."""
-    base, _, hosts = name.partition(", hosts of ")
+    base, _, hosts = name.partition(HOSTS_SUFFIX)  # "2", or "several ranks" for a run's models
     return NETWORK_MODELS[base] if not hosts else HOSTS_OF
 
 
@@ -934,7 +934,7 @@ def _method_section(results, rel, scaling_method):
     netmodels = "\n\n".join(
         f"### Network model: {m}\n\n{_network_model_text(m)}"
         for m in sorted(
-            {re.sub(r", hosts of \d+", ", hosts of several ranks", r["network_model"]) for r in e2e + added}
+            {re.sub(rf"{HOSTS_SUFFIX}\d+", f"{HOSTS_SUFFIX}several ranks", r["network_model"]) for r in e2e + added}
         )
     )
     runs = _para(

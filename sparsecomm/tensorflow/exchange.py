@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from .. import host_sets, prerequisites
+from ..core import cost
 from ..core import wire as wire_format
 from ..core.plan import SparDLLayout
 from . import ops
@@ -468,7 +469,6 @@ def measure_network(process_set):
     timed over this rank's host set: (Network, None, None, cost.Hosts or None), as the core's
     _measure_network returns (TF measures no local cost and watches no backward), averaged over
     the ranks."""
-    from ..core import cost
 
     hvd, ranks = horovod(), process_set.size()
     found = host_sets.measurable(hvd, ranks)
@@ -491,7 +491,6 @@ def measure_network(process_set):
 def _network_timings(hvd, process_set, name="sparsecomm.measure"):
     """Seconds of a 1-element allreduce, of a 4 MB one and of a local copy of 4 MB over `process_set`
     (collectives named `name`.N)."""
-    from ..core import cost
 
     small, big = tf.zeros([1]), tf.zeros([1 << 20])
     counter = iter(range(1 << 30))
@@ -505,7 +504,6 @@ def _network_timings(hvd, process_set, name="sparsecomm.measure"):
 
 
 def _fitted_network(ranks, timings):
-    from ..core import cost
 
     latency, bandwidth, copy_bandwidth = cost.from_timings(ranks, *map(float, timings[:2]), 1 << 22, float(timings[2]))
     return cost.Network(bandwidth=bandwidth, latency=latency, copy_bandwidth=copy_bandwidth)

@@ -20,8 +20,8 @@ def measure(compressor):
     names = list(compressor.bound_parameters())  # the same order on every rank
     backward = compressor.planner.auto.backward  # watched first, where the hooks are timed (not under DDP)
     watched = backward.windows if backward is not None else {}
-    hosts = compressor.collectives.hosts()
-    inside = network_timings(hosts[1], compressor.device, "sparsecomm.measure.host") if hosts else []
+    found = compressor.collectives.hosts()  # (layout, the collectives over this rank's host) or None
+    inside = network_timings(found[1], compressor.device, "sparsecomm.measure.host") if found else []
     network, timings = measure_network(
         compressor.collectives,
         inside + time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names],
@@ -30,8 +30,9 @@ def measure(compressor):
     inside, timings = timings[: len(inside)], timings[len(inside) :]
     (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
     local = cost.LocalCost.fitted((SIZES[0], small), (SIZES[1], large), unpack, memset, pairs)
-    if hosts:
-        layout = hosts[0]
+    hosts = None
+    if found:
+        layout = found[0]
         hosts = cost.Hosts(layout.hosts, layout.per_host, fitted_network(layout.per_host, inside))
     return network, local, dict(zip(names, windows)), hosts
 
