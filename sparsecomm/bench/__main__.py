@@ -164,6 +164,73 @@ def _e2e_rows():
     return ROWS, DEFAULT_ROWS
 
 
+def _kernel_options(p):
+    """The kernel bench's options (kernels, all)."""
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
+    p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--kernel-models",
+        nargs="*",
+        default=list(kernels.MODELS),
+        choices=list(kernels.MODELS),
+        help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
+    )
+
+
+def _e2e_options(p):
+    """The end-to-end bench's options (e2e, all)."""
+    rows, default_rows = _e2e_rows()
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
+    p.add_argument("--models", nargs="+", default=["comm", "compute"])
+    p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(default_rows), choices=list(rows))
+    p.add_argument(
+        "--network-model",
+        choices=list(network.MODELS),
+        help="per-host: one namespace and one shaped NIC per host of --ranks-per-host ranks "
+        "(default where it can be built); shared: all ranks behind one shaped loopback",
+    )
+    p.add_argument(
+        "--ranks-per-host",
+        type=int,
+        default=1,
+        help="per-host model: ranks in each host's namespace, joined by its unshaped loopback "
+        "(default 1; 2 with --ranks 4: 2 hosts of 2 ranks, each host one shaped NIC)",
+    )
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument(
+        "--steps",
+        type=int,
+        help="timed steps of each row (default: 8 for the comm model, 16 for the compute model, "
+        "whose steps are short and noisy)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        help="time the rows in this many interleaved turns where they fit in memory together "
+        "(default: --steps, one step of each row a turn; 1: one row at a time)",
+    )
+
+
+def _convergence_options(p):
+    """The convergence bench's options (convergence, all)."""
+    p.add_argument("--tasks", nargs="+", default=["digits", "charlm", "wordlm"])
+    p.add_argument("-np", type=int, default=2)
+    p.add_argument("--convergence-methods", dest="conv_methods", nargs="+")
+    p.add_argument("--epochs", type=int)
+    p.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[0, 1],
+        help="train each method once per seed (initial weights and data order); the records give the "
+        "mean and the range (default: 0 1)",
+    )
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m sparsecomm.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -175,50 +242,9 @@ def _parser():
     a = sub.add_parser("all", help="kernels + e2e + convergence, JSON/PNG in --out, docs/results.md")
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
     for p in (k, a):
-        p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-        p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-        p.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
-        p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
-        p.add_argument("--repeats", type=int, default=7)
-        p.add_argument(
-            "--kernel-models",
-            nargs="*",
-            default=list(kernels.MODELS),
-            choices=list(kernels.MODELS),
-            help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
-        )
-    rows, default_rows = _e2e_rows()
+        _kernel_options(p)
     for p in (e, a):
-        p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
-        p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
-        p.add_argument("--models", nargs="+", default=["comm", "compute"])
-        p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(default_rows), choices=list(rows))
-        p.add_argument(
-            "--network-model",
-            choices=list(network.MODELS),
-            help="per-host: one namespace and one shaped NIC per host of --ranks-per-host ranks "
-            "(default where it can be built); shared: all ranks behind one shaped loopback",
-        )
-        p.add_argument(
-            "--ranks-per-host",
-            type=int,
-            default=1,
-            help="per-host model: ranks in each host's namespace, joined by its unshaped loopback "
-            "(default 1; 2 with --ranks 4: 2 hosts of 2 ranks, each host one shaped NIC)",
-        )
-        p.add_argument("--warmup", type=int, default=3)
-        p.add_argument(
-            "--steps",
-            type=int,
-            help="timed steps of each row (default: 8 for the comm model, 16 for the compute model, "
-            "whose steps are short and noisy)",
-        )
-        p.add_argument(
-            "--rounds",
-            type=int,
-            help="time the rows in this many interleaved turns where they fit in memory together "
-            "(default: --steps, one step of each row a turn; 1: one row at a time)",
-        )
+        _e2e_options(p)
     a.add_argument(
         "--host-layouts",
         type=_layout,
@@ -228,18 +254,7 @@ def _parser():
     )
     a.add_argument("--host-networks", nargs="+", default=["1gbit", "10gbit"])
     for p in (c, a):
-        p.add_argument("--tasks", nargs="+", default=["digits", "charlm", "wordlm"])
-        p.add_argument("-np", type=int, default=2)
-        p.add_argument("--convergence-methods", dest="conv_methods", nargs="+")
-        p.add_argument("--epochs", type=int)
-        p.add_argument(
-            "--seeds",
-            type=int,
-            nargs="+",
-            default=[0, 1],
-            help="train each method once per seed (initial weights and data order); the records give the "
-            "mean and the range (default: 0 1)",
-        )
+        _convergence_options(p)
     for p in (k, e, c):
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
@@ -281,6 +296,59 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(128 + signum)
 
 
+def _report(args, report):
+    """`bench report`: results.json with the runs it adds, then the figures and results.md."""
+    with open(os.path.join(args.out, "results.json")) as f:
+        results = json.load(f)
+    for added in args.add_e2e or ():
+        with open(added) as f:
+            results = report.add_run(results, json.load(f))
+    if args.convergence_from:
+        with open(args.convergence_from) as f:
+            results = report.with_convergence_of(results, json.load(f), args.convergence_from)
+    for added in args.add_convergence or ():
+        with open(added) as f:
+            results = report.with_convergence_added(results, json.load(f), added)
+    if args.add_e2e or args.convergence_from or args.add_convergence:
+        with open(os.path.join(args.out, "results.json"), "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"updated {args.out}/results.json")
+    report.write(results, args.out, args.results_md)
+    print(
+        f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "
+        f"{args.results_md} from {args.out}/results.json"
+    )
+
+
+def _all(args, report, commit, started):
+    """`bench all` (make bench): every bench, results.json, the figures and results.md."""
+    os.makedirs(args.out, exist_ok=True)
+    command = report.relative_command("python -m sparsecomm.bench " + " ".join(map(shlex.quote, sys.argv[1:])))
+    results = {
+        "machine": report.machine(),
+        "command": command,
+        "commit": commit,
+        "kernels": _kernels(args),
+    }
+    results["e2e"] = _e2e(args) + _host_layouts(args)
+    args.methods = args.conv_methods
+    if args.convergence_from:
+        with open(args.convergence_from) as f:
+            earlier = json.load(f)
+        results["convergence"] = earlier["convergence"]
+        results["convergence_from"] = report.convergence_source(earlier, args.convergence_from)
+    else:
+        results["convergence"] = _convergence(args)
+    results["minutes"] = (time.time() - started) / 60
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    report.write(results, args.out, args.results_md)
+    print(
+        f"\nwrote {args.out}/results.json, {args.out}/e2e_speedup.png, {args.out}/convergence.png and "
+        f"{args.results_md} ({results['minutes']:.1f} min)"
+    )
+
+
 def main():
     # a SIGTERM unwinds like Ctrl-C, so the network namespaces and ranks are removed on the way out
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -302,60 +370,15 @@ def main():
 
     commit = report.code_version()  # of the code that runs, before anything changes the checkout
     if args.command == "report":
-        with open(os.path.join(args.out, "results.json")) as f:
-            results = json.load(f)
-        for added in args.add_e2e or ():
-            with open(added) as f:
-                results = report.add_run(results, json.load(f))
-        if args.convergence_from:
-            with open(args.convergence_from) as f:
-                results = report.with_convergence_of(results, json.load(f), args.convergence_from)
-        for added in args.add_convergence or ():
-            with open(added) as f:
-                results = report.with_convergence_added(results, json.load(f), added)
-        if args.add_e2e or args.convergence_from or args.add_convergence:
-            with open(os.path.join(args.out, "results.json"), "w") as f:
-                json.dump(results, f, indent=1)
-            print(f"updated {args.out}/results.json")
-        report.write(results, args.out, args.results_md)
-        print(
-            f"wrote {args.out}/e2e_speedup.png, {args.out}/convergence.png, {args.out}/scaling.png and "
-            f"{args.results_md} from {args.out}/results.json"
-        )
-        return
+        return _report(args, report)
+    if args.command == "all":
+        return _all(args, report, commit, started)
     if args.command == "kernels":
         records = _kernels(args)
     elif args.command == "e2e":
         records = _e2e(args)
-    elif args.command == "convergence":
-        records = _convergence(args)
     else:
-        os.makedirs(args.out, exist_ok=True)
-        command = report.relative_command("python -m sparsecomm.bench " + " ".join(map(shlex.quote, sys.argv[1:])))
-        results = {
-            "machine": report.machine(),
-            "command": command,
-            "commit": commit,
-            "kernels": _kernels(args),
-        }
-        results["e2e"] = _e2e(args) + _host_layouts(args)
-        args.methods = args.conv_methods
-        if args.convergence_from:
-            with open(args.convergence_from) as f:
-                earlier = json.load(f)
-            results["convergence"] = earlier["convergence"]
-            results["convergence_from"] = report.convergence_source(earlier, args.convergence_from)
-        else:
-            results["convergence"] = _convergence(args)
-        results["minutes"] = (time.time() - started) / 60
-        with open(os.path.join(args.out, "results.json"), "w") as f:
-            json.dump(results, f, indent=1)
-        report.write(results, args.out, args.results_md)
-        print(
-            f"\nwrote {args.out}/results.json, {args.out}/e2e_speedup.png, {args.out}/convergence.png and "
-            f"{args.results_md} ({results['minutes']:.1f} min)"
-        )
-        return
+        records = _convergence(args)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

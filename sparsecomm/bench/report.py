@@ -319,7 +319,12 @@ def _summary(results):
         f"Speed on {described}, {netmodel} network, {' / '.join(f'{n} ranks' for n in ranks)} in each "
         f"cell: above 1.0x the method is faster than the dense or peer row of the same run."
     )
-    lines = [_para(intro), "", _md_table(header, table), ""]
+    return "\n".join([_para(intro), "", _md_table(header, table), "", *_summary_notes(e2e, conv, model)])
+
+
+def _summary_notes(e2e, conv, model):
+    """The summary's bullets: the ranks the accuracy comes from, and the other models' speeds."""
+    lines = []
     if conv:
         trained_ranks = " or ".join(_ordered(str(r.get("ranks", "?")) for r in conv))
         lines.append(
@@ -340,7 +345,7 @@ def _summary(results):
                 f"dense's speed.{dense}"
             )
         )
-    return "\n".join(lines)
+    return lines
 
 
 # -- end-to-end tables -----------------------------------------------------------------------

@@ -169,8 +169,7 @@ class Compressor(Settings, tf.Module):
         state_module.adopt_steps(getattr(self, "state", ()), shared)
 
     def stats(self) -> dict:
-        """Since construction: calls, dense_bytes, sent_bytes, received_bytes, and per variable under
-        "tensors" the same plus numel, sent_elements, density and the exchange chosen."""
+        """Since construction: calls and bytes, and per variable under "tensors" (docs/compressors.md)."""
         return state_module.stats(getattr(self, "state", ()), self.planner.choices)
 
 

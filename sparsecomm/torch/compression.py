@@ -141,10 +141,9 @@ class Compressor(Settings):
     # -- checkpoints, elastic Horovod (sparsecomm.torch.elastic) and stats -----------------------
 
     def state_dict(self) -> dict:
-        """This rank's compressor state, for checkpoints (each rank saves its own: residuals
-        differ per rank): per parameter, the step, residual, momentum and the loss scale they
-        are in. With a loss_scaler, call it after ``scaler.update()`` (save the scaler's
-        state_dict too): a pending rollback and rescale are settled first."""
+        """This rank's compressor state, for checkpoints (each rank saves its own): per parameter
+        the step, residual, momentum and the loss scale they are in. With a loss_scaler, call it
+        after ``scaler.update()`` (save its state_dict too): a pending rescale is settled first."""
         if self.loss_scaling is not None:
             self.loss_scaling.settle(self.state.parameters.values())
         return self.state.state_dict()

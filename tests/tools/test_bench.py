@@ -719,6 +719,14 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     assert rows[1][-1].endswith("not told apart from it")
     assert rows[2][-1] == "**slower than the fastest by more than 3%**"
     assert rows[3] == rows[2][:3] + ("0.90x", "0.90x of dense") + rows[2][5:]
+
+
+def test_results_page_shows_auto_s_route_trial_and_its_hooks():
+    """What auto's route trial kept and timed, as records have held it over time (one alternative,
+    then one median pair, then a ratio per side), and the time of its compress hooks."""
+    from sparsecomm.bench import report
+
+    cell = dict(model="compute", ranks=2, network="1gbit", network_model="per-host", method="DGC 0.1% auto")
     tried = dict(
         cell,
         vs_dense=1.2,
