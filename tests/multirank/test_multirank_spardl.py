@@ -156,7 +156,8 @@ def test_measured_auto_sends_dense_while_it_watches_the_backward_then_every_rank
     """exchange="auto" measuring the cluster itself: it watches OBSERVED_STEPS steps of the backward
     sending dense (training equals dense's, exactly on 2 ranks), then measures once, and every
     rank makes the same choice per tensor from the same averaged windows and timings: the model's
-    choice at the recorded hidden time."""
+    choice at the recorded hidden time (the trial's first counted step, after one step of each
+    sparse exchange)."""
     size = len(run)
     measured = [rank["topk_0.1_auto_measured"] for rank in run]
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
@@ -171,6 +172,7 @@ def test_measured_auto_sends_dense_while_it_watches_the_backward_then_every_rank
         for rank in measured
     ]
     assert all(each == chosen[0] for each in chosen[1:])
+    assert {per["route_trial"] for per in measured[0]["stats"]["tensors"].values()} == {"model"}
     for exchange, hidden, predicted in chosen[0].values():
         sparse = min(("allgather", "spardl"), key=predicted.get)
         dense = predicted["dense"] == 0 or predicted[sparse] > cost.SPARSE_AT_MOST * predicted["dense"]

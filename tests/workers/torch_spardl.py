@@ -14,6 +14,7 @@ import torch
 from common import EVERY
 
 from sparsecomm import Network
+from sparsecomm.core import cost, plan
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
@@ -48,7 +49,6 @@ CONFIGS = {
     ),
     "topk_0.1_auto_slow": lambda m: TopK(ratio=0.1, network=SLOW, named_parameters=m.named_parameters(), **EVERY),
     "topk_0.1_auto_fast": lambda m: TopK(ratio=0.1, network=FAST, named_parameters=m.named_parameters(), **EVERY),
-    "topk_0.1_auto_measured": lambda m: TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY),
     # values on the wire in 16 bits: a model in that dtype, and float32 gradients sent as float16
     "topk_0.1_spardl_bfloat16": lambda m: TopK(
         ratio=0.1, exchange="spardl", named_parameters=m.named_parameters(), **EVERY
@@ -61,6 +61,11 @@ CONFIGS = {
     ),
 }
 DTYPES = {"topk_0.1_spardl_bfloat16": torch.bfloat16, "topk_0.1_spardl_float16": torch.float16}
+# exchange="auto" measuring the cluster: it watches, measures, routes every tensor by each flat sparse
+# exchange once (the trial's uncounted steps), then by the model's routes, its last step here
+MEASURED = {"topk_0.1_auto_measured": lambda m: TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY)}
+MEASURED_STEPS = plan.OBSERVED_STEPS + len([e for e in cost.EXCHANGES if e != "dense"]) + 1
 results = common.train_recorded(CONFIGS, DTYPES, args.steps, args.lr)
+results.update(common.train_recorded(MEASURED, {}, max(args.steps, MEASURED_STEPS), args.lr))
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
 print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs done")
