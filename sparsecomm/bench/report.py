@@ -200,9 +200,9 @@ PEERS = {"dense fp16": "Horovod fp16", "DDP fp16": "DDP fp16 hook", "DDP PowerSG
 EXCHANGES = ("allgather", "spardl", "auto")  # a method's e2e rows are named "<method> <exchange>"
 DDP_HOOK = "DDP + "  # a DDP hook row is named "DDP + <method>" (its Horovod row: horovod_twin)
 AUTO = "DGC 0.1% auto"
-# The rows of auto's cell that send every tensor one way: auto is to be within 3% of the
-# fastest of them, or faster.
-FIXED_ROUTES = ("dense", "DGC 0.1% allgather", "DGC 0.1% spardl", "DGC 0.1% hierarchical")
+# auto is to be within 3% of the fastest row of its cell that sends every tensor one way, or
+# faster: dense, or its method by each of these exchanges ("<method> <exchange>" rows).
+ROUTES_ALONE = ("allgather", "spardl", "hierarchical")
 WITHIN = 0.97
 VERDICTS = (
     "within 3% of the fastest or faster",
@@ -408,17 +408,22 @@ def _verdict(speedup, interval):
 
 
 def _against_fastest(auto, e2e):
-    """(the fastest row of auto's cell among FIXED_ROUTES, its step over auto's, a 95% interval or
-    None): paired turn by turn through dense where both were, else of medians; dense alone where
-    the cell has no other (vs_dense)."""
-    key = (auto["model"], auto["network_model"], auto["ranks"], auto["network"])
-    rows = [r for r in (_cell_of(e2e, *key, method) for method in FIXED_ROUTES[1:]) if r and r.get("step_ms")]
+    """(the route of auto's cell that is fastest alone: dense or one of ROUTES_ALONE, its step over
+    auto's, a 95% interval or None): paired turn by turn through dense where both were, else of
+    medians; dense alone where the cell has no other (vs_dense)."""
+    key, method = (
+        (auto["model"], auto["network_model"], auto["ranks"], auto["network"]),
+        auto["method"].rpartition(" ")[0],
+    )
+    rows = {route: _cell_of(e2e, *key, f"{method} {route}") for route in ROUTES_ALONE}
+    rows = {route: r for route, r in rows.items() if r and r.get("step_ms")}
     dense = _cell_of(e2e, *key, "dense")
-    fastest = min(rows, key=lambda r: r["step_ms"], default=None)
-    if fastest is None or (dense is not None and dense["step_ms"] <= fastest["step_ms"]):
+    fastest = min(rows, key=lambda route: rows[route]["step_ms"], default=None)
+    if fastest is None or (dense is not None and dense["step_ms"] <= rows[fastest]["step_ms"]):
         return "dense", auto["vs_dense"], auto.get("vs_dense_interval")
-    slower, interval = local_ratio(auto, fastest, dense) if dense else (auto["step_ms"] / fastest["step_ms"], None)
-    return fastest["method"].rpartition(" ")[2], 1 / slower, interval and [1 / interval[1], 1 / interval[0]]
+    alone = rows[fastest]
+    slower, interval = local_ratio(auto, alone, dense) if dense else (auto["step_ms"] / alone["step_ms"], None)
+    return fastest, 1 / slower, interval and [1 / interval[1], 1 / interval[0]]
 
 
 AUTO_HEADER = (
@@ -438,7 +443,7 @@ AUTO_HEADER = (
 
 def _auto_rows(e2e):
     """Per cell: how exchange="auto" (DGC 0.1%) compares with dense and with the fastest of its
-    routes alone (FIXED_ROUTES), its route trial, the time of its compress hooks, and whether
+    routes alone (dense, ROUTES_ALONE), its route trial, the time of its compress hooks, and whether
     that meets "within 3% of the fastest or faster" given the interval of the paired ratio
     (AUTO_HEADER's columns)."""
     rows = []

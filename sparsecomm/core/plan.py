@@ -42,7 +42,7 @@ OBSERVED_STEPS = 2
 TRIAL_TURNS = 4
 TRIAL_ROUNDS = 3
 MODEL = "model"  # the side of a RouteTrial that routes by the model; the others: every_tensor(route)
-MOST_SIDES = 1 + len(cost.EXCHANGES) + 1  # the model's routes, and every tensor by each route (hierarchical too)
+MOST_SIDES = 2 + len(cost.SPARSE)  # the model's routes, all dense, and every tensor by each sparse route
 TRIAL_STEPS = MOST_SIDES * TRIAL_TURNS * TRIAL_ROUNDS  # the most counted steps
 # How much faster than the model's routes an alternative must be to be kept: within it the
 # model's routes, which rest on measurements of their own, stand.
@@ -336,9 +336,9 @@ class AutoRouter:
         if not chosen:
             return (ALL_DENSE,), (MODEL,)
         own = every_tensor(chosen.pop()) if len(chosen) == 1 else None
-        sides = [every_tensor(route) for route in sorted(self._routes(), key="dense".__eq__)]
-        warming = tuple(MODEL if side == own else side for side in sides if side != ALL_DENSE)
-        return tuple(side for side in sides if side != own), warming or (MODEL,)
+        sparse = [every_tensor(route) for route in self._routes() if route != "dense"]
+        warming = tuple(MODEL if side == own else side for side in sparse)
+        return tuple(side for side in (*sparse, ALL_DENSE) if side != own), warming or (MODEL,)
 
     def _hidden_times(self, ranks):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
