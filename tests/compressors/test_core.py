@@ -220,6 +220,7 @@ def test_auto_sends_dense_while_it_watches_the_backward_then_leaves_hidden_excha
     assert _step(planner, EARLY_AND_LATE, 2.0) == {"early": "allgather", "late": "allgather"}
     assert planner.auto.trial.alternatives == (ALL_ALLGATHER, ALL_SPARDL, plan.ALL_DENSE)
     assert planner.auto.trial.warming == (ALL_ALLGATHER, ALL_SPARDL)
+    assert planner.auto.trial.counted_from == plan.first_counted_step() == 4
     assert planner.choices["early"]["route_trial"] == ALL_ALLGATHER
     assert _step(planner, EARLY_AND_LATE, 2.5) == {"early": "spardl", "late": "spardl"}
     assert _step(planner, EARLY_AND_LATE, 3.0) == {"early": "dense", "late": "allgather"}
@@ -288,6 +289,7 @@ def test_auto_routes_hierarchical_where_the_hosts_were_measured():
     warming = [ALL_ALLGATHER, ALL_SPARDL, plan.every_tensor("hierarchical")]
     assert planner.auto.trial is None and _step(planner, shapes, 2.0, ranks=8) == dict.fromkeys(shapes, "allgather")
     assert planner.auto.trial.warming == tuple(warming) and planner.auto.trial.alternatives[-1] == plan.ALL_DENSE
+    assert planner.auto.trial.counted_from == plan.first_counted_step(hosts=True) == 5
     for i, side in enumerate(warming[1:]):
         assert _step(planner, shapes, 2.1 + i, ranks=8) == dict.fromkeys(shapes, plan.route_of(side))
         assert planner.choices["late"]["route_trial"] == side
@@ -325,7 +327,7 @@ ROUTES = {
     plan.ALL_DENSE: {"early": "dense", "late": "dense"},
 }
 BY_MODEL = ROUTES[plan.MODEL]
-COUNTED_FROM = 4  # after the watch (0, 1) and the warming steps (2, 3)
+COUNTED_FROM = plan.first_counted_step()  # 4: after the watch (0, 1) and the warming steps (2, 3)
 
 
 def _warmed(planner):

@@ -12,7 +12,7 @@ import torch
 from common import EVERY
 
 from sparsecomm import Network
-from sparsecomm.core import cost, plan
+from sparsecomm.core import plan
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK, host_process_sets
 
 parser = argparse.ArgumentParser()
@@ -71,7 +71,7 @@ AUTO_CONFIGS = {
     "topk_0.1_auto": auto("topk_0.1_auto"),
     "topk_0.1_auto_slow_nic": auto("topk_0.1_auto_slow_nic", SLOW_NIC),
 }
-AUTO_STEPS = plan.OBSERVED_STEPS + len(cost.SPARSE) + 1  # the last one routed by the model
+AUTO_STEPS = plan.first_counted_step(hosts=True) + 1  # the last one routed by the model
 results = common.train_recorded(CONFIGS, {}, args.steps, args.lr)
 results.update(common.train_recorded(AUTO_CONFIGS, {}, max(args.steps, AUTO_STEPS), args.lr))
 hvd.join()  # no rank exits while another host still gathers inside itself (docs/exchanges.md)

@@ -14,7 +14,7 @@ import torch
 from common import EVERY
 
 from sparsecomm import Network
-from sparsecomm.core import cost, plan
+from sparsecomm.core import plan
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK
 
 parser = argparse.ArgumentParser()
@@ -64,7 +64,7 @@ DTYPES = {"topk_0.1_spardl_bfloat16": torch.bfloat16, "topk_0.1_spardl_float16":
 # exchange="auto" measuring the cluster: it watches, measures, routes every tensor by each flat sparse
 # exchange once (the trial's uncounted steps), then by the model's routes, its last step here
 MEASURED = {"topk_0.1_auto_measured": lambda m: TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY)}
-MEASURED_STEPS = plan.OBSERVED_STEPS + len([e for e in cost.EXCHANGES if e != "dense"]) + 1
+MEASURED_STEPS = plan.first_counted_step() + 1
 results = common.train_recorded(CONFIGS, DTYPES, args.steps, args.lr)
 results.update(common.train_recorded(MEASURED, {}, max(args.steps, MEASURED_STEPS), args.lr))
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
