@@ -507,7 +507,7 @@ def _phase_rows(e2e):
     then each method with a local row over that row (its kernels alone: what its exchange adds).
     Cells with neither are left out."""
     cells = []
-    for _, ranks, net, cell in _cells(e2e):
+    for netmodel, ranks, net, cell in _cells(e2e):
         by = {r["method"]: r for r in cell}
         timed = {m: r for m, r in by.items() if "phases_ms" in r}
         shown = ["floor", "floor synced"] + [
@@ -520,7 +520,7 @@ def _phase_rows(e2e):
         }
         shown = [m for m in _ordered(shown) if m in timed]
         if shown or over:
-            cells.append((ranks, net, timed, shown, over))
+            cells.append((layout_label(ranks, ranks_per_host(netmodel)), net, timed, shown, over))
     methods = _ordered(m for *_, shown, _ in cells for m in shown)
     locals_of = _ordered(m for *_, over in cells for m in over)
     header = (

@@ -859,14 +859,14 @@ def test_results_page_sets_each_method_beside_its_kernels_alone():
     records[1].update(vs_local=1.13, vs_local_interval=[0.98, 1.3])
     assert report._phase_rows(records) == (
         ["ranks", "network", "Threshold 1% over kernels alone"],
-        [(2, "1gbit", "1.13x (0.98-1.30)")],
+        [("2", "1gbit", "1.13x (0.98-1.30)")],
     )
 
 
 def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row_and_its_method():
-    """The phase table: per comm cell, the floor, each local row and the method it is of (not the
-    other rows), where the phases were timed; nothing for records without them (older runs).
-    Their ms/step is in the end-to-end table."""
+    """The phase table: per comm cell (hosts of several ranks by their layout), the floor, each
+    local row and the method it is of (not the other rows), where the phases were timed; nothing
+    for records without them (older runs). Their ms/step is in the end-to-end table."""
     from sparsecomm.bench import report
 
     cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host", received_bytes=0, exchanges=[])
@@ -888,6 +888,7 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
         row("T", "sparsecomm", 260.0),
         row("T local", "local", 240.0, local_of="T"),
         dict(row("compute floor", "floor", 300.0), model="compute"),
+        dict(row("floor", "floor", 400.0), ranks=4, network_model="per-host, hosts of 2"),
     ]
     assert report._phase_rows(records) == (
         [
@@ -903,7 +904,10 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
             "backward",
             "step",
         ],
-        [(2, "1gbit", "50.0", "100.0", "50.0", "60.0", "120.0", "60.0", "65.0", "130.0", "65.0")],
+        [
+            ("2", "1gbit", "50.0", "100.0", "50.0", "60.0", "120.0", "60.0", "65.0", "130.0", "65.0"),
+            ("2x2", "1gbit", "100.0", "200.0", "100.0", *["-"] * 6),  # a layout of hosts, named as one
+        ],
     )
     table = report._e2e_tables(records)
     assert all(
