@@ -5,11 +5,23 @@ framework (sparsecomm.torch and sparsecomm.tensorflow export host_process_sets):
 
     hvd.init(process_sets=sparsecomm.torch.host_process_sets())
 
-The same objects come back on every call: the exchange finds them registered."""
+The same objects come back on every call: the exchange finds them registered.
+
+The exchange's last phase runs inside each host, and Horovod shuts down for every rank as soon
+as one rank exits: a rank that used the hosts' sets therefore waits at exit until every rank has
+reached its own (end_together)."""
+
+import atexit
+import sys
+import threading
 
 from .core.hosts import HostLayout
 
 _MADE = {}  # HostLayout -> HostSets: what host_process_sets handed to hvd.init
+# The most seconds a rank waits at exit for the others (end_together): long enough for a rank
+# that saves a checkpoint first, short enough that a rank gone astray does not hold the job.
+END_OF_JOB_SECONDS = 60.0
+_ENDING = set()  # the horovod modules (by name) whose end_together is armed
 
 
 class HostSets:
@@ -62,6 +74,7 @@ def registered(hvd, ranks):
             "call hvd.init(process_sets=sparsecomm.torch.host_process_sets()) (or sparsecomm.tensorflow's) "
             "before training"
         )
+    end_together(hvd)
     return sets.of_this_rank(hvd)
 
 
@@ -77,4 +90,32 @@ def measurable(hvd, ranks):
         return None
     if any(s.process_set_id is None for s in sets.to_register()):
         return None
+    end_together(hvd)
     return layout, sets.of_this_rank(hvd)[0]
+
+
+def end_together(hvd):
+    """Holds this process's exit, at most END_OF_JOB_SECONDS, until every rank has reached its
+    own: a host may still be gathering inside itself when another host's ranks are done, and an
+    exit shuts Horovod down for every rank. Not after an uncaught error (the others then fail at
+    once, as Horovod's ranks do) or after hvd.shutdown(). Once per horovod module, and cheap after."""
+    if hvd.__name__ in _ENDING:
+        return
+    start, done = threading.Event(), threading.Event()
+
+    def handshake():  # started now: Python 3.12 refuses new threads while the interpreter exits
+        start.wait()
+        try:
+            hvd.allgather_object(None, name="sparsecomm.end_of_job")
+        except Exception:  # Horovod shut down under it: another rank failed or stopped waiting
+            pass
+        done.set()
+
+    def at_exit():  # registered after hvd.init's own shutdown, so it runs before it
+        if not hasattr(sys, "last_value") and hvd.is_initialized():
+            start.set()
+            done.wait(END_OF_JOB_SECONDS)
+
+    threading.Thread(target=handshake, name="sparsecomm-end-of-job", daemon=True).start()
+    atexit.register(at_exit)
+    _ENDING.add(hvd.__name__)

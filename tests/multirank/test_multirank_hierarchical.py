@@ -10,7 +10,7 @@ import common
 import numpy as np
 import pytest
 import torch
-from launch import LAYOUT_HOSTS, horovodrun
+from launch import LAYOUT_HOSTS, horovodrun, horovodrun_outcome
 from replay import LR, STEPS, replay
 
 from sparsecomm.core import cost
@@ -164,3 +164,28 @@ def test_what_it_cannot_run_is_refused_on_every_rank():
     subset = [e for e in errors if "leave process_set=None" in e]
     assert len(subset) == 2 and "not a process set of 2 of 4 ranks" in subset[0], output[-3000:]
     assert "trained" not in output
+
+
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_a_host_done_first_waits_at_exit_for_a_host_still_gathering(framework):
+    """Host 1's ranks reach their exit 3 s before host 0's ranks gather inside their host (as a
+    host still in the last phase does): they wait (host_sets.end_together), so nothing cuts the
+    gather, and every rank exits cleanly."""
+    hosts = ",".join(f"{host}:2" for host in LAYOUT_HOSTS)
+    args = ("--framework", framework, "--late", 3, "--wait", 60)
+    output = horovodrun(4, "hierarchical_end.py", *args, hosts=hosts, timeout=180)
+    assert len(re.findall(r"rank [01]: gathered late", output)) == 2, output[-3000:]
+    assert len(re.findall(r"rank \d: exits", output)) == 4, output[-3000:]
+
+
+def test_a_rank_waits_at_exit_only_so_long():
+    """Where host 0 comes later than the wait (2 s of a 20 s delay), host 1 exits without it and
+    host 0's gather fails as Horovod's collectives do once a rank has exited: an error on ranks 0
+    and 1, not a hang."""
+    hosts = ",".join(f"{host}:2" for host in LAYOUT_HOSTS)
+    args = ("--framework", "torch", "--late", 20, "--wait", 2)
+    code, output, _ = horovodrun_outcome(4, "hierarchical_end.py", *args, hosts=hosts, timeout=180)
+    assert code != 0 and "gathered late" not in output, output[-3000:]
+    assert len(re.findall(r"rank [23]: exits", output)) == 2, output[-3000:]
+    # Horovod's error once it has shut down ("Process set provided does not exist" for a host's set)
+    assert all(re.search(rf"\[{r}\]<stderr>:\w+Error: ", output) for r in (0, 1)), output[-3000:]

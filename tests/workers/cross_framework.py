@@ -101,7 +101,6 @@ def run_torch():
             for key in ("residual", "momentum"):
                 if getattr(state, key) is not None:
                     out[f"{config}/{key}/{name}"] = getattr(state, key).numpy()
-    hvd.join()  # no rank exits while another host still gathers inside itself (docs/exchanges.md)
     return hvd.rank(), out
 
 
@@ -131,7 +130,6 @@ def run_tf():
             for key in ("residual", "momentum"):
                 if getattr(state, key) is not None:
                     out[f"{config}/{key}/{state.variable_name}"] = getattr(state, key).numpy()
-    hvd.join()  # no rank exits while another host still gathers inside itself (docs/exchanges.md)
     return hvd.rank(), out
 
 
