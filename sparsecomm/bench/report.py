@@ -9,6 +9,7 @@ import os
 import platform
 import re
 import shlex
+import statistics
 import textwrap
 
 from . import scaling
@@ -666,11 +667,14 @@ def _ways_text(records):
     wins = [p for p in pairs if p[2] < 1]
     losses = [p for p in pairs if p[2] >= 1]
     said = f"DDP's hook in {len(wins)} of {len(pairs)} pairs" + (f" ({_pairs_text(wins)})" if wins else "")
+    if losses:  # by how much, not each pair: the table lists them
+        ratios = [r for *_, r in losses]
+        median = statistics.median(ratios)
+        said += f"; Horovod in the other {len(losses)}, by {_span(ratios, '.2f')}x (median {median:.2f}x)"
     lines = [
         _para(
-            f"- **Faster way in:** {said}"
-            + (f"; Horovod in {_pairs_text(losses)}" if losses else "")
-            + ". Where the interval of DDP hook / Horovod holds 1.00x, this run does not tell them apart."
+            f"- **Faster way in:** {said}. Where the interval of DDP hook / Horovod holds 1.00x, this run does "
+            "not tell them apart."
         )
     ]
     timed = [p for p in pairs if "phases_ms" in p[0] and "phases_ms" in p[1]]
@@ -702,7 +706,10 @@ def _ways_text(records):
 
 
 def _pairs_text(pairs):
-    return ", ".join(f"{d['method'].removeprefix(DDP_HOOK)} at {d['network']} {r:.2f}x" for _, d, r in pairs)
+    def cell(d):
+        return f"{_ranks_label(d['ranks'], d['network_model'])} {d['network']}"
+
+    return ", ".join(f"{d['method'].removeprefix(DDP_HOOK)} at {cell(d)} {r:.2f}x" for _, d, r in pairs)
 
 
 def _span(values, spec=".0f"):

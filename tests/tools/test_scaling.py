@@ -172,7 +172,9 @@ def test_section_on_the_recorded_results_writes_the_figure(tmp_path):
     assert "![scaling](results/scaling.png)" in text and "median of" in text
     assert (tmp_path / "scaling.png").read_bytes()[:4] == b"\x89PNG"
     checked = scaling.check(results["e2e"], results["kernels"])
-    assert len(checked["rows"]) == 2 * 2 * 2 * 3  # models x ranks x networks x methods
+    flat = 2 * 2 * 2 * 3  # models x ranks x networks x methods
+    hosts = 2 * 2 * 4  # the comm model on 2 x 2 and 2 x 3 hosts x networks x methods (hierarchical too)
+    assert len(checked["rows"]) == flat + hosts
     assert all(
         row[e] > row["floor_ms"]
         for row in scaling.table(results["kernels"], results["e2e"])
