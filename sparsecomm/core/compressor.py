@@ -13,6 +13,8 @@ import abc
 from . import agreement, report
 from .plan import Planner, Policy
 
+KEPT_DECISION = "(exchange='auto')"  # the kept route decision's key in the shared state (no tensor's name)
+
 
 class Settings(abc.ABC):
     """The settings part of a compressor: `method` (the method's settings: ``compressor.method.seed``),
@@ -49,14 +51,20 @@ class Settings(abc.ABC):
             self.planner.forget_measurement()
         if ranks > 1:
             name = f"sparsecomm.agreement.{self._instance}"
+            auto = self.planner.auto
+            shared = self._shared_state()
+            if auto is not None and auto.kept is not None:  # a kept route decision: the same on every rank
+                shared[KEPT_DECISION] = auto.kept
             adopted = agreement.check(
                 self.method.owner,
                 self.settings(),
-                self._shared_state(),
+                shared,
                 self._reset_seen,
                 lambda ints, part: self._allgather_ints(ints, f"{name}.{part}"),
             )
             if adopted is not None:
+                if auto is not None:
+                    auto.kept = adopted.pop(KEPT_DECISION, None)
                 self._adopt_shared_state(adopted)
         self._world, self._reset_seen = ranks, False  # (after the check: one that raised runs again)
         return ranks
@@ -80,8 +88,10 @@ class Settings(abc.ABC):
         (measure=False) starts nothing and routes as on one rank (the policy and the dense
         fallback only). While the planner watches the backward (an adapter that times Horovod's
         hooks), nothing is measured yet: auto sends dense, and measures at the first compress
-        after the watched steps."""
+        after the watched steps. A kept decision (a restart of the same shape) replaces all that."""
         planner, auto = self.planner, self.planner.auto
+        if measure and planner.needs_network(ranks) and auto.kept is not None:
+            planner.adopt_kept_decision(ranks, self._host_layout)
         if planner.needs_network(ranks):
             if not measure:
                 return 1
@@ -118,8 +128,13 @@ class Settings(abc.ABC):
 
     @abc.abstractmethod
     def _measure_network(self):
-        """(Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None),
-        averaged over the ranks."""
+        """(Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None[,
+        the last watched step's seconds]), averaged over the ranks."""
+
+    def _host_layout(self):
+        """(hosts, ranks per host) where the hosts' process sets are registered, else None
+        (collective; only adapters that try routes on hosts override it)."""
+        return None
 
     def _mean_over_ranks(self, values, name) -> list:
         """`values` averaged over the ranks (only adapters that time the route trial call it)."""

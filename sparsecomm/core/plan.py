@@ -10,69 +10,52 @@ Routes (what `Planner.route` returns):
                hosts' process sets are registered, the adapter measures their link: cost.Hosts).
 Nothing here starts a collective: the network exchange="auto" needs is measured by the
 framework adapter (`needs_network`) and handed in. An adapter that can time Horovod's hooks
-(PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto sends
-dense for OBSERVED_STEPS steps while it records when each gradient is handed over, and then
-chooses with the overlap of each exchange and the backward (cost.hidden_times). It then tries
-its choice on the training (RouteTrial): it times turns of steps, one routed by the model and
-one by each route the method can take sending every tensor that way (dense, allgather, SparDL,
-hierarchical where it runs), but the model's own where it sends every tensor one way, in
-rounds of TRIAL_TURNS turns, until every turn agrees on whether each of them is faster than
-the model by more than TRIAL_MARGIN, or for TRIAL_ROUNDS rounds, when the median turn decides;
-the fastest that beats the model by the margin is kept, else the model's routes.
+(PyTorch's) first lets the planner watch the backward pass (`watch_backward`): auto routes its
+tensors by WATCH_ROUTE (watch_route) for OBSERVED_STEPS steps while it records when each gradient is handed
+over and how long the last step took, and then chooses with the overlap of each exchange and
+the backward (cost.hidden_times). It then tries its choice on the training against the sides
+that could beat it (sparsecomm.core.trial). A decision can be saved with the compressor's
+state and kept by a restarted job of the same shape (`decision`, `keep_decision`).
 """
 
-import collections
 import fnmatch
-import statistics
 from dataclasses import dataclass
 
 from . import cost, validate
 from .selection import selected_count
+from .trial import (
+    ALL_DENSE,
+    MODEL,
+    TRIAL_STEPS,
+    WATCH_ROUTE,
+    WATCHED,
+    RouteTrial,
+    StepClock,
+    every_tensor,
+    route_of,
+    sides_to_try,
+)
 from .wire import MAX_INDEXED_NUMEL, buckets, rows_bytes
 
-# Steps auto watches (sending dense) before it chooses: the first step is slower than the rest
-# (first allocations, Horovod's first negotiation of each tensor), so the last one's windows count.
+SAVED_KEY = "exchange_auto"  # auto's decision in a compressor's state_dict
+
+# Steps auto watches (routing its tensors by WATCH_ROUTE) before it measures: the first step is
+# slower than the rest (first allocations, Horovod's first negotiation of each tensor), so the
+# last one's windows and step time count.
 OBSERVED_STEPS = 2
-# The route trial's schedule. The step after the watch measures the network; it and one step
-# for each further sparse route are not counted: each pays a route's first use. Then turns of
-# steps, one step of each side (the model's routes, then each alternative's): adjacent steps
-# see the machine alike, so a turn's ratios are steadier than medians. After each round of
-# TRIAL_TURNS turns the trial decides if every turn agrees; after TRIAL_ROUNDS rounds the
-# median turn decides (docs/exchanges.md, step 4).
-TRIAL_TURNS = 4
-TRIAL_ROUNDS = 3
-MODEL = "model"  # the side of a RouteTrial that routes by the model; the others: every_tensor(route)
-MOST_SIDES = 2 + len(cost.SPARSE)  # the model's routes, all dense, and every tensor by each sparse route
-TRIAL_STEPS = MOST_SIDES * TRIAL_TURNS * TRIAL_ROUNDS  # the most counted steps
-# How much faster than the model's routes an alternative must be to be kept: within it the
-# model's routes, which rest on measurements of their own, stand.
-TRIAL_MARGIN = 0.03
 
 
 def first_counted_step(hosts=False):
-    """The first step auto's route trial times, where it watches (0-based): after the watch, the
-    measuring step and one uncounted step for each further sparse route (hierarchical's where
-    the hosts were measured)."""
-    sparse = [route for route in cost.SPARSE if hosts or route != cost.HIERARCHICAL]
-    return OBSERVED_STEPS + len(sparse)
+    """The first step auto's route trial times at the latest, where it watches (0-based): after the
+    watch, the measuring step (the model's routes) and one uncounted step for each further sparse
+    route it tries (SparDL, and hierarchical's where the hosts were measured)."""
+    further = [route for route in cost.SPARSE if route != WATCH_ROUTE and (hosts or route != cost.HIERARCHICAL)]
+    return OBSERVED_STEPS + 1 + len(further)
 
 
 # The most steps before auto's routes are final where it watches: the watch, the measuring step
 # and the trial (a benchmark warms up this long before it times auto).
 SETTLING_STEPS = first_counted_step(hosts=True) + TRIAL_STEPS
-
-
-def every_tensor(route):
-    """The side of a RouteTrial that sends every tensor auto routes by `route`."""
-    return f"all {route}"
-
-
-def route_of(side):
-    """The route of an every_tensor side."""
-    return side.removeprefix(every_tensor(""))
-
-
-ALL_DENSE = every_tensor("dense")
 
 
 @dataclass(frozen=True)
@@ -105,6 +88,17 @@ class Policy:
 def sparse_is_larger(k, numel, element_size):
     """The dense fallback: k wire rows (sparsecomm.core.wire) would not be smaller than the tensor."""
     return rows_bytes(k, element_size, 0, numel) >= numel * element_size
+
+
+def watch_route(method, numel, k, element_size, ranks):
+    """How auto sends a tensor while it watches, before the network is measured: by WATCH_ROUTE
+    where one rank receives fewer bytes than by dense (so no job starts with dense steps on a
+    slow link), else dense (DGC's first warm-up stages on many ranks)."""
+    value_size = method.value_bytes(element_size)
+    fewer = cost.received_bytes(WATCH_ROUTE, numel, k, element_size, value_size, ranks) < cost.received_bytes(
+        "dense", numel, k, element_size, value_size, ranks
+    )
+    return WATCH_ROUTE if fewer else "dense"
 
 
 class Planner:
@@ -148,9 +142,27 @@ class Planner:
             self.auto.forget_measurement()
         self._final.clear()
 
-    def use_measurement(self, network, local, windows=None, hosts=None):
+    def use_measurement(self, network, local, windows=None, hosts=None, watched_step=None):
         """What the adapter measured for auto (AutoRouter.use_measurement); routes are chosen anew."""
-        self.auto.use_measurement(network, local, windows, hosts)
+        self.auto.use_measurement(network, local, windows, hosts, watched_step)
+        self._final.clear()
+
+    def saved_decision(self):
+        """{SAVED_KEY: auto's decision} for a checkpoint ({} without exchange="auto")."""
+        if self.auto is None:
+            return {}
+        return {SAVED_KEY: self.auto.decision() or self.auto.kept}
+
+    def keep_decision(self, saved):
+        """A checkpoint's decision (saved_decision), adopted at the next measurement where the
+        world has the same shape (AutoRouter.adopt_kept)."""
+        kept = saved.get(SAVED_KEY) if isinstance(saved, dict) else None
+        if self.auto is not None and kept is not None:
+            self.auto.kept = kept
+
+    def adopt_kept_decision(self, ranks, host_layout):
+        """Where auto holds a kept decision (AutoRouter.adopt_kept): routes are chosen anew."""
+        self.auto.adopt_kept(ranks, host_layout)
         self._final.clear()
 
     def always_dense(self, name, numel, ndim, element_size):
@@ -205,7 +217,8 @@ class Planner:
             return "allgather"
         auto.note_shape(name, numel, element_size, density, by_auto=True)
         if auto.watching():
-            return self._record(name, record, {"exchange": "dense", "watching_backward": True})
+            route = watch_route(self.method, numel, k, element_size, ranks)
+            return self._record(name, record, {"exchange": route, "watching_backward": True})
         return self._record(name, record, auto.choose(name, numel, k, element_size, ranks))
 
     def _record(self, name, record, chosen):
@@ -217,7 +230,8 @@ class Planner:
 class AutoRouter:
     """exchange="auto": the cost model's route on the network the adapter measured, after watching
     the backward (where the adapter can time Horovod's hooks), then tried on the training against
-    the other extreme (RouteTrial). Starts nothing: the adapter measures and hands results in."""
+    the sides that could beat it (RouteTrial). Starts nothing: the adapter measures and hands
+    results in."""
 
     def __init__(self, method, network=None):
         self.method, self.network = method, network
@@ -228,28 +242,36 @@ class AutoRouter:
         self.available = (*cost.EXCHANGES, cost.HIERARCHICAL)  # the routes the way in provides (DDP: fewer)
         self.hosts = None  # cost.Hosts, measured where the hosts' process sets are registered: hierarchical runs
         self._windows = {}  # name -> seconds of backward after its hand-off, averaged over the ranks
+        self._watched_step = None  # seconds of the last watched step, averaged over the ranks
         self._hidden = None  # name -> hidden seconds of its exchange (cost.hidden_times), once computed
         self._shapes = {}  # name -> (numel, element size, density, routed by auto) while watched: hidden_times' queue
+        self._watches = False  # watch_backward was called: a new world watches again
         self.steps = None  # StepClock while auto watches and tries its routes (watch_backward)
         self.trial = None  # RouteTrial, once auto chose after watching
+        self._trial_ranks = None  # the ranks the trial ran on (a kept decision's world)
+        self.kept = None  # a decision kept across a restart (decision()), adopted where the world is alike
 
     def needs_network(self, ranks):
         return self.network is None and ranks > 1
 
     def watch_backward(self):
         """Called by an adapter that times Horovod's hooks: where auto will measure the network,
-        it first watches OBSERVED_STEPS steps of the backward pass (sending dense meanwhile)."""
+        it first watches OBSERVED_STEPS steps of the backward pass (routing by WATCH_ROUTE)."""
         if self.network is None:
-            self.backward, self.steps = BackwardWindows(), StepClock()
+            self.backward, self.steps, self._watches = BackwardWindows(), StepClock(), True
 
-    def untimed(self, exchanges):
+    def limit_to(self, exchanges):
         """For a way in that neither times the hooks nor carries every exchange (the DDP hook):
         no watch and no route trial, and the cost model chooses among `exchanges` only."""
-        self.backward, self.steps, self.available = None, None, exchanges
+        self.backward, self.steps, self.available, self._watches = None, None, exchanges, False
 
     def watching(self):
         """Whether auto is still watching the backward: measure the network only after it."""
         return self.backward is not None and not self.backward.complete()
+
+    def watched_step(self):
+        """The seconds of the last watched step (this rank's), for the adapter to average."""
+        return self.steps.last_step_seconds() if self.steps is not None else None
 
     def timing_steps(self):
         """Whether the adapter should still feed the StepClock (its hooks' times): from the watch
@@ -263,23 +285,44 @@ class AutoRouter:
         backward or tries its routes (they change with the step)."""
         return not self.watching() and (self.trial is None or self.trial.winner is not None)
 
-    def use_measurement(self, network, local, windows=None, hosts=None):
+    def use_measurement(self, network, local, windows=None, hosts=None, watched_step=None):
         """The network and local cost measured by the adapter, where it watched the backward each
-        tensor's window averaged over the ranks, and where the hosts' process sets are registered
-        the hosts (cost.Hosts, with their link measured): `network` is then a host's NIC."""
+        tensor's window and the last watched step's seconds averaged over the ranks, and where the
+        hosts' process sets are registered the hosts (cost.Hosts, with their link measured):
+        `network` is then a host's NIC."""
         self.network, self.local, self.hosts, self._network_measured = network, local, hosts, True
-        self._windows, self._hidden = dict(windows or {}), None
+        self._windows, self._hidden, self._watched_step = dict(windows or {}), None, watched_step
         self._cached.clear()
 
     def forget_measurement(self):
-        """Drops a measured network (not one the user gave) and every route chosen with it."""
+        """Drops a measured network (not one the user gave) and every route chosen with it; a
+        decided trial is kept (`kept`) for a world of the same shape."""
+        if self.kept is None:
+            self.kept = self.decision()
         if self._network_measured:
             self.network, self.local, self.hosts, self._network_measured = None, None, None, False
-            self._windows, self._hidden = {}, None
-        if self.backward is not None:
+            self._windows, self._hidden, self._watched_step = {}, None, None
+        if self._watches:
             self.backward, self.steps = BackwardWindows(), StepClock()
         self.trial = None
         self._cached.clear()
+
+    def decision(self):
+        """What a restarted job needs to route as this one decided (KeptDecision.saved), once
+        the trial decided; else None."""
+        if self.trial is None or self.trial.winner is None or not self._network_measured:
+            return None
+        return KeptDecision.of(self, self._trial_ranks).saved()
+
+    def adopt_kept(self, ranks, host_layout):
+        """Routes by the kept decision where it was made on `ranks` ranks and, where it had hosts,
+        on hosts of the same layout (`host_layout()`, collective, called only then): nothing is
+        watched, measured or tried. Otherwise it is dropped and auto starts afresh."""
+        kept, self.kept = KeptDecision.loaded(self.kept), None
+        if kept.ranks == ranks and (kept.hosts is None or host_layout() == kept.layout()):
+            self.use_measurement(kept.network, kept.local, hosts=kept.hosts)
+            self._hidden, self.backward, self._trial_ranks = dict(kept.hidden), None, ranks
+            self.trial = RouteTrial.decided(kept.winner)
 
     def note_shape(self, name, numel, element_size, density, by_auto):
         """While auto watches the backward: what each tensor puts on the link (hidden_times)."""
@@ -302,9 +345,10 @@ class AutoRouter:
         if self.network is None:
             raise RuntimeError("exchange='auto' needs the network: measure it first (Planner.needs_network)")
         if self._hidden is None:
-            self._hidden = self._hidden_times(ranks)
-            if self.steps is not None:
-                self.trial = RouteTrial(self.steps.step, *self._trial_sides(ranks))
+            self._hidden = self._costs(ranks).hidden_times(self._shapes, self._windows)
+        if self.trial is None and self.steps is not None:
+            sides = self._costs(ranks).trial_sides(self._shapes, self._windows, self._hidden, self._watched_step)
+            self.trial, self._trial_ranks = RouteTrial(self.steps.step, *sides), ranks
         side = MODEL if self.trial is None else self.trial.arm(self.steps.step)
         cached = self._cached.get(name)
         if cached is None or cached[0] != (k, ranks, side):
@@ -313,7 +357,7 @@ class AutoRouter:
 
     def _chosen(self, name, numel, k, element_size, ranks, side):
         hidden = self._hidden.get(name, 0.0)
-        choice, predicted = self._cost_choice(numel, k, element_size, ranks, hidden)
+        choice, predicted = self._costs(ranks).choice(numel, k, element_size, hidden)
         chosen = {"exchange": choice if side == MODEL else route_of(side), "predicted_seconds": predicted}
         if name in self._hidden:
             chosen["hidden_seconds"] = hidden
@@ -328,41 +372,126 @@ class AutoRouter:
         own = (*own, cost.HIERARCHICAL) if self.hosts is not None and "spardl" in own else own
         return [e for e in own if e in self.available]
 
-    def _cost_choice(self, numel, k, element_size, ranks, hidden):
-        """cost.choose for this method on the measured network: (route, every prediction)."""
-        size, routes = self.method.value_bytes(element_size), self._routes()
-        return cost.choose(numel, k, element_size, size, ranks, self.network, routes, self.local, hidden, self.hosts)
+    def _costs(self, ranks):
+        return RouteCosts(self.method, self._routes(), self.network, self.local, self.hosts, ranks)
 
-    def _trial_sides(self, ranks):
-        """(alternatives, warming) of the RouteTrial: every tensor by each of the method's routes,
-        sparse first, but the model's own where it sends every watched tensor one way (a mix can
-        be slower than any of them); each sparse side warmed by one uncounted step. With no
-        watched tensor: all dense, warmed by the model's routes."""
-        chosen = {
-            self._cost_choice(numel, selected_count(density, numel), size, ranks, self._hidden.get(name, 0.0))[0]
-            for name, (numel, size, density, by_auto) in self._shapes.items()
-            if by_auto
-        }
-        if not chosen:
-            return (ALL_DENSE,), (MODEL,)
-        own = every_tensor(chosen.pop()) if len(chosen) == 1 else None
-        sparse = [every_tensor(route) for route in self._routes() if route != "dense"]
-        warming = tuple(MODEL if side == own else side for side in sparse)
-        return tuple(side for side in (*sparse, ALL_DENSE) if side != own), warming or (MODEL,)
 
-    def _hidden_times(self, ranks):
+class RouteCosts:
+    """The cost model's figures for auto on a measured network and `ranks` ranks: a tensor's
+    route by the model or by a trial's side, the hidden time of each watched tensor's exchange
+    in the link's queue, and what a routing adds to a step. `shapes`: name -> (numel, element
+    size, density, routed by auto), as watched; `windows`: name -> backward window seconds."""
+
+    def __init__(self, method, routes, network, local, hosts, ranks):
+        self.method, self.routes, self.network, self.local, self.hosts = method, routes, network, local, hosts
+        self.ranks = ranks
+
+    def choice(self, numel, k, element_size, hidden):
+        """cost.choose for this method: (route, every prediction)."""
+        size = self.method.value_bytes(element_size)
+        args = (self.ranks, self.network, self.routes, self.local, hidden, self.hosts)
+        return cost.choose(numel, k, element_size, size, *args)
+
+    def parts(self, shape):
+        """(local, wire) seconds of each route for a watched tensor's shape."""
+        numel, size, density, _ = shape
+        k, value_size = selected_count(density, numel), self.method.value_bytes(size)
+        return cost.local_and_wire(numel, k, size, value_size, self.ranks, self.network, self.local, self.hosts)
+
+    def route(self, shape, side, hidden):
+        """A watched tensor's route under `side` (dense where the settings send it dense)."""
+        numel, size, density, by_auto = shape
+        k = selected_count(density, numel)
+        if not by_auto:
+            return "dense"
+        if side == WATCHED:
+            return watch_route(self.method, numel, k, size, self.ranks)
+        return self.choice(numel, k, size, hidden)[0] if side == MODEL else route_of(side)
+
+    def hidden_times(self, shapes, windows, side=MODEL):
         """cost.hidden_times over the watched tensors: each occupies the link for the wire time of
-        its route at its density in the last watched step (dense where the settings send it dense)."""
+        its route under `side` at its density in the last watched step."""
+        watched = [(name, window) for name, window in windows.items() if name in shapes]
+        return cost.hidden_times(
+            watched, lambda name, h: self.parts(shapes[name])[self.route(shapes[name], side, h)][1]
+        )
 
-        def wire_seconds(name, hidden):
-            numel, size, density, by_auto = self._shapes[name]
-            k, value_size = selected_count(density, numel), self.method.value_bytes(size)
-            route = self._cost_choice(numel, k, size, ranks, hidden)[0] if by_auto else "dense"
-            parts = cost.local_and_wire(numel, k, size, value_size, ranks, self.network, self.local, self.hosts)
-            return parts[route][1]
+    def exposed_seconds(self, shapes, windows, side):
+        """Seconds the watched tensors' exchanges add to a step routed by `side`: each one's local
+        work and the wire time its backward window does not hide."""
+        hidden, exposed = self.hidden_times(shapes, windows, side), 0.0
+        for name, shape in shapes.items():
+            work, wire = self.parts(shape)[self.route(shape, side, hidden.get(name, 0.0))]
+            exposed += work + max(0.0, wire - hidden.get(name, 0.0))
+        return exposed
 
-        watched = [(name, window) for name, window in self._windows.items() if name in self._shapes]
-        return cost.hidden_times(watched, wire_seconds)
+    def trial_sides(self, shapes, windows, hidden, watched_step):
+        """(alternatives, warming, skipped) of a RouteTrial: every tensor by each route, sparse
+        first, but the model's own where it sends every watched tensor one way (a mix can be
+        slower than any of them), and only the sides that could win (trial.sides_to_try). With
+        no watched tensor for auto: all dense, warmed by the model's routes. `hidden`: the
+        model's hidden seconds; `watched_step`: the last watched step's seconds."""
+        chosen = {self.route(shape, MODEL, hidden.get(name, 0.0)) for name, shape in shapes.items() if shape[3]}
+        if not chosen:
+            return (ALL_DENSE,), (MODEL,), {}
+        own = every_tensor(chosen.pop()) if len(chosen) == 1 else None
+        sparse = [every_tensor(route) for route in self.routes if route != "dense"]
+        candidates = [side for side in (*sparse, ALL_DENSE) if side != own]
+        return sides_to_try(candidates, self.predicted_steps((MODEL, *candidates), shapes, windows, watched_step))
+
+    def predicted_steps(self, sides, shapes, windows, watched_step):
+        """side -> the step the model predicts for it: the watched step, less what the model
+        predicts the watched routing (WATCHED) added to it, plus what it predicts `side`
+        adds. None where the model predicts the watched routing slower than the whole step it
+        timed (or nothing was timed): its figures are wrong, and every side is tried."""
+        added = {side: self.exposed_seconds(shapes, windows, side) for side in {*sides, WATCHED}}
+        if watched_step is None or added[WATCHED] >= watched_step:
+            return None
+        return {side: watched_step - added[WATCHED] + added[side] for side in sides}
+
+
+@dataclass(frozen=True)
+class KeptDecision:
+    """auto's decision as a checkpoint holds it (plain numbers and names: it also travels in the
+    ranks' agreement check, sparsecomm.core.agreement): the world it was made on, the measurement,
+    each tensor's hidden seconds and the side the trial kept."""
+
+    ranks: int
+    network: cost.Network
+    local: object  # cost.LocalCost or None
+    hosts: object  # cost.Hosts or None
+    hidden: dict
+    winner: str
+
+    @classmethod
+    def of(cls, auto, ranks):
+        return cls(ranks, auto.network, auto.local, auto.hosts, dict(auto._hidden or {}), auto.trial.winner)
+
+    def layout(self):
+        return (self.hosts.count, self.hosts.per_host)
+
+    def saved(self):
+        def numbers(network):
+            return [network.bandwidth, network.latency, network.copy_bandwidth]
+
+        local = self.local and [self.local.per_call, self.local.per_element, self.local.per_pair]
+        hosts = self.hosts and [*self.layout(), *numbers(self.hosts.link)]
+        return dict(
+            ranks=self.ranks,
+            network=numbers(self.network),
+            local=local,
+            hosts=hosts,
+            hidden=self.hidden,
+            winner=self.winner,
+        )
+
+    @classmethod
+    def loaded(cls, saved):
+        hosts = saved["hosts"] and cost.Hosts(*saved["hosts"][:2], cost.Network(*saved["hosts"][2:]))
+        local = saved["local"] and cost.LocalCost(*saved["local"])
+        return cls(
+            int(saved["ranks"]), cost.Network(*saved["network"]), local, hosts, dict(saved["hidden"]), saved["winner"]
+        )
 
 
 class BackwardWindows:
@@ -386,110 +515,6 @@ class BackwardWindows:
 
     def complete(self):
         return self.ended >= self.steps
-
-
-class StepClock:
-    """Training steps as Horovod's hooks show them: a step begins at its first compress after a
-    decompress, and ends at its last decompress. From one end to the next is a whole step (the
-    optimizer's update, the forward, the backward with its packs, the wait and the unpacks).
-    `ends` holds when the last MOST_SIDES * TRIAL_TURNS + 1 ended steps ended (perf_counter seconds), the
-    last one that of step `step - 1`: what a round of the trial needs, and no more however
-    long it runs."""
-
-    def __init__(self):
-        self.step, self.ends = 0, collections.deque(maxlen=MOST_SIDES * TRIAL_TURNS + 1)
-        self._last = None  # the last decompress of the step under way
-
-    def note_compress(self):
-        if self._last is not None:
-            self.ends.append(self._last)
-            self.step, self._last = self.step + 1, None
-
-    def ended(self, step):
-        """When `step` ended (one of the last MOST_SIDES * TRIAL_TURNS + 1 ended steps)."""
-        return self.ends[len(self.ends) - (self.step - step)]
-
-    def note_decompress(self, now):
-        self._last = now
-
-
-class RouteTrial:
-    """Tries the model's routes on the training itself against `alternatives`, every_tensor
-    sides (the model rests on estimates: how much of each exchange the backward hides, and a
-    network measured in a few collectives, both of which the training can prove wrong). From
-    `first`, the step that measured, the steps route by each side of `warming` in turn, not
-    counted (each pays a route's first use); then the steps take the sides in turn (MODEL, then
-    each alternative), each timed by the StepClock, in rounds of TRIAL_TURNS turns (see
-    TRIAL_TURNS for when it decides)."""
-
-    def __init__(self, first, alternatives, warming=(MODEL,)):
-        self.first, self.alternatives, self.warming = first, tuple(alternatives), tuple(warming)
-        self.counted_from = first + len(self.warming)
-        self.sides = (MODEL, *self.alternatives)
-        self.winner = None  # MODEL or an alternative, once decided
-        self.seconds = {side: [] for side in self.sides}  # each counted step's seconds, averaged over the ranks
-        self.ratios = {side: [] for side in self.alternatives}  # each turn's alternative / model
-
-    @property
-    def round_steps(self):
-        return TRIAL_TURNS * len(self.sides)
-
-    @property
-    def rounds(self):
-        """Rounds whose step times were added."""
-        return len(self.seconds[MODEL]) // TRIAL_TURNS
-
-    def arm(self, step):
-        """How `step` routes."""
-        if self.winner is not None:
-            return self.winner
-        if step < self.counted_from:
-            return self.warming[step - self.first]
-        return self.sides[(step - self.counted_from) % len(self.sides)]
-
-    def round_ended(self, clock):
-        """Whether the round under way has ended (checked at every compress: true first at the
-        first compress after its last step, while the clock still holds its steps' ends)."""
-        return self.winner is None and clock.step >= self.counted_from + self.round_steps * (self.rounds + 1)
-
-    def round_seconds(self, clock):
-        """This rank's step seconds of the round just ended, in step order (a turn: MODEL, then
-        each alternative)."""
-        start = self.counted_from + self.round_steps * self.rounds  # the StepClock keeps their ends
-        return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + self.round_steps)]
-
-    def add_round(self, seconds):
-        """The round's step seconds (round_seconds, averaged over the ranks: the same on every
-        rank, and so is the decision). Decides when, for each alternative, every turn so far
-        agrees on whether it beats the model by more than TRIAL_MARGIN, or after TRIAL_ROUNDS
-        rounds; then keeps the alternative of the lowest median turn ratio among those that beat
-        the model by the margin, else the model."""
-        n = len(self.sides)
-        for i, side in enumerate(self.sides):
-            self.seconds[side] += seconds[i::n]
-        for i, side in enumerate(self.alternatives, start=1):
-            self.ratios[side] += [a / m for m, a in zip(seconds[0::n], seconds[i::n])]
-        agreed = all(len({r < 1 - TRIAL_MARGIN for r in ratios}) == 1 for ratios in self.ratios.values())
-        if agreed or self.rounds == TRIAL_ROUNDS:
-            beating = [side for side in self.alternatives if self.ratio(side) < 1 - TRIAL_MARGIN]
-            self.winner = min(beating, key=self.ratio, default=MODEL)
-
-    def ratio(self, side):
-        """The median turn's `side` / model."""
-        return statistics.median(self.ratios[side])
-
-    def shown(self, step):
-        """What stats() shows of the trial: the side of this step while trying; then the one
-        kept, each side's median step seconds, each alternative's median turn ratio and the
-        steps counted."""
-        if self.winner is None:
-            return {"route_trial": self.arm(step)}
-        return {
-            "route_trial": self.winner,
-            "route_trial_seconds": {side: statistics.median(s) for side, s in self.seconds.items()},
-            "route_trial_ratios": {side: self.ratio(side) for side in self.alternatives},
-            "route_trial_steps": len(self.sides) * len(self.seconds[MODEL]),
-        }
 
 
 @dataclass(frozen=True)

@@ -15,26 +15,29 @@ BIG = 1 << 20  # float32 elements of the network's large allreduce
 
 def measure(compressor):
     """The network, the compressor's LocalCost, the watched backward's windows of each bound
-    parameter (0 where it was not watched) and where the hosts' process sets are registered the
-    hosts (cost.Hosts, their link timed over this rank's host set), all averaged over the ranks."""
+    parameter (0 where it was not watched), where the hosts' process sets are registered the
+    hosts (cost.Hosts, their link timed over this rank's host set), and the last watched step's
+    seconds (None where nothing was watched), all averaged over the ranks."""
     names = list(compressor.bound_parameters())  # the same order on every rank
-    backward = compressor.planner.auto.backward  # watched first, where the hooks are timed (not under DDP)
+    auto = compressor.planner.auto
+    backward = auto.backward  # watched first, where the hooks are timed (not under DDP)
     watched = backward.windows if backward is not None else {}
+    step = auto.watched_step() if backward is not None else None  # every rank watched, or none
     found = compressor.collectives.hosts()  # (layout, the collectives over this rank's host) or None
     inside = network_timings(found[1], compressor.device, "sparsecomm.measure.host") if found else []
     network, timings = measure_network(
         compressor.collectives,
-        inside + time_sparse_path(compressor) + [watched.get(name, 0.0) for name in names],
+        inside + time_sparse_path(compressor) + [step or 0.0] + [watched.get(name, 0.0) for name in names],
         compressor.device,
     )
     inside, timings = timings[: len(inside)], timings[len(inside) :]
-    (small, large, unpack, memset, pairs), windows = timings[:5], timings[5:]
+    (small, large, unpack, memset, pairs, step_seconds), windows = timings[:6], timings[6:]
     local = cost.LocalCost.fitted((SIZES[0], small), (SIZES[1], large), unpack, memset, pairs)
     hosts = None
     if found:
         layout = found[0]
         hosts = cost.Hosts(layout.hosts, layout.per_host, fitted_network(layout.per_host, inside))
-    return network, local, dict(zip(names, windows)), hosts
+    return network, local, dict(zip(names, windows)), hosts, step_seconds if step is not None else None
 
 
 def time_sparse_path(compressor):

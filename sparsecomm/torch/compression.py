@@ -123,6 +123,10 @@ class Compressor(Settings):
     def _allgather_ints(self, ints, name):
         return self.collectives.allgather_ints(ints, name)
 
+    def _host_layout(self):
+        found = self.collectives.hosts()
+        return None if found is None else (found[0].hosts, found[0].per_host)
+
     def _mean_over_ranks(self, values, name):
         return self.collectives.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}")
 
@@ -146,13 +150,15 @@ class Compressor(Settings):
         after ``scaler.update()`` (save its state_dict too): a pending rescale is settled first."""
         if self.loss_scaling is not None:
             self.loss_scaling.settle(self.state.parameters.values())
-        return self.state.state_dict()
+        return dict(self.state.state_dict(), **self.planner.saved_decision())
 
     def load_state_dict(self, state: dict) -> None:
         """Restores a state_dict() so training continues exactly as if it had not stopped.
         Collective when called after the first step: the next compress compares the steps with
-        the other ranks' and raises where they differ, so load on every rank (each its own)."""
+        the other ranks' and raises where they differ, so load on every rank (each its own).
+        exchange="auto" keeps the routes it decided where the world has the same shape."""
         self.state.load_state_dict(state)
+        self.planner.keep_decision(state)
         self._check_state_again()
 
     def elastic_snapshot(self) -> dict:

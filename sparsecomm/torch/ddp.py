@@ -91,7 +91,7 @@ def _attached(compressor):
             "not under ddp_hook yet: use 'allgather', 'spardl' or 'auto'"
         )
     if compressor.planner.auto is not None:
-        compressor.planner.auto.untimed(ROUTES)
+        compressor.planner.auto.limit_to(ROUTES)
     compressor.collectives = HookCollectives(group)
     return compressor.collectives
 

@@ -11,7 +11,7 @@ import torch
 from launch import horovodrun
 from replay import LR, STEPS, replay
 
-from sparsecomm.core import cost, plan
+from sparsecomm.core import cost, plan, trial
 from sparsecomm.core.plan import OBSERVED_STEPS
 
 SLOW = cost.Network(bandwidth=1e7, latency=1e-6)
@@ -152,31 +152,27 @@ def test_auto_goes_dense_where_sparse_costs_more(run):
         assert slow["0.weight"]["exchange"] == "spardl"
 
 
-def test_measured_auto_sends_dense_while_it_watches_the_backward_then_every_rank_chooses_alike(run):
+def test_measured_auto_sends_by_allgather_while_it_watches_the_backward_then_every_rank_chooses_alike(run):
     """exchange="auto" measuring the cluster itself: it watches OBSERVED_STEPS steps of the backward
-    sending dense (training equals dense's, exactly on 2 ranks), then measures once, and every
-    rank makes the same choice per tensor from the same averaged windows and timings: the model's
-    choice at the recorded hidden time (the trial's first counted step, after one step of each
-    sparse exchange)."""
-    size = len(run)
+    sending by allgather (training equals exchange="allgather"'s bit for bit), then measures once,
+    and every rank makes the same choice per tensor from the same averaged windows, timings and
+    watched step: at its last step here (the trial's, after the measuring step and one step of
+    SparDL where it is tried) the model's choice at the recorded hidden time where it routes by
+    the model, else the trial's side."""
     measured = [rank["topk_0.1_auto_measured"] for rank in run]
-    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
     for step in range(OBSERVED_STEPS):
-        for name, dense in run[0]["dense"]["params"][step].items():
-            torch.testing.assert_close(measured[0]["params"][step][name], dense, **tol)
+        for name, want in run[0]["topk_0.1_allgather"]["params"][step].items():
+            assert torch.equal(measured[0]["params"][step][name], want), (step, name)
+    keys = ("exchange", "hidden_seconds", "predicted_seconds", "route_trial")
     chosen = [
-        {
-            name: (per["exchange"], per["hidden_seconds"], per["predicted_seconds"])
-            for name, per in rank["stats"]["tensors"].items()
-        }
-        for rank in measured
+        {name: tuple(per[key] for key in keys) for name, per in rank["stats"]["tensors"].items()} for rank in measured
     ]
     assert all(each == chosen[0] for each in chosen[1:])
-    assert {per["route_trial"] for per in measured[0]["stats"]["tensors"].values()} == {"model"}
-    for exchange, hidden, predicted in chosen[0].values():
+    for exchange, hidden, predicted, side in chosen[0].values():
         sparse = min(("allgather", "spardl"), key=predicted.get)
         dense = predicted["dense"] == 0 or predicted[sparse] > cost.SPARSE_AT_MOST * predicted["dense"]
-        assert hidden >= 0 and exchange == ("dense" if dense else sparse)
+        by_model = "dense" if dense else sparse
+        assert hidden >= 0 and exchange == (by_model if side == trial.MODEL else trial.route_of(side))
 
 
 @pytest.mark.parametrize("size", [2, 4, 8, 16, 64])
@@ -200,43 +196,57 @@ def test_simulated_bytes_for_many_ranks(size):
     assert max(received) <= 2 * (size - 1) * 6 * (-(-k // size) + 2) and max(received) <= 2.2 * send
 
 
-def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side(tmp_path):
+def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side_and_a_resume_keeps_it(tmp_path):
     """exchange="auto" measuring the cluster itself, its measured inputs then set so that the
-    model sends the first layer dense (hidden by a long window) and the rest sparse: its routes
-    are tried against every tensor by allgather, by SparDL and dense. Steps 0-1 are watched,
-    step 2 measures (all allgather), step 3 is all SparDL's first (neither counted), then the
-    steps take turns (the model's routes, then each of those), in rounds of plan.TRIAL_TURNS
-    turns, until the trial decides (after 1 to plan.TRIAL_ROUNDS rounds); from then on every
-    rank routes alike, by the side of the lowest median turn ratio of step times (averaged over
-    the ranks) where it is below 1 - plan.TRIAL_MARGIN, else by the model (the same seconds and
-    ratios on every rank)."""
+    model sends the first layer dense (hidden by a long window) and the rest sparse, with no
+    watched step (every side tried): its routes are tried against every tensor by allgather, by
+    SparDL and dense (but the model's own way, where the measured cost of packing sends every
+    tensor one way). Steps 0-1 are watched (by allgather), step 2 measures (the model's routes),
+    step 3 is all SparDL's first (neither counted), then the steps take turns (the model's routes,
+    then each of those), in rounds of trial.TRIAL_TURNS turns, until the trial decides (after 1
+    to trial.TRIAL_ROUNDS rounds); from then on every rank routes alike, by the side of the
+    lowest median turn ratio of step times (averaged over the ranks) where it is below
+    1 - trial.TRIAL_MARGIN, else by the model (the same seconds and ratios on every rank).
+    A job restarted from a checkpoint routes as decided from its first step: it neither watches,
+    measures nor tries again."""
     out = tmp_path / "trial"
     out.mkdir()
     steps = plan.SETTLING_STEPS + 3
-    horovodrun(2, "torch_route_trial.py", "--out", out, "--steps", steps)
+    horovodrun(2, "torch_route_trial.py", "--out", out, "--steps", steps, "--resumed", 3)
     ranks = [torch.load(out / f"rank{r}.pt") for r in range(2)]
     first = ranks[0]["choices"]
     for step in range(plan.OBSERVED_STEPS):
-        assert first[step]["0.weight"] == {"exchange": "dense", "watching_backward": True}
+        assert first[step]["0.weight"] == {"exchange": "allgather", "watching_backward": True}
     decided_at = next(step for step in range(steps) if "route_trial_seconds" in first[step]["0.weight"])
-    warming = [plan.every_tensor("allgather"), plan.every_tensor("spardl")]
+    by_model = {choice["exchange"] for choice in first[plan.OBSERVED_STEPS].values()}  # the measuring step
+    own = trial.every_tensor(by_model.pop()) if len(by_model) == 1 else None
+    turn = (trial.MODEL, *(trial.every_tensor(route) for route in ("allgather", "spardl", "dense")))
+    turn = tuple(side for side in turn if side != own)
+    warming = [trial.MODEL, *(side for side in turn if side == trial.every_tensor("spardl"))]
     counted = decided_at - plan.OBSERVED_STEPS - len(warming)
-    turn = (plan.MODEL, *warming, plan.ALL_DENSE)
-    assert counted in [len(turn) * plan.TRIAL_TURNS * r for r in range(1, plan.TRIAL_ROUNDS + 1)]
+    assert counted in [len(turn) * trial.TRIAL_TURNS * r for r in range(1, trial.TRIAL_ROUNDS + 1)]
     sides = [first[step]["0.weight"]["route_trial"] for step in range(2, decided_at)]
     assert sides == warming + list(turn) * (counted // len(turn))
     for step, side in zip(range(2, decided_at), sides):
         routes = {choice["exchange"] for choice in first[step].values()}
-        assert first[step]["0.weight"]["exchange"] == ("dense" if side == plan.MODEL else plan.route_of(side))
-        assert side == plan.MODEL or routes == {plan.route_of(side)}
+        assert first[step]["0.weight"]["exchange"] == ("dense" if side == trial.MODEL else trial.route_of(side))
+        assert side == trial.MODEL or routes == {trial.route_of(side)}
     decided = first[decided_at]["0.weight"]
     seconds, ratios = decided["route_trial_seconds"], decided["route_trial_ratios"]
     assert set(seconds) == set(turn) and all(s > 0 for s in seconds.values()) and set(ratios) == set(turn[1:])
-    assert decided["route_trial_steps"] == counted
-    beating = [side for side in turn[1:] if ratios[side] < 1 - plan.TRIAL_MARGIN]
-    winner = min(beating, key=ratios.get, default=plan.MODEL)
+    assert decided["route_trial_steps"] == counted and decided["route_trial_extra_seconds"] >= 0
+    beating = [side for side in turn[1:] if ratios[side] < 1 - trial.TRIAL_MARGIN]
+    winner = min(beating, key=ratios.get, default=trial.MODEL)
     assert decided["route_trial"] == winner
-    assert decided["exchange"] == ("dense" if winner == plan.MODEL else plan.route_of(winner))
+    assert decided["exchange"] == ("dense" if winner == trial.MODEL else trial.route_of(winner))
     for step in range(decided_at, steps):
         assert first[step]["0.weight"] == decided
     assert ranks[1]["choices"] == first  # every step's routes, the trial's seconds, ratio and decision
+    keys = ("exchange", "predicted_seconds", "hidden_seconds", "route_trial")
+    kept = {name: {key: per[key] for key in keys} for name, per in first[-1].items()}
+    for rank in ranks:
+        assert rank["resumed_measures"] == 0
+        for choices in rank["resumed_choices"]:
+            assert {name: {key: per[key] for key in keys} for name, per in choices.items()} == kept
+    for name, param in ranks[0]["params"].items():
+        assert torch.equal(ranks[1]["params"][name], param), name

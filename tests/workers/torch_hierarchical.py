@@ -33,9 +33,10 @@ SLOW_NIC = Network(bandwidth=1e4, latency=1e-6)  # the model's bytes decide: hie
 
 
 def auto(config, nic=None):
-    """TopK 10% with exchange="auto": it watches 2 steps (dense), measures at step 2 (the hosts
-    included), routes every tensor by each sparse exchange once (the trial's uncounted steps,
-    all allgather from step 2), then by the model's routes (AUTO_STEPS). With `nic`, the
+    """TopK 10% with exchange="auto": it watches 2 steps (by allgather), measures at step 2 (the
+    hosts included; the watched step left out, so that every side is tried), routes by the model
+    there, by SparDL and by hierarchical alone the next two steps (the trial's uncounted steps),
+    then by the model's routes (AUTO_STEPS). With `nic`, the
     measured network is replaced by it (the hosts' link kept) and nothing is hidden by the
     backward."""
 
@@ -44,7 +45,7 @@ def auto(config, nic=None):
         measure = compression._measure_network
 
         def measured():
-            network, local, windows, hosts = measure()
+            network, local, windows, hosts, _ = measure()  # no watched step: every side is tried
             MEASURED[config] = None if hosts is None else (hosts.count, hosts.per_host, hosts.link.bandwidth)
             return (network, local, windows, hosts) if nic is None else (nic, local, {}, hosts)
 
