@@ -1,12 +1,16 @@
-"""python -m sparsecomm.bench {kernels,e2e,convergence,all,report} ...
+"""python -m sparsecomm.bench {kernels,e2e,trial,convergence,all,report} ...
 
 kernels      every kernel against memcpy and torch.topk in the same run
 e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
              and a compute-heavy model: no exchange (the floor), dense, each method, PyTorch DDP
              (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
              per rank; the default where namespaces work) or shared (one shaped loopback)
+trial        a new job's first steps: DGC 0.1% with exchange="auto" and each fixed exchange, each
+             from a fresh compressor, on the comm model at 1 Gbit/s (2 ranks, 2 x 2 hosts): the
+             mean of the first 30 and 100 steps beside the steady step, and the first 30's mean
+             over the fastest fixed exchange's (trial.json in --out)
 convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
-all          the three, then JSON + PNG figures in --out and docs/results.md (`make bench`); e2e
+all          the four, then JSON + PNG figures in --out and docs/results.md (`make bench`); e2e
              also on hosts of several ranks (--host-layouts) where the per-host model runs
 report       the figures and docs/results.md again from --out's results.json, measuring nothing
              (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart)
@@ -23,7 +27,7 @@ import time
 
 import torch
 
-from . import kernels, network
+from . import first_steps, kernels, network
 
 
 def _kernels(args):
@@ -103,6 +107,19 @@ def _host_layouts(args):
     for hosts, per_host in args.host_layouts:
         cell = dict(vars(args), ranks=[hosts * per_host], ranks_per_host=per_host, networks=args.host_networks)
         records += _e2e(argparse.Namespace(**dict(cell, models=["comm"], methods=list(HOST_CELL_ROWS))))
+    return records
+
+
+def _trial(args):
+    """`bench trial`'s cells (and `bench all`'s): the first steps of auto and each fixed exchange
+    (first_steps), with a table a cell."""
+    from . import e2e
+
+    if not args.layouts:
+        return []
+    steps = args.steps or e2e.STEPS[first_steps.MODEL]
+    records = first_steps.run(args.layouts, args.network_model, args.first_steps, args.warmup, steps, args.launches)
+    print("\n" + first_steps.table(records))
     return records
 
 
@@ -215,6 +232,36 @@ def _e2e_options(p):
     )
 
 
+def _trial_options(p, flag):
+    """The first-steps bench's options (trial: --layouts; all: --trial-layouts)."""
+    p.add_argument(
+        flag,
+        dest="layouts",
+        type=first_steps.layout,
+        nargs="*",
+        default=list(first_steps.LAYOUTS),
+        help="cells of the first-steps bench: N ranks (a host each) or HxR hosts of R ranks "
+        "(default: 2 2x2; none: no such cells)",
+    )
+    p.add_argument(
+        "--first-steps",
+        type=int,
+        default=100,
+        help="the first steps each row with an exchange keeps, all warm-up steps (default: 100)",
+    )
+    p.add_argument(
+        "--launches",
+        type=int,
+        default=3,
+        help="launches a cell, each starting with another row; their first steps averaged (default: 3)",
+    )
+    if flag == "--layouts":  # `bench trial` alone; `bench all` has e2e's
+        p.add_argument("--network-model", choices=list(network.MODELS), help="as e2e's (default: per-host if it can)")
+        p.add_argument("--warmup", type=int, default=3, help="warm-up steps a row (with an exchange: >= --first-steps)")
+        p.add_argument("--steps", type=int, help="timed steps of a row: its steady step (default: the comm model's)")
+        p.add_argument("--out", default="results", help="directory of trial.json (default: results)")
+
+
 def _convergence_options(p):
     """The convergence bench's options (convergence, all)."""
     p.add_argument("--tasks", nargs="+", default=["digits", "charlm", "wordlm"])
@@ -238,13 +285,16 @@ def _parser():
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernels", help="time every kernel against memcpy and torch.topk in the same run")
     e = sub.add_parser("e2e", help="end-to-end step time on emulated networks")
+    t = sub.add_parser("trial", help="the first steps of exchange=auto beside each fixed exchange's")
     c = sub.add_parser("convergence", help="dense vs each method on real data")
-    a = sub.add_parser("all", help="kernels + e2e + convergence, JSON/PNG in --out, docs/results.md")
+    a = sub.add_parser("all", help="kernels + e2e + trial + convergence, JSON/PNG in --out, docs/results.md")
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
     for p in (k, a):
         _kernel_options(p)
     for p in (e, a):
         _e2e_options(p)
+    _trial_options(t, "--layouts")
+    _trial_options(a, "--trial-layouts")
     a.add_argument(
         "--host-layouts",
         type=_layout,
@@ -320,6 +370,27 @@ def _report(args, report):
     )
 
 
+def _trial_run(args, report, commit, started):
+    """`bench trial`: its cells, then trial.json in --out."""
+    records = _trial(args)
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "trial.json")
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "machine": report.machine(),
+                "command": report.relative_command("python -m sparsecomm.bench " + shlex.join(sys.argv[1:])),
+                "commit": commit,
+                "minutes": (time.time() - started) / 60,
+                "first_steps": args.first_steps,
+                "records": records,
+            },
+            f,
+            indent=1,
+        )
+    print(f"\nwrote {path}")
+
+
 def _all(args, report, commit, started):
     """`bench all` (make bench): every bench, results.json, the figures and results.md."""
     os.makedirs(args.out, exist_ok=True)
@@ -331,6 +402,7 @@ def _all(args, report, commit, started):
         "kernels": _kernels(args),
     }
     results["e2e"] = _e2e(args) + _host_layouts(args)
+    results["trial"] = _trial(args)
     args.methods = args.conv_methods
     if args.convergence_from:
         with open(args.convergence_from) as f:
@@ -354,7 +426,7 @@ def main():
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args()
-    if args.command in ("e2e", "all") and not _e2e_rows()[0]:
+    if args.command in ("e2e", "trial", "all") and not _e2e_rows()[0]:
         parser.error(f"{args.command}: the end-to-end benchmark needs Horovod (python -m sparsecomm.install_horovod)")
     if hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]
@@ -362,6 +434,8 @@ def main():
             args.host_networks = [None if n == "unshaped" else n for n in args.host_networks]
         args.network_model = _network_model(parser, args.network_model)
         _check_layout(parser, args)
+    elif args.command == "trial":
+        args.network_model = _network_model(parser, args.network_model)
     if args.command == "convergence":
         args.methods = args.conv_methods
 
@@ -373,6 +447,8 @@ def main():
         return _report(args, report)
     if args.command == "all":
         return _all(args, report, commit, started)
+    if args.command == "trial":
+        return _trial_run(args, report, commit, started)
     if args.command == "kernels":
         records = _kernels(args)
     elif args.command == "e2e":

@@ -66,10 +66,23 @@ def interleaving(model, ranks, methods, rounds, available=None):
     return 1, 0
 
 
-def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model="shared", rounds=1, ranks_per_host=1):
+def run_one(
+    ranks,
+    net,
+    model,
+    methods,
+    warmup,
+    steps,
+    log=print,
+    network_model="shared",
+    rounds=1,
+    ranks_per_host=1,
+    first_steps=0,
+):
     """Records of one launch (all rows for one model, ranks and network) on `network_model`
     (per-host: hosts of `ranks_per_host` ranks), timed in `rounds` interleaved turns, in groups
-    that fit in memory (see the worker)."""
+    that fit in memory (see the worker); with `first_steps` N, the rows with an exchange keep
+    their first N step times (the worker's --first-steps)."""
     rounds, group_size = interleaving(model, ranks, methods, rounds)
     placement = network.emulated(network_model, net, ranks, ranks_per_host)
     with tempfile.TemporaryDirectory() as tmp, placement as placed:
@@ -90,6 +103,7 @@ def run_one(ranks, net, model, methods, warmup, steps, log=print, network_model=
                 str(rounds),
                 "--group-size",
                 str(group_size),
+                *(["--first-steps", str(first_steps)] if first_steps else []),
                 "--methods",
                 *methods,
             ],

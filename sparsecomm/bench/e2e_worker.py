@@ -5,7 +5,9 @@ of its phases (forward, backward, optimizer step: PHASES). With --rounds R
 every row is built first and the rows are timed in R interleaved turns (floor, dense, ..., then
 dense, ..., floor, ...): drift of the machine during the run then falls on every row alike. With
 --group-size G as well, G rows at a time (rows that do not fit in memory together), the floor and
-dense among them in every group.
+dense among them in every group. With --first-steps N, a row of a compressor with an exchange warms
+up at least N steps, from its compressor freshly built, and its record keeps those N step times
+(auto's watch and route trial among them: what a new job sees) and their means (`bench trial`).
 
   floor            the same step with NO gradient exchange (plain SGD, momentum 0.9, on each
                    rank's own gradient): the time no exchange method can beat
@@ -41,12 +43,13 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import horovod.torch as hvd
 import torch
 
 from sparsecomm.bench.e2e import PHASES
+from sparsecomm.bench.first_steps import means
 from sparsecomm.core.plan import SETTLING_STEPS
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, destroy_process_group, host_process_sets
 
@@ -140,8 +143,9 @@ def model_and_batch(kind):
 @dataclass
 class Row:
     """One row, ready to step: what is stepped (the model, or its DDP wrapper), its optimizer and
-    batch, its warm-up steps, `finish(times)`, which makes its record, and `warmed()`, called
-    after the warm-up (a compressor's byte counts start there)."""
+    batch, its warm-up steps, `finish(times)`, which makes its record, `warmed()`, called after
+    the warm-up (a compressor's byte counts start there), the first steps its record keeps
+    (--first-steps, 0: none) and its warm-up steps' times (s), which time_rows fills in."""
 
     method: str
     model: torch.nn.Module
@@ -151,6 +155,8 @@ class Row:
     warmup: int
     finish: Callable
     warmed: Callable = lambda: None
+    first_steps: int = 0
+    warmup_times: list = field(default_factory=list)
 
 
 def timed_steps(row, steps):
@@ -174,8 +180,9 @@ def timed_steps(row, steps):
 
 def time_rows(makers, warmup, steps, rounds, group_size=0):
     """Yields (row, its step times, their PHASES, the step times of the baselines timed in the
-    same turns or None) for the rows `makers` build (method -> make(warmup) -> Row). rounds 1:
-    one row at a time, built, warmed up, timed for `steps`, dropped. rounds R > 1: the rows of a group (all of
+    same turns or None) for the rows `makers` build (method -> make(warmup) -> Row), each with its
+    warm-up steps' times in row.warmup_times. rounds 1: one row at a time, built, warmed up, timed
+    for `steps`, dropped. rounds R > 1: the rows of a group (all of
     them, or `group_size` at once: groups()) alive together, each warmed up, then timed in R
     turns of about steps / R steps each, so that the machine's drift over the run falls on every
     row of the group alike. A baseline timed in several groups is yielded once, after its last
@@ -186,8 +193,8 @@ def time_rows(makers, warmup, steps, rounds, group_size=0):
     phases = {method: [] for method in makers}
     for i, group in enumerate(plan):
         rows = [makers[method](warmup) for method in group]
-        for row in rows:
-            timed_steps(row, row.warmup)
+        for row in rows:  # its warm-up steps' times kept: a new job's first steps (first_steps)
+            row.warmup_times = timed_steps(row, row.warmup)[0]
             row.warmed()
         in_group = {row.method: [] for row in rows}
         for row, count in turns(rows, steps, rounds):
@@ -326,7 +333,7 @@ def init_horovod(methods):
 
 class Counted:
     """A compressor's stats() over the timed steps only: `warmed()` after the warm-up (auto's
-    watch and trial send dense at first; DGC's warm-up has other densities), then `timed()`."""
+    trial routes other ways at first; DGC's warm-up has other densities), then `timed()`."""
 
     KEYS = ("calls", "sent_bytes", "received_bytes", "compress_seconds")
 
@@ -366,13 +373,32 @@ def route_trial(stats):
     }
 
 
-def horovod_row(kind, method, warmup):
+def warmups(compression, warmup, first_steps):
+    """(a row's warm-up steps, the first steps its record keeps) for its `compression`: auto's
+    timed steps start with its routes final (SETTLING_STEPS); a compressor with an exchange keeps
+    its `first_steps` first steps, all of them warm-up steps, so they are what a new job sees."""
+    exchange = getattr(compression, "exchange", None)
+    if exchange == "auto":
+        warmup = max(warmup, SETTLING_STEPS)
+    first = first_steps if exchange is not None else 0
+    return max(warmup, first), first
+
+
+def first_steps_fields(row, times):
+    """A row's first row.first_steps step times (ms, each on its slowest rank; warm-up steps
+    first, then timed ones) and their means (first_steps.means); {} where it keeps none."""
+    if not row.first_steps:
+        return {}
+    first = slowest_ms((row.warmup_times + times)[: row.first_steps], f"bench.{row.method}.first")
+    return {"first_steps_ms": first, "first_steps_mean_ms": means(first)}
+
+
+def horovod_row(kind, method, warmup, first_steps=0):
     model, x, y = model_and_batch(kind)
     make, momentum = METHODS[LOCAL_ROWS.get(method, method)]
     process_set = ALONE[hvd.rank()] if method in LOCAL_ROWS else hvd.global_process_set
     compression = make(model, process_set)
-    if getattr(compression, "exchange", None) == "auto":  # its timed steps start with its routes final
-        warmup = max(warmup, SETTLING_STEPS)
+    warmup, first = warmups(compression, warmup, first_steps)
     opt = hvd.DistributedOptimizer(
         torch.optim.SGD(model.parameters(), lr=0.01, momentum=momentum),
         named_parameters=model.named_parameters(),
@@ -396,7 +422,7 @@ def horovod_row(kind, method, warmup):
         size = sum(p.numel() for p in model.parameters()) * (2 if method == "dense fp16" else 4)
         return record(kind, method, "horovod", model, times, ring_bytes(size), ring_bytes(size))
 
-    return Row(method, model, opt, x, y, warmup, finish, counted.warmed if counted else lambda: None)
+    return Row(method, model, opt, x, y, warmup, finish, counted.warmed if counted else lambda: None, first)
 
 
 def init_torch_distributed():
@@ -450,7 +476,7 @@ def ddp_row(kind, method, warmup):
     return Row(method, ddp, opt, x, y, warmup, finish)
 
 
-def ddp_hook_row(kind, method, warmup):
+def ddp_hook_row(kind, method, warmup, first_steps=0):
     """DistributedDataParallel with the compressor of the Horovod row DDP_HOOK_ROWS names as its
     communication hook (no process_set: DDP's default group), with that row's optimizer momentum.
     Its bytes are the compressor's stats() over the timed steps, as the Horovod rows' are (the
@@ -464,8 +490,7 @@ def ddp_hook_row(kind, method, warmup):
     ddp = torch.nn.parallel.DistributedDataParallel(model, gradient_as_bucket_view=True)
     ddp.register_comm_hook(compression, sct.ddp_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=momentum)
-    if getattr(compression, "exchange", None) == "auto":  # its timed steps start with its routes final
-        warmup = max(warmup, SETTLING_STEPS)
+    warmup, first = warmups(compression, warmup, first_steps)
     counted = Counted(compression, model)
 
     def finish(times):
@@ -478,18 +503,19 @@ def ddp_hook_row(kind, method, warmup):
             **route_trial(stats),
         )
 
-    return Row(method, ddp, opt, x, y, warmup, finish, counted.warmed)
+    return Row(method, ddp, opt, x, y, warmup, finish, counted.warmed, first)
 
 
-def make_row(kind, method):
-    """method -> make(warmup) -> Row."""
+def make_row(kind, method, first_steps=0):
+    """method -> make(warmup) -> Row (a row of a compressor with an exchange keeps its
+    `first_steps` first steps' times)."""
     if method in (FLOOR, FLOOR_SYNCED):
         return lambda warmup: floor_row(kind, warmup, method)
     if method in DDP_ROWS:
         return lambda warmup: ddp_row(kind, method, warmup)
     if method in DDP_HOOK_ROWS:
-        return lambda warmup: ddp_hook_row(kind, method, warmup)
-    return lambda warmup: horovod_row(kind, method, warmup)
+        return lambda warmup: ddp_hook_row(kind, method, warmup, first_steps)
+    return lambda warmup: horovod_row(kind, method, warmup, first_steps)
 
 
 def main():
@@ -510,6 +536,13 @@ def main():
         default=0,
         help="with --rounds R > 1: rows alive at once, the baselines among them (0: every row)",
     )
+    parser.add_argument(
+        "--first-steps",
+        type=int,
+        default=0,
+        help="N > 0: a row of a compressor with an exchange warms up at least N steps from a fresh "
+        "compressor and records its first N step times and their means (0: none)",
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     init_horovod(args.methods)
@@ -517,9 +550,9 @@ def main():
     if any(m in DDP_ROWS or m in DDP_HOOK_ROWS for m in args.methods):
         init_torch_distributed()
     records = []
-    makers = {method: make_row(args.model, method) for method in args.methods}
+    makers = {method: make_row(args.model, method, args.first_steps) for method in args.methods}
     for row, times, phases, baselines in time_rows(makers, args.warmup, args.steps, args.rounds, args.group_size):
-        records.append(dict(row.finish(times), rounds=args.rounds))
+        records.append(dict(row.finish(times), rounds=args.rounds, **first_steps_fields(row, times)))
         # each phase on its slowest rank, step by step: so a phase never exceeds its step's time, and
         # a step's phases add up to at least its time (the slowest rank of each may differ)
         records[-1]["phase_times_ms"] = {

@@ -12,7 +12,7 @@ import shlex
 import statistics
 import textwrap
 
-from . import scaling
+from . import first_steps, scaling
 from .convergence import change_text, final_text, final_value_text
 from .e2e import HOSTS_SUFFIX, PHASES, layout_label, local_ratio, ranks_per_host, ratio_text
 from .network import RATES
@@ -762,6 +762,34 @@ def _added_block(results):
     return "### Runs added to the record\n\n" + intro + "\n\n" + "\n\n".join(blocks).rstrip("\n") + "\n\n"
 
 
+# -- the first steps of exchange="auto" -------------------------------------------------------
+
+FIRST_STEPS_HEADER = ("ranks", "network", *first_steps.HEADER)
+
+
+def _first_steps_block(trial, source=None):
+    """`bench trial`'s records (results["trial"]), a row each: a new job's first steps, auto's watch
+    and route trial among them, beside each fixed exchange's; "" where the run has none. `source`:
+    the command that timed them, where another run than the page's did (results["trial_from"])."""
+    if not trial:
+        return ""
+    rows = [
+        (layout_label(r["ranks"], r.get("ranks_per_host", 1)), r["network"], *row)
+        for r, row in zip(trial, first_steps.table_rows(trial))
+    ]
+    launches = max(r.get("launches", 1) for r in trial)
+    intro = _para(
+        'DGC 0.1% with exchange="auto" and with each exchange alone, each row from a freshly built '
+        "compressor, one row at a time after a row that pays the process's first steps, in "
+        f"{launches} launches a cell, each started by another row, averaged step by step: the mean of "
+        "its first 30 and 100 step times (slowest rank), its steady step (the median launch's median "
+        "after them), and its first 30 steps' mean over the fastest fixed exchange's in the same cell "
+        f"(auto is meant to be within {first_steps.WITHIN:.2f}x)."
+        + (f" These rows were timed by {source}." if source else "")
+    )
+    return f"## First steps of exchange=auto\n\n{intro}\n\n{_md_table(FIRST_STEPS_HEADER, rows)}\n\n"
+
+
 # -- convergence and kernels -----------------------------------------------------------------
 
 
@@ -1003,6 +1031,7 @@ def write_markdown(results, out, path):
     kernel_header, kernel_rows = _kernel_rows(results["kernels"])
     scaled = scaling.parts(results, out)
     e2e = results["e2e"]
+    first = _first_steps_block(results.get("trial"), results.get("trial_from"))
     top = _para(
         f"`make bench` on {results['machine']}; every ratio is against a baseline of the same run. "
         f"Raw records: [{rel}/results.json]({rel}/results.json); the method: [last](#how-it-was-measured)."
@@ -1028,7 +1057,7 @@ in brackets. Received MB per rank and step, per network where they differ.
 
 {_e2e_tables(e2e)}
 
-{_auto_block(e2e)}{_phase_block(e2e)}{_ways_block(e2e)}{_added_block(results)}## Convergence on real data
+{_auto_block(e2e)}{_phase_block(e2e)}{_ways_block(e2e)}{_added_block(results)}{first}## Convergence on real data
 {_reused(results)}
 Final test accuracy (digits) or validation loss (charlm, wordlm); bytes: dense's per step over the method's.
 

@@ -5,8 +5,9 @@ routes (MODEL) on the training itself against every tensor sent by one route (ev
 sides): the model rests on estimates that the training can prove wrong. A side is tried only
 where it could win: the model's prediction of its step is within PRUNE_MARGIN of the best
 side's, or the model's figures were shown wrong by the step it watched (sides_to_try).
-The steps then take the sides in turns, timed by a StepClock, in rounds of TRIAL_TURNS turns,
-until every turn agrees on whether each side beats the model by more than TRIAL_MARGIN, or for
+The steps then take the sides in turns, timed by a StepClock, in rounds of TRIAL_TURNS turns;
+after each round the sides that cannot be kept leave (RouteTrial.contenders), until every turn
+agrees on whether each side left beats the model by more than TRIAL_MARGIN, or for
 TRIAL_ROUNDS rounds, when the median turn decides (docs/exchanges.md, "Trying the routes").
 """
 
@@ -92,17 +93,17 @@ class RouteTrial:
     """Tries the model's routes against `alternatives`, every_tensor sides. From `first`, the
     step that measured, the steps route by each side of `warming` in turn, not counted (each
     pays a route's first use); then the steps take the sides in turns (MODEL, then each
-    alternative), each timed by the StepClock, in rounds of TRIAL_TURNS turns. With no
-    alternative it is decided at once: the model's routes."""
+    alternative still in contention), each timed by the StepClock, in rounds of TRIAL_TURNS
+    turns. With no alternative it is decided at once: the model's routes."""
 
     def __init__(self, first, alternatives, warming=(MODEL,), skipped=None):
         self.first, self.alternatives, self.warming = first, tuple(alternatives), tuple(warming)
         self.skipped = dict(skipped or {})  # side -> its predicted step over the best side's: not tried
         self.counted_from = first + len(self.warming)
-        self.sides = (MODEL, *self.alternatives)
+        self.round_start = self.counted_from  # the first step of the round under way
         self.winner = None if self.alternatives else MODEL  # MODEL or an alternative, once decided
         self.seconds = {side: [] for side in self.sides}  # each counted step's seconds, averaged over the ranks
-        self.ratios = {side: [] for side in self.alternatives}  # each turn's alternative / model
+        self.ratios = {side: [] for side in self.alternatives}  # each turn's alternative / model, every side tried
 
     @classmethod
     def decided(cls, winner):
@@ -110,6 +111,10 @@ class RouteTrial:
         trial = cls(0, ())
         trial.winner = winner
         return trial
+
+    @property
+    def sides(self):
+        return (MODEL, *self.alternatives)
 
     @property
     def round_steps(self):
@@ -126,34 +131,54 @@ class RouteTrial:
             return self.winner
         if step < self.counted_from:
             return self.warming[step - self.first]
-        return self.sides[(step - self.counted_from) % len(self.sides)]
+        return self.sides[(step - self.round_start) % len(self.sides)]
 
     def round_ended(self, clock):
         """Whether the round under way has ended (checked at every compress: true first at the
         first compress after its last step, while the clock still holds its steps' ends)."""
-        return self.winner is None and clock.step >= self.counted_from + self.round_steps * (self.rounds + 1)
+        return self.winner is None and clock.step >= self.round_start + self.round_steps
 
     def round_seconds(self, clock):
         """This rank's step seconds of the round just ended, in step order (a turn: MODEL, then
         each alternative)."""
-        start = self.counted_from + self.round_steps * self.rounds  # the StepClock keeps their ends
+        start = self.round_start  # the StepClock keeps their ends
         return [clock.ended(step) - clock.ended(step - 1) for step in range(start, start + self.round_steps)]
 
     def add_round(self, seconds):
         """The round's step seconds (round_seconds, averaged over the ranks: the same on every
-        rank, and so is the decision). Decides when, for each alternative, every turn so far
-        agrees on whether it beats the model by more than TRIAL_MARGIN, or after TRIAL_ROUNDS
-        rounds; then keeps the alternative of the lowest median turn ratio among those that beat
-        the model by the margin, else the model."""
+        rank, and so is the decision). Then drops the sides that cannot be kept (contenders);
+        decides when, for each side left, every turn so far agrees on whether it beats the model
+        by more than TRIAL_MARGIN, or after TRIAL_ROUNDS rounds; then keeps the side of the
+        lowest median turn ratio among those that beat the model by the margin, else the model."""
         n = len(self.sides)
         for i, side in enumerate(self.sides):
             self.seconds[side] += seconds[i::n]
         for i, side in enumerate(self.alternatives, start=1):
             self.ratios[side] += [a / m for m, a in zip(seconds[0::n], seconds[i::n])]
-        agreed = all(len({r < 1 - TRIAL_MARGIN for r in ratios}) == 1 for ratios in self.ratios.values())
+        self.round_start += len(seconds)
+        self.alternatives = self.contenders()
+        agreed = all(len({r < 1 - TRIAL_MARGIN for r in self.ratios[side]}) == 1 for side in self.alternatives)
         if agreed or self.rounds == TRIAL_ROUNDS:
             beating = [side for side in self.alternatives if self.ratio(side) < 1 - TRIAL_MARGIN]
             self.winner = min(beating, key=self.ratio, default=MODEL)
+
+    def contenders(self):
+        """The alternatives that can still be kept: each beat the model by the margin in some
+        turn, and, where a side beat it in every turn (the leader: of those, the lowest median
+        ratio), was faster than the leader in some turn. The others' further turns would be paid
+        for nothing."""
+        beat = {side: [r < 1 - TRIAL_MARGIN for r in self.ratios[side]] for side in self.alternatives}
+        always = [side for side in self.alternatives if all(beat[side])]
+        leader = min(always, key=self.ratio, default=None)
+
+        def beats_leader(side):
+            return (
+                leader is None
+                or side == leader
+                or any(r < lead for r, lead in zip(self.ratios[side], self.ratios[leader]))
+            )
+
+        return tuple(side for side in self.alternatives if any(beat[side]) and beats_leader(side))
 
     def ratio(self, side):
         """The median turn's `side` / model."""
@@ -167,14 +192,14 @@ class RouteTrial:
 
     def shown(self, step):
         """What stats() shows of the trial: the side of this step while trying; then the one
-        kept, each side's median step seconds, each alternative's median turn ratio, the steps
-        counted, what they cost beyond the fastest side, and the sides not tried."""
+        kept, each side's median step seconds, each side's median turn ratio, the steps counted,
+        what they cost beyond the fastest side, and the sides not tried."""
         if self.winner is None:
             return {"route_trial": self.arm(step)}
         return {
             "route_trial": self.winner,
             "route_trial_seconds": {side: statistics.median(s) for side, s in self.seconds.items() if s},
-            "route_trial_ratios": {side: self.ratio(side) for side in self.alternatives if self.ratios[side]},
+            "route_trial_ratios": {side: self.ratio(side) for side, ratios in self.ratios.items() if ratios},
             "route_trial_steps": sum(len(s) for s in self.seconds.values()),
             "route_trial_extra_seconds": self.extra_seconds(),
             "route_trial_skipped": dict(self.skipped),

@@ -63,6 +63,11 @@ class Horovod:
         layout, local = found
         return layout, Horovod(local)
 
+    def host_layout(self):
+        """(hosts, ranks a host) where every rank found the hosts' process sets, else None."""
+        found = self.hosts()
+        return None if found is None else (found[0].hosts, found[0].per_host)
+
 
 class TorchDistributed:
     """Over a torch.distributed process group (None: the default group): DDP's."""
@@ -109,6 +114,9 @@ class TorchDistributed:
 
     def hosts(self):
         return None  # the hierarchical exchange runs on Horovod's process sets only
+
+    def host_layout(self):
+        return None
 
     def allgathers(self, tensor, count, name):
         outputs = [tensor.new_empty(self.size() * tensor.numel()) for _ in range(count)]

@@ -26,11 +26,9 @@ from .state import CompressorState, ParameterState
 
 
 class Compressor(Settings):
-    """The compress/decompress template every compressor shares:
-    state -> route (policy, dense fallback, exchange) -> pack -> count the step -> exchange ->
-    account. Hooks: ``pack(tensor, state, density) -> Packed`` (required) and
-    ``dense_payload(tensor, state)`` (what a tensor routed dense sends; default: itself).
-
+    """The compress/decompress template every compressor shares: state -> route (policy, dense
+    fallback, exchange) -> pack -> count the step -> exchange -> account. Hooks: ``pack(tensor,
+    state, density) -> Packed`` (required), ``dense_payload(tensor, state)`` (default: itself).
     Every compressor takes the per-layer policy ``min_numel``, ``dense_1d``, ``dense``
     (sparsecomm.core.plan.Policy), ``named_parameters`` (the model's, to key the state),
     ``process_set`` (the optimizer's; default all ranks) and ``loss_scaler`` (mixed precision:
@@ -124,8 +122,7 @@ class Compressor(Settings):
         return self.collectives.allgather_ints(ints, name)
 
     def _host_layout(self):
-        found = self.collectives.hosts()
-        return None if found is None else (found[0].hosts, found[0].per_host)
+        return self.collectives.host_layout()
 
     def _mean_over_ranks(self, values, name):
         return self.collectives.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}")
@@ -145,18 +142,15 @@ class Compressor(Settings):
     # -- checkpoints, elastic Horovod (sparsecomm.torch.elastic) and stats -----------------------
 
     def state_dict(self) -> dict:
-        """This rank's compressor state, for checkpoints (each rank saves its own): per parameter
-        the step, residual, momentum and the loss scale they are in. With a loss_scaler, call it
-        after ``scaler.update()`` (save its state_dict too): a pending rescale is settled first."""
+        """This rank's state for checkpoints (each rank its own): per parameter the step, residual,
+        momentum and their loss scale (with a loss_scaler: call it after ``scaler.update()``)."""
         if self.loss_scaling is not None:
             self.loss_scaling.settle(self.state.parameters.values())
         return dict(self.state.state_dict(), **self.planner.saved_decision())
 
     def load_state_dict(self, state: dict) -> None:
-        """Restores a state_dict() so training continues exactly as if it had not stopped.
-        Collective when called after the first step: the next compress compares the steps with
-        the other ranks' and raises where they differ, so load on every rank (each its own).
-        exchange="auto" keeps the routes it decided where the world has the same shape."""
+        """Restores a state_dict() as if training had not stopped (auto's routes too, on a world of
+        the same shape). Load on every rank, each its own: the next compress compares the ranks."""
         self.state.load_state_dict(state)
         self.planner.keep_decision(state)
         self._check_state_again()

@@ -198,12 +198,13 @@ def _warmed(planner):
     return float(COUNTED_FROM - 1)
 
 
-def _trial_round(planner, ended, seconds):
-    """A round of the trial, each step ending `seconds[side][i]` after the previous one (i: the
-    turn): checks the turns and the routes of each side, and returns when the last ended."""
-    for i in range(len(SIDES) * trial.TRIAL_TURNS):
-        side = SIDES[i % len(SIDES)]
-        ended += seconds[side][i // len(SIDES)]
+def _trial_round(planner, ended, seconds, sides=SIDES):
+    """A round of the trial over `sides`, each step ending `seconds[side][i]` after the previous
+    one (i: the turn): checks the turns and the routes of each side, and returns when the last
+    ended."""
+    for i in range(len(sides) * trial.TRIAL_TURNS):
+        side = sides[i % len(sides)]
+        ended += seconds[side][i // len(sides)]
         assert _step(planner, EARLY_AND_LATE, ended) == ROUTES[side]
         assert (
             planner.auto.trial.arm(planner.auto.steps.step) == side and planner.choices["early"]["route_trial"] == side
@@ -247,7 +248,8 @@ def test_the_route_trial_keeps_the_side_faster_in_every_turn_after_one_round(fas
 @pytest.mark.parametrize("agreeing, kept", [(0.90, ALL_ALLGATHER), (1.05, trial.MODEL)])
 def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides(agreeing, kept):
     """Turns that disagree (all allgather 10% faster in some, 5% slower in others; all SparDL
-    and all dense always 20% slower): the trial goes on, still taking turns, round after round.
+    and all dense always 20% slower): the trial goes on, round after round, with all allgather
+    alone against the model after the first (the others lost every turn: they cannot be kept).
     The second round's turns all agree (all allgather's ratio `agreeing`), but the first round's
     do not, so it goes on; after TRIAL_ROUNDS rounds the median turn decides: 8 of the 12
     ratios are `agreeing`."""
@@ -258,14 +260,42 @@ def test_a_close_route_trial_goes_on_for_its_rounds_then_the_median_pair_decides
     rounds = [mixed, dict(slow, **{ALL_ALLGATHER: [agreeing] * 4}), mixed]
     assert len(rounds) == trial.TRIAL_ROUNDS
     for i, seconds in enumerate(rounds):
-        ended = _trial_round(planner, ended, seconds)
+        sides = SIDES if i == 0 else (trial.MODEL, ALL_ALLGATHER)
+        assert planner.auto.trial.sides == sides
+        ended = _trial_round(planner, ended, seconds, sides)
         planner.auto.add_trial_round(planner.auto.trial.round_seconds(planner.auto.steps))
         assert planner.auto.trial.rounds == i + 1
         assert (planner.auto.trial.winner is None) == (i + 1 < trial.TRIAL_ROUNDS)
     assert planner.auto.trial.winner == kept and planner.auto.trial.ratio(ALL_ALLGATHER) == pytest.approx(agreeing)
     routes = {name: planner.route(name, numel, 2, 4, 0.001, 2) for name, numel in EARLY_AND_LATE.items()}
     assert routes == ROUTES[kept]
-    assert planner.choices["early"]["route_trial_steps"] == len(SIDES) * trial.TRIAL_TURNS * trial.TRIAL_ROUNDS
+    shown = planner.choices["early"]
+    assert shown["route_trial_steps"] == (len(SIDES) + 2 * 2) * trial.TRIAL_TURNS
+    assert shown["route_trial_ratios"][ALL_SPARDL] == pytest.approx(1.2)  # from its one round
+
+
+@pytest.mark.parametrize(
+    "ratios, left",
+    [
+        ({"a": [0.8] * 4, "b": [0.9] * 4, "c": [0.9, 1.1, 0.9, 1.1]}, ("a",)),  # b, c slower than the leader a
+        (
+            {"a": [0.8] * 4, "b": [0.9, 0.9, 0.7, 0.9], "c": [1.0] * 4},
+            ("a", "b"),
+        ),  # b beat a once; c never beat the model
+        ({"a": [0.9, 1.1, 0.9, 1.1], "b": [1.1, 0.9, 1.1, 0.9], "c": [0.98] * 4}, ("a", "b")),  # no leader
+        ({"a": [1.0] * 4, "b": [0.97] * 4}, ()),  # not by the margin: the model's routes
+    ],
+)
+def test_after_a_round_only_the_sides_that_can_still_be_kept_go_on(ratios, left):
+    """A side goes on where it beat the model by the margin in some turn and, where a side beat
+    it in every turn (the leader, the lowest median of those), beat the leader in some turn."""
+    tried = trial.RouteTrial(2, tuple(ratios))
+    turns = [[1.0] + [ratios[side][turn] for side in ratios] for turn in range(trial.TRIAL_TURNS)]
+    tried.add_round([x for turn in turns for x in turn])
+    assert tried.alternatives == left and tried.sides == (trial.MODEL, *left)
+    assert set(tried.ratios) == set(ratios)  # each side's turns stay shown
+    if len(left) == 1 and all(r < 1 - trial.TRIAL_MARGIN for r in ratios[left[0]]):
+        assert tried.winner == left[0]
 
 
 @pytest.mark.parametrize(

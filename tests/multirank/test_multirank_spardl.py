@@ -203,10 +203,11 @@ def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side_and_a_r
     SparDL and dense (but the model's own way, where the measured cost of packing sends every
     tensor one way). Steps 0-1 are watched (by allgather), step 2 measures (the model's routes),
     step 3 is all SparDL's first (neither counted), then the steps take turns (the model's routes,
-    then each of those), in rounds of trial.TRIAL_TURNS turns, until the trial decides (after 1
-    to trial.TRIAL_ROUNDS rounds); from then on every rank routes alike, by the side of the
-    lowest median turn ratio of step times (averaged over the ranks) where it is below
-    1 - trial.TRIAL_MARGIN, else by the model (the same seconds and ratios on every rank).
+    then each of those still in contention), in rounds of trial.TRIAL_TURNS turns, until the
+    trial decides (after 1 to trial.TRIAL_ROUNDS rounds); from then on every rank routes alike,
+    by the side of the last round of the lowest median turn ratio of step times (averaged over
+    the ranks) where it is below 1 - trial.TRIAL_MARGIN, else by the model (the same seconds and
+    ratios on every rank).
     A job restarted from a checkpoint routes as decided from its first step: it neither watches,
     measures nor tries again."""
     out = tmp_path / "trial"
@@ -224,9 +225,17 @@ def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side_and_a_r
     turn = tuple(side for side in turn if side != own)
     warming = [trial.MODEL, *(side for side in turn if side == trial.every_tensor("spardl"))]
     counted = decided_at - plan.OBSERVED_STEPS - len(warming)
-    assert counted in [len(turn) * trial.TRIAL_TURNS * r for r in range(1, trial.TRIAL_ROUNDS + 1)]
     sides = [first[step]["0.weight"]["route_trial"] for step in range(2, decided_at)]
-    assert sides == warming + list(turn) * (counted // len(turn))
+    assert sides[: len(warming)] == warming
+    rest, rounds = sides[len(warming) :], [turn]
+    while rest:  # rounds of TRIAL_TURNS turns, each round's sides among the previous round's
+        in_round = list(rounds[-1])
+        assert rest[: len(in_round) * trial.TRIAL_TURNS] == in_round * trial.TRIAL_TURNS
+        rest = rest[len(in_round) * trial.TRIAL_TURNS :]
+        following = rest[: rest.index(trial.MODEL, 1)] if trial.MODEL in rest[1:] else rest
+        assert set(following) <= set(in_round)
+        rounds.append(tuple(following) if rest else None)
+    assert len(rounds) - 1 <= trial.TRIAL_ROUNDS
     for step, side in zip(range(2, decided_at), sides):
         routes = {choice["exchange"] for choice in first[step].values()}
         assert first[step]["0.weight"]["exchange"] == ("dense" if side == trial.MODEL else trial.route_of(side))
@@ -235,7 +244,7 @@ def test_the_route_trial_takes_turns_then_every_rank_keeps_the_same_side_and_a_r
     seconds, ratios = decided["route_trial_seconds"], decided["route_trial_ratios"]
     assert set(seconds) == set(turn) and all(s > 0 for s in seconds.values()) and set(ratios) == set(turn[1:])
     assert decided["route_trial_steps"] == counted and decided["route_trial_extra_seconds"] >= 0
-    beating = [side for side in turn[1:] if ratios[side] < 1 - trial.TRIAL_MARGIN]
+    beating = [side for side in rounds[-2][1:] if ratios[side] < 1 - trial.TRIAL_MARGIN]  # the last round's
     winner = min(beating, key=ratios.get, default=trial.MODEL)
     assert decided["route_trial"] == winner
     assert decided["exchange"] == ("dense" if winner == trial.MODEL else trial.route_of(winner))

@@ -119,6 +119,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
             "--e2e-methods",
             *rows,
             "--host-layouts",  # none: the hosts' cells run the comm model on 4 and 6 ranks
+            "--trial-layouts",  # none: the first steps' cells run the comm model for 100 steps a row
             "--warmup",
             "1",
             "--steps",
@@ -158,6 +159,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     hooked = e2e["DDP + DGC 0.1%"]  # our compressor as DDP's hook: its stats() over the timed steps
     assert hooked["way"] == "ddp" and hooked["horovod_twin"] == "DGC 0.1% allgather"
     assert "allgather" in hooked["exchanges"] and 0 < hooked["received_bytes"] < e2e["dense"]["received_bytes"] / 5
+    assert results["trial"] == [] and "First steps of exchange=auto" not in md.read_text()
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
     for r in results["convergence"]:  # each trained once per seed: the mean, and every seed's final
         assert r["seeds"] == [0, 1] and len(r["finals"]) == 2 and all(0 <= f <= 1 for f in r["finals"])
@@ -374,6 +376,8 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
         "3",
         "--group-size",
         "3",
+        "--first-steps",
+        "2",
         "--methods",
         "floor",
         "dense",
@@ -394,6 +398,11 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
     # our rows' host time in compress a step: a part of the step; Horovod's rows have no such counter
     assert all(0 < by[m]["compress_ms"] < by[m]["step_ms"] for m in ("DGC 0.1% spardl", "TopK 1%"))
     assert "compress_ms" not in by["dense"] and "compress_ms" not in by["floor"]
+    # --first-steps 2: the rows with an exchange keep their first 2 (warm-up) steps; too few for a mean
+    for method in ("DGC 0.1% spardl", "TopK 1%"):
+        assert len(by[method]["first_steps_ms"]) == 2 and all(t > 0 for t in by[method]["first_steps_ms"])
+        assert by[method]["first_steps_mean_ms"] == {}
+    assert not any("first_steps_ms" in by[m] for m in ("floor", "dense"))
     e2e.add_ratios(records)
     topk, floor = by["TopK 1%"], by["floor"]["step_times_ms"][3:]
     assert topk["vs_floor"] == statistics.median(m / t for m, t in zip(topk["step_times_ms"], floor))
@@ -1159,3 +1168,133 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
     assert results["convergence_from"] == source
     text = md.read_text()
     assert "| dense | 50.0% " in text and "| TopK 1% | " in text and "5.300" in text
+
+
+def test_the_mean_of_the_first_steps_is_kept_for_each_count_they_reach():
+    from sparsecomm.bench import first_steps
+
+    times = [float(t) for t in range(1, 121)]  # 1 ms, 2 ms, ...
+    assert first_steps.means(times) == {"30": 15.5, "100": 50.5}
+    assert first_steps.means(times[:30]) == {"30": 15.5}  # N = 30: no mean of 100
+    assert first_steps.means(times[:29]) == {} and first_steps.means([]) == {}
+    assert first_steps.first_mean({"first_steps_mean_ms": {"30": 15.5}}) == 15.5
+    assert first_steps.first_mean({"first_steps_mean_ms": {"30": 15.5}}, 100) is None
+    assert first_steps.first_mean({"step_ms": 3.0}) is None  # a row that kept none
+
+
+def _first(method, first_30, first_100=None, step_ms=90.0, ranks=2, per_host=1):
+    """A `bench trial` record of the comm model at 1 Gbit/s."""
+    mean = {"30": first_30} if first_30 is not None else {}
+    if first_100 is not None:
+        mean["100"] = first_100
+    return dict(
+        model="comm",
+        ranks=ranks,
+        ranks_per_host=per_host,
+        network="1gbit",
+        network_model="per-host" if per_host == 1 else f"per-host, hosts of {per_host}",
+        method=method,
+        step_ms=step_ms,
+        first_steps_mean_ms=mean,
+    )
+
+
+def test_auto_s_first_steps_are_set_against_the_fastest_fixed_exchange_of_its_cell():
+    from sparsecomm.bench import first_steps
+
+    cell = first_steps.against_fastest(
+        [
+            _first("DGC 0.1% auto", 115.0),  # faster than every fixed row: not their yardstick
+            _first("DGC 0.1% allgather", 120.0),
+            _first("DGC 0.1% spardl", 100.0),
+            _first("DGC 0.1% hierarchical", None),  # kept fewer than 30 steps
+        ]
+    )
+    assert [r[first_steps.RATIO] for r in cell] == [1.15, 1.2, 1.0, None]
+    assert first_steps.RATIO == "first_30_vs_fastest_fixed"
+    alone = first_steps.against_fastest([_first("DGC 0.1% auto", 115.0)])  # no fixed row: no ratio
+    assert alone[0][first_steps.RATIO] is None
+    assert first_steps.rows(1) == ("DGC 0.1% auto", "DGC 0.1% allgather", "DGC 0.1% spardl")
+    assert first_steps.rows(2) == first_steps.rows(1) + ("DGC 0.1% hierarchical",)
+
+
+def test_first_steps_tables_print_a_cell_each_and_the_page_a_short_section():
+    from sparsecomm.bench import first_steps, report
+
+    flat = first_steps.against_fastest([_first("DGC 0.1% auto", 230.0, 120.5), _first("DGC 0.1% spardl", 100.0)])
+    hosts = first_steps.against_fastest(
+        [_first("DGC 0.1% auto", 99.0, ranks=4, per_host=2), _first("DGC 0.1% hierarchical", 90.0, ranks=4, per_host=2)]
+    )
+    text = first_steps.table(flat + hosts)
+    blocks = text.split("\n\n")
+    assert [b.splitlines()[0] for b in blocks] == [
+        "comm model, 2 ranks, 1gbit (per-host)",
+        "comm model, 2x2 ranks, 1gbit (per-host)",
+    ]
+    header = blocks[0].splitlines()[1]
+    assert header.split() == "row first 30 ms first 100 ms steady ms first 30 vs fastest fixed".split()
+    assert blocks[0].splitlines()[3].split() == ["DGC", "0.1%", "auto", "230.0", "120.5", "90.0", "2.30x"]
+    assert blocks[1].splitlines()[4].split() == ["DGC", "0.1%", "hierarchical", "90.0", "-", "90.0", "1.00x"]
+    section = report._first_steps_block(flat + hosts)
+    assert section.startswith("## First steps of exchange=auto\n") and report._first_steps_block([]) == ""
+    table = [line for line in section.splitlines() if line.startswith("|")]
+    assert len(report.FIRST_STEPS_HEADER) <= 8 and len(table) == 2 + 4
+    assert table[2] == "| 2 | 1gbit | DGC 0.1% auto | 230.0 | 120.5 | 90.0 | 2.30x |"
+    assert table[5] == "| 2x2 | 1gbit | DGC 0.1% hierarchical | 90.0 | - | 90.0 | 1.00x |"
+
+
+@pytest.mark.parametrize(
+    "text, layout",
+    [("2", (2, 1)), ("4", (4, 1)), ("2x2", (4, 2)), ("3x2", (6, 2)), ("1", None), ("2x1", None), ("x", None)],
+)
+def test_a_trial_layout_is_ranks_or_hosts_of_several_ranks(text, layout):
+    import argparse
+
+    from sparsecomm.bench import first_steps
+
+    if layout is None:
+        with pytest.raises(argparse.ArgumentTypeError, match="a layout should be N"):
+            first_steps.layout(text)
+    else:
+        assert first_steps.layout(text) == layout
+
+
+def test_bench_trial_and_all_take_the_first_steps_options():
+    from sparsecomm.bench.__main__ import _parser
+
+    args = _parser().parse_args(["trial"])
+    assert (args.layouts, args.first_steps, args.out, args.steps) == ([(2, 1), (4, 2)], 100, "results", None)
+    args = _parser().parse_args(["trial", "--layouts", "2x2", "--first-steps", "30", "--out", "/tmp/t"])
+    assert (args.layouts, args.first_steps, args.out) == ([(4, 2)], 30, "/tmp/t")
+    args = _parser().parse_args(["all", "--trial-layouts"])  # none: `bench all` runs no trial cell
+    assert args.layouts == [] and args.first_steps == 100
+    assert _parser().parse_args(["all"]).layouts == [(2, 1), (4, 2)]
+
+
+def test_a_row_with_an_exchange_warms_up_its_first_steps_and_auto_its_trial():
+    from types import SimpleNamespace
+
+    from sparsecomm.bench.e2e_worker import SETTLING_STEPS, warmups
+
+    auto, fixed = SimpleNamespace(exchange="auto"), SimpleNamespace(exchange="spardl")
+    assert warmups(fixed, 3, 0) == (3, 0) and warmups(fixed, 3, 100) == (100, 100)
+    assert warmups(auto, 3, 0) == (max(3, SETTLING_STEPS), 0)
+    assert warmups(auto, 3, 100) == (max(100, SETTLING_STEPS), 100)
+    assert warmups(SimpleNamespace(exchange=None), 3, 100) == (3, 0)  # RandomBlock's shared allreduce
+    assert warmups(object(), 3, 100) == (3, 0)  # Horovod's compression: no exchange
+
+
+def test_first_steps_of_several_launches_are_averaged_step_by_step_in_rotated_order():
+    from sparsecomm.bench import first_steps
+
+    assert first_steps.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert first_steps.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]  # every row leads a launch in turn
+    launches = [
+        [dict(_first("DGC 0.1% auto", 0.0), first_steps_ms=[300.0] + [100.0] * 29, step_ms=90.0)],
+        [dict(_first("DGC 0.1% auto", 0.0), first_steps_ms=[100.0] * 30, step_ms=110.0)],
+        [dict(_first("DGC 0.1% auto", 0.0), first_steps_ms=[200.0] * 30, step_ms=100.0)],
+    ]
+    (row,) = first_steps.merged(launches)
+    assert row["first_steps_ms"][:2] == [200.0, 400.0 / 3] and row["launches"] == 3
+    assert row["first_steps_mean_ms"] == {"30": pytest.approx((200 + 29 * 400 / 3) / 30)}
+    assert row["step_ms"] == 100.0  # the median launch's steady step
