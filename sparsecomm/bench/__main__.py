@@ -253,7 +253,7 @@ def _trial_options(p, flag):
         "--launches",
         type=int,
         default=3,
-        help="launches a cell, each starting with another row; their first steps averaged (default: 3)",
+        help="launches a cell, each with the rows in another order; their first steps averaged (default: 3)",
     )
     if flag == "--layouts":  # `bench trial` alone; `bench all` has e2e's
         p.add_argument("--network-model", choices=list(network.MODELS), help="as e2e's (default: per-host if it can)")

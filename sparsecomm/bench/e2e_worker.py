@@ -369,6 +369,7 @@ def route_trial(stats):
             "step_ms": {side: 1000 * seconds for side, seconds in trial["route_trial_seconds"].items()},
             "ratios": trial["route_trial_ratios"],
             "steps": trial["route_trial_steps"],
+            "predicted": trial.get("route_trial_predicted", {}),
         }
     }
 

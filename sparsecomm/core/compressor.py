@@ -87,8 +87,8 @@ class Settings(abc.ABC):
         over the ranks): measured here (once, collectively) when `measure`; a predicate
         (measure=False) starts nothing and routes as on one rank (the policy and the dense
         fallback only). While the planner watches the backward (an adapter that times Horovod's
-        hooks), nothing is measured yet: auto sends dense, and measures at the first compress
-        after the watched steps. A kept decision (a restart of the same shape) replaces all that."""
+        hooks), nothing is measured yet: auto routes by plan.watch_route, and measures at the
+        first compress after the watched steps. A kept decision (a restart of the same shape) replaces all that."""
         planner, auto = self.planner, self.planner.auto
         if measure and planner.needs_network(ranks) and auto.kept is not None:
             planner.adopt_kept_decision(ranks, self._host_layout)

@@ -426,7 +426,7 @@ class RouteCosts:
         return exposed
 
     def trial_sides(self, shapes, windows, hidden, watched_step):
-        """(alternatives, warming, skipped) of a RouteTrial: every tensor by each route, sparse
+        """(alternatives, warming, predicted ratios) of a RouteTrial: every tensor by each route, sparse
         first, but the model's own where it sends every watched tensor one way (a mix can be
         slower than any of them), and only the sides that could win (trial.sides_to_try). With
         no watched tensor for auto: all dense, warmed by the model's routes. `hidden`: the

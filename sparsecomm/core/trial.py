@@ -49,16 +49,17 @@ ALL_WATCHED = every_tensor(WATCH_ROUTE)  # warmed by the watch
 
 
 def sides_to_try(candidates, predicted):
-    """(alternatives, warming, skipped) of a RouteTrial among `candidates` (every_tensor sides):
+    """(alternatives, warming, ratios) of a RouteTrial among `candidates` (every_tensor sides):
     those whose predicted step (`predicted`: side -> seconds, MODEL and every candidate; None
     where the model's figures are not to be trusted) is within PRUNE_MARGIN of the fastest
     side's; one uncounted step by the model's routes, then one by each tried sparse side that
-    has not run yet (the watch ran ALL_WATCHED); skipped: each untried side's predicted ratio."""
+    has not run yet (the watch ran ALL_WATCHED); ratios: each side's predicted step over the
+    fastest one's ({} without predictions)."""
     best = min(predicted.values()) if predicted else None
-    tried = [side for side in candidates if best is None or predicted[side] <= PRUNE_MARGIN * best]
-    skipped = {side: predicted[side] / best for side in candidates if side not in tried}
+    ratios = {side: seconds / best for side, seconds in predicted.items()} if predicted else {}
+    tried = [side for side in candidates if best is None or ratios[side] <= PRUNE_MARGIN]
     warming = (MODEL, *(side for side in tried if side not in (ALL_DENSE, ALL_WATCHED)))
-    return tuple(tried), warming, skipped
+    return tuple(tried), warming, ratios
 
 
 class StepClock:
@@ -96,9 +97,9 @@ class RouteTrial:
     alternative still in contention), each timed by the StepClock, in rounds of TRIAL_TURNS
     turns. With no alternative it is decided at once: the model's routes."""
 
-    def __init__(self, first, alternatives, warming=(MODEL,), skipped=None):
+    def __init__(self, first, alternatives, warming=(MODEL,), predicted=None):
         self.first, self.alternatives, self.warming = first, tuple(alternatives), tuple(warming)
-        self.skipped = dict(skipped or {})  # side -> its predicted step over the best side's: not tried
+        self.predicted = dict(predicted or {})  # side -> its predicted step over the fastest side's
         self.counted_from = first + len(self.warming)
         self.round_start = self.counted_from  # the first step of the round under way
         self.winner = None if self.alternatives else MODEL  # MODEL or an alternative, once decided
@@ -111,6 +112,11 @@ class RouteTrial:
         trial = cls(0, ())
         trial.winner = winner
         return trial
+
+    @property
+    def skipped(self):
+        """Each side predicted but not tried, with its predicted ratio."""
+        return {side: r for side, r in self.predicted.items() if side != MODEL and side not in self.ratios}
 
     @property
     def sides(self):
@@ -193,7 +199,8 @@ class RouteTrial:
     def shown(self, step):
         """What stats() shows of the trial: the side of this step while trying; then the one
         kept, each side's median step seconds, each side's median turn ratio, the steps counted,
-        what they cost beyond the fastest side, and the sides not tried."""
+        what they cost beyond the fastest side, the sides not tried and each side's predicted
+        step over the fastest prediction."""
         if self.winner is None:
             return {"route_trial": self.arm(step)}
         return {
@@ -202,5 +209,6 @@ class RouteTrial:
             "route_trial_ratios": {side: self.ratio(side) for side, ratios in self.ratios.items() if ratios},
             "route_trial_steps": sum(len(s) for s in self.seconds.values()),
             "route_trial_extra_seconds": self.extra_seconds(),
-            "route_trial_skipped": dict(self.skipped),
+            "route_trial_skipped": self.skipped,
+            "route_trial_predicted": dict(self.predicted),
         }

@@ -321,6 +321,7 @@ def test_the_alternative_must_beat_the_model_by_the_trial_margin(model, alternat
         # the slower side's steps cost their difference each: what the trial paid beyond the faster
         "route_trial_extra_seconds": pytest.approx(trial.TRIAL_TURNS * abs(model - alternative)),
         "route_trial_skipped": {},
+        "route_trial_predicted": {},
     }
 
 
@@ -429,8 +430,11 @@ def test_a_side_is_tried_only_within_the_prune_margin_of_the_fastest_prediction(
     """PRUNE_MARGIN (2x) of the fastest predicted side, the model's own included; the warm-up
     steps: the model's routes, then each tried sparse side but the watched one (allgather)."""
     candidates = ["all spardl", "all dense"]
-    alternatives, warming, shown = trial.sides_to_try(candidates, predicted)
-    assert alternatives == tried and shown == pytest.approx(skipped)
+    alternatives, warming, ratios = trial.sides_to_try(candidates, predicted)
+    best = min(predicted.values()) if predicted else None
+    assert ratios == ({side: seconds / best for side, seconds in predicted.items()} if predicted else {})
+    assert alternatives == tried
+    assert trial.RouteTrial(2, alternatives, warming, ratios).skipped == pytest.approx(skipped)
     assert warming == (trial.MODEL, *(s for s in tried if s == "all spardl"))
     assert trial.sides_to_try([ALL_ALLGATHER], {trial.MODEL: 1.0, ALL_ALLGATHER: 1.0})[1] == (trial.MODEL,)
 
@@ -455,6 +459,8 @@ def test_the_trial_skips_all_dense_where_the_model_predicts_it_hopeless(watched_
     tried = planner.auto.trial
     assert tried.alternatives == ((ALL_SPARDL, trial.ALL_DENSE) if dense_tried else (ALL_SPARDL,))
     assert tried.warming == (trial.MODEL, ALL_SPARDL)
+    predicted = {trial.MODEL, ALL_SPARDL, trial.ALL_DENSE} if watched_step > 0.01 else set()
+    assert set(tried.predicted) == predicted and min(tried.predicted.values(), default=1.0) == 1.0
     if not dense_tried:
         added = {route: 2 * seconds for route, seconds in _exposed(10**6).items()}
         base = watched_step - added["allgather"]
@@ -477,6 +483,7 @@ def test_a_trial_with_no_side_that_could_win_is_decided_at_once():
     shown = planner.choices["early"]
     assert shown["route_trial"] == trial.MODEL and shown["route_trial_steps"] == 0
     assert list(shown["route_trial_skipped"]) == [trial.ALL_DENSE] and shown["route_trial_extra_seconds"] == 0.0
+    assert shown["route_trial_predicted"][trial.MODEL] == 1.0  # the model's routes: the fastest prediction
 
 
 def _decided(planner, windows, shapes, hosts=None, ranks=2):
