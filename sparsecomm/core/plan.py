@@ -25,6 +25,8 @@ from . import cost, validate
 from .selection import selected_count
 from .trial import (
     ALL_DENSE,
+    ALL_WATCHED,
+    MIX_MARGIN,
     MODEL,
     TRIAL_STEPS,
     WATCH_ROUTE,
@@ -426,18 +428,29 @@ class RouteCosts:
         return exposed
 
     def trial_sides(self, shapes, windows, hidden, watched_step):
-        """(alternatives, warming, predicted ratios) of a RouteTrial: every tensor by each route, sparse
-        first, but the model's own where it sends every watched tensor one way (a mix can be
-        slower than any of them), and only the sides that could win (trial.sides_to_try). With
-        no watched tensor for auto: all dense, warmed by the model's routes. `hidden`: the
-        model's hidden seconds; `watched_step`: the last watched step's seconds."""
+        """(alternatives, warming, predicted ratios[, the model's side's route]) of a RouteTrial:
+        every tensor by each route, sparse first, but the model's own where it sends every
+        watched tensor one way, and only the sides that could win (trial.sides_to_try). A mix not
+        predicted MIX_MARGIN faster than the watch's route runs as that route (a mix can be
+        slower than any of them). With no watched tensor for auto: all dense, warmed by the
+        model's routes. `hidden`: the model's hidden seconds; `watched_step`: the watched step's."""
         chosen = {self.route(shape, MODEL, hidden.get(name, 0.0)) for name, shape in shapes.items() if shape[3]}
         if not chosen:
             return (ALL_DENSE,), (MODEL,), {}
         own = every_tensor(chosen.pop()) if len(chosen) == 1 else None
         sparse = [every_tensor(route) for route in self.routes if route != "dense"]
         candidates = [side for side in (*sparse, ALL_DENSE) if side != own]
-        return sides_to_try(candidates, self.predicted_steps((MODEL, *candidates), shapes, windows, watched_step))
+        predicted = self.predicted_steps((MODEL, *candidates), shapes, windows, watched_step)
+        if (
+            own is None
+            and predicted
+            and ALL_WATCHED in predicted
+            and predicted[ALL_WATCHED] <= (1 + MIX_MARGIN) * predicted[MODEL]
+        ):
+            candidates.remove(ALL_WATCHED)  # the mix is not predicted enough faster: the model's side routes so
+            predicted[MODEL] = predicted.pop(ALL_WATCHED)
+            return (*sides_to_try(candidates, predicted), WATCH_ROUTE)
+        return sides_to_try(candidates, predicted)
 
     def predicted_steps(self, sides, shapes, windows, watched_step):
         """side -> the step the model predicts for it: the watched step, less what the model

@@ -32,6 +32,11 @@ TRIAL_MARGIN = 0.03
 # worst miss in the bench's trials put its own routes at 1.55x the best side's step where it
 # predicted them fastest (docs/exchanges.md): 2x leaves room for a miss of that size.
 PRUNE_MARGIN = 2.0
+# The model's routes, where they mix routes, run as the watch's route (every tensor by
+# WATCH_ROUTE) unless the model predicts the mix at least MIX_MARGIN faster: in the bench's
+# trials a mix never beat a route alone (1.24x, 1.33x and 1.55x the best side), and on 2 x 2
+# hosts the model put every sparse side within 0.5% of its mix.
+MIX_MARGIN = 0.10
 
 
 def every_tensor(route):
@@ -97,12 +102,13 @@ class RouteTrial:
     alternative still in contention), each timed by the StepClock, in rounds of TRIAL_TURNS
     turns. With no alternative it is decided at once: the model's routes."""
 
-    def __init__(self, first, alternatives, warming=(MODEL,), predicted=None):
+    def __init__(self, first, alternatives, warming=(MODEL,), predicted=None, model_route=None):
         self.first, self.alternatives, self.warming = first, tuple(alternatives), tuple(warming)
         self.predicted = dict(predicted or {})  # side -> its predicted step over the fastest side's
+        self.model_route = model_route  # where the model's side sends every tensor one way (MIX_MARGIN)
         self.counted_from = first + len(self.warming)
         self.round_start = self.counted_from  # the first step of the round under way
-        self.winner = None if self.alternatives else MODEL  # MODEL or an alternative, once decided
+        self.winner = None if self.alternatives else self._as_routed(MODEL)  # once decided
         self.seconds = {side: [] for side in self.sides}  # each counted step's seconds, averaged over the ranks
         self.ratios = {side: [] for side in self.alternatives}  # each turn's alternative / model, every side tried
 
@@ -136,8 +142,12 @@ class RouteTrial:
         if self.winner is not None:
             return self.winner
         if step < self.counted_from:
-            return self.warming[step - self.first]
-        return self.sides[(step - self.round_start) % len(self.sides)]
+            return self._as_routed(self.warming[step - self.first])
+        return self._as_routed(self.sides[(step - self.round_start) % len(self.sides)])
+
+    def _as_routed(self, side):
+        """The model's side as it routes: every tensor by model_route where it has one."""
+        return every_tensor(self.model_route) if side == MODEL and self.model_route else side
 
     def round_ended(self, clock):
         """Whether the round under way has ended (checked at every compress: true first at the
@@ -166,7 +176,7 @@ class RouteTrial:
         agreed = all(len({r < 1 - TRIAL_MARGIN for r in self.ratios[side]}) == 1 for side in self.alternatives)
         if agreed or self.rounds == TRIAL_ROUNDS:
             beating = [side for side in self.alternatives if self.ratio(side) < 1 - TRIAL_MARGIN]
-            self.winner = min(beating, key=self.ratio, default=MODEL)
+            self.winner = self._as_routed(min(beating, key=self.ratio, default=MODEL))
 
     def contenders(self):
         """The alternatives that can still be kept: each beat the model by the margin in some
