@@ -67,7 +67,7 @@ format: $(VENV)/.stamp-deps
 	$(VENV)/bin/clang-format -i $(CXX_SOURCES)
 
 demo: build
-	$(PY) -m sparsecomm.demo
+	$(PY) -m benchmarks.demo
 
 # On a GPU machine: op tests on cuda, kernels vs torch.topk and memcpy, NCCL training on 2 ranks.
 check: build
@@ -76,7 +76,7 @@ check: build
 # Shaping the network needs root (ip netns, tc); without it the end-to-end part runs on plain
 # loopback and says so.
 bench: build
-	$(PY) -m sparsecomm.bench all --out docs/results --results-md docs/results.md
+	$(PY) -m benchmarks all --out docs/results --results-md docs/results.md
 
 clean:
 	rm -rf build *.egg-info sparsecomm/*.so sparsecomm/*/*.so $(VENV)/.stamp-build

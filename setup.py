@@ -317,7 +317,6 @@ setup(
     extras_require={
         "torch": ["torch>=2.1"],
         "tensorflow": ["tensorflow>=2.16", "tf-keras"],
-        "bench": ["matplotlib>=3.8,<4", "tqdm>=4.66,<5", "scikit-learn>=1.5,<2"],
         "test": ["pytest>=8,<10", "scikit-learn>=1.5,<2", "mpi4py>=3"],
     },
     # Placeholders: BuildExt.run decides what to build. They make the wheel platform-specific.

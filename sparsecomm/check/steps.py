@@ -113,7 +113,7 @@ def packaged_self_test(device, timeout):
 
 
 def kernel_bench(env, device, quick):
-    """`python -m sparsecomm.bench kernels` on `device`: every kernel against memcpy and
+    """`python -m sparsecomm.check.kernels` on `device`: every kernel against memcpy and
     torch.topk measured in the same run. Timings are reported, not judged."""
     blocked = environment.blocker(env, device)
     if blocked:
@@ -128,8 +128,7 @@ def kernel_bench(env, device, quick):
             [
                 sys.executable,
                 "-m",
-                "sparsecomm.bench",
-                "kernels",
+                "sparsecomm.check.kernels",
                 "--device",
                 device,
                 "--sizes",
@@ -150,7 +149,7 @@ def kernel_bench(env, device, quick):
             return FAIL, f"the benchmark {'timed out' if code is None else f'exited {code}'}"
         with open(path) as f:
             records = json.load(f)["records"]
-    from ..bench import kernels
+    from . import kernels
 
     print(kernels.table(records), flush=True)
     measured = {(r["numel"], r["density"], r["op"]) for r in records if 0 < r["median_ms"] < math.inf}

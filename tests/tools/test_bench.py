@@ -1,4 +1,4 @@
-"""`python -m sparsecomm.bench` runs and writes records with the fields the results pages rely on
+"""`python -m benchmarks` runs and writes records with the fields the results pages rely on
 (timings are never asserted: they are measured, not tested); the per-host network model builds,
 runs and cleans up after itself."""
 
@@ -13,7 +13,15 @@ import time
 import pytest
 from paths import ROOT, WORKERS
 
-from sparsecomm.bench.e2e import ratio_text
+from benchmarks.e2e import ratio_text
+
+
+@pytest.fixture(autouse=True)
+def benchmarks_importable(monkeypatch):
+    """benchmarks/ is the checkout's, not installed: the processes these tests start import it
+    from wherever they run (a temporary folder, horovodrun's ranks)."""
+    path = os.environ.get("PYTHONPATH")
+    monkeypatch.setenv("PYTHONPATH", ROOT + (os.pathsep + path if path else ""))
 
 
 def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
@@ -22,7 +30,7 @@ def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
         [
             sys.executable,
             "-m",
-            "sparsecomm.bench",
+            "benchmarks",
             "kernels",
             "--sizes",
             "20000",
@@ -60,7 +68,7 @@ def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path
     # A GPU machine's stock image has torch and no Horovod: the kernels are what it can time.
     def bench(*args):
         hide = "import runpy, sys; sys.modules['horovod'] = None; sys.argv[0] = 'bench'; "
-        code = hide + "runpy.run_module('sparsecomm.bench', run_name='__main__')"
+        code = hide + "runpy.run_module('benchmarks', run_name='__main__')"
         return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
 
     out = tmp_path / "bench.json"
@@ -77,7 +85,7 @@ def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path
 def test_a_host_layout_needs_two_hosts_of_two_ranks_or_more(layout):
     """`bench all --host-layouts` takes HxR; anything else is refused before anything runs."""
     proc = subprocess.run(
-        [sys.executable, "-m", "sparsecomm.bench", "all", "--host-layouts", layout],
+        [sys.executable, "-m", "benchmarks", "all", "--host-layouts", layout],
         capture_output=True,
         text=True,
         timeout=120,
@@ -87,7 +95,7 @@ def test_a_host_layout_needs_two_hosts_of_two_ranks_or_more(layout):
 
 
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
-    """`python -m sparsecomm.bench all` (what `make bench` runs), shrunk: kernels on 20,000
+    """`python -m benchmarks all` (what `make bench` runs), shrunk: kernels on 20,000
     elements (no model's tensors), the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the
     floor, dense, DGC, DDP dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must
     write the JSON, both figures and the results page."""
@@ -97,7 +105,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
         [
             sys.executable,
             "-m",
-            "sparsecomm.bench",
+            "benchmarks",
             "all",
             "--out",
             str(tmp_path / "out"),
@@ -201,7 +209,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
 
 
 def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path):
-    """`python -m sparsecomm.bench report`: the figures and the page again from a results.json
+    """`python -m benchmarks report`: the figures and the page again from a results.json
     (the repository's record), in the page's order, with no directory of the machine that made it."""
     root = ROOT
     out, md = tmp_path / "out", tmp_path / "results.md"
@@ -211,7 +219,7 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
     recorded["command"] += f" --convergence-from {tmp_path}/earlier/results.json --out /elsewhere/results"
     (out / "results.json").write_text(json.dumps(recorded))
     proc = subprocess.run(
-        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)],
+        [sys.executable, "-m", "benchmarks", "report", "--out", str(out), "--results-md", str(md)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -226,7 +234,7 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
     # short enough to scan: the run of record's page (399 lines here, its host cells and Horovod-or-DDP
     # table included), and each run added to it (until a full make bench records its rows) at most 45 more
     added = text.partition("### Runs added to the record")[2].partition("\n## ")[0]
-    runs = added.count("\n`python -m sparsecomm.bench e2e ")
+    runs = added.count("\n`python -m benchmarks e2e ")
     assert headings[-1] == "## How it was measured" and len(text.splitlines()) - len(added.splitlines()) < 420
     assert len(added.splitlines()) < 45 * runs + 1
     assert "--convergence-from earlier/results.json --out results" in text
@@ -235,16 +243,15 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
 
 
 def test_relative_command_names_no_directory_of_the_machine(tmp_path):
-    from sparsecomm.bench.report import relative_command
+    from benchmarks.report import relative_command
 
-    command = f"python -m sparsecomm.bench all --out {tmp_path}/docs/results --convergence-from /x/y/results.json"
+    command = f"python -m benchmarks all --out {tmp_path}/docs/results --convergence-from /x/y/results.json"
     assert (
         relative_command(command, root=str(tmp_path))
-        == "python -m sparsecomm.bench all --out docs/results --convergence-from results.json"
+        == "python -m benchmarks all --out docs/results --convergence-from results.json"
     )
     assert (
-        relative_command("python -m sparsecomm.bench all --tasks 'DGC 0.1%'")
-        == "python -m sparsecomm.bench all --tasks 'DGC 0.1%'"
+        relative_command("python -m benchmarks all --tasks 'DGC 0.1%'") == "python -m benchmarks all --tasks 'DGC 0.1%'"
     )
 
 
@@ -253,7 +260,7 @@ def test_the_charlm_corpus_names_its_files_and_hash():
     import hashlib
     import platform
 
-    from sparsecomm.bench.convergence_worker import corpus
+    from benchmarks.convergence_worker import corpus
 
     text, data = corpus(limit=50_000)
     assert text.shape == (50_000,) and 0 <= int(text.min()) and int(text.max()) < 127
@@ -272,7 +279,7 @@ def test_the_wordlm_corpus_is_gensims_wikipedia_sample_as_word_ids_by_count():
     import gensim
     from gensim.corpora.wikicorpus import extract_pages, filter_wiki, tokenize
 
-    from sparsecomm.bench.convergence_worker import WIKI_SAMPLE, WORD_VOCAB, word_corpus
+    from benchmarks.convergence_worker import WIKI_SAMPLE, WORD_VOCAB, word_corpus
 
     ids, data = word_corpus(limit=30_000)
     words = []
@@ -294,7 +301,7 @@ def test_the_wordlm_corpus_is_gensims_wikipedia_sample_as_word_ids_by_count():
 def test_a_language_model_task_evaluates_in_chunks_as_in_one_pass():
     import torch
 
-    from sparsecomm.bench.convergence_worker import LanguageModelTask, loss_of
+    from benchmarks.convergence_worker import LanguageModelTask, loss_of
 
     task = LanguageModelTask("charlm", batch=4, rank=0, size=1, seed=0)
     task.valid = task.valid[:50]
@@ -304,7 +311,7 @@ def test_a_language_model_task_evaluates_in_chunks_as_in_one_pass():
 
 
 def test_the_results_page_says_which_data_each_task_was_trained_on():
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     a, b = {"source": "corpus A", "sha256": "a" * 64}, {"source": "corpus B", "sha256": "b" * 64}
     record = lambda task, data: {"task": task, **({"data": data} if data else {})}  # noqa: E731
@@ -327,7 +334,7 @@ def test_the_results_page_says_which_data_each_task_was_trained_on():
 def test_rows_are_interleaved_in_groups_that_fit_in_memory():
     """Every row of every rank alive at once must fit in half the memory; else groups that each
     hold the floor and dense and as many other rows as fit; else one row at a time."""
-    from sparsecomm.bench import e2e
+    from benchmarks import e2e
 
     gib, rows = 2**30, ["floor", "dense", *(f"row {i}" for i in range(11))]
     assert e2e.interleaving("compute", 4, rows, 4, available=2 * gib) == (4, 0)  # 0.29M parameters a row
@@ -340,7 +347,7 @@ def test_rows_are_interleaved_in_groups_that_fit_in_memory():
 
 
 def test_groups_hold_the_baselines_beside_every_other_row():
-    from sparsecomm.bench.e2e_worker import groups
+    from benchmarks.e2e_worker import groups
 
     rows = ["floor", "dense", "a", "b", "c", "d", "e"]
     assert groups(rows, 7) == [rows]
@@ -358,7 +365,7 @@ def test_rows_timed_in_groups_are_paired_with_their_own_groups_baselines(tmp_pat
 
     from launch import horovodrun_outcome
 
-    from sparsecomm.bench import e2e, e2e_worker
+    from benchmarks import e2e, e2e_worker
 
     out = tmp_path / "records.json"
     rc, output, _ = horovodrun_outcome(
@@ -422,7 +429,7 @@ SYNCED_FLOOR_SCRIPT = """
 import os, sys, time
 import horovod.torch as hvd
 import torch
-from sparsecomm.bench.e2e_worker import Synced
+from benchmarks.e2e_worker import Synced
 hvd.init()
 marker = sys.argv[1]
 opt = Synced(torch.optim.SGD([torch.nn.Parameter(torch.ones(3))], lr=0.1))
@@ -449,7 +456,7 @@ def test_the_synced_floor_waits_for_every_rank_before_its_step(tmp_path):
 
 
 def _per_host_or_skip():
-    from sparsecomm.bench import network
+    from benchmarks import network
 
     why = network.per_host_unavailable()
     if why is not None:
@@ -473,7 +480,7 @@ def test_e2e_on_the_per_host_network_model_at_1gbit_and_cleans_up(tmp_path):
         [
             sys.executable,
             "-m",
-            "sparsecomm.bench",
+            "benchmarks",
             "e2e",
             "--network-model",
             "per-host",
@@ -518,7 +525,7 @@ def test_per_host_network_removes_its_namespaces_when_a_rank_fails():
         with network.per_host("1gbit", 2) as hosts:
             names = [hosts.bridge, *hosts.hosts]
             assert all(name in _namespaces() for name in names)
-            hosts.launch(2, "sparsecomm.bench.no_such_module", [], "[e2e]")
+            hosts.launch(2, "benchmarks.no_such_module", [], "[e2e]")
     assert not any(name in _namespaces() for name in names)
 
 
@@ -567,7 +574,7 @@ def _host_bytes(out):
     (the floor's NIC bytes a second, the rows' mean steps, the flat and hierarchical rows' NIC
     bytes less the control messages at the floor's rate)."""
     methods = ["floor", "DGC 0.1% allgather", "DGC 0.1% hierarchical"]
-    command = [sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "per-host", "--ranks", "4"]
+    command = [sys.executable, "-m", "benchmarks", "e2e", "--network-model", "per-host", "--ranks", "4"]
     command += ["--ranks-per-host", "2", "--networks", "unshaped", "--models", "comm", "--e2e-methods", *methods]
     proc = subprocess.run(
         command + ["--warmup", "1", "--steps", "4", "--json", str(out)], capture_output=True, text=True, timeout=300
@@ -587,7 +594,7 @@ def _host_bytes(out):
 
 
 def test_a_layout_of_several_ranks_per_host_needs_the_per_host_model():
-    from sparsecomm.bench import network
+    from benchmarks import network
 
     with pytest.raises(ValueError, match="ranks_per_host=2: needs the per-host model.*shared model"):
         with network.emulated("shared", None, 4, ranks_per_host=2):
@@ -597,13 +604,13 @@ def test_a_layout_of_several_ranks_per_host_needs_the_per_host_model():
             pass
     with pytest.raises(ValueError, match="ranks_per_host should be 1 to 64, got 0"):
         network.PerHostNics(2, None, ranks_per_host=0)
-    command = [sys.executable, "-m", "sparsecomm.bench", "e2e", "--network-model", "shared"]
+    command = [sys.executable, "-m", "benchmarks", "e2e", "--network-model", "shared"]
     proc = subprocess.run(command + ["--ranks", "4", "--ranks-per-host", "2"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--ranks-per-host 2: needs the per-host network model, not shared" in proc.stderr
 
 
 def test_ratios_against_dense_and_floor_of_the_same_run():
-    from sparsecomm.bench import e2e
+    from benchmarks import e2e
 
     records = [
         {"method": "floor", "step_ms": 50.0},
@@ -626,7 +633,7 @@ def test_rows_timed_in_turns_are_compared_step_by_step():
     Here X is 10% slower than dense in 2 of 3 turns while the machine drifts 3x between turns:
     the paired ratio says 1.1x; the ratio of medians (what rows timed one at a time get) would
     say 0.75x, the drift's doing."""
-    from sparsecomm.bench import e2e
+    from benchmarks import e2e
 
     def row(method, times, rounds=3):
         return {"method": method, "rounds": rounds, "step_times_ms": times, "step_ms": statistics.median(times)}
@@ -652,7 +659,7 @@ def test_a_method_is_compared_with_its_kernels_alone_turn_by_turn():
     where the two rows were timed in different groups (each against its own group's floor steps):
     here the machine drifts 2x between the groups and the method is 1.5x its local row in every
     turn but the last; the ratio of the two rows' medians would say 1.0x, the drift's doing."""
-    from sparsecomm.bench import e2e
+    from benchmarks import e2e
 
     floor = {"method": "floor", "rounds": 6, "step_times_ms": [100] * 6 + [200] * 6, "step_ms": 150.0}
     method = {
@@ -690,7 +697,7 @@ def test_median_interval_covers_the_median_95_percent_of_the_time():
     = 1.06%: 97.9% coverage)."""
     import numpy as np
 
-    from sparsecomm.bench.e2e import median_interval
+    from benchmarks.e2e import median_interval
 
     assert median_interval(list(range(16, 0, -1))) == [4, 13]
     assert median_interval(list(range(1, 101))) == [40, 61]
@@ -702,7 +709,7 @@ def test_median_interval_covers_the_median_95_percent_of_the_time():
 
 def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
     """A cell with auto's row alone: auto against dense (vs_dense and its interval)."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     cell = dict(
         model="compute",
@@ -743,7 +750,7 @@ def test_results_page_says_whether_auto_is_within_3_percent_of_dense():
 def test_results_page_shows_auto_s_route_trial_and_its_hooks():
     """What auto's route trial kept and timed, as records have held it over time (one alternative,
     then one median pair, then a ratio per side), and the time of its compress hooks."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     cell = dict(model="compute", ranks=2, network="1gbit", network_model="per-host", method="DGC 0.1% auto")
     tried = dict(
@@ -800,7 +807,7 @@ def test_auto_is_judged_against_the_fastest_of_its_routes_alone_paired_through_d
     step of its own turn (rows of different groups ran minutes apart), and the verdict on that,
     not on dense. A drift that doubles every step of a turn cancels. Where dense is the fastest,
     auto's vs_dense stands."""
-    from sparsecomm.bench import e2e, report
+    from benchmarks import e2e, report
 
     dense_times = [600.0, 1200.0, 610.0, 590.0, 1180.0, 605.0, 600.0, 595.0]
     drift = [t / 600 for t in dense_times]
@@ -826,7 +833,7 @@ def test_auto_is_judged_against_the_fastest_of_its_routes_alone_paired_through_d
 
 
 def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():
-    from sparsecomm.bench.e2e_worker import turns
+    from benchmarks.e2e_worker import turns
 
     order = list(turns("abc", steps=7, rounds=3))
     assert order == [("a", 2), ("b", 2), ("c", 2), ("b", 2), ("c", 2), ("a", 2), ("c", 3), ("a", 3), ("b", 3)]
@@ -836,7 +843,7 @@ def test_turns_give_every_row_its_steps_paired_by_index_and_rotate_the_order():
 def test_a_failed_rank_ends_the_others():
     """One rank exits with an error: the launcher kills the rank still running (it would wait
     for its peer forever) instead of hanging."""
-    from sparsecomm.bench import network
+    from benchmarks import network
 
     read, write = os.pipe()
     procs = [subprocess.Popen(["sleep", "60"], stdout=write), subprocess.Popen(["false"], stdout=write)]
@@ -851,7 +858,7 @@ def test_results_page_sets_each_method_beside_its_kernels_alone():
     """A method's vs floor and its local row's, per comm cell, in the end-to-end table; the
     method over its local row where measured, in the phase table, and nothing where a cell has no
     local row."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     cell = dict(
         model="comm", ranks=2, network="1gbit", network_model="per-host", step_ms=100.0, received_bytes=0, exchanges=[]
@@ -886,7 +893,7 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
     """The phase table: per comm cell (hosts of several ranks by their layout), the floor, each
     local row and the method it is of (not the other rows), where the phases were timed; nothing
     for records without them (older runs). Their ms/step is in the end-to-end table."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     cell = dict(model="comm", ranks=2, network="1gbit", network_model="per-host", received_bytes=0, exchanges=[])
 
@@ -941,18 +948,18 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
 def test_reused_convergence_records_name_the_run_that_trained_them():
     """Reused records keep naming the run that trained them, however many runs reuse them in
     turn (each reuse once named only the run before it), and the page says so."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
-    trained = {"command": "python -m sparsecomm.bench all", "commit": "abc1234", "convergence": []}
-    assert report.convergence_source(trained, "a.json") == "`python -m sparsecomm.bench all` on abc1234"
+    trained = {"command": "python -m benchmarks all", "commit": "abc1234", "convergence": []}
+    assert report.convergence_source(trained, "a.json") == "`python -m benchmarks all` on abc1234"
     first_reuse = {
-        "command": "python -m sparsecomm.bench all --convergence-from a.json",
+        "command": "python -m benchmarks all --convergence-from a.json",
         "commit": "def5678",
         "convergence_from": report.convergence_source(trained, "a.json"),
     }
-    assert report.convergence_source(first_reuse, "b.json") == "`python -m sparsecomm.bench all` on abc1234"
+    assert report.convergence_source(first_reuse, "b.json") == "`python -m benchmarks all` on abc1234"
     assert report.convergence_source({"convergence": []}, "old.json") == "old.json"  # neither command nor commit
-    assert "trained by another run (`python -m sparsecomm.bench all` on abc1234), not by this one" in report._reused(
+    assert "trained by another run (`python -m benchmarks all` on abc1234), not by this one" in report._reused(
         first_reuse
     )
     assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
@@ -964,8 +971,8 @@ def test_ddp_hook_rows_run_their_horovod_rows_compressor_with_what_the_hook_carr
     """Each DDP + row is a row of the worker and of `bench e2e --e2e-methods`, and runs the
     compressor and optimizer momentum of a Horovod row whose settings the DDP hook carries (no
     spardl, no quantize)."""
-    from sparsecomm.bench.__main__ import _parser
-    from sparsecomm.bench.e2e_worker import DDP_HOOK_ROWS, METHODS, ROWS, model_and_batch
+    from benchmarks.__main__ import _parser
+    from benchmarks.e2e_worker import DDP_HOOK_ROWS, METHODS, ROWS, model_and_batch
 
     assert list(DDP_HOOK_ROWS) == ["DDP + DGC 0.1%", "DDP + Threshold 1%", "DDP + TopK 1%", "DDP + RandomBlock 1%"]
     assert ROWS[-len(DDP_HOOK_ROWS) :] == tuple(DDP_HOOK_ROWS)
@@ -981,7 +988,7 @@ def test_ddp_hook_rows_run_their_horovod_rows_compressor_with_what_the_hook_carr
 
 def _two_ways(network="1gbit"):
     """A comm cell's records with DGC through Horovod and as DDP's hook, both paired with the floor."""
-    from sparsecomm.bench.e2e import add_ratios
+    from benchmarks.e2e import add_ratios
 
     cell = dict(model="comm", ranks=2, network=network, network_model="per-host", rounds=2, exchanges=[])
 
@@ -1018,7 +1025,7 @@ def test_results_page_sets_each_ddp_hook_row_beside_its_horovod_row():
     """The Horovod or DDP table: per comm cell and method timed both ways, each way's step and vs
     floor, the DDP row over the Horovod row (paired through the floor), against DDP PowerSGD, the
     MB received and the phases; and a passage that says which way is faster and why, from them."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     records = _two_ways()
     assert report._ways_rows(records) == [
@@ -1057,11 +1064,11 @@ def test_an_e2e_run_is_added_to_the_record_apart_and_replaces_an_earlier_one_of_
     """`bench report --add-e2e RUN.json`: the run's records go under e2e_added, shown in a table of
     their own after the run of record's (their ratios against their own baselines), in the figure
     where the run of record lacks the row; a later run of the same cells replaces it."""
-    from sparsecomm.bench import report
+    from benchmarks import report
 
     main = [dict(r, network_model="per-host") for r in _two_ways()[:2]]
     results = {"e2e": main}
-    run = {"command": "python -m sparsecomm.bench e2e --models comm", "commit": "abc1234", "minutes": 7.2}
+    run = {"command": "python -m benchmarks e2e --models comm", "commit": "abc1234", "minutes": 7.2}
     results = report.add_run(results, dict(run, records=_two_ways()))
     results = report.add_run(results, dict(run, records=_two_ways("10gbit")))
     assert [r["records"][0]["network"] for r in results["e2e_added"]] == ["1gbit", "10gbit"]
@@ -1075,13 +1082,13 @@ def test_an_e2e_run_is_added_to_the_record_apart_and_replaces_an_earlier_one_of_
     assert len(shown) == 2 + 5 + 3 and [r["method"] for r in shown[:2]] == ["floor", "dense"]
     block = report._added_block(results)
     assert block.startswith("### Runs added to the record\n")
-    assert "`python -m sparsecomm.bench e2e --models comm` on def5678, 7 minutes" in block
+    assert "`python -m benchmarks e2e --models comm` on def5678, 7 minutes" in block
     assert "| comm | DDP + DGC 0.1% | 0.600 | allgather | 117.0 | 6.84x | 1.17x |" in block
     assert block.count("**Horovod or DDP**") == 2 and report._added_block({"e2e": main}) == ""
 
 
 def test_seeds_merge_into_the_mean_with_every_final_and_a_diverged_seed_shortens_the_curve():
-    from sparsecomm.bench.convergence import final_text, merged
+    from benchmarks.convergence import final_text, merged
 
     def record(method, seed, curve, metric="val_loss"):
         return dict(task="charlm", method=method, seed=seed, metric=metric, curve=curve, final=curve[-1])
@@ -1102,7 +1109,7 @@ def test_seeds_merge_into_the_mean_with_every_final_and_a_diverged_seed_shortens
 def test_every_convergence_row_warms_up_its_learning_rate_linearly():
     import torch
 
-    from sparsecomm.bench.convergence_worker import warmed_up
+    from benchmarks.convergence_worker import warmed_up
 
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.5)
     schedule, seen = warmed_up(opt, 4), []
@@ -1118,7 +1125,7 @@ def report_with_run(tmp_path, out, md, option, run):
     results.json it writes."""
     (tmp_path / "run.json").write_text(json.dumps(run))
     proc = subprocess.run(
-        [sys.executable, "-m", "sparsecomm.bench", "report", "--out", str(out), "--results-md", str(md)]
+        [sys.executable, "-m", "benchmarks", "report", "--out", str(out), "--results-md", str(md)]
         + [option, str(tmp_path / "run.json")],
         capture_output=True,
         text=True,
@@ -1144,13 +1151,13 @@ def test_report_takes_the_convergence_records_of_a_convergence_run(tmp_path):
         dict(common, method="TopK 1%", seeds=[0, 1], finals=[0.97, 0.98], final=0.975, curve=[0.975]),
     ]
     records[0]["sent_bytes_per_step"], records[1]["sent_bytes_per_step"] = 4e5, 2e4
-    run = dict(command="python -m sparsecomm.bench convergence --seeds 0 1", commit="abc1234", records=records)
+    run = dict(command="python -m benchmarks convergence --seeds 0 1", commit="abc1234", records=records)
     results = report_with_run(tmp_path, out, md, "--convergence-from", run)
     assert results["convergence"] == records
-    assert results["convergence_from"] == "`python -m sparsecomm.bench convergence --seeds 0 1` on abc1234"
+    assert results["convergence_from"] == "`python -m benchmarks convergence --seeds 0 1` on abc1234"
     text = md.read_text()
     assert "| TopK 1% | 97.5% [97.0-98.0] | -1.0 pt | 20x |" in text
-    assert "trained by another run (`python -m sparsecomm.bench convergence --seeds 0 1` on abc1234)" in text
+    assert "trained by another run (`python -m benchmarks convergence --seeds 0 1` on abc1234)" in text
     assert "once per seed (0, 1:" in " ".join(text.split())
 
 
@@ -1171,7 +1178,7 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
         dict(common, task="newlm", method="dense", final=5.2, curve=[5.2], sent_bytes_per_step=4e6),
         dict(common, task="newlm", method="TopK 1%", final=5.3, curve=[5.3], sent_bytes_per_step=1e5),
     ]
-    run = dict(command="python -m sparsecomm.bench convergence --tasks digits newlm", commit="abc1234", records=added)
+    run = dict(command="python -m benchmarks convergence --tasks digits newlm", commit="abc1234", records=added)
     results = report_with_run(tmp_path, out, md, "--add-convergence", run)
     assert results["convergence"] == [added[0], *before["convergence"][1:], added[1], added[2]]
     source = f"{before['convergence_from']}; 3 digits/newlm rows by `{run['command']}` on abc1234"
@@ -1181,7 +1188,7 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
 
 
 def test_the_mean_of_the_first_steps_is_kept_for_each_count_they_reach():
-    from sparsecomm.bench import first_steps
+    from benchmarks import first_steps
 
     times = [float(t) for t in range(1, 121)]  # 1 ms, 2 ms, ...
     assert first_steps.means(times) == {"30": 15.5, "100": 50.5}
@@ -1210,7 +1217,7 @@ def _first(method, first_30, first_100=None, step_ms=90.0, ranks=2, per_host=1):
 
 
 def test_auto_s_first_steps_are_set_against_the_fastest_fixed_exchange_of_its_cell():
-    from sparsecomm.bench import first_steps
+    from benchmarks import first_steps
 
     cell = first_steps.against_fastest(
         [
@@ -1229,7 +1236,7 @@ def test_auto_s_first_steps_are_set_against_the_fastest_fixed_exchange_of_its_ce
 
 
 def test_first_steps_tables_print_a_cell_each_and_the_page_a_short_section():
-    from sparsecomm.bench import first_steps, report
+    from benchmarks import first_steps, report
 
     flat = first_steps.against_fastest([_first("DGC 0.1% auto", 230.0, 120.5), _first("DGC 0.1% spardl", 100.0)])
     hosts = first_steps.against_fastest(
@@ -1260,7 +1267,7 @@ def test_first_steps_tables_print_a_cell_each_and_the_page_a_short_section():
 def test_a_trial_layout_is_ranks_or_hosts_of_several_ranks(text, layout):
     import argparse
 
-    from sparsecomm.bench import first_steps
+    from benchmarks import first_steps
 
     if layout is None:
         with pytest.raises(argparse.ArgumentTypeError, match="a layout should be N"):
@@ -1270,7 +1277,7 @@ def test_a_trial_layout_is_ranks_or_hosts_of_several_ranks(text, layout):
 
 
 def test_bench_trial_and_all_take_the_first_steps_options():
-    from sparsecomm.bench.__main__ import _parser
+    from benchmarks.__main__ import _parser
 
     args = _parser().parse_args(["trial"])
     assert (args.layouts, args.first_steps, args.out, args.steps) == ([(2, 1), (4, 2)], 100, "results", None)
@@ -1284,7 +1291,7 @@ def test_bench_trial_and_all_take_the_first_steps_options():
 def test_a_row_with_an_exchange_warms_up_its_first_steps_and_auto_its_trial():
     from types import SimpleNamespace
 
-    from sparsecomm.bench.e2e_worker import SETTLING_STEPS, warmups
+    from benchmarks.e2e_worker import SETTLING_STEPS, warmups
 
     auto, fixed = SimpleNamespace(exchange="auto"), SimpleNamespace(exchange="spardl")
     assert warmups(fixed, 3, 0) == (3, 0) and warmups(fixed, 3, 100) == (100, 100)
@@ -1295,7 +1302,7 @@ def test_a_row_with_an_exchange_warms_up_its_first_steps_and_auto_its_trial():
 
 
 def test_first_steps_of_several_launches_are_averaged_step_by_step_in_rotated_order():
-    from sparsecomm.bench import first_steps
+    from benchmarks import first_steps
 
     assert first_steps.rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
     assert first_steps.rotated(["a", "b", "c"], 4) == ["b", "c", "a"]  # every row leads a launch in turn

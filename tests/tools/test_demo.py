@@ -16,7 +16,7 @@ def test_demo_prints_the_table_and_writes_the_figure(tmp_path, way):
         [
             sys.executable,
             "-m",
-            "sparsecomm.demo",
+            "benchmarks.demo",
             "--network",
             "unshaped",
             "--steps",

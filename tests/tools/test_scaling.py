@@ -1,4 +1,4 @@
-"""sparsecomm.bench.scaling: the projection past this machine is the floor plus core/cost.py's
+"""benchmarks.scaling: the projection past this machine is the floor plus core/cost.py's
 model summed over the tensors, and the check against measured rows computes its error right.
 Pure arithmetic on hand-made and recorded numbers: nothing is timed."""
 
@@ -9,7 +9,7 @@ import os
 import pytest
 from paths import ROOT
 
-from sparsecomm.bench import scaling
+from benchmarks import scaling
 from sparsecomm.core import cost
 from sparsecomm.core.selection import selected_count
 

@@ -1,4 +1,4 @@
-"""Worker of the per-host network model with several ranks per host (sparsecomm.bench.network):
+"""Worker of the per-host network model with several ranks per host (benchmarks.network):
 prints each rank's Horovod layout and the bytes its host's NIC sent during an allreduce inside
 the host (its process set) and during one over every rank."""
 

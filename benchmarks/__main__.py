@@ -1,4 +1,4 @@
-"""python -m sparsecomm.bench {kernels,e2e,trial,convergence,all,report} ...
+"""python -m benchmarks {kernels,e2e,trial,convergence,all,report} ...
 
 kernels      every kernel against memcpy and torch.topk in the same run
 e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
@@ -27,25 +27,13 @@ import time
 
 import torch
 
-from . import first_steps, kernels, network
+from sparsecomm.check import kernels
+
+from . import first_steps, network
 
 
 def _kernels(args):
-    total = sum(
-        kernels.count(d, args.device) * len(args.sizes) + kernels.model_count(d) * len(args.kernel_models)
-        for d in args.densities
-    )
-    records = kernels.run(
-        args.device,
-        getattr(torch, args.dtype),
-        args.sizes,
-        args.densities,
-        args.repeats,
-        _progress("kernels", total, lambda r: f"{r['op']} {r['numel']:,}"),
-        args.kernel_models,
-    )
-    print("\n" + kernels.table(records))
-    return records
+    return kernels.measure(args, lambda total: _progress("kernels", total, lambda r: f"{r['op']} {r['numel']:,}"))
 
 
 def _progress(what, total, describe):
@@ -181,22 +169,6 @@ def _e2e_rows():
     return ROWS, DEFAULT_ROWS
 
 
-def _kernel_options(p):
-    """The kernel bench's options (kernels, all)."""
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
-    p.add_argument("--sizes", type=int, nargs="+", default=list(kernels.SIZES))
-    p.add_argument("--densities", type=float, nargs="+", default=list(kernels.DENSITIES))
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument(
-        "--kernel-models",
-        nargs="*",
-        default=list(kernels.MODELS),
-        choices=list(kernels.MODELS),
-        help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
-    )
-
-
 def _e2e_options(p):
     """The end-to-end bench's options (e2e, all)."""
     rows, default_rows = _e2e_rows()
@@ -280,7 +252,7 @@ def _convergence_options(p):
 
 def _parser():
     parser = argparse.ArgumentParser(
-        prog="python -m sparsecomm.bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernels", help="time every kernel against memcpy and torch.topk in the same run")
@@ -290,7 +262,7 @@ def _parser():
     a = sub.add_parser("all", help="kernels + e2e + trial + convergence, JSON/PNG in --out, docs/results.md")
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
     for p in (k, a):
-        _kernel_options(p)
+        kernels.add_options(p)
     for p in (e, a):
         _e2e_options(p)
     _trial_options(t, "--layouts")
@@ -379,7 +351,7 @@ def _trial_run(args, report, commit, started):
         json.dump(
             {
                 "machine": report.machine(),
-                "command": report.relative_command("python -m sparsecomm.bench " + shlex.join(sys.argv[1:])),
+                "command": report.relative_command("python -m benchmarks " + shlex.join(sys.argv[1:])),
                 "commit": commit,
                 "minutes": (time.time() - started) / 60,
                 "first_steps": args.first_steps,
@@ -394,7 +366,7 @@ def _trial_run(args, report, commit, started):
 def _all(args, report, commit, started):
     """`bench all` (make bench): every bench, results.json, the figures and results.md."""
     os.makedirs(args.out, exist_ok=True)
-    command = report.relative_command("python -m sparsecomm.bench " + " ".join(map(shlex.quote, sys.argv[1:])))
+    command = report.relative_command("python -m benchmarks " + " ".join(map(shlex.quote, sys.argv[1:])))
     results = {
         "machine": report.machine(),
         "command": command,
@@ -460,7 +432,7 @@ def main():
             json.dump(
                 {
                     "machine": {"python": platform.python_version(), "torch": torch.__version__},
-                    "command": report.relative_command("python -m sparsecomm.bench " + shlex.join(sys.argv[1:])),
+                    "command": report.relative_command("python -m benchmarks " + shlex.join(sys.argv[1:])),
                     "commit": commit,
                     "minutes": (time.time() - started) / 60,
                     "records": records,

@@ -1,14 +1,18 @@
-"""Kernel benchmark: every sparsecomm kernel on realistic sizes, with the baselines measured
-in the same run (memcpy of the same float32 buffer and torch.topk(x.abs(), k)), so the
-ratios carry to other machines; and the whole path of TopK, Threshold and DGC (at densities
-up to 0.1%) on one rank, compress -> Horovod allreduce -> decompress, against the same memcpy:
-on one tensor of each size (the TensorFlow compressors' too, on the CPU: tf_paths.py), and on
-a model's many (`MODELS`: ResNet-50's 161 gradients, the same 25.6M elements in tensors of 64 to
-2.4M, where what a tensor costs besides its elements shows), beside Horovod with no compression
-and a torch.topk per tensor on the same tensors. Medians of repeated runs after a warm-up.
-Each op's memcpy is timed in turn with the op itself, call for call, so a machine whose speed
-drifts (a shared host) moves both alike."""
+"""Kernel benchmark (run by `make check`, and by the repository's `make bench`): every
+sparsecomm kernel on realistic sizes, with the baselines measured in the same run (memcpy of
+the same float32 buffer and torch.topk(x.abs(), k)), so the ratios carry to other machines;
+and the whole path of TopK, Threshold and DGC (at densities up to 0.1%) on one rank, compress
+-> Horovod allreduce -> decompress, against the same memcpy: on one tensor of each size (the
+TensorFlow compressors' too, on the CPU: tf_paths.py), and on a model's many (`MODELS`:
+ResNet-50's 161 gradients, the same 25.6M elements in tensors of 64 to 2.4M, where what a
+tensor costs besides its elements shows), beside Horovod with no compression and a torch.topk
+per tensor on the same tensors. Medians of repeated runs after a warm-up. Each op's memcpy is
+timed in turn with the op itself, call for call, so a machine whose speed drifts (a shared
+host) moves both alike.
 
+    python -m sparsecomm.check.kernels [--device cuda] [--sizes N ...] [--json PATH]"""
+
+import argparse
 import importlib.util
 import json
 import math
@@ -157,13 +161,13 @@ def _tf_paths(device):
 
 def _tf_path_timings(numel, density, dtype, repeats):
     """(name, median ms, its memcpy's median ms) of each TF compressor's whole path at this size
-    and density, timed by sparsecomm.bench.tf_paths in a process of its own: horovod.tensorflow
+    and density, timed by sparsecomm.check.tf_paths in a process of its own: horovod.tensorflow
     and horovod.torch both initialised in one process without horovodrun (MPI) crash there, as
     their two libraries share the controller's symbols."""
     command = [
         sys.executable,
         "-m",
-        "sparsecomm.bench.tf_paths",
+        "sparsecomm.check.tf_paths",
         "--numel",
         str(numel),
         "--density",
@@ -362,3 +366,51 @@ def table(records):
             f"{max(copies):8.3f} ms  topk {mine[0]['topk_ms']:9.3f} ms"
         )
     return "\n".join(lines)
+
+
+def add_options(p):
+    """The kernel benchmark's options (here, and in the repository's benchmarks)."""
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
+    p.add_argument("--densities", type=float, nargs="+", default=list(DENSITIES))
+    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument(
+        "--kernel-models",
+        nargs="*",
+        default=list(MODELS),
+        choices=list(MODELS),
+        help="models whose gradients' whole path is timed too (default: all; none: no such rows)",
+    )
+
+
+def measure(args, progress_of):
+    """The records of add_options' `args`, printed as a table; progress_of(total) gives the
+    callback run once per record."""
+    per_density = (
+        count(d, args.device) * len(args.sizes) + model_count(d) * len(args.kernel_models) for d in args.densities
+    )
+    dtype = getattr(torch, args.dtype)
+    progress = progress_of(sum(per_density))
+    records = run(args.device, dtype, args.sizes, args.densities, args.repeats, progress, args.kernel_models)
+    print("\n" + table(records))
+    return records
+
+
+def _line_per_record(total):
+    return lambda record: print(f"[kernels] {record['op']} {record['numel']:,}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(prog="python -m sparsecomm.check.kernels", description=__doc__)
+    add_options(parser)
+    parser.add_argument("--json", help="where to write {'records': [...]}")
+    args = parser.parse_args()
+    records = measure(args, _line_per_record)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"records": records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""Worker of the convergence benchmark (run by sparsecomm.bench under horovodrun): dense vs
+"""Worker of the convergence benchmark (run by benchmarks under horovodrun): dense vs
 each method at the papers' settings, same seeds, data order and epochs, on real data that
 ships offline:
 

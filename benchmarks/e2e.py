@@ -1,6 +1,6 @@
 """End-to-end benchmark: step time of a communication-heavy and a compute-heavy model, with no
 exchange at all (the floor), dense allreduce, each sparsecomm method and PyTorch DDP (plain,
-fp16, PowerSGD), on an emulated 1 Gbit/s and 10 Gbit/s network (sparsecomm.bench.network,
+fp16, PowerSGD), on an emulated 1 Gbit/s and 10 Gbit/s network (benchmarks.network,
 per-host NICs or one shared link) and unshaped. Every ratio is against rows measured in the same
 run (same model, ranks and network): vs_dense = dense step time / this row's (speedup_vs_dense
 is the same figure, kept for older readers), vs_floor = this row's step time / the floor's, paired
@@ -89,7 +89,7 @@ def run_one(
         out = os.path.join(tmp, "records.json")
         placed.launch(
             ranks,
-            "sparsecomm.bench.e2e_worker",
+            "benchmarks.e2e_worker",
             [
                 "--model",
                 model,

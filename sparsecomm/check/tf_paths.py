@@ -5,7 +5,7 @@ timed in turn with the memcpy of the kernel benchmark, on the same gradient. TF'
 functional: the gradient is not consumed, so nothing is refilled between calls; the state
 (residual, momentum) evolves from call to call, as torch's does.
 
-    python -m sparsecomm.bench.tf_paths --numel N --density D [--dtype float32] [--repeats 7]
+    python -m sparsecomm.check.tf_paths --numel N --density D [--dtype float32] [--repeats 7]
 
 prints [[name, median ms, its memcpy's median ms], ...] as JSON on its last line."""
 

@@ -1,4 +1,4 @@
-"""Worker of the end-to-end benchmark (run by sparsecomm.bench.e2e under horovodrun, or one
+"""Worker of the end-to-end benchmark (run by benchmarks.e2e under horovodrun, or one
 process per rank in its own network namespace): step time of one model, on the same ranks and
 network, for these rows. Medians over the timed steps, after warm-up steps, of the whole step and
 of its phases (forward, backward, optimizer step: PHASES). With --rounds R
@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
-from sparsecomm.bench.e2e import PHASES
-from sparsecomm.bench.first_steps import means
+from benchmarks.e2e import PHASES
+from benchmarks.first_steps import means
 from sparsecomm.core.plan import SETTLING_STEPS
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, destroy_process_group, host_process_sets
 

@@ -1,7 +1,7 @@
 """Figures (PNG) and docs/results.md from the benchmark records.
 
 `write` draws the figures and writes the page from a results dict (the run's results.json):
-`python -m sparsecomm.bench all` calls it after measuring, `python -m sparsecomm.bench report`
+`python -m benchmarks all` calls it after measuring, `python -m benchmarks report`
 on a recorded run, measuring nothing. The page: a summary table, the figures, one table per
 kind of result (a row per configuration, a column per number), how it was measured last."""
 
@@ -756,7 +756,7 @@ def _added_block(results):
     if not blocks:
         return ""
     intro = _para(
-        "Rows timed after the run of record, in runs of their own (added by `python -m sparsecomm.bench "
+        "Rows timed after the run of record, in runs of their own (added by `python -m benchmarks "
         "report --add-e2e`), on the same machine kind."
     )
     return "### Runs added to the record\n\n" + intro + "\n\n" + "\n\n".join(blocks).rstrip("\n") + "\n\n"
@@ -996,7 +996,7 @@ def _method_section(results, rel, scaling_method):
     )
     ran = _para(
         f"`make bench` ran `{relative_command(results['command'])}` for {results['minutes']:.0f} "
-        f"minutes{_of_code(results)}. `python -m sparsecomm.bench report` rewrites this page from it."
+        f"minutes{_of_code(results)}. `python -m benchmarks report` rewrites this page from it."
     )
     return f"""## How it was measured
 

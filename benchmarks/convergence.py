@@ -1,4 +1,4 @@
-"""Convergence benchmark driver: runs sparsecomm.bench.convergence_worker under horovodrun
+"""Convergence benchmark driver: runs benchmarks.convergence_worker under horovodrun
 (unshaped loopback: accuracy does not depend on the network) and returns its records."""
 
 import json
@@ -22,7 +22,7 @@ def run(task, ranks=2, methods=None, epochs=None, seeds=SEEDS, log=print):
                 + (["--methods", *methods] if methods else [])
                 + (["--epochs", str(epochs)] if epochs else [])
             )
-            horovodrun(ranks, "sparsecomm.bench.convergence_worker", args, "[convergence]", log=log)
+            horovodrun(ranks, "benchmarks.convergence_worker", args, "[convergence]", log=log)
             with open(out) as f:
                 trained += json.load(f)
     return merged(trained)

@@ -65,11 +65,18 @@ def _tbf(namespace, device, rate):
     )
 
 
+# The checkout's root: the ranks run `python -m benchmarks.X` from wherever the bench started.
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def _env():
-    """The environment of every rank: one thread each, quiet TF, horovodrun on the PATH."""
+    """The environment of every rank: one thread each, quiet TF, horovodrun on the PATH, the
+    benchmarks importable."""
     bin_dir = os.path.dirname(sys.executable)
+    path = os.environ.get("PYTHONPATH")
     return dict(
         os.environ,
+        PYTHONPATH=REPOSITORY + (os.pathsep + path if path else ""),
         OMP_NUM_THREADS="1",
         TF_CPP_MIN_LOG_LEVEL="3",
         PYTHONUNBUFFERED="1",
@@ -229,7 +236,7 @@ class PerHostNics:
         """Horovod's rendezvous server in the bridge's namespace, reachable from every host;
         returns the process and its port."""
         server = subprocess.Popen(
-            ["ip", "netns", "exec", self.bridge, sys.executable, "-m", "sparsecomm.bench.rendezvous"]
+            ["ip", "netns", "exec", self.bridge, sys.executable, "-m", "benchmarks.rendezvous"]
             + [str(len(self.hosts)), str(self.ranks_per_host)],
             env=_env(),
             stdin=subprocess.PIPE,

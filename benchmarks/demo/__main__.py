@@ -1,4 +1,4 @@
-"""`python -m sparsecomm.demo` (what `make demo` runs): the short version of `make bench`, in
+"""`python -m benchmarks.demo` (what `make demo` runs): the short version of `make bench`, in
 a few minutes. Two ranks, dense allreduce vs DGC at 0.1%:
 
   1. speed: the communication-heavy model (MLP, 25.2M parameters) on an emulated 1 Gbit/s
@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-from sparsecomm.bench import convergence, e2e, report
+from benchmarks import convergence, e2e, report
 
 SPEED = ("dense", "DGC 0.1% auto")
 DDP_SPEED = ("DDP dense", "DDP + DGC 0.1%")

@@ -19,9 +19,10 @@ import os
 import statistics
 import textwrap
 
-from ..core import cost
-from ..core.plan import Policy, sparse_is_larger
-from ..core.selection import selected_count
+from sparsecomm.core import cost
+from sparsecomm.core.plan import Policy, sparse_is_larger
+from sparsecomm.core.selection import selected_count
+
 from .e2e import layout_text
 from .network import RATES as EMULATED_RATES
 
@@ -45,7 +46,7 @@ HOST_RANKS = tuple(n for n in RANKS if n >= PER_HOST)  # 8, 16, ..., 1024: whole
 HOST_EXCHANGES = (*cost.EXCHANGES, "hierarchical")
 NAMES = {"dense": "dense", "allgather": "allgather", "spardl": "SparDL", "hierarchical": "hierarchical"}
 
-# The parameters (name, shape) of sparsecomm.bench.e2e_worker.model_and_batch, written out so
+# The parameters (name, shape) of benchmarks.e2e_worker.model_and_batch, written out so
 # this module needs neither torch nor Horovod (tests compare the counts with the records).
 MODELS = {
     "comm": (

@@ -1,6 +1,6 @@
 """Horovod's Gloo rendezvous server for ranks started one per network namespace
-(sparsecomm.bench.network, per-host model), where horovodrun cannot start them:
-`python -m sparsecomm.bench.rendezvous HOSTS [RANKS_PER_HOST]` serves HOSTS hosts of
+(benchmarks.network, per-host model), where horovodrun cannot start them:
+`python -m benchmarks.rendezvous HOSTS [RANKS_PER_HOST]` serves HOSTS hosts of
 RANKS_PER_HOST ranks (default 1), prints `port N`, and serves until its stdin closes."""
 
 import sys

@@ -1,0 +1,1 @@
+"""python -m benchmarks.demo: a small real model trained on 2 ranks, dense against sparsecomm."""

@@ -1,1 +1,0 @@
-"""Benchmarks: `python -m sparsecomm.bench kernels --json PATH`."""

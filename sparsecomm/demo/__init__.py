@@ -1,1 +1,0 @@
-"""python -m sparsecomm.demo: a small real model trained on 2 ranks, dense against sparsecomm."""
