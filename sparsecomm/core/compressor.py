@@ -10,7 +10,7 @@ method's compressor class declares its hooks (sparsecomm/<framework>/compression
 
 import abc
 
-from . import agreement, report
+from . import agreement, arguments, report
 from .plan import Planner, Policy
 
 KEPT_DECISION = "(exchange='auto')"  # the kept route decision's key in the shared state (no tensor's name)
@@ -19,7 +19,26 @@ KEPT_DECISION = "(exchange='auto')"  # the kept route decision's key in the shar
 class Settings(abc.ABC):
     """The settings part of a compressor: `method` (the method's settings: ``compressor.method.seed``),
     `policy` (``compressor.policy.min_numel``) and `planner` (routes; ``compressor.planner.network``),
-    and the cross-rank agreement check. An adapter provides the abstract methods below."""
+    and the cross-rank agreement check. An adapter provides the abstract methods below, and its
+    method classes name their `method_type`: their constructor's signature and the "Args:" of
+    their docstring are core/arguments.py's."""
+
+    method_type = None  # the core Method a compressor class runs (core/methods.py)
+    framework = None  # the adapter's: "torch" or "tensorflow"
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if vars(cls).get("method_type") is not None:
+            cls.__signature__ = arguments.signature(cls.method_type.__name__, cls.framework)
+            cls.__doc__ = arguments.documented(cls.__doc__, cls.method_type.__name__, cls.framework)
+
+    def _configure_from(self, args, kwargs):
+        """The settings of a constructor call (its method's arguments, the policy's and the
+        planner's); returns the call's arguments (arguments.Given) for the adapter to take the rest."""
+        owner = type(self).__name__
+        given = arguments.Given(owner, self.method_type, self.framework, args, kwargs)
+        self._configure(given.method(self.method_type, owner), **given.settings)
+        return given
 
     def _configure(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
         """exchange: exchange=, network=, dense_fallback= of the per-rank-coordinate methods."""

@@ -28,21 +28,21 @@ class Compressor(Settings, tf.Module):
     ``pack(tensor, state, density) -> Packed`` (with the state after it) and
     ``dense_payload(tensor, state) -> Packed`` (default: the gradient itself).
 
-    Every compressor takes the per-layer policy ``min_numel``, ``dense_1d``, ``dense``,
-    ``variables`` (the model's trainable variables, or (name, variable) pairs),
-    ``process_set`` and ``loss_scaler`` (mixed precision: the Keras 3
-    ``LossScaleOptimizer`` whose scale multiplies the loss; sparsecomm.core.loss_scale)."""
+    Each method's arguments (``variables`` where torch's take ``named_parameters``) and their
+    docs are sparsecomm.core.arguments', as its class's docstring shows."""
 
-    def __init__(self, method, variables=None, process_set=None, loss_scaler=None, **settings):
+    framework = "tensorflow"
+
+    def __init__(self, *args, **kwargs):
         tf.Module.__init__(self)
-        self._configure(method, **settings)
-        self._name = method.owner
-        self._process_set = process_set
-        self._scaler = loss_scaling.checked_scaler(self._name, loss_scaler)
+        given = self._configure_from(args, kwargs)
+        self._name = self.method.owner
+        self._process_set = given.process_set
+        self._scaler = loss_scaling.checked_scaler(self._name, given.loss_scaler)
         self._binding = None
         self._resets_seen = elastic.resets()
-        if variables is not None:
-            self._bind(variables)
+        if given.binding is not None:
+            self._bind(given.binding)
 
     def _bind(self, variables):
         """Creates the state variables, before any trace and outside it."""
@@ -181,24 +181,6 @@ class RandomBlock(Compressor):
 
     method_type = methods.RandomBlock
 
-    def __init__(
-        self,
-        ratio: float,
-        seed: int = 0,
-        variables=None,
-        error_feedback: bool = True,
-        process_set=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            self.method_type(type(self).__name__, ratio, seed, error_feedback),
-            variables,
-            process_set,
-            loss_scaler,
-            **policy,
-        )
-
     def pack(self, tensor, state, density):
         start = ops.random_block_start(self.method.seed, state.tensor_id, state.step, state.numel)
         values, residual = ops.block_pack(tensor, state.read_residual(), start, selected_count(density, state.numel))
@@ -226,28 +208,7 @@ class TopK(Compressor):
     """Exact top-k with error feedback: sparsecomm.torch.TopK for TensorFlow (values and int32
     indices by the exchange: allgather, SparDL, or exchange="auto")."""
 
-    def __init__(
-        self,
-        ratio: float,
-        variables=None,
-        error_feedback: bool = True,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.TopK(type(self).__name__, ratio, error_feedback),
-            variables,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.TopK
 
     def pack(self, tensor, state, density):
         values, index, residual, _ = ops.pack_topk(
@@ -264,30 +225,7 @@ class TopK(Compressor):
 class RTopK(Compressor):
     """rTop-k (Barnes et al. 2020) with error feedback: sparsecomm.torch.RTopK for TensorFlow."""
 
-    def __init__(
-        self,
-        ratio: float,
-        r: float = None,
-        seed: int = 0,
-        variables=None,
-        error_feedback: bool = True,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback),
-            variables,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.RTopK
 
     def pack(self, tensor, state, density):
         numel, method = state.numel, self.method
@@ -328,30 +266,7 @@ class Threshold(Compressor):
     """Gradient dropping (Aji & Heafield 2017) with error feedback, optionally quantized:
     sparsecomm.torch.Threshold for TensorFlow (same arguments and defaults)."""
 
-    def __init__(
-        self,
-        ratio: float = 0.01,
-        quantize=None,
-        sample_ratio: float = 0.01,
-        variables=None,
-        error_feedback: bool = True,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback, exchange),
-            variables,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.Threshold
 
     def pack(self, tensor, state, density):
         return _sampled(self, tensor, state, density)
@@ -363,44 +278,7 @@ class DGC(Compressor):
     momentum factor masking, warm-up). A variable sent dense gets DGC's momentum too
     (u = momentum * u + g, sent dense): pair DGC with a plain SGD optimizer."""
 
-    def __init__(
-        self,
-        ratio: float = 0.001,
-        momentum: float = 0.9,
-        momentum_masking: bool = True,
-        clip_norm: float | None = None,
-        warmup_steps: int = 0,
-        warmup_stages: int = 4,
-        sample_ratio: float = 0.01,
-        nesterov: bool = False,
-        variables=None,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.DGC(
-                type(self).__name__,
-                ratio,
-                momentum,
-                momentum_masking,
-                clip_norm,
-                warmup_steps,
-                warmup_stages,
-                sample_ratio,
-                nesterov,
-            ),
-            variables,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.DGC
 
     def _clip_factor(self, tensor, state):
         """Local gradient clipping: the factor limit / norm (1 below the limit), a float32 scalar

@@ -29,18 +29,18 @@ class Compressor(Settings):
     """The compress/decompress template every compressor shares: state -> route (policy, dense
     fallback, exchange) -> pack -> count the step -> exchange -> account. Hooks: ``pack(tensor,
     state, density) -> Packed`` (required), ``dense_payload(tensor, state)`` (default: itself).
-    Every compressor takes the per-layer policy ``min_numel``, ``dense_1d``, ``dense``
-    (sparsecomm.core.plan.Policy), ``named_parameters`` (the model's, to key the state),
-    ``process_set`` (the optimizer's; default all ranks) and ``loss_scaler`` (mixed precision:
-    the ``torch.amp.GradScaler`` that scales the loss; see sparsecomm.core.loss_scale)."""
+    Each method's arguments and their docs are sparsecomm.core.arguments', as its class's
+    docstring shows."""
 
-    def __init__(self, method, named_parameters=None, process_set=None, loss_scaler=None, **settings):
-        self._configure(method, **settings)
-        self._name = method.owner
-        self.process_set = process_set  # the optimizer's (None: all ranks); the agreement check runs over it
-        self.collectives = collectives.Horovod(process_set)  # the DDP hook puts torch.distributed's here
-        self.loss_scaling = LossScaling.of(self._name, loss_scaler)  # None: gradients are not loss-scaled
-        self.state = CompressorState(self._name, named_parameters)
+    framework = "torch"
+
+    def __init__(self, *args, **kwargs):
+        given = self._configure_from(args, kwargs)
+        self._name = self.method.owner
+        self.process_set = given.process_set  # the optimizer's (None: all ranks); the agreement check runs over it
+        self.collectives = collectives.Horovod(self.process_set)  # the DDP hook puts torch.distributed's here
+        self.loss_scaling = LossScaling.of(self._name, given.loss_scaler)  # None: gradients are not loss-scaled
+        self.state = CompressorState(self._name, given.binding)
         self._in_flight = exchange.InFlight()
         self.device = None  # where the last gradient was: a measurement of the sparse path runs there
         if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
@@ -187,39 +187,9 @@ class RandomBlock(Compressor):
     contiguous elements of (residual + gradient); the block start is a pure function of
     ``(seed, step, parameter name)`` (Philox4x32-10), never of a global RNG. Because all ranks
     pick the same coordinates, the packed values ride Horovod's own allreduce with no indices
-    on the wire. What is not sent stays in a per-parameter float32 residual.
-
-    Args:
-        ratio: fraction of each tensor sent per step, in (0, 1].
-        seed: shared seed in [0, 2**64); must be the same on every rank.
-        named_parameters: the model's ``named_parameters()``; keys the per-parameter state.
-        error_feedback: keep what was not sent and add it to the next gradient (default True).
-        process_set: the Horovod process set of the optimizer (default: all ranks; every compressor).
-        loss_scaler: mixed precision (every compressor): the ``torch.amp.GradScaler`` that scales
-            the loss. Residuals follow its scale, and a step it skips leaves no trace here
-            (docs/compressors.md, "Mixed precision").
-        min_numel, dense_1d, dense: the per-layer policy (every compressor; see Compressor).
-    """
+    on the wire. What is not sent stays in a per-parameter float32 residual."""
 
     method_type = methods.RandomBlock
-
-    def __init__(
-        self,
-        ratio: float,
-        seed: int = 0,
-        named_parameters=None,
-        error_feedback: bool = True,
-        process_set=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            self.method_type(type(self).__name__, ratio, seed, error_feedback),
-            named_parameters,
-            process_set,
-            loss_scaler,
-            **policy,
-        )
 
     def pack(self, tensor, state, density):
         numel = tensor.numel()
@@ -232,11 +202,7 @@ class RandomK(RandomBlock):
     """Random-k sparsification with a shared seed, with error feedback: each step every rank
     sends the same ``k = max(1, round(ratio * numel))`` coordinates, drawn without replacement
     from ``(seed, step, parameter name)`` (a keyed permutation; no global RNG). Shared
-    coordinates let the values ride Horovod's allreduce with no indices on the wire.
-
-    Args: as RandomBlock (``ratio``, ``seed``, ``named_parameters``, ``error_feedback``,
-    ``process_set``, ``loss_scaler``).
-    """
+    coordinates let the values ride Horovod's allreduce with no indices on the wire."""
 
     method_type = methods.RandomK
 
@@ -265,50 +231,9 @@ class TopK(_PerRank):
     """Exact top-k sparsification with error feedback: each rank sends the
     ``k = max(1, round(ratio * numel))`` entries of largest magnitude of (residual + gradient).
     Coordinates differ per rank: values and indices travel by the exchange (``exchange``);
-    what is not sent stays in a per-parameter float32 residual.
+    what is not sent stays in a per-parameter float32 residual."""
 
-    Args:
-        ratio: fraction of each tensor sent per step, in (0, 1].
-        named_parameters: the model's ``named_parameters()``; keys the per-parameter state and
-            names the collectives.
-        error_feedback: keep what was not sent and add it to the next gradient (default True).
-        process_set: the Horovod process set of the optimizer (default: all ranks).
-        loss_scaler: the ``torch.amp.GradScaler`` of mixed precision (see RandomBlock).
-        dense_fallback: a tensor whose sparse payload (k values and k indices) would not be
-            smaller than the tensor goes dense (default True).
-        exchange: "allgather" (every rank's values and 2-byte offsets), "spardl" (sparse
-            reduce-scatter + all-gather: O(k) bytes per rank whatever the number of ranks),
-            "hierarchical" (SparDL inside each host, then only the host's k pairs between hosts;
-            needs ``hvd.init(process_sets=host_process_sets())``: docs/exchanges.md) or
-            "auto" (default: per tensor, whichever sparsecomm.core.cost predicts faster, where
-            it is predicted at least 20% faster than the dense allreduce; else dense; the
-            hierarchical exchange among them where the hosts' process sets are registered).
-        network: the network "auto" predicts for (default: measured on the first step).
-        min_numel, dense_1d, dense: the per-layer policy (see RandomBlock).
-    """
-
-    def __init__(
-        self,
-        ratio: float,
-        named_parameters=None,
-        error_feedback: bool = True,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.TopK(type(self).__name__, ratio, error_feedback),
-            named_parameters,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.TopK
 
     def pack(self, tensor, state, density):
         return Packed(
@@ -326,40 +251,9 @@ class RTopK(_PerRank):
     """rTop-k (Barnes et al. 2020), with error feedback: each rank sends ``k`` entries drawn
     uniformly at random from its ``r`` entries of largest magnitude of (residual + gradient),
     ``k = max(1, round(ratio * numel))``, ``r = max(k, round(r * numel))``. Coordinates
-    differ per rank: values and indices travel by the exchange.
+    differ per rank: values and indices travel by the exchange."""
 
-    Args:
-        ratio: fraction of each tensor sent per step, in (0, 1].
-        r: fraction of each tensor to draw from, in [ratio, 1] (default: 1.25 * ratio, at most 1).
-        seed: seeds the draw (with the rank, step and parameter name: each rank draws on its
-            own, as the paper analyses it); no global RNG is used.
-        named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.
-    """
-
-    def __init__(
-        self,
-        ratio: float,
-        r: float = None,
-        seed: int = 0,
-        named_parameters=None,
-        error_feedback: bool = True,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.RTopK(type(self).__name__, ratio, r, seed, error_feedback),
-            named_parameters,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.RTopK
 
     def pack(self, tensor, state, density):
         numel, method = tensor.numel(), self.method
@@ -398,42 +292,9 @@ def _sampled(compressor, tensor, state, density, **feedback):
 class Threshold(_PerRank):
     """Gradient dropping (Aji & Heafield 2017), with error feedback: each rank sends the entries
     of (residual + gradient) whose magnitude reaches a threshold estimated from a sample, about
-    ``ratio`` of each tensor (always within [0.8 k, 1.3 k]); the rest stays in the residual.
+    ``ratio`` of each tensor (always within [0.8 k, 1.3 k]); the rest stays in the residual."""
 
-    Args:
-        ratio: fraction of each tensor sent per step, in (0, 1] (the paper drops 99%: 0.01).
-        quantize: None (values in the gradient's dtype), "fp16" or "bf16" (16-bit values), or
-            "1bit" / "2bit" (sign, or sign and magnitude class, with per-tensor class means as
-            scales; Aji & Heafield). The quantization error stays in the residual.
-        sample_ratio: fraction of the tensor sampled to estimate the threshold (at least enough
-            for about 256 sampled values above it).
-        named_parameters, error_feedback, process_set, dense_fallback, exchange, network, loss_scaler: as TopK.
-    """
-
-    def __init__(
-        self,
-        ratio: float = 0.01,
-        quantize=None,
-        sample_ratio: float = 0.01,
-        named_parameters=None,
-        error_feedback: bool = True,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.Threshold(type(self).__name__, ratio, quantize, sample_ratio, error_feedback, exchange),
-            named_parameters,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.Threshold
 
     def pack(self, tensor, state, density):
         return _sampled(self, tensor, state, density)
@@ -455,59 +316,9 @@ class DGC(_PerRank):
     Pair it with a plain SGD optimizer (``momentum=0``): the momentum is DGC's. A tensor sent
     dense (the per-layer policy, or a density at which sparse would be larger) gets momentum SGD,
     ``u = momentum * u + g`` reduced whole, as the paper's dense layers do. With ratio=1 and
-    momentum_masking=False (and dense_fallback=False) it is exactly distributed momentum SGD.
+    momentum_masking=False (and dense_fallback=False) it is exactly distributed momentum SGD."""
 
-    Args:
-        ratio: final density, in (0, 1] (the paper: 0.001).
-        momentum: momentum factor in [0, 1).
-        momentum_masking: zero the momentum of sent entries (default True).
-        nesterov: Nesterov momentum as DGC's official code runs it, u = momentum * (u + g) and
-            acc = residual + u + g (default False: u = momentum * u + g, acc = residual + u).
-        clip_norm: local gradient clipping threshold before scaling by 1/sqrt(N) (None: off).
-        warmup_steps, warmup_stages: the warm-up schedule (0 steps: none).
-        sample_ratio, named_parameters, process_set, dense_fallback, exchange, network, loss_scaler: as
-            Threshold. Under a loss_scaler the momentum follows the scale as the residual does,
-            and clip_norm applies to the unscaled gradient.
-    """
-
-    def __init__(
-        self,
-        ratio: float = 0.001,
-        momentum: float = 0.9,
-        momentum_masking: bool = True,
-        clip_norm: float | None = None,
-        warmup_steps: int = 0,
-        warmup_stages: int = 4,
-        sample_ratio: float = 0.01,
-        nesterov: bool = False,
-        named_parameters=None,
-        process_set=None,
-        dense_fallback: bool = True,
-        exchange: str = "auto",
-        network=None,
-        loss_scaler=None,
-        **policy,
-    ):
-        super().__init__(
-            methods.DGC(
-                type(self).__name__,
-                ratio,
-                momentum,
-                momentum_masking,
-                clip_norm,
-                warmup_steps,
-                warmup_stages,
-                sample_ratio,
-                nesterov,
-            ),
-            named_parameters,
-            process_set,
-            loss_scaler,
-            dense_fallback=dense_fallback,
-            exchange=exchange,
-            network=network,
-            **policy,
-        )
+    method_type = methods.DGC
 
     def _clip_factor(self, tensor, state):
         """Local gradient clipping to clip_norm / sqrt(N): the factor limit / norm (1 below the

@@ -26,7 +26,7 @@ METHODS = {
     "Threshold": lambda m: sctf.Threshold(ratio=0.05, exchange="spardl", variables=m, **common.EVERY),
     "TopK": lambda m: sctf.TopK(ratio=0.05, exchange="allgather", variables=m, **common.EVERY),
     "RTopK": lambda m: sctf.RTopK(ratio=0.05, seed=3, exchange="allgather", variables=m, **common.EVERY),
-    "RandomK": lambda m: sctf.RandomK(ratio=0.05, seed=5, exchange="spardl", variables=m, **common.EVERY),
+    "RandomK": lambda m: sctf.RandomK(ratio=0.05, seed=5, variables=m, **common.EVERY),
     "RandomBlock": lambda m: sctf.RandomBlock(ratio=0.05, seed=7, variables=m, **common.EVERY),
 }
 SHAPES = {"0.weight": (32, 64), "0.bias": (32,), "2.weight": (10, 32), "2.bias": (10,)}

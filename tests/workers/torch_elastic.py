@@ -23,7 +23,7 @@ METHODS = {
     "Threshold": lambda named: sct.Threshold(ratio=0.05, exchange="spardl", named_parameters=named, **common.EVERY),
     "TopK": lambda named: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=named, **common.EVERY),
     "RTopK": lambda named: sct.RTopK(ratio=0.05, seed=3, exchange="allgather", named_parameters=named, **common.EVERY),
-    "RandomK": lambda named: sct.RandomK(ratio=0.05, seed=5, exchange="spardl", named_parameters=named, **common.EVERY),
+    "RandomK": lambda named: sct.RandomK(ratio=0.05, seed=5, named_parameters=named, **common.EVERY),
     "RandomBlock": lambda named: sct.RandomBlock(ratio=0.05, seed=7, named_parameters=named, **common.EVERY),
 }
 
