@@ -114,7 +114,9 @@ def documented(summary, method, framework):
 
 
 class Given:
-    """A constructor call's arguments, sorted by who takes them."""
+    """A constructor call's arguments, sorted by who takes them: the method (built here), the
+    settings (core.compressor.Settings: the policy's and the planner's), the binding and the
+    compressor's own (process_set, loss_scaler)."""
 
     def __init__(self, owner, method_type, framework, args, kwargs):
         try:
@@ -137,8 +139,4 @@ class Given:
             if name in given:
                 value = given[name] if name in method_takes else given.pop(name)
                 self.settings[name] = value
-        self.method_arguments = given
-
-    def method(self, method_type, owner):
-        """The validated Method of these arguments, named after the compressor class (`owner`)."""
-        return method_type(owner, **self.method_arguments)
+        self.method = method_type(owner, **given)  # validated, named after the compressor class

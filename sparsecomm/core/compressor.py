@@ -32,16 +32,9 @@ class Settings(abc.ABC):
             cls.__signature__ = arguments.signature(cls.method_type.__name__, cls.framework)
             cls.__doc__ = arguments.documented(cls.__doc__, cls.method_type.__name__, cls.framework)
 
-    def _configure_from(self, args, kwargs):
-        """The settings of a constructor call (its method's arguments, the policy's and the
-        planner's); returns the call's arguments (arguments.Given) for the adapter to take the rest."""
-        owner = type(self).__name__
-        given = arguments.Given(owner, self.method_type, self.framework, args, kwargs)
-        self._configure(given.method(self.method_type, owner), **given.settings)
-        return given
-
-    def _configure(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
-        """exchange: exchange=, network=, dense_fallback= of the per-rank-coordinate methods."""
+    def __init__(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
+        """`method`: a core Method; the policy's arguments; exchange=, network=, dense_fallback= of
+        the per-rank-coordinate methods (arguments.Given sorts a constructor call into these)."""
         self.method = method
         self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
         self.planner = Planner(method.owner, method, self.policy, **exchange)

@@ -13,7 +13,7 @@ declares its core method and its `pack` hook (DGC also `dense_payload`).
 
 import tensorflow as tf
 
-from ..core import methods
+from ..core import arguments, methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
 from . import elastic, exchange, loss_scaling, ops, stages
@@ -35,7 +35,8 @@ class Compressor(Settings, tf.Module):
 
     def __init__(self, *args, **kwargs):
         tf.Module.__init__(self)
-        given = self._configure_from(args, kwargs)
+        given = arguments.Given(type(self).__name__, self.method_type, self.framework, args, kwargs)
+        Settings.__init__(self, given.method, **given.settings)
         self._name = self.method.owner
         self._process_set = given.process_set
         self._scaler = loss_scaling.checked_scaler(self._name, given.loss_scaler)

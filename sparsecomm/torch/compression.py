@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from ..core import methods
+from ..core import arguments, methods
 from ..core.compressor import Settings
 from ..core.selection import selected_count
 from . import calibration, collectives, elastic, exchange, ops
@@ -35,7 +35,8 @@ class Compressor(Settings):
     framework = "torch"
 
     def __init__(self, *args, **kwargs):
-        given = self._configure_from(args, kwargs)
+        given = arguments.Given(type(self).__name__, self.method_type, self.framework, args, kwargs)
+        super().__init__(given.method, **given.settings)
         self._name = self.method.owner
         self.process_set = given.process_set  # the optimizer's (None: all ranks); the agreement check runs over it
         self.collectives = collectives.Horovod(self.process_set)  # the DDP hook puts torch.distributed's here

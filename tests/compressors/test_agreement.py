@@ -35,7 +35,7 @@ class Rank(Settings):
     """One rank's compressor, framework-free: its shared state is {tensor: {"step": n}}."""
 
     def __init__(self, rank, collective, steps, method=None):
-        self._configure(method or methods.RandomBlock("RandomBlock", 0.05, 7, True))
+        super().__init__(method or methods.RandomBlock("RandomBlock", 0.05, 7, True))
         self.rank, self.collective, self.steps = rank, collective, dict(steps)
 
     def _ranks(self):

@@ -394,7 +394,7 @@ def test_the_network_is_measured_only_after_the_watched_steps():
 
     class Watching(Settings):
         def __init__(self):
-            self._configure(methods.TopK("TopK", 0.001))
+            super().__init__(methods.TopK("TopK", 0.001))
             self.planner.auto.watch_backward()
             self.measures = 0
 
