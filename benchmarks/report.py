@@ -1,16 +1,18 @@
-"""Figures (PNG) and docs/results.md from the benchmark records.
+"""Figures (PNG), CSV tables and docs/results.md from the benchmark records.
 
-`write` draws the figures and writes the page from a results dict (the run's results.json):
-`python -m benchmarks all` calls it after measuring, `python -m benchmarks report`
-on a recorded run, measuring nothing. The page: a summary table, the figures, one table per
-kind of result (a row per configuration, a column per number), how it was measured last."""
+`write` draws the figures, writes the wide tables as CSV files and the page from a results dict
+(the run's results.json): `python -m benchmarks all` calls it after measuring, `python -m
+benchmarks report` on a recorded run, measuring nothing. The page: a headline table (at most
+HEADLINE_COLUMNS columns, one figure a cell), the figures, narrow tables and short sentences per
+kind of result, how it was measured last; every column of the wide tables is in the CSV files
+it links. It names no commit and no date: those live in results.json and the commit bodies."""
 
+import csv
 import os
 import platform
 import re
 import shlex
 import statistics
-import textwrap
 
 from . import first_steps, scaling
 from .convergence import change_text, final_text, final_value_text
@@ -141,6 +143,26 @@ def relative_command(command, root=None):
     return shlex.join(relative(word) for word in shlex.split(command))
 
 
+# A commit as `git describe --always --dirty` names it (7 to 40 hex digits, a letter and a digit
+# among them; after a tag, "-N-g"), and the phrases that name one in the records' texts.
+COMMIT = r"(?:[\w.]+-\d+-g)?(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}(?:-dirty)?"
+COMMIT_PHRASES = (
+    (re.compile(rf" (?:on|code) (?:{COMMIT}|None)\b"), ""),  # "`python -m benchmarks all` on 219ef1c"
+    (re.compile(rf" \({COMMIT}\)"), ""),  # 'for "DGC 0.1% Nesterov" (e2e0774)'
+    (re.compile(rf"\({COMMIT}, "), "("),  # "(7b3152f, all three tasks)"
+    (re.compile(rf", {COMMIT}\)"), ")"),
+    (re.compile(rf"\b{COMMIT}\b"), "another commit"),  # any other
+)
+
+
+def without_commits(text):
+    """A recorded text (where reused records were trained, which run timed a table) as the page
+    shows it: without the commits it names. results.json keeps them."""
+    for phrase, replacement in COMMIT_PHRASES:
+        text = phrase.sub(replacement, text)
+    return text
+
+
 def convergence_source(earlier, path):
     """Where reused convergence records were trained: the run that trained them, however many
     runs have reused them since (`earlier` is the results.json read from `path`)."""
@@ -171,14 +193,8 @@ def with_convergence_added(results, run, path):
 
 
 def _para(text):
-    """A paragraph (or a "- " list item) wrapped at 100 characters."""
-    return textwrap.fill(
-        text,
-        100,
-        subsequent_indent="  " if text.startswith("- ") else "",
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
+    """A paragraph (or a "- " list item): one line, wrapped where longer than scaling.PARAGRAPH_WIDTH."""
+    return scaling._para(text)
 
 
 def _md_table(header, rows):
@@ -187,9 +203,18 @@ def _md_table(header, rows):
     return "\n".join(lines)
 
 
+def write_csv(path, header, rows):
+    """A wide table as a CSV file (GitHub shows it as a table): its header, then its rows."""
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+
+
 # -- the records, in the page's order --------------------------------------------------------
 
 NETWORK_ORDER = ("1gbit", "10gbit", "unshaped")
+NETWORK_NAMES = {"1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s"}
 MODELS = {
     "comm": "an MLP 1024-4096-4096-1024, 25.2M parameters, 101 MB of gradient, batch 8",
     "compute": "a CNN on 32x32x3 images, 0.29M parameters, batch 32",
@@ -210,6 +235,11 @@ VERDICTS = (
     "slower at the median, but its interval reaches the 3% margin: not told apart from it",
     "**slower than the fastest by more than 3%**",
 )
+HEADLINE_COLUMNS = 8  # the headline table's most columns: one to read in 30 seconds
+
+
+def _network_name(network):
+    return NETWORK_NAMES.get(network, network)
 
 
 def _networks(records):
@@ -251,13 +281,9 @@ def _cells(e2e):
         )
 
 
-def _joined(values, sep=" / "):
-    """One value where all are the same, else each in turn: 0.239 / 0.240 / 0.234."""
-    distinct = _ordered(values)
-    return distinct[0] if len(distinct) == 1 else sep.join(values)
-
-
-# -- summary ---------------------------------------------------------------------------------
+def _flat(records):
+    """The records of one rank a host (not those of a layout of hosts of several ranks)."""
+    return [r for r in records if ranks_per_host(r["network_model"]) == 1]
 
 
 def _trained_as(method, trained):
@@ -274,130 +300,264 @@ def _speed(value):
     return "-" if value is None else f"{value:.1f}x"
 
 
-def _summary(results):
-    """The summary table: per method, its speed against dense and each peer on the summary
-    model's shaped networks (a cell per network, 2 ranks / 4 ranks in it), and its accuracy."""
-    e2e, conv = results["e2e"], results["convergence"]
-    model = "comm" if any(r["model"] == "comm" for r in e2e) else next((r["model"] for r in e2e), None)
-    rows = [r for r in e2e if r["model"] == model]
-    netmodel = (
-        "per-host"
-        if any(r["network_model"] == "per-host" for r in rows)
-        else next((r["network_model"] for r in rows), None)
-    )
-    rows = [r for r in rows if r["network_model"] == netmodel]
-    networks = [n for n in ("1gbit", "10gbit") if any(r["network"] == n for r in rows)] or _networks(rows)
-    ranks = sorted({r["ranks"] for r in rows})
-    peers = [p for p in PEERS if any(r["method"] == p for r in rows)]
-    tasks = _ordered(r["task"] for r in conv)
+def _metric(task, conv):
+    return "accuracy" if any(r["task"] == task and r["metric"] == "accuracy" for r in conv) else "loss"
+
+
+def _final_figure(record):
+    """A convergence record's final value, one figure: 98.9% (accuracy) or 1.622 (a loss)."""
+    if record is None:
+        return "-"
+    return f"{100 * record['final']:.1f}%" if record["metric"] == "accuracy" else f"{record['final']:.3f}"
+
+
+def _record_of(conv, task, method):
+    """The convergence record of `task` that an e2e row `method` trains as, or None."""
     trained = {(r["task"], r["method"]): r for r in conv}
-    timed = ["dense"] + _ordered(r["method"] for r in rows if r["family"] == "sparsecomm")
-    methods = timed
+    return trained.get((task, _trained_as(method, {m for t, m in trained if t == task}) or method))
 
-    def against(method, network, peer):
-        cells = []
-        for n in ranks:
-            mine = _cell_of(rows, model, netmodel, n, network, method)
-            theirs = None if peer is None else _cell_of(rows, model, netmodel, n, network, peer)
-            if mine is None or (peer is not None and (theirs is None or not mine["vs_floor"])):
-                cells.append(None)
-            else:
-                cells.append(mine["vs_dense"] if peer is None else (theirs["vs_floor"] or 0) / mine["vs_floor"])
-        return " / ".join(_speed(c) for c in cells)
 
-    header = ["method"] + [f"{n} vs {PEERS.get(p, 'dense')}" for n in networks for p in [None, *peers]]
-    metric = {r["task"]: r["metric"] for r in conv}
-    header += [f"{t} {'accuracy' if metric[t] == 'accuracy' else 'loss'}" for t in tasks]
-    table = []
-    for method in methods:
-        row = [method] + [against(method, n, p) for n in networks for p in [None, *peers]]
-        for task in tasks:
-            record = trained.get((task, _trained_as(method, {m for t, m in trained if t == task}) or method))
-            row.append("-" if record is None else final_text(record, trained.get((task, "dense"))))
-        table.append(row)
+# -- the headline ----------------------------------------------------------------------------
+
+
+def _headline_cells(e2e):
+    """(model, network model, ranks, networks, their records) of the headline: the comm model
+    (else the first), per host (else the first network model of one rank a host), its most ranks,
+    1 and 10 Gbit/s (else its first two networks)."""
+    models = _ordered(r["model"] for r in e2e)
+    model = "comm" if "comm" in models else next(iter(models), None)
+    rows = _flat([r for r in e2e if r["model"] == model])
+    netmodels = _ordered(r["network_model"] for r in rows)
+    netmodel = "per-host" if "per-host" in netmodels else next(iter(netmodels), None)
+    rows = [r for r in rows if r["network_model"] == netmodel]
+    ranks = max((r["ranks"] for r in rows), default=None)
+    rows = [r for r in rows if r["ranks"] == ranks]
+    networks = [n for n in ("1gbit", "10gbit") if any(r["network"] == n for r in rows)] or _networks(rows)[:2]
+    return model, netmodel, ranks, networks, rows
+
+
+def _against(mine, theirs):
+    """How many times faster `mine` steps than `theirs` (same cell), paired through the floor
+    where both have vs_floor; None where either is missing."""
+    if mine is None or theirs is None:
+        return None
+    if mine.get("vs_floor") and theirs.get("vs_floor"):
+        return theirs["vs_floor"] / mine["vs_floor"]
+    return theirs["step_ms"] / mine["step_ms"]
+
+
+def _fastest_peer(rows, network):
+    """The peer row (PEERS) of `rows` that steps fastest on `network`, or None."""
+    peers = [r for r in rows if r["network"] == network and r["method"] in PEERS]
+    paired = all(r.get("vs_floor") for r in peers)
+    return min(peers, key=lambda r: r["vs_floor"] if paired else r["step_ms"], default=None)
+
+
+def _headline(results):
+    """(header, rows, the model, network model and ranks shown): per method (dense, then each of
+    ours), one figure a cell: its speed against dense and against the fastest peer on each network
+    shown, then its final accuracy or loss on each task that fits in HEADLINE_COLUMNS columns."""
+    e2e, conv = results["e2e"], results["convergence"]
+    model, netmodel, ranks, networks, rows = _headline_cells(e2e)
+    peers = {n: _fastest_peer(rows, n) for n in networks}
+    columns = [c for n in networks for c in [(n, None)] + ([(n, peers[n])] if peers[n] else [])]
+    header = ["method"] + [
+        f"{_network_name(n)} vs dense"
+        if peer is None
+        else f"{_network_name(n)} vs fastest peer ({PEERS[peer['method']]})"
+        for n, peer in columns
+    ]
+    tasks = _ordered(r["task"] for r in conv)[: max(0, HEADLINE_COLUMNS - len(header))]
+    header += [f"{t} {_metric(t, conv)}" for t in tasks]
+    body = []
+    for method in ["dense"] + _ordered(r["method"] for r in rows if r["family"] == "sparsecomm"):
+        mine = {n: next((r for r in rows if r["network"] == n and r["method"] == method), None) for n in networks}
+        speeds = [(mine[n] or {}).get("vs_dense") if peer is None else _against(mine[n], peer) for n, peer in columns]
+        body.append([method, *map(_speed, speeds), *(_final_figure(_record_of(conv, t, method)) for t in tasks)])
+    return header, body, (model, netmodel, ranks)
+
+
+def _headline_notes(results, shown, rel):
+    """How to read the headline table, and the other models' speeds in a sentence."""
+    e2e, conv = results["e2e"], results["convergence"]
+    model, netmodel, ranks = shown
     described = f"the {model} model ({SHORT[model]})" if model in SHORT else f"the {model} model"
-    intro = (
-        f"Speed on {described}, {netmodel} network, {' / '.join(f'{n} ranks' for n in ranks)} in each "
-        f"cell: above 1.0x the method is faster than the dense or peer row of the same run."
+    text = (
+        f"How to read it: {ranks} ranks of {described}, one NIC each ({netmodel} network). A speed is how many "
+        "times faster the method's step is than dense's (Horovod, float32) or than the fastest peer's on that "
+        f"network (of {', '.join(_ordered(PEERS.values()))}), in the same run: above 1.0x the method is faster."
     )
-    return "\n".join([_para(intro), "", _md_table(header, table), "", *_summary_notes(e2e, conv, model)])
-
-
-def _summary_notes(e2e, conv, model):
-    """The summary's bullets: the ranks the accuracy comes from, and the other models' speeds."""
-    lines = []
     if conv:
         trained_ranks = " or ".join(_ordered(str(r.get("ranks", "?")) for r in conv))
-        lines.append(
-            _para(
-                f"- Accuracy on {trained_ranks} ranks, with the change against dense (a loss is better "
-                f"when lower). More methods and the intervals: below."
-            )
-        )
+        text += f" Accuracy and loss: the final value on {trained_ranks} ranks, the mean over the seeds."
+    text += f" Every rank count, network and peer: [summary.csv]({rel}/summary.csv)."
     other = [r for r in e2e if r["model"] != model and r["family"] == "sparsecomm" and r["vs_dense"] is not None]
     if other:
         low, high = min(r["vs_dense"] for r in other), max(r["vs_dense"] for r in other)
         names = " and ".join(f"the {m} model" for m in _ordered(r["model"] for r in other))
         auto = [r for r in other if r["method"] == AUTO]
         dense = " `auto` sends it all dense." if auto and all(r["exchanges"] == ["dense"] for r in auto) else ""
-        lines.append(
-            _para(
-                f"- On {names}, compute dominates: every method runs at {low:.2f}x to {high:.2f}x of "
-                f"dense's speed.{dense}"
-            )
+        text += (
+            f" On {names}, compute dominates: every method runs at {low:.2f}x to {high:.2f}x of dense's speed.{dense}"
         )
-    return lines
+    return _para(text)
+
+
+def _summary(results, rel):
+    """The page's summary: the headline table and how to read it."""
+    header, rows, shown = _headline(results)
+    return f"{_md_table(header, rows)}\n\n{_headline_notes(results, shown, rel)}"
+
+
+def _summary_wide(results):
+    """(header, rows) of summary.csv: per method, its speed against dense and each peer in every
+    cell of the headline's model and network model, then its accuracy with its range and change."""
+    e2e, conv = results["e2e"], results["convergence"]
+    model, netmodel = _headline_cells(e2e)[:2]
+    rows = [r for r in e2e if r["model"] == model and r["network_model"] == netmodel]
+    cells = [(n, net) for n in sorted({r["ranks"] for r in rows}) for net in _networks(rows)]
+    peers = [p for p in PEERS if any(r["method"] == p for r in rows)]
+    tasks = _ordered(r["task"] for r in conv)
+    header = ["method"] + [
+        f"{n} ranks {_network_name(net)} vs {PEERS.get(p, 'dense')}" for n, net in cells for p in [None, *peers]
+    ]
+    header += [f"{t} {_metric(t, conv)}" for t in tasks]
+    body = []
+    for method in ["dense"] + _ordered(r["method"] for r in rows if r["family"] == "sparsecomm"):
+        row = [method]
+        for n, net in cells:
+            mine = _cell_of(rows, model, netmodel, n, net, method)
+            row.append(ratio_text((mine or {}).get("vs_dense")))
+            row += [ratio_text(_against(mine, _cell_of(rows, model, netmodel, n, net, p))) for p in peers]
+        for task in tasks:
+            record = _record_of(conv, task, method)
+            row.append("-" if record is None else final_text(record, _record_of(conv, task, "dense")))
+        body.append(row)
+    return header, body
 
 
 # -- end-to-end tables -----------------------------------------------------------------------
 
-
-def _e2e_tables(e2e):
-    """Per network model: a row per (model, method); its received MB and exchange (per ranks),
-    then per (ranks, network) its ms/step, vs dense and vs floor."""
-    blocks = []
-    for netmodel in sorted({r["network_model"] for r in e2e}):
-        rows = [r for r in e2e if r["network_model"] == netmodel]
-        ranks = sorted({r["ranks"] for r in rows})
-        cells = [(n, net) for n in ranks for net in _networks(rows)]
-        labels = {n: _ranks_label(n, netmodel) for n in ranks}
-        header = ["model", "method", f"received MB ({' / '.join(labels.values())})", "exchange"]
-        for n, net in cells:
-            header += [f"{labels[n]} {net} ms/step", "vs dense", "vs floor"]
-        body = []
-        for model, method in _ordered((r["model"], r["method"]) for r in rows):
-            found = [_cell_of(rows, model, netmodel, n, net, method) for n, net in cells]
-            per_ranks = [[c for (m, _), c in zip(cells, found) if m == n and c is not None] for n in ranks]
-            row = [
-                model,
-                method,
-                " / ".join(
-                    _joined([f"{c['received_bytes'] / 1e6:.3f}" for c in have], ", ") for have in per_ranks if have
-                ),
-                _joined(
-                    [", ".join(_ordered(e for c in have for e in c["exchanges"])) or "-" for have in per_ranks if have]
-                ),
-            ]
-            for c in found:
-                row += (
-                    ["", "", ""]
-                    if c is None
-                    else [
-                        f"{c['step_ms']:.1f}",
-                        ratio_text(c.get("vs_dense"), c.get("vs_dense_interval")),
-                        ratio_text(c.get("vs_floor"), c.get("vs_floor_interval")),
-                    ]
-                )
-            body.append(row)
-        named = len({r["network_model"] for r in e2e}) > 1 or ranks_per_host(netmodel) > 1
-        blocks.append((f"**{netmodel.capitalize()} network.**\n\n" if named else "") + _md_table(header, body))
-    return "\n\n".join(blocks)
+E2E_FIGURES = ("ms/step", "vs dense", "vs floor", "received MB", "exchange")  # a cell's, in e2e.csv
 
 
 def _ranks_label(ranks, netmodel):
     """A cell's ranks: "4 ranks", or "2x2" on the network model of hosts of 2 ranks."""
     per_host = ranks_per_host(netmodel)
     return f"{ranks} ranks" if per_host == 1 else layout_label(ranks, per_host)
+
+
+def _e2e_cells(records):
+    """{(network model, ranks, network): its label, "4 ranks 1 Gbit/s" or "2x2 1 Gbit/s"}, one rank
+    a host first, then by ranks and network; the network model joins a label where two would match."""
+    keys = sorted(
+        {(r["network_model"], r["ranks"], r["network"]) for r in records},
+        key=lambda c: (ranks_per_host(c[0]), c[0], c[1], (NETWORK_ORDER + (c[2],)).index(c[2])),
+    )
+    labels = {c: f"{_ranks_label(c[1], c[0])} {_network_name(c[2])}" for c in keys}
+    if len(set(labels.values())) < len(labels):  # several network models of one rank a host
+        labels = {c: f"{label} ({c[0]})" for c, label in labels.items()}
+    return labels
+
+
+def _e2e_wide(records):
+    """(header, rows) of e2e.csv and hosts.csv: a row per (model, method); per cell (network
+    model, ranks, network) its ms/step, vs dense and vs floor with their 95% intervals, the MB a
+    rank receives a step and the exchanges that sent it (E2E_FIGURES)."""
+    cells = _e2e_cells(records)
+    by = {(r["model"], r["network_model"], r["ranks"], r["network"], r["method"]): r for r in records}
+    header = ["model", "method"] + [f"{label} {what}" for label in cells.values() for what in E2E_FIGURES]
+    body = []
+    for model, method in _ordered((r["model"], r["method"]) for r in records):
+        row = [model, method]
+        for cell in cells:
+            c = by.get((model, *cell, method))
+            row += (
+                [""] * len(E2E_FIGURES)
+                if c is None
+                else [
+                    f"{c['step_ms']:.1f}",
+                    ratio_text(c.get("vs_dense"), c.get("vs_dense_interval")),
+                    ratio_text(c.get("vs_floor"), c.get("vs_floor_interval")),
+                    f"{c['received_bytes'] / 1e6:.3f}",
+                    ", ".join(c["exchanges"]) or "-",
+                ]
+            )
+        body.append(row)
+    return header, body
+
+
+def _step_table(records):
+    """(header, rows) of one model's records, narrow: a row per method (not the `local` rows),
+    its ms/step in each cell, then per ranks (or layout of hosts) the MB a rank receives a step
+    on the first network."""
+    cells = _e2e_cells(records)
+    layouts = _ordered((netmodel, ranks) for netmodel, ranks, _ in cells)
+    by = {(r["network_model"], r["ranks"], r["network"], r["method"]): r for r in records}
+    header = ["method", *cells.values(), *(f"{_ranks_label(n, m)} MB" for m, n in layouts)]
+    body = []
+    for method in _ordered(r["method"] for r in records if r["family"] != "local"):
+        row = [method] + [f"{by[(*c, method)]['step_ms']:.1f}" if (*c, method) in by else "-" for c in cells]
+        for layout in layouts:
+            first = next((by[(*c, method)] for c in cells if c[:2] == layout and (*c, method) in by), None)
+            row.append("-" if first is None else f"{first['received_bytes'] / 1e6:.3f}")
+        body.append(row)
+    return header, body
+
+
+CELL_HEADER = ("method", "ms/step", "vs dense", "vs floor", "received MB", "exchange")
+
+
+def _cell_tables(records):
+    """Per cell (model, network model, ranks, network): its title and a narrow table, a row per
+    method and one figure a column (CELL_HEADER); the intervals are in the CSV files."""
+    blocks = []
+    for key in _ordered((r["model"], r["network_model"], r["ranks"], r["network"]) for r in records):
+        model, netmodel, ranks, net = key
+        mine = [r for r in records if (r["model"], r["network_model"], r["ranks"], r["network"]) == key]
+        rows = [
+            (
+                r["method"],
+                f"{r['step_ms']:.1f}",
+                ratio_text(r.get("vs_dense")),
+                ratio_text(r.get("vs_floor")),
+                f"{r['received_bytes'] / 1e6:.3f}",
+                ", ".join(r["exchanges"]) or "-",
+            )
+            for r in mine
+        ]
+        title = f"**{model} model, {_ranks_label(ranks, netmodel)}, {_network_name(net)} ({netmodel})**"
+        blocks.append(f"{title}\n\n{_md_table(CELL_HEADER, rows)}")
+    return "\n\n".join(blocks)
+
+
+def _e2e_section(results, rel):
+    """The page's end-to-end section: the headline model's ms/step per cell, its hosts of several
+    ranks, auto against its routes alone, Horovod or DDP, and where a step's time goes."""
+    e2e = results["e2e"]
+    model = _headline_cells(e2e)[0]
+    mine = [r for r in e2e if r["model"] == model]
+    flat, hosts = _flat(mine), [r for r in mine if ranks_per_host(r["network_model"]) > 1]
+    netmodels = " and ".join(_ordered(r["network_model"] for r in flat))
+    first = _network_name(next(iter(_networks(flat)), "-"))
+    parts = [
+        _para(
+            f"The {model} model's ms/step (the median over the timed steps of the slowest rank) in each cell of "
+            f"ranks and network, on the {netmodels} network; MB: what a rank receives a step, at {first}. Ratios "
+            f"with their 95% intervals, the exchanges, the `local` rows and every model: [e2e.csv]({rel}/e2e.csv)."
+        ),
+        _md_table(*_step_table(flat)),
+    ]
+    if hosts:
+        parts.append(
+            _para(
+                f"**Hosts of several ranks** ({model} model): 2x2 is 2 hosts of 2 ranks, one NIC a host; ms/step "
+                f"and MB as above. Ratios with their intervals: [hosts.csv]({rel}/hosts.csv)."
+            )
+        )
+        parts.append(_md_table(*_step_table(hosts)))
+    parts += [_auto_block(e2e, rel), _ways_block(e2e, rel), _phase_text(e2e, rel)]
+    return "\n\n".join(part for part in parts if part)
 
 
 def _verdict(speedup, interval):
@@ -486,27 +646,59 @@ def _trial_ratios(trial):
     return f"{ratios} over {trial['steps']} steps"
 
 
-def _auto_block(e2e, said=True):
-    """The table of _auto_rows, after what it means (`said`; an added run's: its title alone)."""
-    rows = _auto_rows(e2e)
+def _auto_block(e2e, rel=None, table=True):
+    """exchange="auto" against the fastest of its routes alone: how many cells meet each verdict,
+    each cell where it is slower by more than 3%, what its route trial kept, and (`table`) a narrow
+    table: a row per model and ranks, a column per network, auto's step against that route's
+    (bold: slower by more than 3%); every column of _auto_rows in auto.csv (`rel`: the folder of
+    the CSV files, relative to the page; None: no link). "" where the records have no auto row."""
+    rows = [(r, *_against_fastest(r, e2e)) for r in e2e if r["method"] == AUTO and r["vs_dense"] is not None]
     if not rows:
         return ""
-    if not said:
-        return f'**exchange="auto" against its routes alone.**\n\n{_md_table(AUTO_HEADER, rows)}\n\n'
-    return f"""**exchange="auto" against its routes alone** (DGC 0.1%): meant to be within 3% of the fastest
-of the rows of its cell that send every tensor one way (dense, allgather, SparDL, hierarchical), or
-faster; above 1.00x auto is faster.
+    verdicts = [_verdict(speedup, interval) for _, _, speedup, interval in rows]
+    slower = [
+        f"{r['model']} {_ranks_label(r['ranks'], r['network_model'])} {_network_name(r['network'])} "
+        f"{speedup:.2f}x of {fastest}"
+        for (r, fastest, speedup, _), verdict in zip(rows, verdicts)
+        if verdict == VERDICTS[2]
+    ]
+    kept = [(r.get("route_trial") or {}).get("kept") for r, *_ in rows]
+    trial = ", ".join(
+        f"{KEPT.get(k, k)} in {kept.count(k)} cell{'' if kept.count(k) == 1 else 's'}"
+        for k in _ordered(filter(None, kept))
+    )
+    link = f" With the intervals, the trial's steps and the compress hooks: [auto.csv]({rel}/auto.csv)." if rel else ""
+    said = _para(
+        f'**exchange="auto"** (DGC 0.1%) against the fastest of the rows of its cell that send every tensor one '
+        f"way (dense, allgather, SparDL, hierarchical), its step over auto's: within 3% or faster (0.97x or more) "
+        f"in {verdicts.count(VERDICTS[0])} of {len(rows)} cells; slower at the median but not told apart (its "
+        f"interval reaches the margin) in {verdicts.count(VERDICTS[1])}; slower by more than 3% (bold) in "
+        f"{len(slower)}"
+        + (f" ({'; '.join(slower)})" if slower else "")
+        + "."
+        + (f" Its route trial kept {trial}." if trial else "")
+        + link
+    )
+    if not table:
+        return said
+    networks = _networks([r for r, *_ in rows])
+    by = {(r["model"], r["network_model"], r["ranks"], r["network"]): (s, v) for (r, _, s, _), v in zip(rows, verdicts)}
+    body = []
+    for model, netmodel, ranks in _ordered((r["model"], r["network_model"], r["ranks"]) for r, *_ in rows):
+        cells = [by.get((model, netmodel, ranks, n)) for n in networks]
+        shown = ["-" if c is None else f"**{c[0]:.2f}x**" if c[1] == VERDICTS[2] else f"{c[0]:.2f}x" for c in cells]
+        body.append([model, layout_label(ranks, ranks_per_host(netmodel)), *shown])
+    return f"{said}\n\n{_md_table(['model', 'ranks', *map(_network_name, networks)], body)}"
 
-{_md_table(AUTO_HEADER, rows)}
 
-"""
+KEPT = {"model": "the model's routes"}  # what a route trial kept, as the page says it
 
 
 def _phase_rows(e2e):
-    """(header, rows): a row per comm-model cell (ranks, network); per method shown (the floor,
-    the synced floor, each local row and its method) the ms of each phase where they were timed,
-    then each method with a local row over that row (its kernels alone: what its exchange adds).
-    Cells with neither are left out."""
+    """(header, rows) of phases.csv: a row per comm-model cell (ranks, network); per method shown
+    (the floor, the synced floor, each local row and its method) the ms of each phase where they
+    were timed, then each method with a local row over that row (its kernels alone: what its
+    exchange adds). Cells with neither are left out."""
     cells = []
     for netmodel, ranks, net, cell in _cells(e2e):
         by = {r["method"]: r for r in cell}
@@ -524,11 +716,8 @@ def _phase_rows(e2e):
             cells.append((layout_label(ranks, ranks_per_host(netmodel)), net, timed, shown, over))
     methods = _ordered(m for *_, shown, _ in cells for m in shown)
     locals_of = _ordered(m for *_, over in cells for m in over)
-    header = (
-        ["ranks", "network"]
-        + [f"{m} {p}" if i == 0 else p for m in methods for i, p in enumerate(PHASES)]
-        + [f"{m} over kernels alone" for m in locals_of]
-    )
+    header = ["ranks", "network", *(f"{m} {p}" for m in methods for p in PHASES)]
+    header += [f"{m} over kernels alone" for m in locals_of]
     rows = [
         (
             ranks,
@@ -544,16 +733,26 @@ def _phase_rows(e2e):
     return header, rows
 
 
-def _phase_block(e2e):
-    header, rows = _phase_rows(e2e)
-    if not rows:
+def _phase_text(e2e, rel):
+    """A paragraph on where a step's time goes: each method over its kernels alone, from its
+    lowest to its highest cell; every phase of every cell in phases.csv."""
+    if not _phase_rows(e2e)[1]:
         return ""
-    return f"""**Where a step's time goes** (comm model): ms per phase, medians on the slowest rank; and each
-method over its kernels alone (its `local` row), which is what its exchange adds.
-
-{_md_table(header, rows)}
-
-"""
+    over = {}
+    for _, _, _, cell in _cells(e2e):
+        for r in cell:
+            if r.get("vs_local") is not None:
+                over.setdefault(r["method"], []).append(r["vs_local"])
+    said = "; ".join(f"{m} {_span(values, '.2f')}x" for m, values in over.items())
+    return _para(
+        f"**Where a step's time goes** (comm model): the ms of each phase, on the slowest rank, of the floor, "
+        f"each `local` row and its method: [phases.csv]({rel}/phases.csv)."
+        + (
+            f" Each method over its kernels alone (its `local` row), which is what its exchange adds: {said}."
+            if said
+            else ""
+        )
+    )
 
 
 def _timing(e2e):
@@ -573,8 +772,9 @@ def _timing(e2e):
                 listed = ", ".join(map(str, sizes[:-1])) + (" or " if len(sizes) > 1 else "") + str(sizes[-1])
                 together = f"in groups of {listed} rows that fit in memory together, each with the floor and dense"
             how.append(f"in {n} interleaved turns ({together})")
-        parts.append(_para(f"- The {model} model's rows were timed {' or '.join(how)}."))
-    return "\n".join(parts)
+        parts.append(f"the {model} model's rows were timed {' or '.join(how)}")
+    said = "; ".join(parts)
+    return f"{said[:1].upper()}{said[1:]}." if said else ""
 
 
 # -- the same compressor, two ways in: Horovod and DDP's hook -------------------------------
@@ -584,9 +784,9 @@ WAYS_HEADER = (
     "network",
     "method",
     "Horovod ms/step",
-    "vs floor",
+    "Horovod vs floor",
     "DDP hook ms/step",
-    "vs floor",
+    "DDP hook vs floor",
     "DDP hook / Horovod",
     "DDP hook vs DDP PowerSGD",
     "received MB Horovod / DDP",
@@ -645,18 +845,17 @@ def _ways_rows(records):
     return rows
 
 
-def _ways_block(records):
-    rows = _ways_rows(records)
-    if not rows:
+def _ways_block(records, rel=None):
+    """Horovod or DDP: what the table of _ways_rows says (_ways_text), the table itself in
+    ways.csv (`rel`: the folder of the CSV files, relative to the page; None: no link)."""
+    if not _ways_rows(records):
         return ""
-    return f"""**Horovod or DDP** (comm model): each method through Horovod and as DDP's communication
-hook, in the same run. DDP hook / Horovod: below 1.00x the hook is faster.
-
-{_md_table(WAYS_HEADER, rows)}
-
-{_ways_text(records)}
-
-"""
+    link = f" Each pair, with the MB and the phases of each way: [ways.csv]({rel}/ways.csv)." if rel else ""
+    said = _para(
+        "**Horovod or DDP** (comm model): each method through Horovod and as DDP's communication hook, in the "
+        f"same run; DDP hook / Horovod below 1.00x: the hook is faster.{link}"
+    )
+    return f"{said}\n\n{_ways_text(records)}"
 
 
 def _ways_text(records):
@@ -736,30 +935,41 @@ def add_run(results, run):
     return dict(results, e2e_added=kept + [dict(added, records=run["records"])])
 
 
-def _added_block(results):
-    """Each added run: what ran it, its table (as the run of record's), its auto and its Horovod
-    or DDP blocks."""
+def _run_name(run):
+    return f"`{relative_command(run['command'])}`" if run.get("command") else "A run"
+
+
+def _added_block(results, rel=None):
+    """Each added run: what ran it, a narrow table a cell, its auto and its Horovod or DDP
+    paragraphs; its wide table in added.csv (`rel`: the folder of the CSV files; None: no link)."""
     blocks = []
     for run in results.get("e2e_added", []):
-        made = f"`{relative_command(run['command'])}`" if run.get("command") else "A run"
-        code = f" on {run['commit']}" if run.get("commit") else ""
         minutes = f", {run['minutes']:.0f} minutes" if run.get("minutes") is not None else ""
-        said = _para(f"{made}{code}{minutes}: its ratios are against its own floor and dense.")
+        said = _para(f"{_run_name(run)}{minutes}: its ratios are against its own floor and dense.")
         records = run["records"]
-        parts = (
-            said,
-            _e2e_tables(records),
-            _auto_block(records, said=False).strip("\n"),
-            _ways_block(records).strip("\n"),
-        )
+        parts = (said, _cell_tables(records), _auto_block(records, table=False), _ways_block(records))
         blocks.append("\n\n".join(part for part in parts if part))
     if not blocks:
         return ""
+    link = f" With their intervals: [added.csv]({rel}/added.csv)." if rel else ""
     intro = _para(
         "Rows timed after the run of record, in runs of their own (added by `python -m benchmarks "
-        "report --add-e2e`), on the same machine kind."
+        f"report --add-e2e`), on the same machine kind.{link}"
     )
-    return "### Runs added to the record\n\n" + intro + "\n\n" + "\n\n".join(blocks).rstrip("\n") + "\n\n"
+    return "### Runs added to the record\n\n" + intro + "\n\n" + "\n\n".join(blocks)
+
+
+def _added_wide(results):
+    """(header, rows) of added.csv: each added run's e2e.csv rows after its number and command."""
+    tables = [(i, run, *_e2e_wide(run["records"])) for i, run in enumerate(results.get("e2e_added", []), 1)]
+    header = ["run", "command"] + _ordered(h for *_, columns, _ in tables for h in columns)
+    rows = [
+        [i, relative_command(run["command"]) if run.get("command") else "-"]
+        + [dict(zip(columns, row)).get(h, "") for h in header[2:]]
+        for i, run, columns, body in tables
+        for row in body
+    ]
+    return header, rows
 
 
 # -- the first steps of exchange="auto" -------------------------------------------------------
@@ -779,13 +989,10 @@ def _first_steps_block(trial, source=None):
     ]
     launches = max(r.get("launches", 1) for r in trial)
     intro = _para(
-        'DGC 0.1% with exchange="auto" and with each exchange alone, each row from a freshly built '
-        "compressor, one row at a time after a row that pays the process's first steps, in "
-        f"{launches} launches a cell, each started by another row, averaged step by step: the mean of "
-        "its first 30 and 100 step times (slowest rank), its steady step (the median launch's median "
-        "after them), and its first 30 steps' mean over the fastest fixed exchange's in the same cell "
-        f"(auto is meant to be within {first_steps.WITHIN:.2f}x)."
-        + (f" These rows were timed by {source}." if source else "")
+        f'DGC 0.1% with exchange="auto" and with each exchange alone, from a freshly built compressor, {launches} '
+        "launches a cell averaged step by step: the mean of the first 30 and 100 steps (slowest rank), the steady "
+        "step, and the first 30 steps' mean over the fastest fixed exchange's (auto's aim: within "
+        f"{first_steps.WITHIN:.2f}x)." + (f" Timed by {without_commits(source)}." if source else "")
     )
     return f"## First steps of exchange=auto\n\n{intro}\n\n{_md_table(FIRST_STEPS_HEADER, rows)}\n\n"
 
@@ -793,9 +1000,10 @@ def _first_steps_block(trial, source=None):
 # -- convergence and kernels -----------------------------------------------------------------
 
 
-def _convergence_rows(conv):
-    """(header, rows): a row per method, per task its final value (the mean over the seeds and
-    their range), the change against dense and the bytes dense sends per step over the method's."""
+def _convergence_rows(conv, wide=True):
+    """(header, rows): a row per method, per task its final value (the mean over the seeds; `wide`:
+    and their range), the change against dense and the bytes dense sends per step over the
+    method's. `wide`: every column named in full, as convergence.csv's."""
     tasks = _ordered(r["task"] for r in conv)
     by = {(r["task"], r["method"]): r for r in conv}
     rows = []
@@ -807,13 +1015,12 @@ def _convergence_rows(conv):
                 row += ["-", "-", "-"]
                 continue
             saved = r["dense_bytes_per_step"] / max(r["sent_bytes_per_step"], 1)
-            row += [final_value_text(r), "-" if dense is None else change_text(r, dense), f"{saved:.0f}x"]
+            shown = final_value_text(r) if wide else _final_figure(r)
+            row += [shown, "-" if dense is None else change_text(r, dense), f"{saved:.0f}x"]
         rows.append(row)
-    metric = {r["task"]: r["metric"] for r in conv}
+    named = (lambda t, h: f"{t} {h}") if wide else (lambda t, h: h)
     header = ["method"] + [
-        h
-        for t in tasks
-        for h in (f"{t} {'accuracy' if metric[t] == 'accuracy' else 'loss'}", "vs dense", "bytes/step vs dense")
+        h for t in tasks for h in (f"{t} {_metric(t, conv)}", named(t, "vs dense"), named(t, "bytes/step vs dense"))
     ]
     return header, rows
 
@@ -841,29 +1048,70 @@ def _data_text(conv):
     return "\n".join(lines)
 
 
-def _kernel_rows(kernels):
-    """(header, rows): a row per kernel; per (numel, density) its median ms, that over a memcpy
-    of the same numel, and torch.topk's time over it."""
+def _reused(results):
+    """Where the convergence records were trained, where another run trained them: that run's
+    command (and any other runs' whose records were added), without their commits."""
+    if "convergence_from" not in results:
+        return ""
+    return (
+        f"These convergence records were trained by another run ({without_commits(results['convergence_from'])}), "
+        "not by this one."
+    )
+
+
+def _convergence_section(results, rel):
+    conv = results["convergence"]
+    said = (
+        "The final test accuracy or validation loss, the mean over the seeds (a loss is better when lower); vs "
+        "dense: the change; bytes: dense's per step over the method's. With the ranges: "
+        f"[convergence.csv]({rel}/convergence.csv)."
+    )
+    parts = [_para(_reused(results)) if "convergence_from" in results else "", _para(said)]
+    parts += [_md_table(*_convergence_rows(conv, wide=False)), _data_text(conv)]
+    return "## Convergence on real data\n\n" + "\n\n".join(part for part in parts if part)
+
+
+def _kernel_groups(kernels):
+    """The (numel, density) of the kernel runs, and the one the page sets beside memcpy and
+    torch.topk: the most elements at the lowest density."""
     groups = _ordered((k["numel"], k["density"]) for k in kernels)
+    return groups, max(groups, key=lambda g: (g[0], -g[1]), default=None)
+
+
+def _whole_path(op):
+    """Whether a kernel row times a whole path (compress, allreduce, decompress), not one kernel."""
+    return "whole path" in op or "no compression" in op
+
+
+def _kernel_rows(kernels, wide=True):
+    """(header, rows): a row per kernel (not `wide`: per whole path, where the run has them); per
+    (numel, density) its median ms, then (`wide`: per (numel, density) too, as kernels.csv's; else
+    for _kernel_groups' one) that over a memcpy of the same numel, and torch.topk's time over it."""
+    groups, key = _kernel_groups(kernels)
     by = {(k["op"], k["numel"], k["density"]): k for k in kernels}
-    header = ["kernel"] + [
-        h for numel, density in groups for h in (f"{numel:,} at {density:g}: ms", "/ memcpy", "topk / this")
-    ]
-    rows = []
-    for op in _ordered(k["op"] for k in kernels):
+
+    def label(group):
+        return f"{group[0]:,} at {group[1]:g}"
+
+    def ratios(k):
+        return (
+            ["-", "-"]
+            if k is None
+            else [f"{k['median_ms'] / k['memcpy_ms']:.2f}", f"{k['topk_ms'] / k['median_ms']:.2f}"]
+        )
+
+    header, rows = ["kernel"], []
+    for g in groups:
+        header += [f"{label(g)}: ms"] + ([f"{label(g)}: / memcpy", f"{label(g)}: topk / this"] if wide else [])
+    if not wide and key is not None:
+        header += [f"{label(key)}: / memcpy", f"{label(key)}: topk / this"]
+    ops = _ordered(k["op"] for k in kernels)
+    for op in ops if wide else [op for op in ops if _whole_path(op)] or ops:
         row = [op]
-        for numel, density in groups:
-            k = by.get((op, numel, density))
-            row += (
-                ["", "", ""]
-                if k is None
-                else [
-                    f"{k['median_ms']:.3f}",
-                    f"{k['median_ms'] / k['memcpy_ms']:.2f}",
-                    f"{k['topk_ms'] / k['median_ms']:.2f}",
-                ]
-            )
-        rows.append(row)
+        for g in groups:
+            k = by.get((op, *g))
+            row += ["-" if k is None else f"{k['median_ms']:.3f}"] + (ratios(k) if wide else [])
+        rows.append(row + ([] if wide or key is None else ratios(by.get((op, *key)))))
     return header, rows
 
 
@@ -877,30 +1125,30 @@ def _model_rows_text(kernels):
     )
 
 
-def _of_code(results):
-    return f", code {results['commit']}" if results.get("commit") else ""
-
-
-def _reused(results):
-    if "convergence_from" not in results:
+def _kernel_section(kernels, rel):
+    groups, key = _kernel_groups(kernels)
+    if key is None:
         return ""
-    return (
-        f"\nThese convergence records were trained by another run ({results['convergence_from']}), not by this one.\n"
+    said = _para(
+        "Each whole path's median ms per size and density (compress, Horovod's allreduce, decompress); at "
+        f"{key[0]:,} elements and density {key[1]:g}, that over a memcpy of the same numel and torch.topk's time "
+        f"over it. Every kernel alone, both ratios at every size: [kernels.csv]({rel}/kernels.csv)."
     )
+    return f"## Kernels\n\n{said}\n\n{_md_table(*_kernel_rows(kernels, wide=False))}"
 
 
 # -- how it was measured ---------------------------------------------------------------------
 
 NETWORK_MODELS = {
-    "per-host": """Each rank has a network namespace and a veth pair to a bridge, both ends shaped by `tc ... tbf`:
-hosts with one full-duplex NIC each on a non-blocking switch. Unshaped: no tbf.""",
-    "shared": """The ranks of one `horovodrun --gloo` run share one namespace whose loopback `tc ... tbf` shapes:
-ONE link for all, like a small cluster behind one switch port. Unshaped: plain loopback.""",
+    "per-host": "Each rank has a network namespace and a veth pair to a bridge, both ends shaped by `tc ... tbf`: "
+    "one full-duplex NIC a host on a non-blocking switch (unshaped: no tbf)",
+    "shared": "The ranks of one `horovodrun --gloo` run share one namespace whose loopback `tc ... tbf` shapes: "
+    "ONE link for all, like a small cluster behind one switch port (unshaped: plain loopback)",
 }
-HOSTS_OF = """Hosts of several ranks (`--ranks-per-host`): a network namespace a host, its ranks
-talking over its own loopback (unshaped), and one veth pair a host to the bridge, both ends shaped:
-hosts of several GPUs with one NIC each. The model's check takes the link inside a host as
-`cost.HOST_LINK`, far faster than this loopback."""
+HOSTS_OF = (
+    "A namespace a host, its ranks talking over its own unshaped loopback, one shaped veth pair a host: hosts of "
+    "several GPUs with one NIC each (the model's check takes the link inside a host as `cost.HOST_LINK`)"
+)
 
 
 def _network_model_text(name):
@@ -909,34 +1157,31 @@ def _network_model_text(name):
     return NETWORK_MODELS[base] if not hosts else HOSTS_OF
 
 
-RATIOS = """```
-ms/step            = median over the timed steps of the slowest rank's step time
-vs dense           = dense's ms/step / this row's       (above 1.00x: faster than dense)
-vs floor           = this row's ms/step / the floor's   (1.00x: the exchange costs nothing)
-over kernels alone = this row's vs floor / its local row's vs floor
-received MB        = MB one rank receives per step      (dense: 2 (N-1)/N of the gradient)
-predicted ms/step  = floor + sum over the model's tensors of cost.costs(exchange)   (scaling)
-error              = predicted / measured - 1
-```"""
-ROWS = """- **Floor and peers.** `floor`: the step with no exchange, which none can beat. `floor synced`
-  adds a 1-element allreduce: the ranks wait for each other once a step, as every exchanging row
-  must. All step SGD with momentum 0.9, except DGC (its own) and RandomBlock (plain SGD). Peers:
-  PyTorch DDP on gloo, same worker and network: `DDP dense`, `DDP fp16` (`fp16_compress_hook`),
-  `DDP PowerSGD` (`powerSGD_hook`, rank 4, error feedback, warm start, one bucket). Every DDP
-  row passes `gradient_as_bucket_view=True` (runs before 2026-11-26 did not).
-- **DDP + rows.** `DDP + DGC 0.1%` and the like: DDP (default buckets) with our compressor as its
-  communication hook, `sparsecomm.torch.ddp_hook`, with the settings and optimizer of the method's
-  Horovod row (DGC's: `DGC 0.1% allgather`).
-  Their received MB counts each gathered parameter at its padded capacity: what the hook sends.
-- **Local rows and phases.** A `local` row runs its method's compressor on a process set of each
-  rank alone: every kernel, nothing sent. forward: zero_grad and forward. backward: Horovod's hooks
-  compress and start the exchanges. step: Horovod waits, decompresses, and the optimizer steps.
-- **exchange="auto"** is within 3% of the fastest of its routes alone (the cell's dense, DGC
-  allgather, SparDL and hierarchical rows) at 0.97x or more, paired through dense turn by turn;
-  not told apart where only its interval reaches 0.97x. Route trial:
-  [exchanges.md](exchanges.md#overlap-with-the-backward-pass).
-- **Noise.** The ranks share this machine's cores: 4-rank and compute-model rows carry noise of
-  tens of percent. Off 1 Gbit/s, dense fp16 is slow on CPU (software half precision)."""
+RATIOS = (
+    "- **Ratios.** vs dense: dense's ms/step over the row's (above 1.00x: faster than dense); vs floor: the "
+    "row's over the floor's (1.00x: the exchange costs nothing); over kernels alone: the row's vs floor over its "
+    "`local` row's; received MB: what one rank receives a step (dense: 2 (N-1)/N of the gradient)."
+)
+ROWS = (
+    "- **Rows.** `floor`: the step with no exchange, which none can beat; `floor synced` adds a 1-element "
+    "allreduce, so the ranks wait for each other once a step as every exchanging row must. Peers: Horovod's fp16 "
+    "compression (`dense fp16`) and PyTorch DDP on gloo with `gradient_as_bucket_view=True`: `DDP dense`, `DDP "
+    "fp16` (`fp16_compress_hook`), `DDP PowerSGD` (`powerSGD_hook`, rank 4, error feedback, warm start, one "
+    "bucket). `DDP + DGC 0.1%` and the like: DDP (default buckets) with our compressor as its hook "
+    "(`sparsecomm.torch.ddp_hook`), the settings and optimizer of its Horovod row; its MB count each gathered "
+    "parameter at its padded capacity. A `local` row runs its method's compressor on each rank alone: every "
+    "kernel, nothing sent. All step SGD with momentum 0.9, except DGC (its own) and RandomBlock (plain SGD)."
+)
+PHASES_TEXT = (
+    "- **Phases.** forward: zero_grad and forward; backward: Horovod's hooks compress and start the exchanges; "
+    'step: Horovod waits, decompresses, and the optimizer steps. **exchange="auto"** meets its aim at 0.97x or '
+    "more of the fastest of its routes alone, paired through dense turn by turn ([route trial](exchanges.md#"
+    "overlap-with-the-backward-pass))."
+)
+NOISE_TEXT = (
+    "- **Noise.** The ranks share this machine's cores: 4-rank and compute-model rows carry noise of tens of "
+    "percent. Off 1 Gbit/s, dense fp16 is slow on CPU (software half precision)."
+)
 
 
 def _training_text(conv):
@@ -946,17 +1191,15 @@ def _training_text(conv):
     seeds = sorted({s for r in conv for s in (r.get("seeds") or [r.get("seed", 0)])})
     tasks = {r["task"]: r["schedule"] for r in conv}
     each = "; ".join(
-        f"{task}: learning rate {c['lr']} after a linear warm-up of {c['warmup_epochs']} "
-        f"epoch{'' if c['warmup_epochs'] == 1 else 's'}, "
+        f"{task} {c['lr']} after {c['warmup_epochs']} epoch{'' if c['warmup_epochs'] == 1 else 's'}, "
         + (f"the averaged gradient clipped to norm {c['clip_norm']}" if c["clip_norm"] else "no clipping")
         for task, c in tasks.items()
     )
     return (
         f"Every method trains on 2 ranks on the same schedule, once per seed ({', '.join(map(str, seeds))}: "
-        f"initial weights and data order; a final value is the mean [the range]). {each}. DGC's density "
-        "warm-up runs over the same steps, and DGC clips locally at the norm / sqrt(N) (its paper's rule). "
-        "Optimizer momentum 0.9, except DGC (its own) and RandomBlock (plain SGD: with momentum it diverges, "
-        "[random_block.md](random_block.md))."
+        f"initial weights and data order). The learning rate after its linear warm-up, and the clipping: {each}. "
+        "DGC's density warm-up runs over the same steps, and DGC clips locally at the norm / sqrt(N) (its paper's "
+        "rule). RandomBlock steps plain SGD: with momentum it diverges ([random_block.md](random_block.md))."
     )
 
 
@@ -972,110 +1215,117 @@ def _dense_flat_text(conv):
     return f" Dense has flattened by the end: {'; '.join(ends)}." if ends else ""
 
 
-def _method_section(results, rel, scaling_method):
-    e2e = results["e2e"]
-    models = "\n".join(f"- {m} model: {MODELS[m]}." for m in _ordered(r["model"] for r in e2e) if m in MODELS)
+TASKS_TEXT = (
+    " digits: a small CNN, 1,437 training / 360 held-out images. charlm: a GRU (64-dim embedding, 192 hidden) on "
+    "the Python standard library's sources (600 kB, last 10% held out). wordlm: a GRU (64-dim embedding, 128 "
+    "hidden, the 5,000 most frequent words) on the first 250k words of the Wikipedia sample gensim's wheel ships "
+    "for its tests, as gensim's parser reads it (last 10% held out)."
+)
+KERNELS_TEXT = (
+    "- **Kernels** are timed in turn with a float32 memcpy of the same numel and torch.topk(x.abs(), k) "
+    '([kernels.md](kernels.md#measured-speed-cpu)). A "whole path (1 rank)" row is compress, Horovod\'s '
+    'allreduce and decompress; a "TF" row the same in a tf.function.'
+)
+
+
+def _method_section(results, scaling_method):
+    """How it was measured: the run, the network models and models, the timing, the rows, the
+    convergence and kernel runs, and the scaling model (`scaling_method`)."""
+    e2e, conv = results["e2e"], results["convergence"]
     added = [r for run in results.get("e2e_added", []) for r in run["records"]]
-    netmodels = "\n\n".join(
-        f"### Network model: {m}\n\n{_network_model_text(m)}"
-        for m in sorted(
-            {re.sub(rf"{HOSTS_SUFFIX}\d+", f"{HOSTS_SUFFIX}several ranks", r["network_model"]) for r in e2e + added}
-        )
+    netmodels = sorted(
+        {re.sub(rf"{HOSTS_SUFFIX}\d+", f"{HOSTS_SUFFIX}several ranks", r["network_model"]) for r in e2e + added}
     )
-    runs = _para(
-        _training_text(results["convergence"])
-        + _dense_flat_text(results["convergence"])
-        + " digits: a small CNN, 1,437 training / "
-        "360 held-out images. charlm: a GRU (64-dim embedding, 192 hidden) on the Python standard library's "
-        "sources (600 kB, last 10% held out). wordlm: a GRU (64-dim embedding, 128 hidden, the 5,000 most "
-        "frequent words) on the first 250k words of the Wikipedia sample gensim's wheel ships for its tests, as "
-        "gensim's parser reads it (last 10% held out). Kernels are timed in turn with a float32 memcpy of the "
-        'same numel and torch.topk(x.abs(), k) ([kernels.md](kernels.md#measured-speed-cpu)). A "whole path '
-        '(1 rank)" row is compress, Horovod\'s allreduce and decompress; a "TF" row the same in a tf.function.'
-        + _model_rows_text(results["kernels"])
-    )
+    models = "; ".join(f"{m}: {MODELS[m]}" for m in _ordered(r["model"] for r in e2e) if m in MODELS)
     ran = _para(
-        f"`make bench` ran `{relative_command(results['command'])}` for {results['minutes']:.0f} "
-        f"minutes{_of_code(results)}. `python -m benchmarks report` rewrites this page from it."
+        f"`make bench` ran `{relative_command(results['command'])}` for {results['minutes']:.0f} minutes; "
+        "`python -m benchmarks report` renders this page, its figures and its CSV files from results.json."
     )
-    return f"""## How it was measured
+    items = [
+        *(f"- **Network model: {m}.** {_network_model_text(m)}." for m in netmodels),
+        f"- **Models.** {models}." if models else "",
+        f"- **Turns.** {_timing(e2e)} Each turn starts one row further on, so drift falls on all rows alike. A "
+        "ratio is the median of the rows' step ratios in the same turns, with a 95% interval (one row at a "
+        "time: of medians).",
+        RATIOS,
+        ROWS,
+        PHASES_TEXT,
+        NOISE_TEXT,
+        f"- **Convergence.** {_training_text(conv)}{_dense_flat_text(conv)}",
+        f"- **Tasks.**{TASKS_TEXT}",
+        KERNELS_TEXT + _model_rows_text(results["kernels"]),
+    ]
+    listed = "\n".join(_para(item) for item in items if item)
+    return f"## How it was measured\n\n{ran}\n\n{listed}\n{scaling_method}"
 
-{ran}
 
-{netmodels}
+# -- the page and its CSV files --------------------------------------------------------------
 
-### Timing
 
-{models}
-{_timing(e2e)}
-- Each turn starts one row further on, so drift falls on all rows alike. A ratio is the median of
-  the rows' step ratios in the same turns, with a 95% interval; one row at a time: of medians.
+def write_tables(results, out, more=None):
+    """The wide tables as CSV files in `out` (and `more`: {file name: (header, rows)}); a table
+    without rows writes no file and removes an earlier one. Returns the names written."""
+    e2e = results["e2e"]
+    tables = {
+        "summary.csv": _summary_wide(results),
+        "e2e.csv": _e2e_wide(_flat(e2e)),
+        "hosts.csv": _e2e_wide([r for r in e2e if ranks_per_host(r["network_model"]) > 1]),
+        "auto.csv": (AUTO_HEADER, _auto_rows(e2e)),
+        "phases.csv": _phase_rows(e2e),
+        "ways.csv": (WAYS_HEADER, _ways_rows(e2e)),
+        "added.csv": _added_wide(results),
+        "convergence.csv": _convergence_rows(results["convergence"]),
+        "kernels.csv": _kernel_rows(results["kernels"]),
+        **(more or {}),
+    }
+    written = []
+    for name, (header, rows) in tables.items():
+        path = os.path.join(out, name)
+        if rows:
+            write_csv(path, header, rows)
+            written.append(name)
+        elif os.path.exists(path):
+            os.remove(path)
+    return written
 
-{RATIOS}
 
-{ROWS}
-
-### Convergence and kernel runs
-
-{runs}
-
-{scaling_method}
-"""
+def _top(results, rel):
+    return _para(
+        f"`make bench` on {results['machine']}. Every ratio is against a baseline of the same run. Records: "
+        f"[{rel}/results.json]({rel}/results.json); every column of each table below, with the 95% intervals, is "
+        "in the CSV file it links (GitHub shows one as a table)."
+    )
 
 
 def write_markdown(results, out, path):
-    """docs/results.md: a summary, the figures, the tables of this run, and how it was measured.
-    `out`: the folder of the figures and results.json; links on the page are relative to it."""
+    """docs/results.md: the headline, the figures, narrow tables of this run, how it was measured;
+    the wide tables as CSV files beside the figures. `out`: the folder of the figures, CSV files and
+    results.json; links on the page are relative to it."""
     rel = os.path.relpath(out, os.path.dirname(os.path.abspath(path)) or ".")
-    conv_header, conv_rows = _convergence_rows(results["convergence"])
-    kernel_header, kernel_rows = _kernel_rows(results["kernels"])
-    scaled = scaling.parts(results, out)
-    e2e = results["e2e"]
-    first = _first_steps_block(results.get("trial"), results.get("trial_from"))
-    top = _para(
-        f"`make bench` on {results['machine']}; every ratio is against a baseline of the same run. "
-        f"Raw records: [{rel}/results.json]({rel}/results.json); the method: [last](#how-it-was-measured)."
-    )
-    text = f"""# Results
-
-{top}
-
-## Summary
-
-{_summary(results)}
-
-## Figures
-
-![speedup]({rel}/e2e_speedup.png)
-![convergence]({rel}/convergence.png)
-![scaling]({rel}/scaling.png)
-
-## End-to-end step time on an emulated network
-
-Per ranks and network: ms/step, vs dense and vs floor ([Timing](#timing)), with the 95% interval
-in brackets. Received MB per rank and step, per network where they differ.
-
-{_e2e_tables(e2e)}
-
-{_auto_block(e2e)}{_phase_block(e2e)}{_ways_block(e2e)}{_added_block(results)}{first}## Convergence on real data
-{_reused(results)}
-Final test accuracy (digits) or validation loss (charlm, wordlm); bytes: dense's per step over the method's.
-
-{_md_table(conv_header, conv_rows)}
-
-{_data_text(results["convergence"])}
-
-## Kernels
-
-Per size and density: median ms, that over a memcpy, and torch.topk's time over it.
-
-{_md_table(kernel_header, kernel_rows)}
-
-{scaled["tables"]}
-
-{_method_section(results, rel, scaled["method"])}"""
+    scaled = scaling.parts(results, out, rel)
+    write_tables(results, out, scaled["csv"])
+    figures = "\n".join(f"![{name}]({rel}/{file}.png)" for name, file in FIGURES)
+    sections = [
+        "# Results",
+        _top(results, rel),
+        "## Summary",
+        _summary(results, rel),
+        "## Figures",
+        figures,
+        "## End-to-end step time on an emulated network",
+        _e2e_section(results, rel),
+        _added_block(results, rel),
+        _first_steps_block(results.get("trial"), results.get("trial_from")).strip("\n"),
+        _convergence_section(results, rel),
+        _kernel_section(results["kernels"], rel),
+        scaled["tables"],
+        _method_section(results, scaled["method"]),
+    ]
     with open(path, "w") as f:
-        f.write(text.rstrip("\n") + "\n")
+        f.write("\n\n".join(part for part in sections if part).rstrip("\n") + "\n")
+
+
+FIGURES = (("speedup", "e2e_speedup"), ("convergence", "convergence"), ("scaling", "scaling"))
 
 
 def figure_records(results):
@@ -1093,7 +1343,7 @@ def figure_records(results):
 
 
 def write(results, out, path):
-    """The figures into `out` (speedup, convergence, scaling) and the page at `path`."""
+    """The figures into `out` (speedup, convergence, scaling), the CSV files and the page at `path`."""
     speed_figure(figure_records(results), os.path.join(out, "e2e_speedup.png"))
     convergence_figure(results["convergence"], os.path.join(out, "convergence.png"))
-    write_markdown(results, out, path)  # draws the scaling figure
+    write_markdown(results, out, path)  # draws the scaling figure, writes the CSV files

@@ -16,6 +16,7 @@ Inputs, all from recorded results (nothing is measured here):
 import functools
 import math
 import os
+import re
 import statistics
 import textwrap
 
@@ -442,31 +443,27 @@ def _md(header, rows):
     return "\n".join(lines + ["| " + " | ".join(str(c) for c in row) + " |" for row in rows])
 
 
-def projection_markdown(rows):
-    """Predicted ms/step: a row per rank count; per model and rate, dense / allgather / SparDL."""
+def projection_rows(rows):
+    """(header, rows) of the predicted ms/step, as scaling.csv: a row per rank count; per model and
+    rate, dense / allgather / SparDL."""
     groups = list(dict.fromkeys((r["model"], r["network"]) for r in rows))
-    names = {"dense": "dense", "allgather": "allgather", "spardl": "SparDL"}
-    header = ["ranks"] + [
-        f"{model} {rate} {names[e]}" if i == 0 else names[e]
-        for model, rate in groups
-        for i, e in enumerate(cost.EXCHANGES)
-    ]
+    header = ["ranks"] + [f"{model} {rate} {NAMES[e]}" for model, rate in groups for e in cost.EXCHANGES]
     by = {(r["model"], r["network"], r["ranks"]): r for r in rows}
     body = [
         [ranks] + [f"{by[model, rate, ranks][e]:,.0f}" for model, rate in groups for e in cost.EXCHANGES]
         for ranks in dict.fromkeys(r["ranks"] for r in rows)
     ]
-    return _md(header, body)
+    return header, body
 
 
-def check_markdown(checked):
-    """The model against the measured rows: a row per (model, link, method), per (ranks,
-    network) the measured and predicted ms and the error."""
+def check_rows(checked):
+    """(header, rows) of the model against the measured rows, as scaling_check.csv: a row per (model,
+    link, method), per (ranks, network) the measured and predicted ms and the error."""
     rows = checked["rows"]
     cells = list(dict.fromkeys((r["ranks"], r["network"]) for r in rows))
     by = {(r["model"], r["network_model"], r["method"], r["ranks"], r["network"]): r for r in rows}
     header = ["model", "link", "method"] + [
-        h for ranks, net in cells for h in (f"{ranks} ranks {net} measured", "predicted", "error")
+        f"{ranks} ranks {net} {h}" for ranks, net in cells for h in ("measured", "predicted", "error")
     ]
     body = []
     for model, link, method in dict.fromkeys((r["model"], r["network_model"], r["method"]) for r in rows):
@@ -479,7 +476,13 @@ def check_markdown(checked):
                 else [f"{r['measured_ms']:.0f}", f"{r['predicted_ms']:.0f}", f"{100 * r['error']:+.0f}%"]
             )
         body.append(row)
-    return _md(header, body)
+    return header, body
+
+
+def hosts_rows(rows):
+    """(header, rows) of hosts_table: a row per (model, rate, GPUs), the predicted ms of each exchange."""
+    header = ["model", "link", "GPUs", *(f"{NAMES[e]} ms/step" for e in HOST_EXCHANGES)]
+    return header, [[r["model"], r["network"], r["ranks"], *(f"{r[e]:,.0f}" for e in HOST_EXCHANGES)] for r in rows]
 
 
 def _error_sentence(summary):
@@ -497,47 +500,45 @@ def _error_sentence(summary):
     )
 
 
+# A paragraph (or a "- " list item) of docs/results.md: its sentences on one line while they fit
+# in this many characters, then on the next (the page is read rendered, in short paragraphs).
+PARAGRAPH_WIDTH = 400
+SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][)`\"])) (?=[A-Z`*\[(\"])")
+
+
 def _para(text):
-    return textwrap.fill(
-        text,
-        100,
-        subsequent_indent="  " if text.startswith("- ") else "",
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
+    indent = "  " if text.startswith("- ") else ""
+    lines = []
+    for sentence in SENTENCE_END.split(text):
+        if lines and len(lines[-1]) + 1 + len(sentence) <= PARAGRAPH_WIDTH:
+            lines[-1] += " " + sentence
+            continue
+        wrapped = textwrap.wrap(sentence, PARAGRAPH_WIDTH - len(indent), break_long_words=False, break_on_hyphens=False)
+        lines += [line if not lines and i == 0 else indent + line for i, line in enumerate(wrapped)]
+    return "\n".join(lines)
 
 
 def assumptions(latency=LATENCY, top=RANKS[-1]):
-    """The assumptions list of the section, with the latency and the largest rank count used."""
+    """What the model leaves out, in sentences, with the latency and the largest rank count used."""
     us, per_tensor = latency * 1e6, 2 * (top - 1) * latency
-    counts = ", ".join(f"{len(shapes)} in the {model} model" for model, shapes in MODELS.items())
-    items = [
-        "It leaves out, each making a real step slower or faster:",
-        (
-            "- **This machine:** the ranks share 2 cores and, on the shared link, one link (the check divides the "
-            "rate by the ranks)."
-        ),
-        (
-            "- **Horovod:** tensor fusion, overlap with the backward pass, its cycle; here each tensor pays its own "
-            "latency."
-        ),
-        (
-            f"- **Ring latency:** 2 (N-1) message steps of {us:.0f} us for dense and SparDL, {per_tensor:.2f} s per "
-            f"tensor at {top} ranks ({counts}), bend every curve up; tree allreduces pay far less."
-        ),
-        (
-            "- **Fixed work:** DGC at 0.1% from the first step, SparDL's full ceil(k/N) pairs, no stragglers, the "
-            "2-rank floor (a fixed batch per rank)."
-        ),
-    ]
-    return "\n".join(_para(item) for item in items)
+    counts = " and ".join(f"{len(shapes)} in the {model} model" for model, shapes in MODELS.items())
+    return (
+        "It leaves out, each making a real step slower or faster: this machine (the ranks share 2 cores; on the "
+        "shared link the check divides the rate by the ranks), and Horovod's tensor fusion, overlap with the "
+        f"backward pass and cycle (here each tensor pays its own latency). Ring latency, 2 (N-1) message steps of "
+        f"{us:.0f} us for dense and SparDL, is {per_tensor:.2f} s per tensor at {top} ranks ({counts}): it bends "
+        "every curve up, where tree allreduces pay far less. It takes the work as fixed: DGC at 0.1% from the "
+        "first step, SparDL's full ceil(k/N) pairs, no stragglers, the 2-rank floor (a fixed batch per rank)."
+    )
 
 
-def parts(results, out_dir):
+def parts(results, out_dir, link_dir="results"):
     """The markdown of the scaling results and of how they are computed, for docs/results.md,
     from a results dict (keys "kernels", "e2e"); writes the figure to out_dir/scaling.png.
-    {"tables": "## Scaling past this machine" and its tables, "method": the model and what it
-    leaves out}."""
+    {"tables": "## Scaling past this machine": the projection and the check against the measured rows
+    in a paragraph, the hosts of PER_HOST GPUs; "method": the model and what it leaves out;
+    "csv": {file name: (header, rows)} of every model's projection, the check and the hosts'
+    view, linked from the tables as link_dir/NAME}."""
     kernels, e2e = results.get("kernels", []), results.get("e2e", [])
     rows = table(kernels, e2e)
     figure(os.path.join(out_dir, "scaling.png"), rows)
@@ -549,38 +550,35 @@ def parts(results, out_dir):
         for m, r in floors.items()
     )
     intro = _para(
-        f"Predicted ms/step of DGC 0.1% at 2 to 1024 ranks, one NIC each ([model](#the-scaling-model)); "
-        f"floor (2 ranks, no exchange): {floor_text}."
+        f"The figure's predicted ms/step of DGC 0.1% at 2 to 1024 ranks, one NIC each, by the cost model "
+        f"([how](#how-it-was-measured)); floor (2 ranks, no exchange): {floor_text}. Each model, rate and rank "
+        f"count: [scaling.csv]({link_dir}/scaling.csv); for hosts of {PER_HOST} GPUs: "
+        f"[scaling_hosts.csv]({link_dir}/scaling_hosts.csv). {_error_sentence(checked['summary'])} Each measured "
+        f"row: [scaling_check.csv]({link_dir}/scaling_check.csv)."
     )
-    against = _para(_error_sentence(checked["summary"]))
     tables = f"""## Scaling past this machine
 
 {intro}
 
-{projection_markdown(rows)}
-
-{against}
-
-{check_markdown(checked)}
-
 {hosts_section(kernels, e2e)}"""
-    described = _para(
+    described = (
         f'The cost model of exchange="auto" (`sparsecomm/core/cost.py`, alpha-beta: '
         f"[exchanges.md](exchanges.md#the-cost-model-sparsecommcorecostpy)) gives the floor plus each tensor's "
         f"exchange cost. Each rank has a NIC of 1, 10 or 100 Gbit/s (1.25e8, 1.25e9, 1.25e10 bytes/s); a message "
         f"step takes {LATENCY * 1e6:.0f} us. Tensors sent dense by the per-layer policy cost the dense allreduce. "
         f"DGC's pack/unpack cost: {local_source}."
     )
-    method = f"""### The scaling model
-
-{described}
-
-{assumptions()}"""
-    return {"tables": tables, "method": method}
+    method = _para(f"- **The scaling model.** {described} {assumptions()}")
+    csv = {
+        "scaling.csv": projection_rows(rows),
+        "scaling_check.csv": check_rows(checked),
+        "scaling_hosts.csv": hosts_rows(hosts_table(kernels, e2e)),
+    }
+    return {"tables": tables, "method": method, "csv": csv}
 
 
 def section(results, out_dir, link_dir="results"):
     """The whole "## Scaling past this machine" section: the tables, the figure (written to
     out_dir/scaling.png, linked as link_dir/scaling.png) and how it is computed."""
-    text = parts(results, out_dir)
+    text = parts(results, out_dir, link_dir)
     return f"{text['tables']}\n\n![scaling]({link_dir}/scaling.png)\n\n{text['method']}\n"

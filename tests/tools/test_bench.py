@@ -2,6 +2,7 @@
 (timings are never asserted: they are measured, not tested); the per-host network model builds,
 runs and cleans up after itself."""
 
+import csv
 import json
 import os
 import re
@@ -22,6 +23,21 @@ def benchmarks_importable(monkeypatch):
     from wherever they run (a temporary folder, horovodrun's ranks)."""
     path = os.environ.get("PYTHONPATH")
     monkeypatch.setenv("PYTHONPATH", ROOT + (os.pathsep + path if path else ""))
+
+
+# A commit's hash, as tests/tools/test_docs.py finds one: 7 to 40 hex digits with a letter and a digit, a
+# whole word (a data set's "sha256 ..." is a checksum, not a commit); and a date.
+COMMIT_HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+DATE = re.compile(r"20\d\d-\d\d-\d\d")
+
+
+def commit_hashes(text):
+    return [
+        match.group()
+        for line in text.splitlines()
+        for match in COMMIT_HASH.finditer(line)
+        if not line[: match.start()].endswith("sha256 ")
+    ]
 
 
 def test_kernel_benchmark_writes_records_with_baselines(tmp_path):
@@ -94,11 +110,61 @@ def test_a_host_layout_needs_two_hosts_of_two_ranks_or_more(layout):
     assert f"a layout should be HxR (hosts x ranks a host, both >= 2), got {layout!r}" in proc.stderr
 
 
+def _check_the_tiny_page(out, text, results):
+    """The page and the CSV files of the tiny `make bench`: the compute model's rows, narrow on the page
+    and wide (every interval) in e2e.csv; the convergence means, their ranges in convergence.csv."""
+    from benchmarks import report
+
+    e2e = {r["method"]: r for r in results["e2e"]}
+    data = results["convergence"][0]["data"]
+
+    def row(method, exchange):  # model, method, then the cell's ms/step, vs dense, vs floor, received MB, exchange
+        r = e2e[method]
+        return [
+            "compute",
+            method,
+            f"{r['step_ms']:.1f}",
+            ratio_text(r["vs_dense"], r["vs_dense_interval"]),
+            ratio_text(r["vs_floor"], r["vs_floor_interval"]),
+            f"{r['received_bytes'] / 1e6:.3f}",
+            exchange,
+        ]
+
+    with open(out / "e2e.csv", newline="") as f:  # the wide table, every column and interval
+        wide = list(csv.reader(f))
+    assert wide[0] == ["model", "method"] + [f"2 ranks unshaped {what}" for what in report.E2E_FIGURES]
+    assert row("DGC 0.1% spardl", "spardl") in wide and row("floor", "-") in wide
+    assert "## End-to-end step time" in text and "[e2e.csv](out/e2e.csv)" in text
+    # the page: the compute model (the only one timed) per cell, narrow, one figure a column
+    dgc = e2e["DGC 0.1% spardl"]
+    assert "| method | 2 ranks unshaped | 2 ranks MB |" in text
+    assert f"| DGC 0.1% spardl | {dgc['step_ms']:.1f} | {dgc['received_bytes'] / 1e6:.3f} |" in text
+    assert f"- **Network model: {results['e2e'][0]['network_model']}.**" in text and "- **Rows.**" in text
+    assert "The compute model's rows were timed in 2 interleaved turns" in text
+    assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
+    dense = results["convergence"][0]
+    assert f"| dense | {100 * dense['final']:.1f}% | +0.0 pt |" in text  # the mean; its range in convergence.csv
+    finals = sorted(100 * f for f in dense["finals"])
+    ranged = f"dense,{100 * dense['final']:.1f}% [{finals[0]:.1f}-{finals[1]:.1f}],+0.0 pt,"
+    assert (out / "convergence.csv").read_text().splitlines()[1].startswith(ranged)
+    words = " ".join(text.split())  # (the page's paragraphs are wrapped)
+    assert "once per seed (0, 1:" in words
+    assert "after its linear warm-up, and the clipping: digits 0.05 after 0.25 epochs" in words  # a quarter of 1 epoch
+    assert (
+        text.index("## Summary")
+        < text.index("## Figures")
+        < text.index("## End-to-end step time")
+        < text.index("## How it was measured")
+    )
+    assert len(text.splitlines()) < 200 and max(map(len, text.splitlines())) <= 400
+    assert str(out.parent) not in text  # no directory of the machine that made it
+
+
 def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     """`python -m benchmarks all` (what `make bench` runs), shrunk: kernels on 20,000
     elements (no model's tensors), the compute model for 2 steps (interleaved, one a turn) on 2 unshaped ranks (the
     floor, dense, DGC, DDP dense and DDP PowerSGD), digits for 1 epoch (dense and DGC). It must
-    write the JSON, both figures and the results page."""
+    write the JSON, both figures, the wide tables as CSV files and the results page."""
     md = tmp_path / "results.md"
     rows = ["floor", "dense", "DGC 0.1% spardl", "DDP dense", "DDP PowerSGD", "DDP + DGC 0.1%"]
     proc = subprocess.run(
@@ -178,34 +244,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert all(r["data"] == data for r in results["convergence"])
     for figure in ("e2e_speedup.png", "convergence.png"):
         assert (tmp_path / "out" / figure).read_bytes()[:4] == b"\x89PNG"
-    text = md.read_text()
-
-    def row(method, exchange):  # model, method, received MB, exchange, then ms/step, vs dense, vs floor
-        r = e2e[method]
-        return (
-            f"| compute | {method} | {r['received_bytes'] / 1e6:.3f} | {exchange} | {r['step_ms']:.1f} | "
-            f"{ratio_text(r['vs_dense'], r['vs_dense_interval'])} | "
-            f"{ratio_text(r['vs_floor'], r['vs_floor_interval'])} |"
-        )
-
-    assert "## End-to-end step time" in text and row("DGC 0.1% spardl", "spardl") in text
-    assert "| 2 ranks unshaped ms/step | vs dense | vs floor |" in text and row("floor", "-") in text
-    assert f"### Network model: {results['e2e'][0]['network_model']}" in text and "**Floor and peers.**" in text
-    assert "The compute model's rows were timed in 2 interleaved turns" in text
-    assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
-    dense = results["convergence"][0]
-    finals = sorted(100 * f for f in dense["finals"])
-    assert f"| dense | {100 * dense['final']:.1f}% [{finals[0]:.1f}-{finals[1]:.1f}] | +0.0 pt |" in text
-    words = " ".join(text.split())  # (the page's paragraphs are wrapped)
-    assert "once per seed (0, 1:" in words
-    assert "digits: learning rate 0.05 after a linear warm-up of 0.25 epochs" in words  # a quarter of 1 epoch
-    assert (
-        text.index("## Summary")
-        < text.index("## Figures")
-        < text.index("## End-to-end step time")
-        < text.index("## How it was measured")
-    )
-    assert str(tmp_path) not in text  # no directory of the machine that made it
+    _check_the_tiny_page(tmp_path / "out", md.read_text(), results)
 
 
 def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path):
@@ -231,15 +270,156 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
     text = md.read_text()
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings[:3] == ["## Summary", "## Figures", "## End-to-end step time on an emulated network"]
-    # short enough to scan: the run of record's page (399 lines here, its host cells and Horovod-or-DDP
-    # table included), and each run added to it (until a full make bench records its rows) at most 45 more
+    # short enough to scan: the run of record's page (under 200 lines, no line over 400 characters), and
+    # each run added to it (until a full make bench records its rows) at most 45 lines more
     added = text.partition("### Runs added to the record")[2].partition("\n## ")[0]
     runs = added.count("\n`python -m benchmarks e2e ")
-    assert headings[-1] == "## How it was measured" and len(text.splitlines()) - len(added.splitlines()) < 420
-    assert len(added.splitlines()) < 45 * runs + 1
+    assert headings[-1] == "## How it was measured" and len(text.splitlines()) - len(added.splitlines()) < 200
+    assert len(added.splitlines()) < 45 * runs + 1 and max(map(len, text.splitlines())) <= 400
     assert "--convergence-from earlier/results.json --out results" in text
     assert str(tmp_path) not in text and "/elsewhere" not in text and "](out/results.json)" in text
-    assert not [line for line in text.splitlines() if len(line) > 400 and not line.startswith("|")]
+    assert commit_hashes(text) == [] and not DATE.search(text)  # the record names its commits, the page none
+    assert recorded["commit"] and commit_hashes(recorded["convergence_from"])
+    assert "](out/e2e.csv)" in text and (out / "e2e.csv").read_text().startswith("model,method,")
+
+
+def _recorded():
+    with open(os.path.join(ROOT, "docs", "results", "results.json")) as f:
+        return json.load(f)
+
+
+def _tables(text):
+    """The markdown tables of `text`, each a list of rows of cells, its header first."""
+    tables, rows = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            if not line.startswith("|---"):
+                rows.append([cell.strip() for cell in line.strip("|").split("|")])
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+ONE_FIGURE = re.compile(r"-|\*{0,2}[+-]?[\d,]+(\.\d+)?(x|%| pt)?\*{0,2}")  # 4.1x, 98.9%, 1.622, -0.1 pt, **0.93x**
+
+
+def test_the_page_opens_with_a_headline_of_one_figure_a_cell_and_stays_short(tmp_path):
+    """results.md: under 200 lines, none over 400 characters; first a headline table of at most 8
+    columns, one figure a cell (4 ranks of the comm model: each method against dense and the fastest
+    peer at 1 and 10 Gbit/s, its accuracy on each task), a paragraph on how to read it, then the
+    figures; every other table at most 10 columns."""
+    from benchmarks import report
+
+    results, md = _recorded(), tmp_path / "results.md"
+    report.write_markdown(results, str(tmp_path), str(md))
+    text = md.read_text()
+    assert len(text.splitlines()) < 200 and max(map(len, text.splitlines())) <= 400
+    tables = _tables(text)
+    header, *rows = tables[0]
+    assert text.index("| method |") < text.index("## Figures") and len(header) <= report.HEADLINE_COLUMNS == 8
+    assert header == [
+        "method",
+        "1 Gbit/s vs dense",
+        "1 Gbit/s vs fastest peer (DDP fp16 hook)",
+        "10 Gbit/s vs dense",
+        "10 Gbit/s vs fastest peer (DDP fp16 hook)",
+        "digits accuracy",
+        "charlm loss",
+        "wordlm loss",
+    ]
+    assert all(len(row) == len(header) and all(ONE_FIGURE.fullmatch(cell) for cell in row[1:]) for row in rows)
+    shown = ("comm", 4, "per-host")  # not the 2x2 hosts' 4 ranks
+    cell = {
+        (r["method"], r["network"]): r for r in results["e2e"] if (r["model"], r["ranks"], r["network_model"]) == shown
+    }
+    dgc, peer = cell["DGC 0.1% allgather", "1gbit"], cell["DDP fp16", "1gbit"]
+    row = next(row for row in rows if row[0] == "DGC 0.1% allgather")
+    assert row[1:3] == [f"{dgc['vs_dense']:.1f}x", f"{peer['vs_floor'] / dgc['vs_floor']:.1f}x"]
+    assert [row[0] for row in rows][:2] == ["dense", "DGC 0.1% allgather"] and len(rows) == 12
+    said = text.partition("| DDP + RandomBlock 1% |")[2].partition("## Figures")[0]
+    assert "How to read it: 4 ranks of the comm model" in said and "[summary.csv](" in said
+    assert all(len(table[0]) <= 10 for table in tables[1:])
+    many = dict(results, convergence=results["convergence"] + [dict(r, task="t4") for r in results["convergence"]])
+    assert len(report._headline(many)[0]) == 8  # the tasks past 8 columns are left to the convergence table
+
+
+def test_the_page_names_no_commit_and_no_date(tmp_path):
+    """results.json keeps the commit of each run (of the run of record, of the runs that trained its
+    convergence records, timed its first steps or added rows); the page names the commands alone."""
+    from benchmarks import report
+
+    results = dict(_recorded(), commit="abc1234", trial_from="`python -m benchmarks trial` on 1234abc")
+    trained = {"command": "python -m benchmarks convergence --seeds 0 1", "commit": "def5678"}
+    results["convergence_from"] = report.convergence_source(trained, "c.json") + (
+        '; the same with `--convergence-methods NAME` for "DGC 0.1% Nesterov" (e2e0774), "X" (7b3152f, all three tasks)'
+    )
+    run = {"command": "python -m benchmarks convergence --tasks digits", "commit": "0a1b2c3d"}
+    results = report.with_convergence_added(results, dict(run, records=results["convergence"][:1]), "d.json")
+    added = {"command": "python -m benchmarks e2e --models comm", "commit": "fedcba9-dirty", "minutes": 3.0}
+    results = report.add_run(results, dict(added, records=_two_ways()))
+    md = tmp_path / "results.md"
+    report.write_markdown(results, str(tmp_path), str(md))
+    text = md.read_text()
+    assert commit_hashes(text) == [] and not DATE.search(text)
+    assert [commit_hashes(results[key]) for key in ("commit", "convergence_from", "trial_from")] == [
+        ["abc1234"],
+        ["def5678", "e2e0774", "7b3152f", "0a1b2c3d"],
+        ["1234abc"],
+    ]
+    words = " ".join(text.split())
+    assert (
+        "trained by another run (`python -m benchmarks convergence --seeds 0 1`; the same with "
+        '`--convergence-methods NAME` for "DGC 0.1% Nesterov", "X" (all three tasks); 1 digits rows by '
+        "`python -m benchmarks convergence --tasks digits`), not by this one." in words
+    )
+    assert (
+        "Timed by `python -m benchmarks trial`." in words
+        and "`python -m benchmarks e2e --models comm`, 3 minutes" in words
+    )
+
+
+def test_the_wide_tables_are_written_as_csv_files_the_page_links(tmp_path):
+    """Every column the page leaves out (the intervals, each cell's vs floor and exchange, every peer
+    and rank count) is in a CSV file beside results.json, a table each, one header a column."""
+    from benchmarks import report
+
+    results, md, out = _recorded(), tmp_path / "results.md", tmp_path / "results"
+    out.mkdir()
+    (out / "added.csv").write_text("an earlier page's\n")  # this run has no added rows: removed
+    report.write_markdown(results, str(out), str(md))
+    text = md.read_text()
+
+    def read(name):
+        with open(out / name, newline="") as f:
+            return list(csv.reader(f))
+
+    names = ["summary", "e2e", "hosts", "auto", "phases", "ways", "convergence", "kernels", "scaling"]
+    names += ["scaling_check", "scaling_hosts"]
+    assert sorted(p.name for p in out.glob("*.csv")) == sorted(f"{name}.csv" for name in names)
+    for name in names:
+        header, *rows = read(f"{name}.csv")
+        assert f"](results/{name}.csv)" in text and rows and len(set(header)) == len(header)
+        assert all(len(row) == len(header) for row in rows)
+    cells = [f"{n} ranks {net}" for n in (2, 4) for net in ("1 Gbit/s", "10 Gbit/s", "unshaped")]
+    e2e = read("e2e.csv")
+    assert e2e[0] == ["model", "method"] + [f"{c} {what}" for c in cells for what in report.E2E_FIGURES]
+    r = next(r for r in results["e2e"] if (r["model"], r["ranks"], r["network"]) == ("comm", 2, "1gbit"))
+    row = next(row for row in e2e if row[:2] == ["comm", r["method"]])
+    assert row[2:7] == [
+        f"{r['step_ms']:.1f}",
+        ratio_text(r["vs_dense"], r["vs_dense_interval"]),
+        ratio_text(r["vs_floor"], r["vs_floor_interval"]),
+        f"{r['received_bytes'] / 1e6:.3f}",
+        ", ".join(r["exchanges"]) or "-",
+    ]
+    assert len(e2e) - 1 == len({(r["model"], r["method"]) for r in results["e2e"] if r["ranks_per_host"] == 1})
+    assert read("hosts.csv")[0][2:4] == ["2x2 1 Gbit/s ms/step", "2x2 1 Gbit/s vs dense"]
+    assert read("auto.csv")[0] == list(report.AUTO_HEADER) and read("ways.csv")[0] == list(report.WAYS_HEADER)
+    summary = read("summary.csv")[0]
+    assert "2 ranks 1 Gbit/s vs DDP PowerSGD hook" in summary and "4 ranks unshaped vs Horovod fp16" in summary
+    assert read("convergence.csv")[1][:2] == ["dense", "99.0% [98.6-99.4]"]
+    assert len(read("kernels.csv")[0]) == 1 + 3 * 4 and len(read("kernels.csv")) == 1 + 21
 
 
 def test_relative_command_names_no_directory_of_the_machine(tmp_path):
@@ -780,7 +960,10 @@ def test_results_page_shows_auto_s_route_trial_and_its_hooks():
         "-",
         "within 3% of the fastest or faster",
     )
-    assert "| verdict |\n" in report._auto_block([paired]) and report._auto_block([]) == ""
+    block = report._auto_block([paired], rel="results")  # the page: a paragraph, then auto's step a cell
+    assert "within 3% or faster (0.97x or more) in 1 of 1 cells" in block and "kept all sparse in 1 cell." in block
+    assert block.endswith("| model | ranks | 1 Gbit/s |\n|---|---|---|\n| compute | 2 | 1.20x |")
+    assert "[auto.csv](results/auto.csv)" in block and report._auto_block([]) == ""
     both = dict(tried, route_trial=dict(tried["route_trial"], ratios={"all sparse": 0.8, "all dense": 1.1}, steps=36))
     assert report._auto_rows([both])[0][7] == "all sparse 0.80, all dense 1.10 over 36 steps"  # since both are tried
 
@@ -825,6 +1008,9 @@ def test_auto_is_judged_against_the_fastest_of_its_routes_alone_paired_through_d
     row = report._auto_rows(rows)[0]
     assert row[3] == "1.87x (1.87-1.87)" and row[4] == "0.93x (0.93-0.93) of allgather"
     assert row[-1] == "**slower than the fastest by more than 3%**"
+    block = report._auto_block(rows)  # the page names the cell and sets its figure in bold
+    assert "slower by more than 3% (bold) in 1 (comm 4 ranks unshaped 0.93x of allgather)." in block
+    assert block.endswith("| comm | 4 | **0.93x** |")
     rows[1] = _timed("DGC 0.1% allgather", [315 * d for d in drift], dense_times)
     assert report._auto_rows(rows)[0][-1] == "within 3% of the fastest or faster"  # 0.98x
     slow_sparse = [r for r in rows if "allgather" not in r["method"] and "spardl" not in r["method"]]
@@ -875,18 +1061,20 @@ def test_results_page_sets_each_method_beside_its_kernels_alone():
             vs_floor_interval=[1.1, 1.3],
         ),
     ]
-    table = report._e2e_tables(records).splitlines()
-    assert table[0].endswith("| 2 ranks 1gbit ms/step | vs dense | vs floor |")
-    assert table[3:] == [
-        "| comm | Threshold 1% | 0.000 | - | 100.0 | - | 1.37x (1.08-1.66) |",
-        "| comm | Threshold 1% local | 0.000 | - | 100.0 | - | 1.21x (1.10-1.30) |",
+    header, rows = report._e2e_wide(records)  # e2e.csv
+    assert header == ["model", "method"] + [f"2 ranks 1 Gbit/s {what}" for what in report.E2E_FIGURES]
+    assert rows[1:] == [
+        ["comm", "Threshold 1%", "100.0", "-", "1.37x (1.08-1.66)", "0.000", "-"],
+        ["comm", "Threshold 1% local", "100.0", "-", "1.21x (1.10-1.30)", "0.000", "-"],
     ]
-    assert report._phase_rows(records[:2]) == (["ranks", "network"], []) and report._phase_block(records[:2]) == ""
+    assert [row[0] for row in report._step_table(records)[1]] == ["floor", "Threshold 1%"]  # the page: no local row
+    assert report._phase_rows(records[:2]) == (["ranks", "network"], []) and report._phase_text(records[:2], "r") == ""
     records[1].update(vs_local=1.13, vs_local_interval=[0.98, 1.3])
     assert report._phase_rows(records) == (
         ["ranks", "network", "Threshold 1% over kernels alone"],
         [("2", "1gbit", "1.13x (0.98-1.30)")],
     )
+    assert "its exchange adds: Threshold 1% 1.13x." in report._phase_text(records, "results")
 
 
 def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row_and_its_method():
@@ -917,32 +1105,17 @@ def test_results_page_shows_where_the_step_goes_for_the_floor_and_each_local_row
         dict(row("floor", "floor", 400.0), ranks=4, network_model="per-host, hosts of 2"),
     ]
     assert report._phase_rows(records) == (
-        [
-            "ranks",
-            "network",
-            "floor forward",
-            "backward",
-            "step",
-            "T local forward",
-            "backward",
-            "step",
-            "T forward",
-            "backward",
-            "step",
-        ],
+        ["ranks", "network", *(f"{m} {p}" for m in ("floor", "T local", "T") for p in ("forward", "backward", "step"))],
         [
             ("2", "1gbit", "50.0", "100.0", "50.0", "60.0", "120.0", "60.0", "65.0", "130.0", "65.0"),
             ("2x2", "1gbit", "100.0", "200.0", "100.0", *["-"] * 6),  # a layout of hosts, named as one
         ],
     )
-    table = report._e2e_tables(records)
-    assert all(
-        f"| comm | {m} | 0.000 | - | {ms} |" in table
-        for m, ms in (("floor", "200.0"), ("T local", "240.0"), ("T", "260.0"))
-    )
-    assert "**Where a step's time goes**" in report._phase_block(records)
+    wide = {(row[0], row[1]): row[2:] for row in report._e2e_wide(records)[1]}
+    assert [wide["comm", m][0] for m in ("floor", "T local", "T")] == ["200.0", "240.0", "260.0"]
+    assert "**Where a step's time goes**" in report._phase_text(records, "results")
     older = [{k: v for k, v in r.items() if k != "phases_ms"} for r in records]
-    assert report._phase_rows(older)[1] == [] and report._phase_block(older) == ""
+    assert report._phase_rows(older)[1] == [] and report._phase_text(older, "results") == ""
 
 
 def test_reused_convergence_records_name_the_run_that_trained_them():
@@ -959,10 +1132,16 @@ def test_reused_convergence_records_name_the_run_that_trained_them():
     }
     assert report.convergence_source(first_reuse, "b.json") == "`python -m benchmarks all` on abc1234"
     assert report.convergence_source({"convergence": []}, "old.json") == "old.json"  # neither command nor commit
-    assert "trained by another run (`python -m benchmarks all` on abc1234), not by this one" in report._reused(
-        first_reuse
+    said = report._reused(first_reuse)  # the page names the command that trained them, not its commit
+    assert (
+        said == "These convergence records were trained by another run (`python -m benchmarks all`), not by this one."
     )
-    assert report._of_code(first_reuse) == ", code def5678" and report._of_code({"commit": None}) == ""
+    assert commit_hashes(said) == [] and report._reused({"commit": "def5678"}) == ""
+    recorded = (
+        '`a` on 219ef1c; for "X" (e2e0774), "Y" (7b3152f, all three tasks), `b` on 0a1b2c3-dirty, z (v1.0-3-gabc1234)'
+    )
+    assert report.without_commits(recorded) == '`a`; for "X", "Y" (all three tasks), `b`, z'
+    assert report.without_commits("`a` on None, 25557032 floats, deadbeef") == "`a`, 25557032 floats, deadbeef"
     if os.path.isdir(os.path.join(ROOT, ".git")):  # a checkout (CI: a fresh clone)
         assert re.fullmatch(r"[0-9a-f]{7,}(-dirty)?", report.code_version())
 
@@ -1044,7 +1223,9 @@ def test_results_page_sets_each_ddp_hook_row_beside_its_horovod_row():
         )
     ]
     block = " ".join(report._ways_block(records).split())  # its passage, unwrapped
-    assert "**Horovod or DDP** (comm model)" in block and "| DDP hook / Horovod |" in block
+    assert "**Horovod or DDP** (comm model)" in block and "DDP hook / Horovod below 1.00x: the hook is faster" in block
+    assert report.WAYS_HEADER[7] == "DDP hook / Horovod" and len(set(report.WAYS_HEADER)) == len(report.WAYS_HEADER)
+    assert "[ways.csv](results/ways.csv)" in report._ways_block(records, "results")
     assert "DDP's hook in 1 of 1 pairs (DGC 0.1% at 2 ranks 1gbit 0.90x). Where the interval" in block
     assert "in the optimizer's step (60 ms, decompress included)" in block and "update alone (7 ms)" in block
     assert "compress and unpack: it is 40 ms longer than Horovod's" in block
@@ -1080,11 +1261,15 @@ def test_an_e2e_run_is_added_to_the_record_apart_and_replaces_an_earlier_one_of_
     assert results["e2e"] == main
     shown = report.figure_records(results)
     assert len(shown) == 2 + 5 + 3 and [r["method"] for r in shown[:2]] == ["floor", "dense"]
-    block = report._added_block(results)
-    assert block.startswith("### Runs added to the record\n")
-    assert "`python -m benchmarks e2e --models comm` on def5678, 7 minutes" in block
-    assert "| comm | DDP + DGC 0.1% | 0.600 | allgather | 117.0 | 6.84x | 1.17x |" in block
+    block = report._added_block(results, "results")
+    assert block.startswith("### Runs added to the record\n") and "[added.csv](results/added.csv)" in block
+    assert "`python -m benchmarks e2e --models comm`, 7 minutes" in block and commit_hashes(block) == []
+    assert "**comm model, 2 ranks, 1 Gbit/s (per-host)**" in block  # a narrow table a cell
+    assert "| DDP + DGC 0.1% | 117.0 | 6.84x | 1.17x | 0.600 | allgather |" in block
     assert block.count("**Horovod or DDP**") == 2 and report._added_block({"e2e": main}) == ""
+    header, rows = report._added_wide(results)  # added.csv: each run's e2e.csv rows after its number and command
+    assert header[:4] == ["run", "command", "model", "method"] and [row[0] for row in rows] == [1] * 5 + [2] * 5
+    assert rows[-1][:4] == [2, run["command"], "comm", "DDP + DGC 0.1%"] and "6.84x" in rows[-1]
 
 
 def test_seeds_merge_into_the_mean_with_every_final_and_a_diverged_seed_shortens_the_curve():
@@ -1156,8 +1341,10 @@ def test_report_takes_the_convergence_records_of_a_convergence_run(tmp_path):
     assert results["convergence"] == records
     assert results["convergence_from"] == "`python -m benchmarks convergence --seeds 0 1` on abc1234"
     text = md.read_text()
-    assert "| TopK 1% | 97.5% [97.0-98.0] | -1.0 pt | 20x |" in text
-    assert "trained by another run (`python -m benchmarks convergence --seeds 0 1` on abc1234)" in text
+    assert "| TopK 1% | 97.5% | -1.0 pt | 20x |" in text  # the mean; the range over the seeds in convergence.csv
+    assert "\nTopK 1%,97.5% [97.0-98.0],-1.0 pt,20x\n" in (out / "convergence.csv").read_text()
+    assert "trained by another run (`python -m benchmarks convergence --seeds 0 1`), not by this one" in text
+    assert commit_hashes(text) == []  # results.json names the commit, the page does not
     assert "once per seed (0, 1:" in " ".join(text.split())
 
 
@@ -1185,6 +1372,8 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
     assert results["convergence_from"] == source
     text = md.read_text()
     assert "| dense | 50.0% " in text and "| TopK 1% | " in text and "5.300" in text
+    words = " ".join(text.split())
+    assert f"3 digits/newlm rows by `{run['command']}`), not by this one" in words and commit_hashes(text) == []
 
 
 def test_the_mean_of_the_first_steps_is_kept_for_each_count_they_reach():
