@@ -49,9 +49,11 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-horovod setup.py $(CSRC)
 	@touch $@
 
 # The whole suite: kernels vs references, compressors, horovodrun multi-rank runs (torch and
-# TF), and the CUDA compile check (nvcc -c of every .cu, whenever nvcc exists).
+# TF), and the CUDA compile check (nvcc -c of every .cu, whenever nvcc exists). Two pytest-xdist
+# workers, a test file each at a time (their module fixtures launch once); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: build lint
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # Style (configs: pyproject.toml's [tool.ruff], .clang-format); the versions are pinned in
 # requirements.txt, since a formatter's output changes between releases.

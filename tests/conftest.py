@@ -7,6 +7,22 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference`, `import launch`
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "workers"))  # `import common` (workers' shared code)
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emulation"))  # `import build_torch_binding`
+# The checkout's benchmarks/ (test_bench.py, test_scaling.py), last: an installed sparsecomm that a
+# test's own pytest runs against (test_install.py) comes first.
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# The longest files first (CI's --durations), so that pytest-xdist's workers (make test: -n 2
+# --dist loadfile) end together instead of one running a long file alone at the end.
+LONGEST_FIRST = (
+    "tests/tools/test_install.py",
+    "tests/multirank/test_soak.py",
+    "tests/multirank/test_multirank_tf_compressors.py",
+    "tests/multirank/test_elastic.py",
+    "tests/multirank/test_multirank_hierarchical.py",
+    "tests/multirank/test_multirank_tf_keras.py",
+    "tests/multirank/test_elastic_keras.py",
+    "tests/tools/test_bench.py",
+)
 
 # The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU
 # (tests/cuda_emulation/build_torch_binding.py): a device for the op tests, on CPU tensors.
@@ -66,11 +82,35 @@ def host_binding(request):
     return _route(request, request.param)
 
 
-def pytest_terminal_summary(terminalreporter):
-    """Lists the multi-rank jobs this run executed, so the log shows them whatever the verbosity."""
+def pytest_collection_modifyitems(config, items):
+    def rank(item):
+        path = os.path.relpath(str(item.path), config.rootpath)
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # (stable: the other files keep their order)
+
+
+_LAUNCHED = []  # every test's multi-rank jobs, from whichever process ran it (an xdist worker too)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Each test phase's report carries the jobs it launched (tests/launch.py), to the process
+    that prints the summary."""
     from launch import LAUNCHES
 
-    if LAUNCHES:
+    report = (yield).get_result()
+    report.user_properties.extend(("launched", list(launch)) for launch in LAUNCHES)
+    LAUNCHES.clear()
+
+
+def pytest_runtest_logreport(report):
+    _LAUNCHED.extend(value for key, value in report.user_properties if key == "launched")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Lists the multi-rank jobs this run executed, so the log shows them whatever the verbosity."""
+    if _LAUNCHED:
         terminalreporter.section("multi-rank runs (real horovodrun and torchrun)")
-        for command, status, seconds in LAUNCHES:
+        for command, status, seconds in _LAUNCHED:
             terminalreporter.write_line(f"{command:<55} exit {status}  {seconds:5.1f}s")
