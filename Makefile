@@ -49,9 +49,10 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-horovod setup.py $(CSRC)
 	@touch $@
 
 # The whole suite: kernels vs references, compressors, horovodrun multi-rank runs (torch and
-# TF), and the CUDA compile check (nvcc -c of every .cu, whenever nvcc exists). Two pytest-xdist
-# workers, a test file each at a time (their module fixtures launch once); TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 2
+# TF), and the CUDA compile check (nvcc -c of every .cu, whenever nvcc exists). TEST_WORKERS=N:
+# N pytest-xdist workers, a test file each at a time (their module fixtures launch once); on 2 cores
+# the suite is CPU-bound and one process (0) loses little (docs/testing.md).
+TEST_WORKERS ?= 0
 test: build lint
 	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

@@ -11,18 +11,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emulation"))  #
 # test's own pytest runs against (test_install.py) comes first.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# The longest files first (CI's --durations), so that pytest-xdist's workers (make test: -n 2
-# --dist loadfile) end together instead of one running a long file alone at the end.
-LONGEST_FIRST = (
-    "tests/tools/test_install.py",
-    "tests/multirank/test_soak.py",
-    "tests/multirank/test_multirank_tf_compressors.py",
-    "tests/multirank/test_elastic.py",
-    "tests/multirank/test_multirank_hierarchical.py",
-    "tests/multirank/test_multirank_tf_keras.py",
-    "tests/multirank/test_elastic_keras.py",
-    "tests/tools/test_bench.py",
-)
 
 # The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU
 # (tests/cuda_emulation/build_torch_binding.py): a device for the op tests, on CPU tensors.
@@ -80,14 +68,6 @@ def host_binding(request):
     """For op tests written on CPU tensors: runs them through the CPU binding and through the
     emulated CUDA one (use it as @pytest.mark.usefixtures("host_binding"))."""
     return _route(request, request.param)
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item):
-        path = os.path.relpath(str(item.path), config.rootpath)
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)  # (stable: the other files keep their order)
 
 
 _LAUNCHED = []  # every test's multi-rank jobs, from whichever process ran it (an xdist worker too)
