@@ -37,7 +37,7 @@ def _kernels(args):
 
 
 def _progress(what, total, describe):
-    """A progress bar (tqdm) advanced once per record; a line per record without the bench extra."""
+    """A progress bar (tqdm) advanced once per record; a line per record without tqdm."""
     try:
         from tqdm import tqdm
     except ImportError:

@@ -284,21 +284,26 @@ def run(
             if _tf_paths(device):
                 timings += _tf_path_timings(numel, density, dtype, repeats)
             for name, ms, memcpy_ms in timings:
-                record = {
-                    "op": name,
-                    "numel": numel,
-                    "density": density,
-                    "dtype": str(dtype).replace("torch.", ""),
-                    "device": device.type,
-                    "median_ms": ms,
-                    "memcpy_ms": memcpy_ms,
-                    "topk_ms": topk_ms,
-                }
-                records.append(record)
-                progress(record)
+                records.append(_record(name, numel, density, dtype, device, ms, memcpy_ms, topk_ms))
+                progress(records[-1])
     for model in models if WITH_HOROVOD else ():
         records += _model_records(device, dtype, model, densities, repeats, progress)
     return records
+
+
+def _record(op, numel, density, dtype, device, ms, memcpy_ms, topk_ms, tensors=None):
+    """One timing's record (a model's rows also say how many tensors the numel is spread over)."""
+    record = {
+        "op": op,
+        "numel": numel,
+        "density": density,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": device.type,
+        "median_ms": ms,
+        "memcpy_ms": memcpy_ms,
+        "topk_ms": topk_ms,
+    }
+    return record if tensors is None else dict(record, tensors=tensors)
 
 
 def _model_records(device, dtype, model, densities, repeats, progress):
@@ -319,19 +324,8 @@ def _model_records(device, dtype, model, densities, repeats, progress):
         )
         for name, fn, setup in _model_path_cases(params, refill, label, density):
             ms, memcpy_ms = paired_median_ms(fn, memcpy, device, repeats, setup)
-            record = {
-                "op": name,
-                "numel": src.numel(),
-                "density": density,
-                "dtype": str(dtype).replace("torch.", ""),
-                "device": device.type,
-                "median_ms": ms,
-                "memcpy_ms": memcpy_ms,
-                "topk_ms": topk_ms,
-                "tensors": len(shapes),
-            }
-            records.append(record)
-            progress(record)
+            records.append(_record(name, src.numel(), density, dtype, device, ms, memcpy_ms, topk_ms, len(shapes)))
+            progress(records[-1])
     return records
 
 

@@ -165,7 +165,7 @@ def test_info_reports_the_build_and_its_self_test_passes(framework, torch_venv, 
 
 
 def test_the_self_check_runs_from_an_installed_package(torch_venv):
-    """No tests/ beside the package (its op tests are the self-test) and no bench extra (tqdm)."""
+    """No tests/ beside the package (its op tests are the self-test) and nothing of the benchmarks (tqdm)."""
     venv, python = torch_venv
     out = run([python, "-m", "sparsecomm.check", "--quick"], cwd=venv, env=venv_env(venv), timeout=600).stdout
     assert re.search(r"op tests \(cpu\) +PASS .*sparsecomm.selftest", out), out
