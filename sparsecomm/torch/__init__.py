@@ -1,5 +1,6 @@
 """sparsecomm for PyTorch: compressors for ``horovod.torch.DistributedOptimizer``, and the
-same compressors as a DistributedDataParallel communication hook (``ddp_hook``).
+same compressors as a DistributedDataParallel communication hook (``ddp_hook``) and between
+the replicas of FSDP2 (``register_fsdp_hook``: compressed HSDP, docs/fsdp.md).
 
 import horovod.torch as hvd
 import sparsecomm.torch as sct
@@ -18,9 +19,11 @@ from ..host_sets import host_process_sets
 from . import ops
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 from .ddp import ddp_hook, destroy_process_group
+from .fsdp import PerRankState, register_fsdp_hook
 
 __all__ = [
     "DGC",
+    "PerRankState",
     "RandomBlock",
     "RandomK",
     "RTopK",
@@ -30,4 +33,5 @@ __all__ = [
     "destroy_process_group",
     "host_process_sets",
     "ops",
+    "register_fsdp_hook",
 ]

@@ -52,7 +52,27 @@ def destroy_process_group(group=None):
 def ddp_hook(compressor, bucket):
     """DDP's communication hook (``ddp.register_comm_hook(compressor, ddp_hook)``): the
     bucket's gradients compressed, exchanged over DDP's process group and averaged."""
-    return BucketExchange(compressor, _attached(compressor)).start(bucket)
+    params, grads = bucket.parameters(), bucket.gradients()
+    if len(grads) != len(params):
+        raise NotImplementedError(
+            f"{compressor.method.owner}: ddp_hook got a bucket of sparse gradients "
+            f"(shapes {[list(p.shape) for p in params]}); it compresses dense gradients only: "
+            "build the embedding with sparse=False"
+        )
+    # DDP leaves the gradient of a parameter no rank used None: the exchanged one is set here
+    # (what its residual sent, as under Horovod), so error feedback loses nothing. It is the
+    # bucket's view, as gradient_as_bucket_view=True wants it (DDP copies a used one there).
+    unused = [(param, grad) for param, grad in zip(params, grads) if param.grad is None]
+    ways = _attached(compressor)
+    return BucketExchange(compressor, ways).start(
+        list(zip(params, grads)), bucket.buffer(), bucket.is_last(), lambda: _set_unused(unused)
+    )
+
+
+def _set_unused(unused):
+    for param, grad in unused:
+        if param.grad is None:
+            param.grad = grad
 
 
 class HookCollectives(collectives.TorchDistributed):
@@ -85,10 +105,16 @@ def _attached(compressor):
             f"{compressor.method.owner}: under ddp_hook, process_set should be a torch.distributed "
             f"ProcessGroup (DDP's process_group) or None, got {type(group).__name__}"
         )
+    return attach(compressor, group, "ddp_hook")
+
+
+def attach(compressor, group, way):
+    """Sets up the compressor's exchanges over torch.distributed's `group` (None: the default
+    group) for a hook (`way`, named in errors), and returns its collectives."""
     if compressor.exchange == "hierarchical":
         raise ValueError(
             f"{compressor.method.owner}: exchange='hierarchical' runs on Horovod's process sets of the hosts, "
-            "not under ddp_hook yet: use 'allgather', 'spardl' or 'auto'"
+            f"not under {way} yet: use 'allgather', 'spardl' or 'auto'"
         )
     if compressor.planner.auto is not None:
         compressor.planner.auto.limit_to(ROUTES)
@@ -105,31 +131,24 @@ class BucketExchange:
         self.reduced, self.gathered = Reduced(ways), Gathered(ways, compressor.state.counters)
         self.scattered = Scattered(ways, compressor.state.counters)
 
-    def start(self, bucket):
+    def start(self, gradients, buffer, is_last, then=None):
+        """Starts the exchange of `gradients`, (parameter, gradient view into `buffer`) pairs, and
+        returns a future of `buffer` that holds their average over the ranks once it completes.
+        `is_last`: no later bucket of this backward pass will start SparDL's second phase. `then`:
+        called before the future completes."""
         self.ways.advance_scattered()  # earlier buckets' second phase, before this bucket's collectives
-        params, grads = bucket.parameters(), bucket.gradients()
-        if len(grads) != len(params):
-            raise NotImplementedError(
-                f"{self.compressor.method.owner}: ddp_hook got a bucket of sparse gradients "
-                f"(shapes {[list(p.shape) for p in params]}); it compresses dense gradients only: "
-                "build the embedding with sparse=False"
-            )
-        for param, grad in zip(params, grads):
+        for param, grad in gradients:
             started = time.perf_counter()
             state, route, payload, k, _ = self.compressor.prepare(grad, self._state_of(param))
             traffic = self._add(route, grad, state, payload, k)
             self.compressor.state.counters.account(
                 state.name, grad.numel(), grad.numel() * grad.element_size(), *traffic, time.perf_counter() - started
             )
-        # DDP leaves the gradient of a parameter no rank used None: the exchanged one is set here
-        # (what its residual sent, as under Horovod), so error feedback loses nothing. It is the
-        # bucket's view, as gradient_as_bucket_view=True wants it (DDP copies a used one there).
-        unused = [(param, grad) for param, grad in zip(params, grads) if param.grad is None]
         futures = self.reduced.start() + self.gathered.start() + self.scattered.start()
-        if bucket.is_last():  # no later hook in this backward pass to start the second phase
+        if is_last:
             self.ways.advance_scattered()
-        result = future_on(bucket.buffer().device)
-        torch.futures.collect_all(futures).add_done_callback(lambda done: self._finish(done, bucket, unused, result))
+        result = future_on(buffer.device)
+        torch.futures.collect_all(futures).add_done_callback(lambda done: self._finish(done, buffer, then, result))
         return result
 
     def _state_of(self, param):
@@ -137,8 +156,9 @@ class BucketExchange:
         name = binding.names.get(id(param)) if binding is not None else None
         if name is None:
             raise LookupError(
-                f"{self.compressor.method.owner}: DDP's parameter of shape {list(param.shape)} is not among the "
-                f"named_parameters= the compressor was given: pass the same model's named_parameters()"
+                f"{self.compressor.method.owner}: a parameter of shape {list(param.shape)} is not among the "
+                f"named_parameters= the compressor was given: pass the same model's named_parameters() (under "
+                f"FSDP, after fully_shard)"
             )
         return self.compressor.state.named(name)
 
@@ -156,16 +176,15 @@ class BucketExchange:
         wire = Wire(state.name, grad.shape, grad.dtype, None, self.ranks, k, state.residual, grad)
         return self.scattered.add(wire, payload)
 
-    def _finish(self, done, bucket, unused, result):
+    def _finish(self, done, buffer, then, result):
         try:
             for future in done.value():
                 future.wait()  # a collective's error raised here; on a GPU, this stream waits for it
             self.reduced.finish(self.ranks)
             self.gathered.finish()
             self.scattered.finish()
-            for param, grad in unused:
-                if param.grad is None:
-                    param.grad = grad
-            result.set_result(bucket.buffer())
+            if then is not None:
+                then()
+            result.set_result(buffer)
         except Exception as error:  # DDP raises it in the backward, on this rank
             result.set_exception(error)

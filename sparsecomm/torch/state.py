@@ -165,6 +165,12 @@ def state_dict(owner, states, counters):
     }
 
 
+def local_numel(param):
+    """The elements of `param` on this rank: a DTensor's local shard (FSDP), or all of a tensor."""
+    local = getattr(param, "_local_tensor", None)
+    return param.numel() if local is None else local.numel()
+
+
 def load_states(owner, binding, saved, counters):
     """The parameter states of a state_dict(), checked against the bound parameters."""
     if not isinstance(saved, dict) or "parameters" not in saved:
@@ -182,9 +188,10 @@ def load_states(owner, binding, saved, counters):
         restored.loss_scale = float(entry.get("loss_scale", UNSET))  # the scale residual and momentum are in
         for key in ("residual", "momentum"):
             tensor = entry.get(key)
-            if tensor is not None and tensor.numel() != param.numel():
+            if tensor is not None and tensor.numel() != local_numel(param):
                 raise ValueError(
-                    f"{owner}: the saved {key} of {name!r} has {tensor.numel()} elements, the parameter {param.numel()}"
+                    f"{owner}: the saved {key} of {name!r} has {tensor.numel()} elements, the parameter "
+                    f"{local_numel(param)} on this rank"
                 )
             setattr(restored, key, None if tensor is None else tensor.to(param.device, torch.float32).clone())
         states[name] = restored

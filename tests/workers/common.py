@@ -71,6 +71,18 @@ def torch_model():
     return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10))
 
 
+def torch_frozen_model():
+    """Three linear layers, the first frozen (its parameters get no gradient)."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 48), torch.nn.ReLU(), torch.nn.Linear(48, 33), torch.nn.ReLU(), torch.nn.Linear(33, 10)
+    )
+    model[0].requires_grad_(False)
+    return model
+
+
 def torch_model_with_spare():
     """The same MLP (same initial weights) plus a parameter that never gets a gradient."""
     import torch

@@ -1,0 +1,156 @@
+"""Worker (torchrun, Gloo): compressed HSDP. FSDP2 shards each model over the 2 ranks of a
+"host" (the mesh's "shard" dimension) and sparsecomm.torch.register_fsdp_hook exchanges the
+shards' gradients across the replicas; SGD steps on the digits, as torch_train.py's. Saves
+every step's full parameters (full_tensor()) and each compressor's stats, per rank; with
+--resume-at N, each configuration is also trained by a job that saves its checkpoint after step
+N and a fresh model that loads it and trains on (the history after the restart)."""
+
+import argparse
+import os
+
+import common
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from common import EVERY
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from sparsecomm.torch import (
+    DGC,
+    PerRankState,
+    RandomBlock,
+    RandomK,
+    RTopK,
+    Threshold,
+    TopK,
+    destroy_process_group,
+    register_fsdp_hook,
+)
+
+SHARDS = 2
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--out", required=True)
+parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--lr", type=float, default=0.5)
+parser.add_argument("--only", nargs="*", help="these configurations alone")
+parser.add_argument("--resume-at", type=int, help="also stop after this step and resume from a checkpoint")
+args = parser.parse_args()
+
+dist.init_process_group("gloo")
+torch.set_num_threads(1)
+rank, size = dist.get_rank(), dist.get_world_size()
+MESH = init_device_mesh("cpu", (size // SHARDS, SHARDS), mesh_dim_names=("replicate", "shard"))
+x_all, y_all = common.digits()
+
+GATHERED = dict(exchange="allgather", **EVERY)
+SCATTERED = dict(exchange="spardl", **EVERY)
+
+
+def named(cls, **settings):
+    return lambda model: cls(named_parameters=model.named_parameters(), **settings)
+
+
+# name -> (compression for the sharded model, or None for native HSDP; options: model ("mlp",
+# or "frozen": three sharded layers, the first frozen), passes (backward passes a step, the
+# gradients accumulated without sync before the last), bf16 (bf16 parameters, float32 reduce),
+# momentum (SGD's, whose buffers the checkpoint holds too))
+CONFIGS = {
+    "native": (None, {}),
+    "topk_0.1": (named(TopK, ratio=0.1, **GATHERED), {}),
+    "topk_1.0": (named(TopK, ratio=1.0, dense_fallback=False, **GATHERED), {}),
+    "topk_0.1_spardl": (named(TopK, ratio=0.1, **SCATTERED), {}),
+    "topk_0.1_sgd_momentum": (named(TopK, ratio=0.1, **GATHERED), dict(momentum=0.9)),
+    "topk_0.1_default_policy": (named(TopK, ratio=0.1, exchange="allgather"), {}),
+    "rtopk_0.1": (named(RTopK, ratio=0.1, r=0.3, seed=7, **GATHERED), {}),
+    "threshold_0.1": (named(Threshold, ratio=0.1, **GATHERED), {}),
+    "threshold_0.1_2bit": (named(Threshold, ratio=0.1, quantize="2bit", **GATHERED), {}),
+    "threshold_0.1_spardl": (named(Threshold, ratio=0.1, **SCATTERED), {}),
+    "dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), {}),
+    "dgc_0.1_spardl": (named(DGC, ratio=0.1, momentum=0.9, **SCATTERED), {}),
+    "randomk_0.1": (named(RandomK, ratio=0.1, seed=7, **EVERY), {}),
+    "random_block_0.1": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), {}),
+    "frozen/native": (None, dict(model="frozen")),
+    "frozen/topk_0.1": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen")),
+    "frozen/dgc_0.1_accumulate": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(model="frozen", passes=2)),
+    "frozen/topk_0.1_bf16": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen", bf16=True)),
+}
+
+
+def sharded(options):
+    """The model of `options`, each linear layer and the root sharded with fully_shard: over the
+    host's ranks, or (native HSDP, no compressor) over the 2-D mesh."""
+    model = common.torch_frozen_model() if options.get("model") == "frozen" else common.torch_model()
+    mesh = MESH if options.get("native") else MESH["shard"]
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    extra = dict(mp_policy=bf16) if options.get("bf16") else {}
+    for layer in model:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh, **extra)
+    fully_shard(model, mesh=mesh, **extra)
+    return model
+
+
+def run_steps(model, opt, steps, passes):
+    history = []
+    for step in steps:
+        opt.zero_grad()
+        for p in range(passes):  # accumulated without sync, reduced on the last pass
+            model.set_requires_gradient_sync(p == passes - 1)
+            idx = common.rows(step * passes + p, rank, size, len(y_all))
+            out = model(torch.from_numpy(x_all[idx]))
+            torch.nn.functional.cross_entropy(out.float(), torch.from_numpy(y_all[idx])).backward()
+        opt.step()
+        history.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
+    return history
+
+
+def train(make_compression, options, steps, checkpoint=None, save_after=None):
+    """The full parameters after each step, and the compressor (None: native HSDP). `checkpoint`:
+    the folder of the model's, the optimizer's and the compressor's state: resumed from, or with
+    `save_after`, written after that step (and the training stops there)."""
+    model = sharded(dict(options, native=make_compression is None))
+    compression = None if make_compression is None else make_compression(model)
+    if compression is not None:
+        register_fsdp_hook(model, compression, MESH["replicate"])
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=options.get("momentum", 0))
+    if checkpoint is not None and save_after is None:
+        load(checkpoint, model, opt, compression)
+    passes = options.get("passes", 1)
+    if save_after is None:
+        return run_steps(model, opt, steps, passes), compression
+    history = run_steps(model, opt, [s for s in steps if s <= save_after], passes)
+    save(checkpoint, model, opt, compression)
+    return history, compression
+
+
+def save(path, model, opt, compression):
+    """The model's and optimizer's shards and every rank's compressor state, by
+    torch.distributed.checkpoint, as a user's job writes them."""
+    model_state, opt_state = get_state_dict(model, opt)
+    dcp.save({"model": model_state, "opt": opt_state, "compression": PerRankState(compression)}, checkpoint_id=path)
+
+
+def load(path, model, opt, compression):
+    model_state, opt_state = get_state_dict(model, opt)
+    state = {"model": model_state, "opt": opt_state, "compression": PerRankState(compression)}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
+
+
+results, stats = {}, {}
+for config, (make_compression, options) in CONFIGS.items():
+    if args.only and config not in args.only:
+        continue
+    results[config], compression = train(make_compression, options, range(args.steps))
+    stats[config] = None if compression is None else compression.stats()
+    if args.resume_at is not None and compression is not None:
+        path = os.path.join(args.out, "checkpoints", config.replace("/", "_"))
+        stopped, _ = train(make_compression, options, range(args.steps), checkpoint=path, save_after=args.resume_at)
+        resumed, _ = train(make_compression, options, range(args.resume_at + 1, args.steps), checkpoint=path)
+        results[f"{config}/resumed"] = stopped + resumed
+torch.save({"history": results, "stats": stats}, os.path.join(args.out, f"rank{rank}.pt"))
+print(f"rank {rank}/{size}: {len(results)} configs x {args.steps} steps done")
+destroy_process_group()
