@@ -42,6 +42,7 @@ def register_fsdp_hook(module, compressor, replicate):
             "fully_shard(model, mesh=mesh['shard']) first"
         )
     groups = {m: _param_group(owner, m) for m in hooked}
+    _check_replicas_agree(owner, module, group)
     ways = attach(compressor, group, "register_fsdp_hook")
     for fsdp_module, param_group in groups.items():
         if param_group is None:  # a module without parameters of its own: FSDP reduces nothing there
@@ -51,6 +52,26 @@ def register_fsdp_hook(module, compressor, replicate):
         fsdp_module.set_reduce_scatter_unused_params(True, recurse=False)
         fsdp_module.set_all_reduce_hook(ShardExchange(compressor, ways, param_group))
     return hooked
+
+
+def _check_replicas_agree(owner, module, group):
+    """Refuses replicas that start from different parameters (one collective): FSDP, unlike DDP,
+    does not broadcast them, and the replicas would then train apart without a word."""
+    named = [(name, getattr(p, "_local_tensor", p).detach()) for name, p in module.named_parameters()]
+    if not named:
+        return
+    device = named[0][1].device
+    mine = torch.stack([torch.stack([t.double().sum(), t.double().square().sum()]) for _, t in named]).to(device)
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(everyone, mine, group=group)
+    for other in everyone[1:]:
+        differs = (other != everyone[0]).any(dim=1).nonzero()
+        if differs.numel():
+            raise ValueError(
+                f"{owner}: the replicas hold different values of {named[int(differs[0])][0]!r}: FSDP, unlike DDP, "
+                "does not broadcast the initial parameters. Initialise them alike on every rank (the same "
+                "torch.manual_seed before building the model) or load the same checkpoint before register_fsdp_hook"
+            )
 
 
 def _replicas(owner, replicate):

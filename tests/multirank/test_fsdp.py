@@ -4,7 +4,8 @@ allgather, SparDL and dense routes, the default policy, a model of three sharded
 frozen one, gradient accumulation without sync, bf16 parameters; 30 steps). Each run's full
 parameters against the single-process simulation of the replicas and shards
 (simulated_hsdp.py), the replicas against each other bit for bit, ratio 1 against FSDP's own
-HSDP, and a checkpoint resumed under the 4-rank run against not stopping."""
+HSDP, a checkpoint resumed under the 4-rank run against not stopping, and replicas initialised
+apart refused."""
 
 import common
 import pytest
@@ -103,3 +104,9 @@ def test_the_sparse_routes_send_a_fraction_of_the_dense_bytes(run):
     stats = results[0]["stats"]
     assert stats["topk_0.1"]["sent_bytes"] < 0.2 * stats["topk_1.0"]["sent_bytes"]
     assert stats["topk_0.1_spardl"]["sent_bytes"] < 0.2 * stats["topk_1.0"]["sent_bytes"]
+
+
+def test_replicas_that_start_apart_are_refused_on_every_rank(run):
+    ranks, results = run
+    for rank in range(ranks):
+        assert "TopK: the replicas hold different values of '0.weight'" in (results[rank]["refused"] or ""), rank

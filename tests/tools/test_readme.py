@@ -1,5 +1,6 @@
 """The README's usage snippets run as written, under horovodrun -np 2 (the DDP one under
-torchrun --nproc_per_node 2), each followed by one step that uses what it set up."""
+torchrun --nproc_per_node 2, the FSDP one under torchrun --nproc_per_node 4: 2 replicas of 2
+shards), each followed by one step that uses what it set up."""
 
 import os
 import re
@@ -48,6 +49,17 @@ dist.all_gather(everyone, mine)
 assert torch.equal(everyone[0], everyone[1])
 print("ddp snippet ok", dist.get_rank())
 """
+FSDP_MARKER = "sct.register_fsdp_hook"
+FSDP_DRIVER = """
+x = torch.randn(8, 1024)
+opt.zero_grad(); model(x).square().sum().backward(); opt.step()
+assert compression.stats()["calls"] == 4, compression.stats()  # each rank's shards of 2 weights, 2 biases
+mine = torch.cat([p.full_tensor().detach().reshape(-1) for p in model.parameters()])
+everyone = [torch.empty_like(mine) for _ in range(4)]
+dist.all_gather(everyone, mine)
+assert all(torch.equal(everyone[0], other) for other in everyone[1:])  # the replicas agree
+print("fsdp snippet ok", dist.get_rank())
+"""
 
 
 def snippets():
@@ -71,3 +83,12 @@ def test_readme_ddp_snippet_runs(tmp_path):
     script.write_text(setup + DDP_DRIVER + DDP_TEARDOWN + teardown)
     output = torchrun(2, script)
     assert output.count("ddp snippet ok") == 2, output[-3000:]
+
+
+def test_readme_fsdp_snippet_runs(tmp_path):
+    (code,) = [s for s in snippets() if FSDP_MARKER in s]
+    setup, teardown = code.split(DDP_TEARDOWN)
+    script = tmp_path / "readme_fsdp_snippet.py"
+    script.write_text(setup + FSDP_DRIVER + DDP_TEARDOWN + teardown)
+    output = torchrun(4, script)
+    assert output.count("fsdp snippet ok") == 4, output[-3000:]

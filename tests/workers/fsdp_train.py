@@ -140,6 +140,19 @@ def load(path, model, opt, compression):
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["opt"])
 
 
+def refusal_of_replicas_apart():
+    """register_fsdp_hook's error on replicas initialised apart (each its own seed), or None."""
+    torch.manual_seed(rank // SHARDS)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    fully_shard(model, mesh=MESH["shard"])
+    try:
+        register_fsdp_hook(model, TopK(ratio=0.5, named_parameters=model.named_parameters()), MESH["replicate"])
+    except ValueError as error:
+        return str(error)
+    return None
+
+
+refused = refusal_of_replicas_apart()
 results, stats = {}, {}
 for config, (make_compression, options) in CONFIGS.items():
     if args.only and config not in args.only:
@@ -151,6 +164,6 @@ for config, (make_compression, options) in CONFIGS.items():
         stopped, _ = train(make_compression, options, range(args.steps), checkpoint=path, save_after=args.resume_at)
         resumed, _ = train(make_compression, options, range(args.resume_at + 1, args.steps), checkpoint=path)
         results[f"{config}/resumed"] = stopped + resumed
-torch.save({"history": results, "stats": stats}, os.path.join(args.out, f"rank{rank}.pt"))
+torch.save({"history": results, "stats": stats, "refused": refused}, os.path.join(args.out, f"rank{rank}.pt"))
 print(f"rank {rank}/{size}: {len(results)} configs x {args.steps} steps done")
 destroy_process_group()
