@@ -35,11 +35,12 @@ def simulate_hsdp(
     passes=1,
     compute_dtype=None,
     sgd_momentum=0.0,
+    reduce_dtype=torch.float32,
 ):
     """The full parameters after each step. method: a simulation.METHODS name, or None with dgc
     (simulation.dgc's momentum) or neither (native HSDP: the dense average). dense_names: the
     parameters the policy sends dense. compute_dtype: the forward and backward's (bf16 mixed
-    precision), the gradients reduced in float32. sgd_momentum: torch.optim.SGD's."""
+    precision), the gradients reduced in `reduce_dtype`. sgd_momentum: torch.optim.SGD's."""
     model, size = make_model(), replicas * shards
     state = {}  # (replica, shard, name) -> residual, or DGC's (residual, momentum)
     buffers = {}  # SGD's momentum
@@ -48,7 +49,8 @@ def simulate_hsdp(
         grads = [_gradients(model, step, rank, size, passes, compute_dtype) for rank in range(size)]
         with torch.no_grad():
             for name, p in trained(model):
-                averaged = [_shard_average(grads[r * shards : (r + 1) * shards], name) for r in range(replicas)]
+                group = [{name: g[name].to(reduce_dtype)} for g in grads]
+                averaged = [_shard_average(group[r * shards : (r + 1) * shards], name) for r in range(replicas)]
                 update = torch.empty_like(p)
                 for s, (first, end) in enumerate(shard_rows(p.shape[0], shards)):
                     if first == end:
@@ -60,7 +62,8 @@ def simulate_hsdp(
                         sent.append(_selected(state, (r, s, name), grad, method, ratio, dgc, dense, step, seed, r))
                     residuals = [_residual(state.get((r, s, name))) for r in range(replicas)]
                     total = sent[0] if replicas == 1 else summed(sent, residuals, ratio, exchange)
-                    update[first:end] = (total / replicas).view(update[first:end].shape)
+                    average = (total / replicas).to(reduce_dtype)  # written back in the reduce dtype
+                    update[first:end] = average.view(update[first:end].shape)
                 if sgd_momentum:  # torch.optim.SGD: buf = m * buf + update (the first step: buf = update)
                     buffers[name] = update.clone() if step == 0 else sgd_momentum * buffers[name] + update
                     update = buffers[name]

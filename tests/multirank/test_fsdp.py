@@ -1,7 +1,8 @@
 """sparsecomm.torch.register_fsdp_hook: compressed HSDP under torchrun --nproc_per_node 4 (2
 replicas x 2 shards) and 6 (3 x 2), Gloo (tests/workers/fsdp_train.py: every method, the
-allgather, SparDL and dense routes, the default policy, a model of three sharded layers with a
-frozen one, gradient accumulation without sync, bf16 parameters; 30 steps). Each run's full
+allgather, SparDL and dense routes and auto, the default policy, a model of three sharded layers
+with a frozen one, gradient accumulation without sync, bf16 parameters reduced in float32 or
+bf16, SGD momentum; 30 steps). Each run's full
 parameters against the single-process simulation of the replicas and shards
 (simulated_hsdp.py), the replicas against each other bit for bit, ratio 1 against FSDP's own
 HSDP, a checkpoint resumed under the 4-rank run against not stopping, and replicas initialised
@@ -38,8 +39,11 @@ SIMULATED = {
     "frozen/topk_0.1": dict(method="topk", ratio=0.1),
     "frozen/dgc_0.1_accumulate": dict(dgc=0.9, ratio=0.1, passes=2),
     "frozen/topk_0.1_bf16": dict(method="topk", ratio=0.1, compute_dtype=torch.bfloat16),
+    "frozen/topk_0.1_bf16_reduce": dict(
+        method="topk", ratio=0.1, compute_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16
+    ),
 }
-NAMES = sorted(SIMULATED)
+NAMES = sorted(SIMULATED) + ["topk_0.1_auto"]  # (auto's routes follow the link it measures: not simulated)
 RESUMED = [name for name in NAMES if not name.endswith("native")]
 
 
@@ -59,7 +63,7 @@ def _model(config):
 
 # Not bit for bit: FSDP's backward computes the root's 2.weight gradient an ulp apart from the
 # plain model's (its unsharded parameter is a view of the all-gather buffer), on native HSDP too.
-@pytest.mark.parametrize("config", NAMES)
+@pytest.mark.parametrize("config", sorted(SIMULATED))
 def test_every_rank_equals_the_simulation_of_the_replicas_and_shards(run, config):
     ranks, results = run
     want = simulate_hsdp(ranks // 2, lambda: _model(config), STEPS, LR, **SIMULATED[config])
@@ -110,3 +114,13 @@ def test_replicas_that_start_apart_are_refused_on_every_rank(run):
     ranks, results = run
     for rank in range(ranks):
         assert "TopK: the replicas hold different values of '0.weight'" in (results[rank]["refused"] or ""), rank
+
+
+def test_auto_routes_every_shard_alike_on_every_rank(run):
+    ranks, results = run
+    routes = [
+        {n: t["exchange"] for n, t in results[r]["stats"]["topk_0.1_auto"]["tensors"].items()} for r in range(ranks)
+    ]
+    assert set(routes[0]) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert set(routes[0].values()) <= {"dense", "allgather", "spardl"}
+    assert all(r == routes[0] for r in routes[2::2]), routes  # each replica's first rank

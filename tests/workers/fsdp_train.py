@@ -55,7 +55,8 @@ def named(cls, **settings):
 
 # name -> (compression for the sharded model, or None for native HSDP; options: model ("mlp",
 # or "frozen": three sharded layers, the first frozen), passes (backward passes a step, the
-# gradients accumulated without sync before the last), bf16 (bf16 parameters, float32 reduce),
+# gradients accumulated without sync before the last), bf16 (bf16 parameters, float32 reduce; or
+# "reduce": reduced in bf16 too),
 # momentum (SGD's, whose buffers the checkpoint holds too))
 CONFIGS = {
     "native": (None, {}),
@@ -76,6 +77,8 @@ CONFIGS = {
     "frozen/topk_0.1": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen")),
     "frozen/dgc_0.1_accumulate": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(model="frozen", passes=2)),
     "frozen/topk_0.1_bf16": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen", bf16=True)),
+    "frozen/topk_0.1_bf16_reduce": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen", bf16="reduce")),
+    "topk_0.1_auto": (named(TopK, ratio=0.1, **EVERY), {}),  # exchange="auto" over the replicas' link
 }
 
 
@@ -84,7 +87,8 @@ def sharded(options):
     host's ranks, or (native HSDP, no compressor) over the 2-D mesh."""
     model = common.torch_frozen_model() if options.get("model") == "frozen" else common.torch_model()
     mesh = MESH if options.get("native") else MESH["shard"]
-    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    reduce_dtype = torch.bfloat16 if options.get("bf16") == "reduce" else torch.float32
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
     extra = dict(mp_policy=bf16) if options.get("bf16") else {}
     for layer in model:
         if isinstance(layer, torch.nn.Linear):
