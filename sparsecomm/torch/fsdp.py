@@ -111,10 +111,12 @@ def _param_group(owner, fsdp_module):
             "the replicas itself (native HSDP), uncompressed. Give fully_shard the shard dimension only, "
             "fully_shard(module, mesh=mesh['shard']), and the replicas to register_fsdp_hook"
         )
+    names = {id(p): name for name, p in fsdp_module.named_parameters()}
     for fsdp_param in param_group.fsdp_params:
-        if fsdp_param.fsdp_placement.dim != 0:
+        dim = fsdp_param.fsdp_placement.dim
+        if dim != 0:
             raise ValueError(
-                f"{owner}: {fsdp_param._param_fqn} is sharded on dim {fsdp_param.fsdp_placement.dim}; "
+                f"{owner}: {names.get(id(fsdp_param.sharded_param))} is sharded on dim {dim}; "
                 "register_fsdp_hook serves FSDP's default Shard(0)"
             )
     return param_group

@@ -9,6 +9,7 @@ import torch.distributed as dist
 from launch import free_port
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import Shard
 
 import sparsecomm.torch as sct
 
@@ -106,4 +107,29 @@ def test_the_hierarchical_exchange_is_refused(mesh):
     model = sharded(mesh["shard"])
     compression = sct.TopK(ratio=0.1, exchange="hierarchical", named_parameters=model.named_parameters())
     with pytest.raises(ValueError, match=r"exchange='hierarchical' .* not under register_fsdp_hook"):
+        sct.register_fsdp_hook(model, compression, mesh["replicate"])
+
+
+def test_a_parameter_sharded_on_another_dim_is_refused(mesh):
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    fully_shard(model, mesh=mesh["shard"], shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else None)
+    compression = sct.TopK(ratio=0.1, named_parameters=model.named_parameters())
+    with pytest.raises(ValueError, match=r"TopK: 0.weight is sharded on dim 1; register_fsdp_hook serves .*Shard\(0\)"):
+        sct.register_fsdp_hook(model, compression, mesh["replicate"])
+
+
+def test_several_parameter_groups_in_a_module_are_refused(mesh):
+    """A per-parameter mesh (shard_placement_fn's ShardPlacementResult) makes a second group."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, ShardPlacementResult
+
+    other = FSDPMeshInfo(DeviceMesh.from_group(dist.new_group([0]), "cpu", mesh_dim_names=("other",)), shard_mesh_dim=0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4))
+    fully_shard(
+        model,
+        mesh=mesh["shard"],
+        shard_placement_fn=lambda p: ShardPlacementResult(Shard(0), other) if p.ndim == 1 else None,
+    )
+    compression = sct.TopK(ratio=0.1, named_parameters=model.named_parameters())
+    with pytest.raises(ValueError, match=r"TopK: the FSDP module FSDPSequential has 2 parameter groups"):
         sct.register_fsdp_hook(model, compression, mesh["replicate"])
