@@ -7,6 +7,9 @@ Checks that sparsecomm works on this machine, on its GPUs when it has any:
   op tests (cpu, cuda)     tests/ops/test_torch_*_ops.py against plain references (source checkout)
   kernel benchmark         every kernel against memcpy and torch.topk, on the GPU (on the CPU
                            when there is no usable GPU)
+  DDP hook step            one rank's DDP step with each hook against DDP's own allreduce step,
+                           on ResNet-50's 161 tensors and on 16: what one more tensor costs
+                           (sparsecomm.check.hook_step; on the GPU, else on the CPU)
   2-rank training          horovodrun -np 2: a tiny model trained with DGC and TopK (allgather,
                            spardl); the loss must go down and the ranks end bitwise equal.
                            On cpu with Gloo; on cuda with NCCL (one GPU per rank) when Horovod
@@ -33,6 +36,8 @@ def plan(env, quick):
         step[f"op tests ({device})"] = lambda device=device: steps.op_tests(env, device, quick)
     for device in ("cuda", "cpu"):
         step[f"kernel benchmark ({device})"] = lambda device=device: steps.kernel_bench(env, device, quick)
+    for device in ("cuda", "cpu"):
+        step[f"DDP hook step ({device})"] = lambda device=device: steps.hook_step(env, device, quick)
     for device in ("cpu", "cuda"):
         step[f"2-rank training ({device})"] = lambda device=device: steps.smoke(env, device, quick)
     for device in ("cpu", "cuda"):

@@ -166,6 +166,30 @@ def kernel_bench(env, device, quick):
     return PASS, bench_summary(records)
 
 
+def hook_step(env, device, quick):
+    """`python -m sparsecomm.check.hook_step` on `device`: each hook's DDP step against DDP's
+    allreduce step and its cost per tensor. Timings are reported, not judged."""
+    blocked = environment.blocker(env, device)
+    if blocked:
+        return blocked
+    if device == "cpu" and environment.blocker(env, "cuda") is None:
+        return SKIP, "measured on cuda instead"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "hook_step.json")
+        steps = "3" if quick else "10"
+        command = [sys.executable, "-m", "sparsecomm.check.hook_step", "--device", device, "--steps", steps]
+        code, output = run_command(command + ["--json", path], 300 if quick else 900)
+        if code != 0:
+            show_tail(output)
+            return FAIL, f"the benchmark {'timed out' if code is None else f'exited {code}'}"
+        with open(path) as f:
+            records = json.load(f)["records"]
+    print(output, flush=True)
+    many = [r for r in records if r["tensors"] == 161 and r["method"] != "DDP allreduce"]
+    parts = [f"{r['method']} {r['vs_allreduce']:.2f}x ({r['us_per_tensor']:+.0f} us a tensor)" for r in many]
+    return PASS, "161 tensors, 1 rank, against DDP's allreduce step: " + ", ".join(parts)
+
+
 def bench_summary(records):
     """The largest size at the smallest density: the DGC/Threshold pack and the exact top-k
     pack as multiples of a memcpy and against torch.topk, and the copy bandwidth."""

@@ -22,6 +22,8 @@ STEPS = [
     "op tests (cuda)",
     "kernel benchmark (cuda)",
     "kernel benchmark (cpu)",
+    "DDP hook step (cuda)",
+    "DDP hook step (cpu)",
     "2-rank training (cpu)",
     "2-rank training (cuda)",
     "DDP training (cpu)",
@@ -58,6 +60,11 @@ def test_quick_check_on_this_machine(tmp_path):
     # strict xfails, where a known divergence is pinned, are reported, not failures
     assert re.fullmatch(r"\d+ passed(, \d+ xfailed)? \(pytest .*\)", result["op tests (cpu)"]["detail"])
     assert "x a memcpy" in result["kernel benchmark (cpu)"]["detail"] or torch.cuda.is_available()
+    hook = result["DDP hook step (cpu)"]["detail"]
+    assert (
+        re.match(r"161 tensors, 1 rank, against DDP's allreduce step: DGC 0.1% \d+\.\d\dx", hook)
+        or torch.cuda.is_available()
+    )
     training = result["2-rank training (cpu)"]
     assert training["status"] == PASS and "ranks bitwise equal" in training["detail"], training
     ddp = result["DDP training (cpu)"]
@@ -70,7 +77,7 @@ def test_quick_check_on_this_machine(tmp_path):
         assert result[step]["status"] == SKIP
         assert result[step]["detail"].startswith("no CUDA device (torch.cuda.is_available() is False)")
     assert (
-        "\nverdict: OK (5 passed, 0 failed, 4 skipped): nothing failed, but these did NOT run here: "
+        "\nverdict: OK (6 passed, 0 failed, 5 skipped): nothing failed, but these did NOT run here: "
         + ", ".join(CUDA_STEPS)
         + "\n"
         in table
