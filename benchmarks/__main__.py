@@ -1,4 +1,4 @@
-"""python -m benchmarks {kernels,e2e,trial,convergence,all,report} ...
+"""python -m benchmarks {kernels,e2e,trial,hsdp,convergence,all,report} ...
 
 kernels      every kernel against memcpy and torch.topk in the same run
 e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
@@ -9,6 +9,8 @@ trial        a new job's first steps: DGC 0.1% with exchange="auto" and each fix
              from a fresh compressor, on the comm model at 1 Gbit/s (2 ranks, 2 x 2 hosts): the
              mean of the first 30 and 100 steps beside the steady step, and the first 30's mean
              over the fastest fixed exchange's (trial.json in --out)
+hsdp         compressed HSDP (FSDP2, register_fsdp_hook) on 2 hosts of 2 ranks at 1 and 10 Gbit/s:
+             the floor, native HSDP, DGC 0.1%, Threshold 1%, RandomBlock 1% (benchmarks/hsdp.py)
 convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
 all          the four, then JSON + PNG figures in --out and docs/results.md (`make bench`); e2e
              also on hosts of several ranks (--host-layouts) where the per-host model runs
@@ -29,7 +31,7 @@ import torch
 
 from sparsecomm.check import kernels
 
-from . import first_steps, network
+from . import first_steps, hsdp, network
 
 
 def _kernels(args):
@@ -258,6 +260,8 @@ def _parser():
     k = sub.add_parser("kernels", help="time every kernel against memcpy and torch.topk in the same run")
     e = sub.add_parser("e2e", help="end-to-end step time on emulated networks")
     t = sub.add_parser("trial", help="the first steps of exchange=auto beside each fixed exchange's")
+    h = sub.add_parser("hsdp", help="compressed HSDP's step time on emulated hosts of several ranks")
+    hsdp.add_options(h)
     c = sub.add_parser("convergence", help="dense vs each method on real data")
     a = sub.add_parser("all", help="kernels + e2e + trial + convergence, JSON/PNG in --out, docs/results.md")
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
@@ -398,9 +402,11 @@ def main():
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     parser = _parser()
     args = parser.parse_args()
-    if args.command in ("e2e", "trial", "all") and not _e2e_rows()[0]:
+    if args.command in ("e2e", "trial", "hsdp", "all") and not _e2e_rows()[0]:
         parser.error(f"{args.command}: the end-to-end benchmark needs Horovod (python -m sparsecomm.install_horovod)")
-    if hasattr(args, "networks"):
+    if args.command == "hsdp":  # its own layout of hosts: no --ranks
+        args.network_model = _network_model(parser, args.network_model)
+    elif hasattr(args, "networks"):
         args.networks = [None if n == "unshaped" else n for n in args.networks]
         if hasattr(args, "host_networks"):
             args.host_networks = [None if n == "unshaped" else n for n in args.host_networks]
@@ -425,6 +431,8 @@ def main():
         records = _kernels(args)
     elif args.command == "e2e":
         records = _e2e(args)
+    elif args.command == "hsdp":
+        records = hsdp.run(args)
     else:
         records = _convergence(args)
     if args.json:
