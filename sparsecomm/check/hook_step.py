@@ -76,7 +76,8 @@ def ddp_step(shapes, method, device):
 
 def measure(device, steps):
     """A record per method and layout: step_ms (the median; the methods' steps interleaved, so
-    that the machine's drift falls on all alike) and vs_allreduce; per method, us_per_tensor."""
+    that the machine's drift falls on all alike), vs_allreduce, extra_ms (the median of each
+    round's step less DDP's allreduce step of the same round); per method, us_per_tensor."""
     records = []
     for name, shapes in layouts().items():
         runs = {method: ddp_step(shapes, spec, device) for method, spec in METHODS.items()}
@@ -87,16 +88,17 @@ def measure(device, steps):
                 if round_ >= WARMUP:
                     times[method].append(seconds)
         del runs
-        base = statistics.median(times["DDP allreduce"])
+        base = times["DDP allreduce"]
         for method, seconds in times.items():
             ms = statistics.median(seconds) * 1e3
+            extra = statistics.median(s - b for s, b in zip(seconds, base)) * 1e3
+            ratio = ms / (statistics.median(base) * 1e3)
             records.append(
-                dict(method=method, layout=name, tensors=len(shapes), step_ms=ms, vs_allreduce=ms / (base * 1e3))
+                dict(method=method, layout=name, tensors=len(shapes), step_ms=ms, vs_allreduce=ratio, extra_ms=extra)
             )
     by = {(r["method"], r["tensors"]): r for r in records}
     for r in records:
-        extra = [by[(r["method"], n)]["step_ms"] - by[("DDP allreduce", n)]["step_ms"] for n in (161, 16)]
-        r["us_per_tensor"] = (extra[0] - extra[1]) / 145 * 1e3
+        r["us_per_tensor"] = (by[(r["method"], 161)]["extra_ms"] - by[(r["method"], 16)]["extra_ms"]) / 145 * 1e3
     return records
 
 
