@@ -1,4 +1,4 @@
-"""python -m benchmarks {kernels,e2e,trial,hsdp,convergence,all,report} ...
+"""python -m benchmarks {kernels,e2e,trial,hsdp,hsdp-convergence,convergence,all,report} ...
 
 kernels      every kernel against memcpy and torch.topk in the same run
 e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
@@ -11,6 +11,9 @@ trial        a new job's first steps: DGC 0.1% with exchange="auto" and each fix
              over the fastest fixed exchange's (trial.json in --out)
 hsdp         compressed HSDP (FSDP2, register_fsdp_hook) on 2 hosts of 2 ranks at 1 and 10 Gbit/s:
              the floor, native HSDP, DGC 0.1%, Threshold 1%, RandomBlock 1% (benchmarks/hsdp.py)
+hsdp-convergence
+             the digits task on compressed HSDP (torchrun, 2 replicas of 2 ranks): native HSDP,
+             DGC 0.1%, Threshold 1%, RandomBlock 1%, seeds 0 and 1 (benchmarks/hsdp_convergence.py)
 convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
 all          the four, then JSON + PNG figures in --out and docs/results.md (`make bench`); e2e
              also on hosts of several ranks (--host-layouts) where the per-host model runs
@@ -31,7 +34,7 @@ import torch
 
 from sparsecomm.check import kernels
 
-from . import first_steps, hsdp, network
+from . import first_steps, hsdp, hsdp_convergence, network
 
 
 def _kernels(args):
@@ -262,6 +265,8 @@ def _parser():
     t = sub.add_parser("trial", help="the first steps of exchange=auto beside each fixed exchange's")
     h = sub.add_parser("hsdp", help="compressed HSDP's step time on emulated hosts of several ranks")
     hsdp.add_options(h)
+    hc = sub.add_parser("hsdp-convergence", help="compressed HSDP's accuracy on the digits task")
+    hsdp_convergence.add_options(hc)
     c = sub.add_parser("convergence", help="dense vs each method on real data")
     a = sub.add_parser("all", help="kernels + e2e + trial + convergence, JSON/PNG in --out, docs/results.md")
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
@@ -433,6 +438,8 @@ def main():
         records = _e2e(args)
     elif args.command == "hsdp":
         records = hsdp.run(args)
+    elif args.command == "hsdp-convergence":
+        records = hsdp_convergence.run(args)
     else:
         records = _convergence(args)
     if args.json:
