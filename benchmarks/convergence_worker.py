@@ -306,6 +306,25 @@ def step(opt, clip_norm, params):
         opt.step()
 
 
+def run_epochs(model, work, opt, schedule, epochs, update):
+    """The metric after each epoch of training `model` on `work` (`update`: the optimizer's step);
+    a run whose metric stops being finite ends there."""
+    curve = []
+    for epoch in range(epochs):
+        model.train()
+        for inputs, targets in work.batches(epoch):
+            opt.zero_grad()
+            loss_of(model(inputs), targets).backward()
+            update()
+            schedule.step()
+        model.eval()
+        with torch.no_grad():
+            curve.append(work.evaluate())
+        if not all(math.isfinite(v) for v in curve):
+            break
+    return curve
+
+
 def train(task, method, size, rank, seed=0):
     settings = TASKS[task]
     if task == "digits":
@@ -323,19 +342,7 @@ def train(task, method, size, rank, seed=0):
     schedule = warmed_up(opt, round(warmup_epochs(task) * work.steps_per_epoch))
     clip_norm = None if method.startswith("DGC") else settings["clip_norm"]  # DGC clips in the compressor
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    curve = []
-    for epoch in range(settings["epochs"]):
-        model.train()
-        for inputs, targets in work.batches(epoch):
-            opt.zero_grad()
-            loss_of(model(inputs), targets).backward()
-            step(opt, clip_norm, model.parameters())
-            schedule.step()
-        model.eval()
-        with torch.no_grad():
-            curve.append(work.evaluate())
-        if not all(math.isfinite(v) for v in curve):
-            break
+    curve = run_epochs(model, work, opt, schedule, settings["epochs"], lambda: step(opt, clip_norm, model.parameters()))
     stats = compression.stats() if hasattr(compression, "stats") else None
     dense = sum(p.numel() for p in model.parameters()) * 4
     sent = stats["sent_bytes"] / max(1, stats["calls"]) * len(list(model.parameters())) if stats else dense

@@ -159,12 +159,16 @@ class Row:
     warmup_times: list = field(default_factory=list)
 
 
-def timed_steps(row, steps):
+def horovod_barrier():
+    hvd.allreduce(torch.zeros(1), name="bench.barrier")
+
+
+def timed_steps(row, steps, barrier=horovod_barrier):
     """(times (s) of `steps` steps of a row, each step's PHASES (s)). Every rank starts each step
-    together: the barrier is outside the timed region, for every row alike."""
+    together: the barrier (Horovod's, or the caller's) is outside the timed region, for every row alike."""
     times, phases = [], []
     for _ in range(steps):
-        hvd.allreduce(torch.zeros(1), name="bench.barrier")
+        barrier()
         started = time.perf_counter()
         row.opt.zero_grad()
         loss = torch.nn.functional.cross_entropy(row.model(row.x), row.y)

@@ -140,7 +140,7 @@ def table(records):
     )
     lines = [header, "-" * len(header)]
     for r in records:
-        layout = f"{r['ranks'] // r['ranks_per_host']}x{r['ranks_per_host']}"
+        layout = e2e.layout_text(r)
         lines.append(
             f"{r['model']:<8}{layout:>7}  {r['network']:<9}{r['network_model'].partition(',')[0]:<10}"
             f"{r['method']:<23}{r['step_ms']:>9.1f}"

@@ -16,7 +16,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import sparsecomm.torch as sct
-from benchmarks.convergence_worker import TASKS, Digits, loss_of, methods, warmed_up, warmup_epochs
+from benchmarks.convergence_worker import TASKS, Digits, methods, run_epochs, warmed_up, warmup_epochs
 from benchmarks.hsdp_convergence import HOOKED, NATIVE, ROWS
 
 TASK = "digits"
@@ -52,17 +52,7 @@ def train(method, mesh, seed):
         sct.register_fsdp_hook(model, compression, mesh["replicate"])
     opt = torch.optim.SGD(model.parameters(), lr=settings["lr"], momentum=momentum)
     schedule = warmed_up(opt, round(warmup_epochs(TASK) * work.steps_per_epoch))
-    curve = []
-    for epoch in range(settings["epochs"]):
-        model.train()
-        for inputs, targets in work.batches(epoch):
-            opt.zero_grad()
-            loss_of(model(inputs), targets).backward()
-            opt.step()
-            schedule.step()
-        model.eval()
-        with torch.no_grad():
-            curve.append(work.evaluate())
+    curve = run_epochs(model, work, opt, schedule, settings["epochs"], opt.step)
     return {
         "task": TASK,
         "method": method,

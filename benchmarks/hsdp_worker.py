@@ -15,7 +15,6 @@ import gc
 import json
 import os
 import statistics
-import time
 
 import horovod.torch as hvd
 import torch
@@ -25,7 +24,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 
 import sparsecomm.torch as sct
 from benchmarks.e2e import PHASES
-from benchmarks.e2e_worker import Row, init_torch_distributed, model_and_batch, turns
+from benchmarks.e2e_worker import Row, init_torch_distributed, model_and_batch, timed_steps, turns
 from benchmarks.hsdp import FLOOR, HOOKED, NATIVE, ROWS
 
 
@@ -88,25 +87,6 @@ def nic_bytes():
     return counts
 
 
-def timed_steps(row, steps):
-    """(times (s) of `steps` steps of a row, each step's PHASES (s)); every rank starts each step
-    together (the barrier outside the timed region)."""
-    times, phases = [], []
-    for _ in range(steps):
-        dist.barrier()
-        started = time.perf_counter()
-        row.opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(row.model(row.x), row.y)
-        forward = time.perf_counter()
-        loss.backward()
-        backward = time.perf_counter()
-        row.opt.step()
-        ended = time.perf_counter()
-        times.append(ended - started)
-        phases.append((forward - started, backward - forward, ended - backward))
-    return times, phases
-
-
 def time_rows(makers, warmup, steps, rounds):
     """Yields (row, step times, their phases, NIC bytes (sent, received) over them or None) for the
     rows `makers` build: rounds 1, one at a time; R > 1, all alive, timed in R interleaved turns."""
@@ -114,7 +94,7 @@ def time_rows(makers, warmup, steps, rounds):
     for group in plan:
         rows = [makers[method](warmup) for method in group]
         for row in rows:
-            timed_steps(row, row.warmup)
+            timed_steps(row, row.warmup, barrier=dist.barrier)
             row.warmed()
         times = {row.method: [] for row in rows}
         phases = {row.method: [] for row in rows}
@@ -122,7 +102,7 @@ def time_rows(makers, warmup, steps, rounds):
         for row, count in turns(rows, steps, rounds):
             dist.barrier()
             before = nic_bytes()
-            row_times, row_phases = timed_steps(row, count)
+            row_times, row_phases = timed_steps(row, count, barrier=dist.barrier)
             if before is not None:
                 nic[row.method] = [n + after - b for n, after, b in zip(nic[row.method], nic_bytes(), before)]
             times[row.method] += row_times
