@@ -36,17 +36,23 @@ def simulate_hsdp(
     compute_dtype=None,
     sgd_momentum=0.0,
     reduce_dtype=torch.float32,
+    clip_norm=None,
+    forward=None,
 ):
     """The full parameters after each step. method: a simulation.METHODS name, or None with dgc
     (simulation.dgc's momentum) or neither (native HSDP: the dense average). dense_names: the
     parameters the policy sends dense. compute_dtype: the forward and backward's (bf16 mixed
-    precision), the gradients reduced in `reduce_dtype`. sgd_momentum: torch.optim.SGD's."""
+    precision), the gradients reduced in `reduce_dtype`. sgd_momentum: torch.optim.SGD's.
+    clip_norm: DGC's, each shard clipped to clip_norm / sqrt(replicas). forward: as
+    simulated_training.rank_gradients' (a parameter a rank leaves unused: its zeros averaged in)."""
+    clip_limit = None if clip_norm is None else clip_norm / math.sqrt(replicas)
+    dgc_settings = None if dgc is None else (dgc, clip_limit)
     model, size = make_model(), replicas * shards
     state = {}  # (replica, shard, name) -> residual, or DGC's (residual, momentum)
     buffers = {}  # SGD's momentum
     history = []
     for step in range(steps):
-        grads = [_gradients(model, step, rank, size, passes, compute_dtype) for rank in range(size)]
+        grads = [_gradients(model, step, rank, size, passes, compute_dtype, forward) for rank in range(size)]
         with torch.no_grad():
             for name, p in trained(model):
                 group = [{name: g[name].to(reduce_dtype)} for g in grads]
@@ -59,7 +65,8 @@ def simulate_hsdp(
                     for r in range(replicas):
                         grad = averaged[r][first:end].reshape(-1)
                         dense = name in dense_names
-                        sent.append(_selected(state, (r, s, name), grad, method, ratio, dgc, dense, step, seed, r))
+                        key = (r, s, name)
+                        sent.append(_selected(state, key, grad, method, ratio, dgc_settings, dense, step, seed, r))
                     residuals = [_residual(state.get((r, s, name))) for r in range(replicas)]
                     total = sent[0] if replicas == 1 else summed(sent, residuals, ratio, exchange)
                     average = (total / replicas).to(reduce_dtype)  # written back in the reduce dtype
@@ -72,11 +79,11 @@ def simulate_hsdp(
     return history
 
 
-def _gradients(model, step, rank, size, passes, compute_dtype):
+def _gradients(model, step, rank, size, passes, compute_dtype, forward):
     if compute_dtype is None:
-        return rank_gradients(model, step, rank, size, passes)
+        return rank_gradients(model, step, rank, size, passes, forward=forward)
     low = copy.deepcopy(model).to(compute_dtype)  # FSDP's cast for the forward and backward
-    grads = rank_gradients(low, step, rank, size, passes, dtype=compute_dtype)
+    grads = rank_gradients(low, step, rank, size, passes, dtype=compute_dtype, forward=forward)
     return {name: g.float() for name, g in grads.items()}
 
 
@@ -90,10 +97,14 @@ def _residual(entry):
 
 
 def _selected(state, key, grad, method, ratio, dgc, dense, step, seed, replica):
-    """What one replica sends of one shard (dense float32), its state updated."""
+    """What one replica sends of one shard (dense float32), its state updated. dgc: (momentum,
+    clip limit) or None."""
     if dgc is not None:
+        momentum, clip_limit = dgc
         zeros = (torch.zeros(grad.numel()), torch.zeros(grad.numel()))
-        sent, state[key] = simulation.dgc(grad, state.get(key, zeros), ratio, key[2], step, dgc, dense=dense)
+        sent, state[key] = simulation.dgc(
+            grad, state.get(key, zeros), ratio, key[2], step, momentum, clip_limit=clip_limit, dense=dense
+        )
         return sent
     if method is None or dense:
         return grad.float()

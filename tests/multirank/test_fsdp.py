@@ -1,8 +1,9 @@
 """sparsecomm.torch.register_fsdp_hook: compressed HSDP under torchrun --nproc_per_node 4 (2
 replicas x 2 shards) and 6 (3 x 2), Gloo (tests/workers/fsdp_train.py: every method, the
-allgather, SparDL and dense routes and auto, the default policy, a model of three sharded layers
-with a frozen one, gradient accumulation without sync, bf16 parameters reduced in float32 or
-bf16, SGD momentum; 30 steps). Each run's full
+allgather, SparDL and dense routes and auto, the default policy, DGC's clipping, a model of three
+sharded layers with a frozen one, the everyday model (a tied weight, a frozen layer and a branch
+some ranks skip on some steps, whose zeros FSDP reduces), gradient accumulation without sync, bf16
+parameters reduced in float32 or bf16, SGD momentum; 30 steps). Each run's full
 parameters against the single-process simulation of the replicas and shards
 (simulated_hsdp.py), the replicas against each other bit for bit, ratio 1 against FSDP's own
 HSDP, a checkpoint resumed under the 4-rank run against not stopping, and replicas initialised
@@ -20,6 +21,8 @@ RANKS = (4, 6)
 # The worker's configurations -> simulate_hsdp's settings. The default policy sends dense every
 # shard under 1,024 elements and every 1-D one: all but 0.weight's (16 x 64).
 DEFAULT_POLICY_DENSE = ("0.bias", "2.weight", "2.bias")
+# The everyday model's branch, run by some ranks on some steps (its zeros reduced on the others).
+EVERYDAY_FORWARD = lambda model, x, step, rank: model(x, branch=common.uses_branch(step, rank))  # noqa: E731
 SIMULATED = {
     "native": {},
     "frozen/native": {},
@@ -34,6 +37,7 @@ SIMULATED = {
     "threshold_0.1_spardl": dict(method="threshold", ratio=0.1, exchange="spardl"),
     "dgc_0.1": dict(dgc=0.9, ratio=0.1),
     "dgc_0.1_spardl": dict(dgc=0.9, ratio=0.1, exchange="spardl"),
+    "dgc_0.1_clip": dict(dgc=0.9, ratio=0.1, clip_norm=0.2),
     "randomk_0.1": dict(method="randomk", ratio=0.1),
     "random_block_0.1": dict(method="random_block", ratio=0.1),
     "frozen/topk_0.1": dict(method="topk", ratio=0.1),
@@ -42,6 +46,9 @@ SIMULATED = {
     "frozen/topk_0.1_bf16_reduce": dict(
         method="topk", ratio=0.1, compute_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16
     ),
+    "everyday/native": dict(forward=EVERYDAY_FORWARD),
+    "everyday/topk_0.1": dict(method="topk", ratio=0.1, forward=EVERYDAY_FORWARD),
+    "everyday/dgc_0.1": dict(dgc=0.9, ratio=0.1, forward=EVERYDAY_FORWARD),
 }
 NAMES = sorted(SIMULATED) + ["topk_0.1_auto"]  # (auto's routes follow the link it measures: not simulated)
 RESUMED = [name for name in NAMES if not name.endswith("native")]
@@ -58,7 +65,8 @@ def run(request, tmp_path_factory):
 
 
 def _model(config):
-    return common.torch_frozen_model() if config.startswith("frozen/") else common.torch_model()
+    models = {"frozen": common.torch_frozen_model, "everyday": common.torch_everyday_model}
+    return models.get(config.partition("/")[0], common.torch_model)()
 
 
 # Not bit for bit: FSDP's backward computes the root's 2.weight gradient an ulp apart from the

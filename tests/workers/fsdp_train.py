@@ -53,8 +53,10 @@ def named(cls, **settings):
     return lambda model: cls(named_parameters=model.named_parameters(), **settings)
 
 
-# name -> (compression for the sharded model, or None for native HSDP; options: model ("mlp",
-# or "frozen": three sharded layers, the first frozen), passes (backward passes a step, the
+# name -> (compression for the sharded model, or None for native HSDP; options: model ("mlp";
+# "frozen": three sharded layers, the first frozen; "everyday": common.torch_everyday_model, its
+# hidden layer sharded apart, the root holding a tied weight, a frozen layer and a branch some
+# ranks skip on some steps), passes (backward passes a step, the
 # gradients accumulated without sync before the last), bf16 (bf16 parameters, float32 reduce; or
 # "reduce": reduced in bf16 too),
 # momentum (SGD's, whose buffers the checkpoint holds too))
@@ -71,6 +73,7 @@ CONFIGS = {
     "threshold_0.1_spardl": (named(Threshold, ratio=0.1, **SCATTERED), {}),
     "dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), {}),
     "dgc_0.1_spardl": (named(DGC, ratio=0.1, momentum=0.9, **SCATTERED), {}),
+    "dgc_0.1_clip": (named(DGC, ratio=0.1, momentum=0.9, clip_norm=0.2, **GATHERED), {}),
     "randomk_0.1": (named(RandomK, ratio=0.1, seed=7, **EVERY), {}),
     "random_block_0.1": (named(RandomBlock, ratio=0.1, seed=7, **EVERY), {}),
     "frozen/native": (None, dict(model="frozen")),
@@ -78,33 +81,43 @@ CONFIGS = {
     "frozen/dgc_0.1_accumulate": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(model="frozen", passes=2)),
     "frozen/topk_0.1_bf16": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen", bf16=True)),
     "frozen/topk_0.1_bf16_reduce": (named(TopK, ratio=0.1, **GATHERED), dict(model="frozen", bf16="reduce")),
+    "everyday/native": (None, dict(model="everyday")),
+    "everyday/topk_0.1": (named(TopK, ratio=0.1, **GATHERED), dict(model="everyday")),
+    "everyday/dgc_0.1": (named(DGC, ratio=0.1, momentum=0.9, **GATHERED), dict(model="everyday")),
     "topk_0.1_auto": (named(TopK, ratio=0.1, **EVERY), {}),  # exchange="auto" over the replicas' link
 }
+MODELS = {"mlp": common.torch_model, "frozen": common.torch_frozen_model, "everyday": common.torch_everyday_model}
 
 
 def sharded(options):
-    """The model of `options`, each linear layer and the root sharded with fully_shard: over the
-    host's ranks, or (native HSDP, no compressor) over the 2-D mesh."""
-    model = common.torch_frozen_model() if options.get("model") == "frozen" else common.torch_model()
+    """The model of `options`, its linear layers (the everyday model's hidden one) and the root
+    sharded with fully_shard: over the host's ranks, or (native HSDP, no compressor) over the 2-D
+    mesh, reducing the zeros of unused parameters as register_fsdp_hook does."""
+    model = MODELS[options.get("model", "mlp")]()
     mesh = MESH if options.get("native") else MESH["shard"]
     reduce_dtype = torch.bfloat16 if options.get("bf16") == "reduce" else torch.float32
     bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=reduce_dtype)
     extra = dict(mp_policy=bf16) if options.get("bf16") else {}
-    for layer in model:
+    layers = [model.hidden] if options.get("model") == "everyday" else model
+    for layer in layers:
         if isinstance(layer, torch.nn.Linear):
             fully_shard(layer, mesh=mesh, **extra)
     fully_shard(model, mesh=mesh, **extra)
+    if options.get("native"):
+        model.set_reduce_scatter_unused_params(True)  # (with a compressor, register_fsdp_hook sets it)
     return model
 
 
-def run_steps(model, opt, steps, passes):
+def run_steps(model, opt, steps, options):
+    passes, everyday = options.get("passes", 1), options.get("model") == "everyday"
     history = []
     for step in steps:
         opt.zero_grad()
         for p in range(passes):  # accumulated without sync, reduced on the last pass
             model.set_requires_gradient_sync(p == passes - 1)
             idx = common.rows(step * passes + p, rank, size, len(y_all))
-            out = model(torch.from_numpy(x_all[idx]))
+            branch = dict(branch=common.uses_branch(step, rank)) if everyday else {}
+            out = model(torch.from_numpy(x_all[idx]), **branch)
             torch.nn.functional.cross_entropy(out.float(), torch.from_numpy(y_all[idx])).backward()
         opt.step()
         history.append({n: p.full_tensor().detach().clone() for n, p in model.named_parameters()})
@@ -122,10 +135,9 @@ def train(make_compression, options, steps, checkpoint=None, save_after=None):
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=options.get("momentum", 0))
     if checkpoint is not None and save_after is None:
         load(checkpoint, model, opt, compression)
-    passes = options.get("passes", 1)
     if save_after is None:
-        return run_steps(model, opt, steps, passes), compression
-    history = run_steps(model, opt, [s for s in steps if s <= save_after], passes)
+        return run_steps(model, opt, steps, options), compression
+    history = run_steps(model, opt, [s for s in steps if s <= save_after], options)
     save(checkpoint, model, opt, compression)
     return history, compression
 
