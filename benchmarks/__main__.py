@@ -15,10 +15,12 @@ hsdp-convergence
              the digits task on compressed HSDP (torchrun, 2 replicas of 2 ranks): native HSDP,
              DGC 0.1%, Threshold 1%, RandomBlock 1%, seeds 0 and 1 (benchmarks/hsdp_convergence.py)
 convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
-all          the four, then JSON + PNG figures in --out and docs/results.md (`make bench`); e2e
-             also on hosts of several ranks (--host-layouts) where the per-host model runs
+all          kernels, e2e, trial, hsdp, convergence and hsdp-convergence, then JSON + PNG figures
+             in --out and docs/results.md (`make bench`); e2e also on hosts of several ranks
+             (--host-layouts) and hsdp (--hsdp-layouts) where the per-host model runs
 report       the figures and docs/results.md again from --out's results.json, measuring nothing
-             (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart)
+             (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart;
+             --add-hsdp / --add-hsdp-convergence RUN.json: a `bench hsdp` / `hsdp-convergence` run's)
 """
 
 import argparse
@@ -116,6 +118,50 @@ def _trial(args):
     return records
 
 
+def _defaults(add_options):
+    """The options a sub-command's add_options adds, at their defaults."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_options(parser)
+    return vars(parser.parse_args([]))
+
+
+def _hsdp(args):
+    """`bench all`'s compressed HSDP rows: `bench hsdp` on each of --hsdp-layouts at --host-networks,
+    on the per-host network model alone: the shared one would shape what the ranks of a host send
+    each other too (FSDP's gathers and reduce-scatters), which ride the host's own loopback."""
+    if not args.hsdp_layouts:
+        return []
+    if args.network_model != "per-host":
+        print(f"[hsdp] no HSDP layouts {args.hsdp_layouts}: they need the per-host network model")
+        return []
+    records = []
+    for hosts, per_host in args.hsdp_layouts:
+        options = dict(_defaults(hsdp.add_options), hosts=hosts, ranks_per_host=per_host)
+        options.update(networks=[n or "unshaped" for n in args.host_networks], network_model=args.network_model)
+        options.update(warmup=args.warmup, steps=args.steps or hsdp.STEPS, rounds=args.rounds)
+        records += hsdp.run(argparse.Namespace(**options))
+    return records
+
+
+def _hsdp_convergence(args, report, earlier=None):
+    """`bench all`'s compressed HSDP convergence records and where they were trained (None: here):
+    those of `earlier` (--convergence-from's results.json) where it has them; else `bench
+    hsdp-convergence` with --hsdp-convergence-methods, --epochs and --seeds, where --tasks has its
+    task, digits."""
+    if earlier and earlier.get("hsdp_convergence"):
+        return earlier["hsdp_convergence"], report.convergence_source(
+            earlier, args.convergence_from, "hsdp_convergence"
+        )
+    if not args.hsdp_conv_methods:
+        return [], None
+    if "digits" not in args.tasks:
+        print(f"[hsdp-convergence] no rows: it trains the digits task, not among --tasks {args.tasks}")
+        return [], None
+    options = dict(_defaults(hsdp_convergence.add_options), methods=args.hsdp_conv_methods)
+    options.update(epochs=args.epochs, seeds=args.seeds)
+    return hsdp_convergence.run(argparse.Namespace(**options)), None
+
+
 def _layout(text):
     """--host-layouts' HxR: H hosts of R ranks, both at least 2."""
     hosts, _, per_host = text.partition("x")
@@ -199,7 +245,7 @@ def _e2e_options(p):
         "--steps",
         type=int,
         help="timed steps of each row (default: 8 for the comm model, 16 for the compute model, "
-        "whose steps are short and noisy)",
+        "whose steps are short and noisy; 16 for `all`'s HSDP rows)",
     )
     p.add_argument(
         "--rounds",
@@ -255,6 +301,69 @@ def _convergence_options(p):
     )
 
 
+def _hosts_options(a):
+    """`bench all`'s options of hosts of several ranks: the e2e cells and compressed HSDP's rows."""
+    a.add_argument(
+        "--host-layouts",
+        type=_layout,
+        nargs="*",
+        default=[(2, 2), (2, 3)],
+        help="hosts of several ranks for the comm model, as HxR (default: 2x2 2x3; none: no such cells)",
+    )
+    a.add_argument(
+        "--host-networks", nargs="+", default=["1gbit", "10gbit"], help="of --host-layouts and --hsdp-layouts"
+    )
+    a.add_argument(
+        "--hsdp-layouts",
+        type=_layout,
+        nargs="*",
+        default=[(2, 2)],
+        help="hosts of several ranks for compressed HSDP's rows (`bench hsdp`, the comm model), as HxR "
+        "(default: 2x2; none: no such rows)",
+    )
+    a.add_argument(
+        "--hsdp-convergence-methods",
+        dest="hsdp_conv_methods",
+        nargs="*",
+        default=list(hsdp_convergence.ROWS),
+        choices=list(hsdp_convergence.ROWS),
+        help="`bench hsdp-convergence`'s rows, on the digits task where --tasks has it (default: all; none: no "
+        "such rows)",
+    )
+
+
+def _report_options(r):
+    """`bench report`'s options: the runs it adds to results.json first."""
+    r.add_argument(
+        "--add-e2e",
+        nargs="+",
+        metavar="E2E_JSON",
+        help="first add these `bench e2e --json` runs to results.json, beside the run of record (each "
+        "replaces an added run of the same cells): rows timed since, without timing the rest again",
+    )
+    r.add_argument(
+        "--add-convergence",
+        nargs="+",
+        metavar="CONVERGENCE_JSON",
+        help="first put these `bench convergence --json` runs' records into results.json, each in place of "
+        "the record of the same task and method, the others kept (results.md names every run)",
+    )
+    for what, same in (("hsdp", "cell (network and layout)"), ("hsdp-convergence", "task, layout and row")):
+        r.add_argument(
+            f"--add-{what}",
+            nargs="+",
+            metavar="RUN_JSON",
+            help=f"first put these `bench {what} --json` runs' records into results.json, each in place of those "
+            f"of the same {same}, the others kept (results.md names every run)",
+        )
+    r.add_argument(
+        "--convergence-from",
+        metavar="JSON",
+        help="first replace results.json's convergence records with those of a `bench convergence --json` "
+        "run or another run's results.json (results.md names the run that trained them)",
+    )
+
+
 def _parser():
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -268,7 +377,9 @@ def _parser():
     hc = sub.add_parser("hsdp-convergence", help="compressed HSDP's accuracy on the digits task")
     hsdp_convergence.add_options(hc)
     c = sub.add_parser("convergence", help="dense vs each method on real data")
-    a = sub.add_parser("all", help="kernels + e2e + trial + convergence, JSON/PNG in --out, docs/results.md")
+    a = sub.add_parser(
+        "all", help="kernels + e2e + trial + hsdp + convergence + hsdp-convergence, JSON/PNG in --out, docs/results.md"
+    )
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
     for p in (k, a):
         kernels.add_options(p)
@@ -276,14 +387,7 @@ def _parser():
         _e2e_options(p)
     _trial_options(t, "--layouts")
     _trial_options(a, "--trial-layouts")
-    a.add_argument(
-        "--host-layouts",
-        type=_layout,
-        nargs="*",
-        default=[(2, 2), (2, 3)],
-        help="hosts of several ranks for the comm model, as HxR (default: 2x2 2x3; none: no such cells)",
-    )
-    a.add_argument("--host-networks", nargs="+", default=["1gbit", "10gbit"])
+    _hosts_options(a)
     for p in (c, a):
         _convergence_options(p)
     for p in (k, e, c):
@@ -294,32 +398,13 @@ def _parser():
     )
     for p in (a, r):
         p.add_argument("--results-md", default="docs/results.md")
-    r.add_argument(
-        "--add-e2e",
-        nargs="+",
-        metavar="E2E_JSON",
-        help="first add these `bench e2e --json` runs to results.json, beside the run of record (each "
-        "replaces an added run of the same cells): rows timed since, without timing the rest again",
-    )
     a.add_argument(
         "--convergence-from",
         metavar="RESULTS_JSON",
-        help="take the convergence records of another run's results.json instead of training again "
-        "(results.md says so)",
+        help="take the convergence records (and the HSDP convergence records, where it has them) of another "
+        "run's results.json instead of training again (results.md says so)",
     )
-    r.add_argument(
-        "--add-convergence",
-        nargs="+",
-        metavar="CONVERGENCE_JSON",
-        help="first put these `bench convergence --json` runs' records into results.json, each in place of "
-        "the record of the same task and method, the others kept (results.md names every run)",
-    )
-    r.add_argument(
-        "--convergence-from",
-        metavar="JSON",
-        help="first replace results.json's convergence records with those of a `bench convergence --json` "
-        "run or another run's results.json (results.md names the run that trained them)",
-    )
+    _report_options(r)
     return parser
 
 
@@ -340,7 +425,12 @@ def _report(args, report):
     for added in args.add_convergence or ():
         with open(added) as f:
             results = report.with_convergence_added(results, json.load(f), added)
-    if args.add_e2e or args.convergence_from or args.add_convergence:
+    hsdp_runs = [("hsdp", added) for added in args.add_hsdp or ()]
+    hsdp_runs += [("hsdp_convergence", added) for added in args.add_hsdp_convergence or ()]
+    for key, added in hsdp_runs:
+        with open(added) as f:
+            results = report.with_hsdp_added(results, key, json.load(f), added)
+    if args.add_e2e or args.convergence_from or args.add_convergence or hsdp_runs:
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
         print(f"updated {args.out}/results.json")
@@ -383,8 +473,10 @@ def _all(args, report, commit, started):
         "kernels": _kernels(args),
     }
     results["e2e"] = _e2e(args) + _host_layouts(args)
+    results["hsdp"] = _hsdp(args)
     results["trial"] = _trial(args)
     args.methods = args.conv_methods
+    earlier = None
     if args.convergence_from:
         with open(args.convergence_from) as f:
             earlier = json.load(f)
@@ -392,6 +484,9 @@ def _all(args, report, commit, started):
         results["convergence_from"] = report.convergence_source(earlier, args.convergence_from)
     else:
         results["convergence"] = _convergence(args)
+    results["hsdp_convergence"], source = _hsdp_convergence(args, report, earlier)
+    if source:
+        results["hsdp_convergence_from"] = source
     results["minutes"] = (time.time() - started) / 60
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(results, f, indent=1)

@@ -163,11 +163,12 @@ def without_commits(text):
     return text
 
 
-def convergence_source(earlier, path):
-    """Where reused convergence records were trained: the run that trained them, however many
-    runs have reused them since (`earlier` is the results.json read from `path`)."""
-    if "convergence_from" in earlier:  # itself a reuse: pass its source on
-        return earlier["convergence_from"]
+def convergence_source(earlier, path, key="convergence"):
+    """Where reused convergence records (or those under `key`: "hsdp", "hsdp_convergence") were
+    made: the run that made them, however many runs have reused them since (`earlier` is the
+    results.json or the `bench ... --json` run read from `path`)."""
+    if f"{key}_from" in earlier:  # itself a reuse: pass its source on
+        return earlier[f"{key}_from"]
     command = f"`{earlier['command']}`" if "command" in earlier else path
     return f"{command} on {earlier['commit']}" if earlier.get("commit") else command
 
@@ -190,6 +191,29 @@ def with_convergence_added(results, run, path):
     earlier = results.get("convergence_from") or f"`{results['command']}` on {results.get('commit')}"
     source = f"{earlier}; {len(run['records'])} {'/'.join(tasks)} rows by {convergence_source(run, path)}"
     return dict(results, convergence=records, convergence_from=source)
+
+
+# What an added `bench hsdp` or `bench hsdp-convergence` run's record replaces: the records of its
+# cell (a launch's rows share their floor and native HSDP), or of its task, layout and row.
+HSDP_COVERS = {
+    "hsdp": lambda r: (r["model"], r["network_model"], r["ranks"], r["network"]),
+    "hsdp_convergence": lambda r: (r["task"], r["ranks"], r["method"]),
+}
+
+
+def with_hsdp_added(results, key, run, path):
+    """`results` with the records under `key` ("hsdp", "hsdp_convergence") of `run`, read from
+    `path`: what `bench hsdp --json` or `bench hsdp-convergence --json` writes, or another run's
+    results.json. They replace the records of what they cover (HSDP_COVERS), the others kept before
+    them; "<key>_from" names the run that made them, after the earlier source where any are kept."""
+    records = run["records"] if "records" in run else run[key]
+    covered = {HSDP_COVERS[key](r) for r in records}
+    kept = [r for r in results.get(key) or [] if HSDP_COVERS[key](r) not in covered]
+    source = convergence_source(run, path, key)
+    if kept:
+        earlier = results.get(f"{key}_from") or f"`{results.get('command')}` on {results.get('commit')}"
+        source = f"{earlier}; {len(records)} rows by {source}"
+    return dict(results, **{key: kept + records, f"{key}_from": source})
 
 
 def _para(text):
@@ -556,7 +580,7 @@ def _e2e_section(results, rel):
             )
         )
         parts.append(_md_table(*_step_table(hosts)))
-    parts += [_auto_block(e2e, rel), _ways_block(e2e, rel), _phase_text(e2e, rel)]
+    parts += [_hsdp_block(results, rel), _auto_block(e2e, rel), _ways_block(e2e, rel), _phase_text(e2e, rel)]
     return "\n\n".join(part for part in parts if part)
 
 
@@ -997,6 +1021,140 @@ def _first_steps_block(trial, source=None):
     return f"## First steps of exchange=auto\n\n{intro}\n\n{_md_table(FIRST_STEPS_HEADER, rows)}\n\n"
 
 
+# -- compressed HSDP (FSDP2) on hosts of several ranks -----------------------------------------
+
+HSDP_NATIVE = "native HSDP"  # the baseline of benchmarks.hsdp and benchmarks.hsdp_convergence
+HSDP_HEADER = (
+    "model",
+    "layout",
+    "network",
+    "network model",
+    "row",
+    "ms/step",
+    "vs native",
+    "vs floor",
+    "host MB",
+    "NIC MB",
+    "link ms",
+    "floor + link ms",
+)
+HSDP_CONVERGENCE_HEADER = ("task", "layout", "row", "epochs", "final", "each seed", "vs native", "bytes vs native")
+
+
+def _mb(value):
+    return "-" if value is None else f"{value / 1e6:.3f}"
+
+
+def _hsdp_rows(hsdp):
+    """HSDP_HEADER's rows (hsdp.csv): a record each, its ratios with their 95% intervals, the MB a
+    host's ranks send the other hosts a step (counted, and its NIC's measured), their time at the
+    link's rate and the floor plus that time."""
+    return [
+        (
+            r["model"],
+            layout_label(r["ranks"], r.get("ranks_per_host", 1)),
+            r["network"],
+            r["network_model"],
+            r["method"],
+            f"{r['step_ms']:.1f}",
+            ratio_text(r.get("vs_native"), r.get("vs_native_interval")),
+            ratio_text(r.get("vs_floor"), r.get("vs_floor_interval")),
+            _mb(r["host_sent_bytes"]),
+            _mb(r.get("nic_sent_bytes")),
+            "-" if r.get("link_ms") is None else f"{r['link_ms']:.1f}",
+            "-" if r.get("modelled_ms") is None else f"{r['modelled_ms']:.1f}",
+        )
+        for r in hsdp
+    ]
+
+
+def _hsdp_convergence_rows(conv):
+    """HSDP_CONVERGENCE_HEADER's rows (hsdp_convergence.csv): a row each, its final value with the
+    range over the seeds, each seed's, the change against native HSDP's and the bytes native HSDP
+    sends per step over the compressor's (its stats(); native: 1x)."""
+    native = {r["task"]: r for r in conv if r["method"] == HSDP_NATIVE}
+    rows = []
+    for r in conv:
+        seeds = r.get("seeds") or [r.get("seed")]
+        each = ", ".join(
+            f"{s}: {_final_figure(dict(r, final=f))}" for s, f in zip(seeds, r.get("finals") or [r["final"]])
+        )
+        stats = r.get("stats") or {}
+        saved = f"{stats['dense_bytes'] / max(stats['sent_bytes'], 1):.0f}x" if stats else "1x"
+        base = native.get(r["task"])
+        layout = layout_label(r["ranks"], r["ranks"] // r.get("replicas", 1))
+        change = "-" if base is None else change_text(r, base)
+        rows.append((r["task"], layout, r["method"], r.get("epochs", "-"), final_value_text(r), each, change, saved))
+    return rows
+
+
+def _hsdp_table(hsdp, conv):
+    """(header, rows) of the page's HSDP table: a row per HSDP row (the floor, native HSDP, each
+    compressor), for the first layout its ms/step, vs native and vs floor at 1 and 10 Gbit/s (else
+    its first two networks) and the MB a host sends a step, then its final value on the first task
+    trained (the mean over the seeds) and the change against native HSDP's."""
+    layout = next(((r["network_model"], r["ranks"]) for r in hsdp), None)
+    hsdp = [r for r in hsdp if (r["network_model"], r["ranks"]) == layout]
+    networks = [n for n in ("1gbit", "10gbit") if any(r["network"] == n for r in hsdp)] or _networks(hsdp)[:2]
+    by = {(r["network"], r["method"]): r for r in hsdp}
+    task = next((r["task"] for r in conv), None)
+    trained = {r["method"]: r for r in conv if r["task"] == task}
+    header = ["row"] + [f"{_network_name(n)} {what}" for n in networks for what in ("ms/step", "vs native", "vs floor")]
+    header += (["host MB"] if hsdp else []) + ([f"{task} {_metric(task, conv)}", "vs native"] if conv else [])
+    body = []
+    for method in _ordered(r["method"] for r in hsdp + conv):
+        row = [method]
+        for r in (by.get((n, method)) for n in networks):
+            row += (
+                ["-"] * 3
+                if r is None
+                else [f"{r['step_ms']:.1f}", ratio_text(r["vs_native"]), ratio_text(r["vs_floor"])]
+            )
+        if hsdp:
+            row.append(_mb(next((by[n, method]["host_sent_bytes"] for n in networks if (n, method) in by), None)))
+        if conv:
+            r, native = trained.get(method), trained.get(HSDP_NATIVE)
+            row += [_final_figure(r), "-" if r is None or native is None else change_text(r, native)]
+        body.append(row)
+    return header, body
+
+
+def _hsdp_block(results, rel):
+    """Compressed HSDP beside the rows above: what ran, how to read _hsdp_table, the runs that timed
+    and trained its rows where others than the page's did, the table; every record in hsdp.csv and
+    hsdp_convergence.csv. "" where the results have neither."""
+    hsdp, conv = results.get("hsdp") or [], results.get("hsdp_convergence") or []
+    if not hsdp and not conv:
+        return ""
+    said = (
+        "**Compressed HSDP** ([fsdp.md](fsdp.md)): FSDP2 shards the model over the ranks of each host and "
+        "exchanges its gradient shards across the hosts itself (native HSDP, dense float32) or through "
+        "`register_fsdp_hook` with the compressor and settings of its `DDP +` row above."
+    )
+    if hsdp:
+        first, per_host = hsdp[0], hsdp[0].get("ranks_per_host", 1)
+        netmodel = first["network_model"].partition(",")[0]
+        links = "one NIC a host" if netmodel == "per-host" else "one shaped link for all"
+        said += (
+            f" Steps: the {first['model']} model on {first['ranks'] // per_host} hosts of {per_host} ranks, {links} "
+            f"({netmodel} network); vs native: native HSDP's step over the "
+            "row's (above 1.00x: faster); vs floor: the row's over the floor's (no exchange across the hosts); "
+            "host MB: what a host sends the others a step."
+        )
+    if conv:
+        seeds = sorted({s for r in conv for s in (r.get("seeds") or [r.get("seed")])})
+        replicas = conv[0].get("replicas", 1)
+        said += (
+            f" Accuracy: the {conv[0]['task']} task on {replicas} replicas of {conv[0]['ranks'] // replicas} ranks, "
+            f"the mean over seeds {', '.join(map(str, seeds))}; vs native: the change."
+        )
+    for verb, key in (("Timed", "hsdp_from"), ("Trained", "hsdp_convergence_from")):
+        said += f" {verb} by {without_commits(results[key])}." if key in results else ""
+    files = [f"[{name}.csv]({rel}/{name}.csv)" for name, rows in (("hsdp", hsdp), ("hsdp_convergence", conv)) if rows]
+    said += f" With the intervals, the NICs' bytes and each seed: {', '.join(files)}."
+    return f"{_para(said)}\n\n{_md_table(*_hsdp_table(hsdp, conv))}"
+
+
 # -- convergence and kernels -----------------------------------------------------------------
 
 
@@ -1276,6 +1434,11 @@ def write_tables(results, out, more=None):
         "added.csv": _added_wide(results),
         "convergence.csv": _convergence_rows(results["convergence"]),
         "kernels.csv": _kernel_rows(results["kernels"]),
+        "hsdp.csv": (HSDP_HEADER, _hsdp_rows(results.get("hsdp") or [])),
+        "hsdp_convergence.csv": (
+            HSDP_CONVERGENCE_HEADER,
+            _hsdp_convergence_rows(results.get("hsdp_convergence") or []),
+        ),
         **(more or {}),
     }
     written = []

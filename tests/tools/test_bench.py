@@ -194,6 +194,8 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
             *rows,
             "--host-layouts",  # none: the hosts' cells run the comm model on 4 and 6 ranks
             "--trial-layouts",  # none: the first steps' cells run the comm model for 100 steps a row
+            "--hsdp-layouts",  # none: compressed HSDP runs the comm model on 4 ranks (test_bench_hsdp.py)
+            "--hsdp-convergence-methods",  # none: 4 ranks of digits, each row twice
             "--warmup",
             "1",
             "--steps",
@@ -234,6 +236,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert hooked["way"] == "ddp" and hooked["horovod_twin"] == "DGC 0.1% allgather"
     assert "allgather" in hooked["exchanges"] and 0 < hooked["received_bytes"] < e2e["dense"]["received_bytes"] / 5
     assert results["trial"] == [] and "First steps of exchange=auto" not in md.read_text()
+    assert results["hsdp"] == results["hsdp_convergence"] == [] and "Compressed HSDP" not in md.read_text()
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
     for r in results["convergence"]:  # each trained once per seed: the mean, and every seed's final
         assert r["seeds"] == [0, 1] and len(r["finals"]) == 2 and all(0 <= f <= 1 for f in r["finals"])
@@ -350,6 +353,7 @@ def test_the_page_names_no_commit_and_no_date(tmp_path):
     from benchmarks import report
 
     results = dict(_recorded(), commit="abc1234", trial_from="`python -m benchmarks trial` on 1234abc")
+    results["hsdp_from"] = "`python -m benchmarks hsdp` on 5678abc-dirty"
     trained = {"command": "python -m benchmarks convergence --seeds 0 1", "commit": "def5678"}
     results["convergence_from"] = report.convergence_source(trained, "c.json") + (
         '; the same with `--convergence-methods NAME` for "DGC 0.1% Nesterov" (e2e0774), "X" (7b3152f, all three tasks)'
@@ -362,10 +366,11 @@ def test_the_page_names_no_commit_and_no_date(tmp_path):
     report.write_markdown(results, str(tmp_path), str(md))
     text = md.read_text()
     assert commit_hashes(text) == [] and not DATE.search(text)
-    assert [commit_hashes(results[key]) for key in ("commit", "convergence_from", "trial_from")] == [
+    assert [commit_hashes(results[key]) for key in ("commit", "convergence_from", "trial_from", "hsdp_from")] == [
         ["abc1234"],
         ["def5678", "e2e0774", "7b3152f", "0a1b2c3d"],
         ["1234abc"],
+        ["5678abc"],
     ]
     words = " ".join(text.split())
     assert (
@@ -376,6 +381,7 @@ def test_the_page_names_no_commit_and_no_date(tmp_path):
     assert (
         "Timed by `python -m benchmarks trial`." in words
         and "`python -m benchmarks e2e --models comm`, 3 minutes" in words
+        and "Timed by `python -m benchmarks hsdp`." in words
     )
 
 
@@ -395,7 +401,7 @@ def test_the_wide_tables_are_written_as_csv_files_the_page_links(tmp_path):
             return list(csv.reader(f))
 
     names = ["summary", "e2e", "hosts", "auto", "phases", "ways", "convergence", "kernels", "scaling"]
-    names += ["scaling_check", "scaling_hosts"]
+    names += ["scaling_check", "scaling_hosts", "hsdp", "hsdp_convergence"]
     assert sorted(p.name for p in out.glob("*.csv")) == sorted(f"{name}.csv" for name in names)
     for name in names:
         header, *rows = read(f"{name}.csv")
@@ -420,6 +426,15 @@ def test_the_wide_tables_are_written_as_csv_files_the_page_links(tmp_path):
     assert "2 ranks 1 Gbit/s vs DDP PowerSGD hook" in summary and "4 ranks unshaped vs Horovod fp16" in summary
     assert read("convergence.csv")[1][:2] == ["dense", "99.0% [98.6-99.4]"]
     assert len(read("kernels.csv")[0]) == 1 + 3 * 4 and len(read("kernels.csv")) == 1 + 21
+    hsdp = read("hsdp.csv")  # every record of the HSDP run, with its intervals and the NIC's bytes
+    assert hsdp[0] == list(report.HSDP_HEADER) and len(hsdp) == 1 + len(results["hsdp"])
+    r = next(r for r in results["hsdp"] if (r["network"], r["method"]) == ("1gbit", "HSDP + DGC 0.1%"))
+    assert hsdp[3][:8] == ["comm", "2x2", "1gbit", r["network_model"], r["method"], f"{r['step_ms']:.1f}"] + [
+        ratio_text(r["vs_native"], r["vs_native_interval"]),
+        ratio_text(r["vs_floor"], r["vs_floor_interval"]),
+    ]
+    conv = read("hsdp_convergence.csv")
+    assert conv[0] == list(report.HSDP_CONVERGENCE_HEADER) and len(conv) == 1 + len(results["hsdp_convergence"])
 
 
 def test_relative_command_names_no_directory_of_the_machine(tmp_path):
@@ -1305,13 +1320,15 @@ def test_every_convergence_row_warms_up_its_learning_rate_linearly():
     assert seen == [0.125, 0.25, 0.375, 0.5, 0.5, 0.5]
 
 
-def report_with_run(tmp_path, out, md, option, run):
-    """`bench report` of the results in `out` with `option` naming `run` (written to a file): the
-    results.json it writes."""
-    (tmp_path / "run.json").write_text(json.dumps(run))
+def report_with_run(tmp_path, out, md, option, *runs):
+    """`bench report` of the results in `out` with `option` naming `runs` (each written to a file, in
+    their order): the results.json it writes."""
+    paths = []
+    for i, run in enumerate(runs):
+        paths.append(str(tmp_path / f"run{i or ''}.json"))
+        (tmp_path / os.path.basename(paths[-1])).write_text(json.dumps(run))
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "report", "--out", str(out), "--results-md", str(md)]
-        + [option, str(tmp_path / "run.json")],
+        [sys.executable, "-m", "benchmarks", "report", "--out", str(out), "--results-md", str(md), option, *paths],
         capture_output=True,
         text=True,
         timeout=300,
@@ -1374,6 +1391,148 @@ def test_report_adds_a_convergence_runs_records_beside_the_others(tmp_path):
     assert "| dense | 50.0% " in text and "| TopK 1% | " in text and "5.300" in text
     words = " ".join(text.split())
     assert f"3 digits/newlm rows by `{run['command']}`), not by this one" in words and commit_hashes(text) == []
+
+
+def _hsdp_run(network="1gbit", dgc_ms=120.0, commit="abc1234"):
+    """A small `bench hsdp --json` run of one cell (2 hosts of 2 ranks): the floor, native HSDP and
+    DGC, their ratios by benchmarks.hsdp.add_ratios, as the bench adds them."""
+    from benchmarks import hsdp
+
+    common = dict(model="comm", ranks=4, ranks_per_host=2, network=network, network_model="per-host, hosts of 2")
+    rows = [("floor", 100.0, 0.0), ("native HSDP", 900.0, 100.7e6), ("HSDP + DGC 0.1%", dgc_ms, 0.2356e6)]
+    records = [dict(common, method=m, step_ms=ms, host_sent_bytes=sent, nic_sent_bytes=sent) for m, ms, sent in rows]
+    hsdp.add_ratios(records)
+    return dict(command=f"python -m benchmarks hsdp --networks {network}", commit=commit, minutes=3.7, records=records)
+
+
+def _hsdp_convergence_run(dgc_finals=(0.97, 0.99), commit="def5678"):
+    """A small `bench hsdp-convergence --json` run: native HSDP and DGC on digits, 2 seeds each."""
+
+    def row(method, finals, stats=None):
+        return dict(
+            task="digits", method=method, ranks=4, replicas=2, metric="accuracy", epochs=30, seed=None, seeds=[0, 1]
+        ) | dict(finals=list(finals), final=sum(finals) / 2, curve=[sum(finals) / 2], stats=stats)
+
+    records = [
+        row("native HSDP", (0.99, 0.99)),
+        row("HSDP + DGC 0.1%", dgc_finals, dict(dense_bytes=4e6, sent_bytes=2e5)),
+    ]
+    return dict(command="python -m benchmarks hsdp-convergence", commit=commit, minutes=4.5, records=records)
+
+
+def _without_hsdp(results):
+    return {k: v for k, v in results.items() if not k.startswith("hsdp")}
+
+
+def test_the_page_sets_compressed_hsdp_beside_the_hosts_rows_and_its_records_in_csv_files(tmp_path):
+    """Compressed HSDP's rows, from a small results.json: after the hosts of several ranks, one table
+    a row per HSDP row (its step, vs native and vs floor at 1 and 10 Gbit/s, the MB a host sends, its
+    digits accuracy and the change against native HSDP's), the runs that made them without their
+    commits; every record, with the intervals and each seed, in hsdp.csv and hsdp_convergence.csv."""
+    from benchmarks import report
+
+    out, md = tmp_path / "results", tmp_path / "results.md"
+    out.mkdir()
+    results = _without_hsdp(_recorded())
+    for key, run in (("hsdp", _hsdp_run()), ("hsdp", _hsdp_run("10gbit", 950.0)), ("hsdp_convergence", None)):
+        results = report.with_hsdp_added(results, key, run or _hsdp_convergence_run(), "run.json")
+    (out / "results.json").write_text(json.dumps(results))
+    report.write_markdown(json.loads((out / "results.json").read_text()), str(out), str(md))
+    text = md.read_text()
+    section = text.partition("**Compressed HSDP**")[2].partition("**exchange=")[0]
+    assert text.index("**Hosts of several ranks**") < text.index("**Compressed HSDP**") < text.index("## First steps")
+    (table,) = _tables(section)
+    assert table == [
+        ["row", "1 Gbit/s ms/step", "1 Gbit/s vs native", "1 Gbit/s vs floor", "10 Gbit/s ms/step"]
+        + ["10 Gbit/s vs native", "10 Gbit/s vs floor", "host MB", "digits accuracy", "vs native"],
+        ["floor", "100.0", "9.00x", "1.00x", "100.0", "9.00x", "1.00x", "0.000", "-", "-"],
+        ["native HSDP", "900.0", "1.00x", "9.00x", "900.0", "1.00x", "9.00x", "100.700", "99.0%", "+0.0 pt"],
+        ["HSDP + DGC 0.1%", "120.0", "7.50x", "1.20x", "950.0", "0.95x", "9.50x", "0.236", "98.0%", "-1.0 pt"],
+    ]
+    words = " ".join(section.split())
+    assert "on 2 hosts of 2 ranks, one NIC a host (per-host network)" in words and "mean over seeds 0, 1" in words
+    assert (
+        "Timed by `python -m benchmarks hsdp --networks 1gbit`; 3 rows by `python -m benchmarks hsdp --networks"
+        in words
+    )
+    assert "Trained by `python -m benchmarks hsdp-convergence`." in words and commit_hashes(section) == []
+    assert "[hsdp.csv](results/hsdp.csv), [hsdp_convergence.csv](results/hsdp_convergence.csv)" in words
+    assert len(text.splitlines()) < 200 and max(map(len, text.splitlines())) <= 400
+    hsdp = (out / "hsdp.csv").read_text().splitlines()
+    assert hsdp[3] == 'comm,2x2,1gbit,"per-host, hosts of 2",HSDP + DGC 0.1%,120.0,7.50x,1.20x,0.236,0.236,1.9,101.9'
+    conv = (out / "hsdp_convergence.csv").read_text().splitlines()
+    assert conv[2] == 'digits,2x2,HSDP + DGC 0.1%,30,98.0% [97.0-99.0],"0: 97.0%, 1: 99.0%",-1.0 pt,20x'
+    report.write_markdown(_without_hsdp(results), str(out), str(md))  # a run without them: no section, no files
+    assert "Compressed HSDP" not in md.read_text() and not list(out.glob("hsdp*.csv"))
+
+
+def test_report_adds_hsdp_runs_in_place_of_the_cells_and_rows_they_cover(tmp_path):
+    """`bench report --add-hsdp RUN.json` and `--add-hsdp-convergence RUN.json`: the run's records
+    take the place of those of the cells (a network's launch) or rows they cover, the others kept;
+    hsdp_from and hsdp_convergence_from name every run, the page none of their commits."""
+    import shutil
+
+    out, md = tmp_path / "out", tmp_path / "results.md"
+    shutil.copytree(os.path.join(ROOT, "docs", "results"), out)
+    (out / "results.json").write_text(json.dumps(dict(_without_hsdp(_recorded()), hsdp=[], hsdp_convergence=[])))
+    again = _hsdp_run(dgc_ms=150.0, commit="fed9876")  # the 1 Gbit/s cell again: it replaces the first run's
+    results = report_with_run(tmp_path, out, md, "--add-hsdp", _hsdp_run(), _hsdp_run("10gbit"), again)
+    assert results["hsdp"] == _hsdp_run("10gbit")["records"] + again["records"]
+    assert results["hsdp_from"] == (
+        "`python -m benchmarks hsdp --networks 1gbit` on abc1234; 3 rows by `python -m benchmarks hsdp --networks "
+        "10gbit` on abc1234; 3 rows by `python -m benchmarks hsdp --networks 1gbit` on fed9876"
+    )
+    assert "| HSDP + DGC 0.1% | 150.0 | 6.00x | 1.50x | 120.0 | 7.50x | 1.20x | 0.236 |" in md.read_text()
+    retrained = _hsdp_convergence_run((0.9, 0.92), "0a1b2c3")
+    retrained["records"] = retrained["records"][1:]  # DGC's row alone
+    results = report_with_run(tmp_path, out, md, "--add-hsdp-convergence", _hsdp_convergence_run(), retrained)
+    assert results["hsdp_convergence"] == _hsdp_convergence_run()["records"][:1] + retrained["records"]
+    assert results["hsdp_convergence_from"] == (
+        "`python -m benchmarks hsdp-convergence` on def5678; 1 rows by `python -m benchmarks hsdp-convergence` on "
+        "0a1b2c3"
+    )
+    assert results["hsdp"] == _hsdp_run("10gbit")["records"] + again["records"]  # kept
+    text = md.read_text()
+    assert "| 91.0% | -8.0 pt |" in text and commit_hashes(text) == []
+
+
+def test_bench_all_runs_hsdp_on_the_per_host_model_alone_and_may_reuse_its_convergence_rows(monkeypatch, capsys):
+    """`bench all`'s compressed HSDP rows: `bench hsdp` on 2 hosts of 2 ranks at --host-networks with its
+    own 16 steps, none on the shared network model (it would shape the traffic inside a host); `bench
+    hsdp-convergence` with --seeds and --epochs, or the rows of --convergence-from's results.json."""
+    from benchmarks import __main__ as bench
+    from benchmarks import report
+
+    ran = []
+    monkeypatch.setattr(bench.hsdp, "run", lambda args: ran.append(args) or [{"method": "floor"}])
+    monkeypatch.setattr(bench.hsdp_convergence, "run", lambda args: ran.append(args) or [{"method": "native HSDP"}])
+    args = bench._parser().parse_args(["all", "--epochs", "2", "--seeds", "3"])
+    args.host_networks, args.network_model = ["1gbit", None], "per-host"  # as main() leaves them
+    assert bench._hsdp(args) == [{"method": "floor"}] and bench._hsdp_convergence(args, report) == (
+        [{"method": "native HSDP"}],
+        None,
+    )
+    step, trained = ran
+    assert (step.hosts, step.ranks_per_host, step.networks, step.steps, step.model) == (
+        2,
+        2,
+        ["1gbit", "unshaped"],
+        16,
+        "comm",
+    )
+    assert (trained.hosts, trained.ranks_per_host, trained.epochs, trained.seeds) == (2, 2, 2, [3])
+    assert list(step.methods) == list(bench.hsdp.ROWS) and list(trained.methods) == list(bench.hsdp_convergence.ROWS)
+    args.network_model = "shared"
+    assert bench._hsdp(args) == [] and "need the per-host network model" in capsys.readouterr().out
+    args.convergence_from = "earlier/results.json"
+    earlier = dict(command="python -m benchmarks all", commit="abc1234", hsdp_convergence=[{"method": "x"}])
+    assert bench._hsdp_convergence(args, report, earlier) == (
+        [{"method": "x"}],
+        "`python -m benchmarks all` on abc1234",
+    )
+    none = bench._parser().parse_args(["all", "--hsdp-layouts", "--hsdp-convergence-methods"])
+    assert (none.hsdp_layouts, none.hsdp_conv_methods) == ([], [])
+    assert bench._hsdp(none) == [] and bench._hsdp_convergence(none, report) == ([], None) and len(ran) == 2
 
 
 def test_the_mean_of_the_first_steps_is_kept_for_each_count_they_reach():
