@@ -71,9 +71,7 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 #define SC_INSTANTIATE(T)                                                                     \
   template void block_pack<T>(const T*, const float*, float*, T*, int64_t, int64_t, int64_t); \
   template void block_unpack<T>(const T*, T*, int64_t, int64_t, int64_t, float);
-SC_INSTANTIATE(float)
-SC_INSTANTIATE(half16)
-SC_INSTANTIATE(bfloat16)
+SC_FOR_FLOAT_TYPES(SC_INSTANTIATE)
 #undef SC_INSTANTIATE
 
 }  // namespace cpu

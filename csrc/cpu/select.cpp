@@ -630,9 +630,7 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out) {
   template void accumulate<T>(const T*, const Feedback&, int64_t);                                       \
   template void momentum_step<T>(const T*, const Feedback&, int64_t, T*);                                \
   template void sum_of_squares<T>(const T*, int64_t, double*, double*);
-SC_INSTANTIATE(float)
-SC_INSTANTIATE(half16)
-SC_INSTANTIATE(bfloat16)
+SC_FOR_FLOAT_TYPES(SC_INSTANTIATE)
 #undef SC_INSTANTIATE
 
 }  // namespace cpu

@@ -352,9 +352,7 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
   template void sum_of_squares<T>(const T*, int64_t, double*, double*, cudaStream_t);                          \
   template void sparse_unpack_sorted<T>(const T*, const int32_t*, const int64_t*, int64_t, UnpackScale, T*,    \
                                         cudaStream_t);
-SC_INSTANTIATE(float)
-SC_INSTANTIATE(half16)
-SC_INSTANTIATE(bfloat16)
+SC_FOR_FLOAT_TYPES(SC_INSTANTIATE)
 #undef SC_INSTANTIATE
 
 }  // namespace cuda

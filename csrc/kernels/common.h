@@ -15,6 +15,9 @@
 #define SC_HOST_DEVICE inline
 #endif
 
+// M(T) for each storage type T of a gradient: the launchers' explicit instantiations.
+#define SC_FOR_FLOAT_TYPES(M) M(float) M(half16) M(bfloat16)
+
 namespace sparsecomm {
 
 struct half16 {
@@ -24,25 +27,21 @@ struct bfloat16 {
   uint16_t bits;
 };
 
-SC_HOST_DEVICE uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
+SC_HOST_DEVICE uint32_t float_bits(float f) { return __float_as_uint(f); }
+SC_HOST_DEVICE float bits_float(uint32_t u) { return __uint_as_float(u); }
 #else
-  uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-#endif
+// std::bit_cast (C++20) on the host: memcpy, a register move once compiled.
+template <typename To, typename From>
+SC_HOST_DEVICE To host_bit_cast(From from) {
+  static_assert(sizeof(To) == sizeof(From));
+  To to;
+  std::memcpy(&to, &from, sizeof to);
+  return to;
 }
-
-SC_HOST_DEVICE float bits_float(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, sizeof f);
-  return f;
+SC_HOST_DEVICE uint32_t float_bits(float f) { return host_bit_cast<uint32_t>(f); }
+SC_HOST_DEVICE float bits_float(uint32_t u) { return host_bit_cast<float>(u); }
 #endif
-}
 
 SC_HOST_DEVICE float to_float(float x) { return x; }
 

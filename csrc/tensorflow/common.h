@@ -7,7 +7,7 @@
 // Every member returns absl::Status:
 //   check_index(index, numel, name)  (a no-op on the GPU: it would need a host synchronisation)
 //   copy(from, n, to)                float32 state, within the device
-//   the launchers with csrc/cpu/launchers.h's arguments (GPU: on TF's stream):
+//   the launchers with csrc/cpu/launchers.h's arguments (GPU: on TF's stream), SC_FORWARDED_LAUNCHERS:
 //     block_pack, block_unpack, send_selected, accumulate, momentum_step, sum_of_squares, send_quantized,
 //     dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
@@ -68,6 +68,17 @@ typename Storage<T>::type* raw(Tensor* t) {
   REGISTER_KERNEL_BUILDER(builder.TypeConstraint<float>(attr), Kernel<Device, float>);             \
   REGISTER_KERNEL_BUILDER(builder.TypeConstraint<Eigen::half>(attr), Kernel<Device, Eigen::half>); \
   REGISTER_KERNEL_BUILDER(builder.TypeConstraint<Eigen::bfloat16>(attr), Kernel<Device, Eigen::bfloat16>)
+
+// The launchers a device policy forwards as they are (cpu.h, gpu.h): X(name) for each.
+#define SC_FORWARDED_LAUNCHERS(X) \
+  X(block_pack)                   \
+  X(block_unpack)                 \
+  X(send_selected)                \
+  X(accumulate)                   \
+  X(momentum_step)                \
+  X(sum_of_squares)               \
+  X(send_quantized)               \
+  X(dequantize)
 
 // ---- Inputs ----
 

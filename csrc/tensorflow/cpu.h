@@ -23,46 +23,14 @@ class CpuDevice {
   }
 
   // The launchers, as they are.
-  template <typename... Args>
-  absl::Status block_pack(Args... args) const {
-    cpu::block_pack(args...);
-    return absl::OkStatus();
+#define SC_CPU_LAUNCHER(name)             \
+  template <typename... Args>             \
+  absl::Status name(Args... args) const { \
+    cpu::name(args...);                   \
+    return absl::OkStatus();              \
   }
-  template <typename... Args>
-  absl::Status block_unpack(Args... args) const {
-    cpu::block_unpack(args...);
-    return absl::OkStatus();
-  }
-  template <typename... Args>
-  absl::Status send_selected(Args... args) const {
-    cpu::send_selected(args...);
-    return absl::OkStatus();
-  }
-  template <typename... Args>
-  absl::Status accumulate(Args... args) const {
-    cpu::accumulate(args...);
-    return absl::OkStatus();
-  }
-  template <typename... Args>
-  absl::Status momentum_step(Args... args) const {
-    cpu::momentum_step(args...);
-    return absl::OkStatus();
-  }
-  template <typename... Args>
-  absl::Status sum_of_squares(Args... args) const {
-    cpu::sum_of_squares(args...);
-    return absl::OkStatus();
-  }
-  template <typename... Args>
-  absl::Status send_quantized(Args... args) const {
-    cpu::send_quantized(args...);
-    return absl::OkStatus();
-  }
-  template <typename... Args>
-  absl::Status dequantize(Args... args) const {
-    cpu::dequantize(args...);
-    return absl::OkStatus();
-  }
+  SC_FORWARDED_LAUNCHERS(SC_CPU_LAUNCHER)
+#undef SC_CPU_LAUNCHER
 
   // The threshold is computed on the host (the GPU's stays on the device).
   template <typename T>

@@ -38,46 +38,14 @@ class GpuDevice {
   }
 
   // The launchers, on TF's stream.
-  template <typename... Args>
-  absl::Status block_pack(Args... args) const {
-    cuda::block_pack(args..., stream_);
-    return launched();
+#define SC_GPU_LAUNCHER(name)             \
+  template <typename... Args>             \
+  absl::Status name(Args... args) const { \
+    cuda::name(args..., stream_);         \
+    return launched();                    \
   }
-  template <typename... Args>
-  absl::Status block_unpack(Args... args) const {
-    cuda::block_unpack(args..., stream_);
-    return launched();
-  }
-  template <typename... Args>
-  absl::Status send_selected(Args... args) const {
-    cuda::send_selected(args..., stream_);
-    return launched();
-  }
-  template <typename... Args>
-  absl::Status accumulate(Args... args) const {
-    cuda::accumulate(args..., stream_);
-    return launched();
-  }
-  template <typename... Args>
-  absl::Status momentum_step(Args... args) const {
-    cuda::momentum_step(args..., stream_);
-    return launched();
-  }
-  template <typename... Args>
-  absl::Status sum_of_squares(Args... args) const {
-    cuda::sum_of_squares(args..., stream_);
-    return launched();
-  }
-  template <typename... Args>
-  absl::Status send_quantized(Args... args) const {
-    cuda::send_quantized(args..., stream_);
-    return launched();
-  }
-  template <typename... Args>
-  absl::Status dequantize(Args... args) const {
-    cuda::dequantize(args..., stream_);
-    return launched();
-  }
+  SC_FORWARDED_LAUNCHERS(SC_GPU_LAUNCHER)
+#undef SC_GPU_LAUNCHER
 
   // The threshold stays on the device (no synchronisation); the selection needs scratch.
   template <typename T>

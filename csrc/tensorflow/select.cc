@@ -11,6 +11,29 @@
 
 namespace sparsecomm {
 namespace tf_binding {
+namespace {
+
+// The ops that accumulate a gradient into the state: their momentum attrs (nesterov where the
+// op has it), as a Feedback whose state each op fills in.
+class FeedbackOp : public OpKernel {
+ public:
+  explicit FeedbackOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &attrs_.momentum));
+    if (c->HasAttr("nesterov")) OP_REQUIRES_OK(c, c->GetAttr("nesterov", &attrs_.nesterov));
+  }
+
+ protected:
+  Feedback attrs_;
+};
+
+// The residual and momentum (inputs 1, 2) of a feedback op, to outputs first_output, +1 (state_io).
+template <typename Device>
+absl::Status feedback_io(OpKernelContext* c, const Device& dev, int first_output, int64_t numel, Feedback* fb) {
+  TF_RETURN_IF_ERROR(state_io(c, dev, 1, first_output, numel, "residual", false, &fb->residual_in, &fb->residual_out));
+  return state_io(c, dev, 2, first_output + 1, numel, "momentum", false, &fb->momentum_in, &fb->momentum_out);
+}
+
+}  // namespace
 
 // ---- SparsecommSampleThreshold ----
 REGISTER_OP("SparsecommSampleThreshold")
@@ -30,22 +53,18 @@ REGISTER_OP("SparsecommSampleThreshold")
     .SetShapeFn(shape_inference::ScalarShape);
 
 template <typename Device, typename T>
-class SampleThresholdOp : public OpKernel {
+class SampleThresholdOp : public FeedbackOp {
  public:
-  explicit SampleThresholdOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
-    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
+  explicit SampleThresholdOp(OpKernelConstruction* c) : FeedbackOp(c) {
     OP_REQUIRES_OK(c, c->GetAttr("sample_count", &sample_count_));
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
     const int64_t numel = grad.NumElements();
-    Feedback fb;
+    Feedback fb = attrs_;
     OP_REQUIRES_OK(c, state_input(c->input(1), numel, "residual", &fb.residual_in));
     OP_REQUIRES_OK(c, state_input(c->input(2), numel, "momentum", &fb.momentum_in));
-    fb.momentum = momentum_factor_;
-    OP_REQUIRES(c, !nesterov_ || fb.momentum_in, invalid("nesterov needs a momentum, got none"));
-    fb.nesterov = nesterov_;
+    OP_REQUIRES(c, !fb.nesterov || fb.momentum_in, invalid("nesterov needs a momentum, got none"));
     OP_REQUIRES_OK(c, grad_scale_input(c->input(7), &fb.grad_scale));
     int64_t seed, tensor_id, step;
     OP_REQUIRES_OK(c, scalar_inputs(c, 3, {"seed", "tensor_id", "step"}, {&seed, &tensor_id, &step}));
@@ -62,8 +81,6 @@ class SampleThresholdOp : public OpKernel {
   }
 
  private:
-  float momentum_factor_;
-  bool nesterov_;
   int64_t sample_count_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSampleThreshold").Device(DEVICE_CPU), "T", SampleThresholdOp, CpuDevice);
@@ -88,12 +105,9 @@ REGISTER_OP("SparsecommAccumulateCandidates")
     });
 
 template <typename Device, typename T>
-class AccumulateCandidatesOp : public OpKernel {
+class AccumulateCandidatesOp : public FeedbackOp {
  public:
-  explicit AccumulateCandidatesOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
-    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
-  }
+  using FeedbackOp::FeedbackOp;
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
     const int64_t numel = grad.NumElements();
@@ -101,24 +115,17 @@ class AccumulateCandidatesOp : public OpKernel {
     OP_REQUIRES(c, c->input(3).NumElements() == 1,
                 invalid("threshold should have one element, got ", c->input(3).NumElements()));
     const Device dev(c);
-    Feedback fb;
-    OP_REQUIRES_OK(c, state_io(c, dev, 1, 2, numel, "residual", false, &fb.residual_in, &fb.residual_out));
-    OP_REQUIRES_OK(c, state_io(c, dev, 2, 3, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
-    fb.momentum = momentum_factor_;
+    Feedback fb = attrs_;
+    OP_REQUIRES_OK(c, feedback_io(c, dev, 2, numel, &fb));
     OP_REQUIRES_OK(c, grad_scale_input(c->input(4), &fb.grad_scale));
     // (the candidates' acc is read back from the state the pass wrote, not from grad)
     OP_REQUIRES(c, !fb.grad_scale || fb.residual_out || fb.momentum_out,
                 invalid("grad_scale needs a residual or a momentum, got neither"));
     // (and Nesterov's acc is not the momentum: it is read back from the residual)
-    OP_REQUIRES(c, !nesterov_ || (fb.residual_out && fb.momentum_out),
+    OP_REQUIRES(c, !fb.nesterov || (fb.residual_out && fb.momentum_out),
                 invalid("nesterov needs a residual and a momentum"));
-    fb.nesterov = nesterov_;
     OP_REQUIRES_OK(c, dev.template accumulate_candidates<T>(grad, fb, c->input(3)));
   }
-
- private:
-  float momentum_factor_;
-  bool nesterov_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulateCandidates").Device(DEVICE_CPU), "T", AccumulateCandidatesOp,
                           CpuDevice);
@@ -137,25 +144,18 @@ REGISTER_OP("SparsecommAccumulate")
     .SetShapeFn([](InferenceContext* c) { return same_as_input(c, 0, 1, 2); });
 
 template <typename Device, typename T>
-class AccumulateOp : public OpKernel {
+class AccumulateOp : public FeedbackOp {
  public:
-  explicit AccumulateOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
-  }
+  using FeedbackOp::FeedbackOp;
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
     const int64_t numel = grad.NumElements();
     OP_REQUIRES_OK(c, check_indexable(numel));
     const Device dev(c);
-    Feedback fb;
-    OP_REQUIRES_OK(c, state_io(c, dev, 1, 0, numel, "residual", false, &fb.residual_in, &fb.residual_out));
-    OP_REQUIRES_OK(c, state_io(c, dev, 2, 1, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
-    fb.momentum = momentum_factor_;
+    Feedback fb = attrs_;
+    OP_REQUIRES_OK(c, feedback_io(c, dev, 0, numel, &fb));
     OP_REQUIRES_OK(c, dev.accumulate(raw<T>(grad), fb, numel));
   }
-
- private:
-  float momentum_factor_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_CPU), "T", AccumulateOp, CpuDevice);
 
@@ -174,12 +174,9 @@ REGISTER_OP("SparsecommMomentumStep")
     .SetShapeFn([](InferenceContext* c) { return same_as_input(c, 0, 0, 2); });
 
 template <typename Device, typename T>
-class MomentumStepOp : public OpKernel {
+class MomentumStepOp : public FeedbackOp {
  public:
-  explicit MomentumStepOp(OpKernelConstruction* c) : OpKernel(c) {
-    OP_REQUIRES_OK(c, c->GetAttr("momentum_factor", &momentum_factor_));
-    OP_REQUIRES_OK(c, c->GetAttr("nesterov", &nesterov_));
-  }
+  using FeedbackOp::FeedbackOp;
   void Compute(OpKernelContext* c) override {
     const Tensor& grad = c->input(0);
     const int64_t numel = grad.NumElements();
@@ -187,19 +184,13 @@ class MomentumStepOp : public OpKernel {
     OP_REQUIRES(c, c->input(1).NumElements() == numel,
                 invalid("momentum should have ", numel, " elements like grad, got ", c->input(1).NumElements()));
     const Device dev(c);
-    Feedback fb;
+    Feedback fb = attrs_;
     OP_REQUIRES_OK(c, state_io(c, dev, 1, 1, numel, "momentum", false, &fb.momentum_in, &fb.momentum_out));
-    fb.momentum = momentum_factor_;
-    fb.nesterov = nesterov_;
     OP_REQUIRES_OK(c, grad_scale_input(c->input(2), &fb.grad_scale));
     Tensor* payload = nullptr;
     OP_REQUIRES_OK(c, c->forward_input_or_allocate_output({0}, 0, grad.shape(), &payload));
     OP_REQUIRES_OK(c, dev.momentum_step(raw<T>(grad), fb, numel, raw<T>(payload)));
   }
-
- private:
-  float momentum_factor_;
-  bool nesterov_;
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_CPU), "T", MomentumStepOp, CpuDevice);
 

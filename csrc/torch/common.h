@@ -6,7 +6,8 @@
 // CudaDevice in cuda.cpp), which provides:
 //   Guard                               constructed from an at::Device (CUDA: selects it)
 //   check_index_range(op, index, numel) (a no-op on CUDA: it would need a host synchronisation)
-//   the launchers with csrc/cpu/launchers.h's signatures (CUDA: on torch's current stream):
+//   the launchers with csrc/cpu/launchers.h's signatures (CUDA: on torch's current stream), SC_TYPED_LAUNCHERS
+//   and SC_UNTYPED_LAUNCHERS:
 //     block_pack<T>, block_unpack<T>, send_selected<T>, accumulate<T>, momentum_step<T>, sum_of_squares<T>,
 //     send_quantized, dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
@@ -51,6 +52,19 @@ namespace torch_binding {
         TORCH_CHECK(false, op_name, ": expected a float32, float16 or bfloat16 tensor, got ", dtype); \
     }                                                                                                 \
   }()
+
+// The launchers a device policy forwards as they are (cpu.cpp, cuda.cpp): X(name) for each, those
+// over a float storage type T (called as name<T>), then the others.
+#define SC_TYPED_LAUNCHERS(X) \
+  X(block_pack)               \
+  X(block_unpack)             \
+  X(send_selected)            \
+  X(accumulate)               \
+  X(momentum_step)            \
+  X(sum_of_squares)
+#define SC_UNTYPED_LAUNCHERS(X) \
+  X(send_quantized)             \
+  X(dequantize)
 
 template <typename T>
 T* data_as(const at::Tensor& t) {

@@ -22,38 +22,21 @@ struct CpuDevice {
     torch_binding::check_index_range(op, index, numel);
   }
 
-  template <typename T, typename... Args>
-  static void block_pack(Args... args) {
-    cpu::block_pack<T>(args...);
+  // The launchers, as they are.
+#define SC_CPU_TYPED(name)                \
+  template <typename T, typename... Args> \
+  static void name(Args... args) {        \
+    cpu::name<T>(args...);                \
   }
-  template <typename T, typename... Args>
-  static void block_unpack(Args... args) {
-    cpu::block_unpack<T>(args...);
+#define SC_CPU_UNTYPED(name)       \
+  template <typename... Args>      \
+  static void name(Args... args) { \
+    cpu::name(args...);            \
   }
-  template <typename T, typename... Args>
-  static void send_selected(Args... args) {
-    cpu::send_selected<T>(args...);
-  }
-  template <typename T, typename... Args>
-  static void accumulate(Args... args) {
-    cpu::accumulate<T>(args...);
-  }
-  template <typename T, typename... Args>
-  static void momentum_step(Args... args) {
-    cpu::momentum_step<T>(args...);
-  }
-  template <typename T, typename... Args>
-  static void sum_of_squares(Args... args) {
-    cpu::sum_of_squares<T>(args...);
-  }
-  template <typename... Args>
-  static void send_quantized(Args... args) {
-    cpu::send_quantized(args...);
-  }
-  template <typename... Args>
-  static void dequantize(Args... args) {
-    cpu::dequantize(args...);
-  }
+  SC_TYPED_LAUNCHERS(SC_CPU_TYPED)
+  SC_UNTYPED_LAUNCHERS(SC_CPU_UNTYPED)
+#undef SC_CPU_TYPED
+#undef SC_CPU_UNTYPED
 
   // Raw bytes on the host (quantize.h's segments): a few small copies, each a memcpy.
   // (An empty tensor's data pointer may be null, which memcpy and memset must not be given.)

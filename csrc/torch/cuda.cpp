@@ -25,38 +25,21 @@ struct CudaDevice {
   // Not checked: reading the indices back would need a host synchronisation.
   static void check_index_range(const char*, const at::Tensor&, int64_t) {}
 
-  template <typename T, typename... Args>
-  static void block_pack(Args... args) {
-    cuda::block_pack<T>(args..., stream());
+  // The launchers, on torch's current stream.
+#define SC_CUDA_TYPED(name)               \
+  template <typename T, typename... Args> \
+  static void name(Args... args) {        \
+    cuda::name<T>(args..., stream());     \
   }
-  template <typename T, typename... Args>
-  static void block_unpack(Args... args) {
-    cuda::block_unpack<T>(args..., stream());
+#define SC_CUDA_UNTYPED(name)      \
+  template <typename... Args>      \
+  static void name(Args... args) { \
+    cuda::name(args..., stream()); \
   }
-  template <typename T, typename... Args>
-  static void send_selected(Args... args) {
-    cuda::send_selected<T>(args..., stream());
-  }
-  template <typename T, typename... Args>
-  static void accumulate(Args... args) {
-    cuda::accumulate<T>(args..., stream());
-  }
-  template <typename T, typename... Args>
-  static void momentum_step(Args... args) {
-    cuda::momentum_step<T>(args..., stream());
-  }
-  template <typename T, typename... Args>
-  static void sum_of_squares(Args... args) {
-    cuda::sum_of_squares<T>(args..., stream());
-  }
-  template <typename... Args>
-  static void send_quantized(Args... args) {
-    cuda::send_quantized(args..., stream());
-  }
-  template <typename... Args>
-  static void dequantize(Args... args) {
-    cuda::dequantize(args..., stream());
-  }
+  SC_TYPED_LAUNCHERS(SC_CUDA_TYPED)
+  SC_UNTYPED_LAUNCHERS(SC_CUDA_UNTYPED)
+#undef SC_CUDA_TYPED
+#undef SC_CUDA_UNTYPED
 
   // Raw bytes (quantize.h's segments) by torch's copies and fills on the stream; a count is read
   // back to the host (a synchronisation: the walk over the segments needs each one).

@@ -219,14 +219,23 @@ struct StateBuffers {
   State mode_;
 };
 
+// The cyclic blocks the block launchers are checked on, over n elements: the whole tensor, one
+// that wraps from the last element, and a random one (start, length).
+struct Blocks {
+  int64_t starts[3], lengths[3];
+};
+Blocks blocks_of(int64_t n, Rng& r) {
+  // (a braced list is evaluated in order: r draws the random start, then the random length)
+  return {{0, n ? n - 1 : 0, r.below(n)}, {n, std::min<int64_t>(n, 2 + n / 3), r.below(n + 1)}};
+}
+
 // ---- the launchers ----
 
 void check_block_pack() {
   for_each_dtype([]<typename T>(T) {
     for (int64_t n : kSizes) {
       Rng r{uint64_t(n) * 31 + sizeof(T)};
-      const int64_t starts[] = {0, n ? n - 1 : 0, r.below(n)};
-      const int64_t lengths[] = {n, std::min<int64_t>(n, 2 + n / 3), r.below(n + 1)};
+      const auto [starts, lengths] = blocks_of(n, r);
       for (int s = 0; s < 3; ++s)
         for (State mode : {State::none, State::in_place, State::in_out}) {
           set_case("block_pack<%s> numel=%lld start=%lld length=%lld residual=%s", type_name<T>(), (long long)n,
@@ -249,8 +258,7 @@ void check_block_unpack() {
   for_each_dtype([]<typename T>(T) {
     for (int64_t n : kSizes) {
       Rng r{uint64_t(n) * 37 + sizeof(T)};
-      const int64_t starts[] = {0, n ? n - 1 : 0, r.below(n)};
-      const int64_t lengths[] = {n, std::min<int64_t>(n, 2 + n / 3), r.below(n + 1)};
+      const auto [starts, lengths] = blocks_of(n, r);
       const float scales[] = {1.0f, 0.5f, -1.0f / 3.0f};
       for (int s = 0; s < 3; ++s) {
         set_case("block_unpack<%s> numel=%lld start=%lld length=%lld scale=%g", type_name<T>(), (long long)n,
