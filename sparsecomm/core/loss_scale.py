@@ -52,6 +52,14 @@ def decide(remembered, current, backed_up=True, select=_select):
     return Decision(rollback, factor)
 
 
+def check_type(owner, scaler, kind, what):
+    """Refuses a loss_scaler= that is not a `kind`, the framework's scaler (`what` names it); None is the caller's."""
+    if not isinstance(scaler, kind):
+        raise TypeError(
+            f"{owner}: loss_scaler should be None or the {what} that scales the loss, got {type(scaler).__name__}"
+        )
+
+
 def check_factors(owner, backoff_factor, growth_factor):
     """The scaler must lower its scale after an overflow (that is how an overflow is seen here)
     and raise it otherwise: backoff_factor in (0, 1), growth_factor > 1."""

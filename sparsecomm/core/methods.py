@@ -171,6 +171,11 @@ class DGC(Method):
         stages = self.warmup_stages if self.warmup_steps else 0
         return [self.ratio ** ((s + 1) / (stages + 1)) for s in range(stages)] + [self.ratio]
 
+    def momentum_args(self, grad_scale):
+        """The momentum keywords of DGC's ops (momentum_step; pack_sampled, with the masking),
+        given the clipping factor (None: no clipping)."""
+        return dict(momentum_factor=self.momentum, grad_scale=grad_scale, nesterov=self.nesterov)
+
     def clip_limit(self, ranks, loss_scale=1.0):
         """Local gradient clipping: the threshold scaled by 1/sqrt(N) (the paper's rule), or None.
         Under a loss scaler the gradients are multiplied by its scale, and so is the threshold."""

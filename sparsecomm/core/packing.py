@@ -44,7 +44,9 @@ def _every_element(K, grad, residual, momentum, k):
     return K.select_top(acc, index, k)
 
 
-def top_candidates(K, grad, residual, k, *, momentum, momentum_factor, sample_ratio, seed, tensor_id, step):
+def top_candidates(
+    K, grad, residual, k, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01, seed=0, tensor_id=0, step=0
+):
     """Accumulates the state (one pass) and returns the k candidates of largest |acc| (ties:
     lower index), in index order, with the state. A sampled threshold set for a few standard
     deviations more than k candidates keeps the exact selection to a small set; if the sample
@@ -52,90 +54,33 @@ def top_candidates(K, grad, residual, k, *, momentum, momentum_factor, sample_ra
     candidate (selection.candidate_ratio)."""
     numel = K.numel(grad)
     k = min(k, numel)
-    threshold = (
-        float("inf")
-        if k == 0
-        else K.sample_threshold(
-            grad,
-            residual,
-            candidate_ratio(k, numel, sample_ratio),
-            momentum=momentum,
-            momentum_factor=momentum_factor,
-            sample_ratio=sample_ratio,
-            seed=seed,
-            tensor_id=tensor_id,
-            step=step,
-        )
-    )
-    acc, index, residual, momentum = K.accumulate_candidates(
-        grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor
-    )
+    state = dict(momentum=momentum, momentum_factor=momentum_factor)
+    if k == 0:
+        threshold = float("inf")
+    else:
+        stream = dict(sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
+        threshold = K.sample_threshold(grad, residual, candidate_ratio(k, numel, sample_ratio), **stream, **state)
+    acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
     acc, index = K.cond(
         K.size(acc) < k, lambda: _every_element(K, grad, residual, momentum, k), lambda: K.select_top(acc, index, k)
     )
     return acc, index, residual, momentum
 
 
-def pack_topk(
-    K,
-    grad,
-    residual,
-    k,
-    *,
-    momentum=None,
-    momentum_factor=0.0,
-    masking=True,
-    sample_ratio=0.01,
-    seed=0,
-    tensor_id=0,
-    step=0,
-):
-    """Exactly the k elements of largest |acc| (ties: lower index), in index order."""
-    acc, index, residual, momentum = top_candidates(
-        K,
-        grad,
-        residual,
-        k,
-        momentum=momentum,
-        momentum_factor=momentum_factor,
-        sample_ratio=sample_ratio,
-        seed=seed,
-        tensor_id=tensor_id,
-        step=step,
-    )
+def pack_topk(K, grad, residual, k, *, masking=True, **selection):
+    """Exactly the k elements of largest |acc| (ties: lower index), in index order. `selection`:
+    top_candidates' keywords (momentum, momentum_factor; sample_ratio, seed, tensor_id, step)."""
+    acc, index, residual, momentum = top_candidates(K, grad, residual, k, **selection)
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
 
 
-def pack_rtopk(
-    K,
-    grad,
-    residual,
-    r,
-    k,
-    *,
-    seed,
-    tensor_id,
-    step,
-    momentum=None,
-    momentum_factor=0.0,
-    masking=True,
-    sample_ratio=0.01,
-):
+def pack_rtopk(K, grad, residual, r, k, *, seed, tensor_id, step, masking=True, **selection):
     """rTop-k (Barnes et al. 2020): k elements drawn uniformly (shared-seed stream) from the r
-    of largest |acc|, in index order."""
-    acc, index, residual, momentum = top_candidates(
-        K,
-        grad,
-        residual,
-        max(r, k),
-        momentum=momentum,
-        momentum_factor=momentum_factor,
-        sample_ratio=sample_ratio,
-        seed=seed,
-        tensor_id=tensor_id,
-        step=step,
-    )
-    pick = K.random_k_indices(acc, k, seed=seed, tensor_id=tensor_id, step=step)
+    of largest |acc|, in index order. `selection`: top_candidates' other keywords (momentum,
+    momentum_factor, sample_ratio)."""
+    stream = dict(seed=seed, tensor_id=tensor_id, step=step)
+    acc, index, residual, momentum = top_candidates(K, grad, residual, max(r, k), **stream, **selection)
+    pick = K.random_k_indices(acc, k, **stream)
     acc, index = K.gather(acc, pick), K.gather(index, pick)
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
 

@@ -52,6 +52,12 @@ def tensor_id(name):
     return zlib.crc32(name.encode("utf-8"))
 
 
+def stream_of(state):
+    """The selection stream of a tensor at its state's step, beside the seed (philox.h's key), as the
+    packs' keywords."""
+    return dict(tensor_id=state.tensor_id, step=state.step)
+
+
 RANK_STRIDE = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: consecutive ranks' seeds far apart
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from ..core import arguments, methods
 from ..core.compressor import Settings
-from ..core.selection import selected_count
+from ..core.selection import selected_count, stream_of
 from . import elastic, exchange, loss_scaling, ops, stages
 from . import state as state_module
 from .exchange import EXCHANGES, Packed, Wire
@@ -199,8 +199,7 @@ class RandomK(RandomBlock):
             state.read_residual(),
             selected_count(density, state.numel),
             seed=self.method.seed,
-            tensor_id=state.tensor_id,
-            step=state.step,
+            **stream_of(state),
         )
         return Packed(values, index, residual=residual)
 
@@ -213,12 +212,7 @@ class TopK(Compressor):
 
     def pack(self, tensor, state, density):
         values, index, residual, _ = ops.pack_topk(
-            tensor,
-            state.read_residual(),
-            selected_count(density, state.numel),
-            seed=0,
-            tensor_id=state.tensor_id,
-            step=state.step,
+            tensor, state.read_residual(), selected_count(density, state.numel), seed=0, **stream_of(state)
         )
         return Packed(values, index, residual=residual)
 
@@ -236,8 +230,7 @@ class RTopK(Compressor):
             selected_count(method.r, numel),
             selected_count(density, numel),
             seed=method.seed_of(self._rank()),
-            tensor_id=state.tensor_id,
-            step=state.step,
+            **stream_of(state),
         )
         return Packed(values, index, residual=residual)
 
@@ -252,10 +245,9 @@ def _sampled(compressor, tensor, state, density, **feedback):
         state.read_residual(),
         density,
         sample_ratio=method.sample_ratio,
-        tensor_id=state.tensor_id,
-        step=state.step,
         value_dtype=value_dtype and tf.as_dtype(value_dtype),
         bits=bits,
+        **stream_of(state),
         **feedback,
     )
     if bits is not None:
@@ -298,23 +290,11 @@ class DGC(Compressor):
         """Momentum SGD for a variable sent dense: u = m u + g, and u is what is reduced (with
         Nesterov, u = m (u + g), and u + g)."""
         payload, momentum = ops.momentum_step(
-            tensor,
-            state.momentum.read_value(),
-            self.method.momentum,
-            grad_scale=self._clip_factor(tensor, state),
-            nesterov=self.method.nesterov,
+            tensor, state.momentum.read_value(), **self.method.momentum_args(self._clip_factor(tensor, state))
         )
         return Packed(payload, momentum=momentum)
 
     def pack(self, tensor, state, density):
-        return _sampled(
-            self,
-            tensor,
-            state,
-            density,
-            momentum=state.momentum.read_value(),
-            momentum_factor=self.method.momentum,
-            masking=self.method.momentum_masking,
-            grad_scale=self._clip_factor(tensor, state),
-            nesterov=self.method.nesterov,
-        )
+        momentum, masking = state.momentum.read_value(), self.method.momentum_masking
+        feedback = self.method.momentum_args(self._clip_factor(tensor, state))
+        return _sampled(self, tensor, state, density, momentum=momentum, masking=masking, **feedback)

@@ -15,11 +15,7 @@ def checked_scaler(owner, scaler):
         return None
     import keras
 
-    if not isinstance(scaler, keras.optimizers.LossScaleOptimizer):
-        raise TypeError(
-            f"{owner}: loss_scaler should be None or the keras.optimizers.LossScaleOptimizer that scales "
-            f"the loss, got {type(scaler).__name__}"
-        )
+    loss_scale.check_type(owner, scaler, keras.optimizers.LossScaleOptimizer, "keras.optimizers.LossScaleOptimizer")
     loss_scale.check_factors(owner, 0.5, 2.0)  # LossScaleOptimizer's own, fixed
     return scaler
 

@@ -18,7 +18,7 @@ import torch
 
 from ..core import arguments, methods
 from ..core.compressor import Settings
-from ..core.selection import selected_count
+from ..core.selection import selected_count, stream_of
 from . import calibration, collectives, elastic, exchange, ops
 from .exchange import Packed
 from .loss_scaling import LossScaling
@@ -177,10 +177,6 @@ class Compressor(Settings):
         return self.state.counters.stats(self.planner.choices)
 
 
-def _pack_args(state):
-    return dict(tensor_id=state.tensor_id, step=state.step)
-
-
 class RandomBlock(Compressor):
     """Random-block sparsification with a shared seed (Eghlidi & Jaggi 2020), with error feedback.
 
@@ -213,7 +209,7 @@ class RandomK(RandomBlock):
             self._residual_of(state, tensor),
             selected_count(density, tensor.numel()),
             seed=self.method.seed,
-            **_pack_args(state),
+            **stream_of(state),
         )
         return Packed(values, index)
 
@@ -243,7 +239,7 @@ class TopK(_PerRank):
                 self._residual_of(state, tensor),
                 selected_count(density, tensor.numel()),
                 seed=0,
-                **_pack_args(state),
+                **stream_of(state),
             )
         )
 
@@ -265,7 +261,7 @@ class RTopK(_PerRank):
                 selected_count(method.r, numel),
                 selected_count(density, numel),
                 seed=method.seed_of(self.collectives.rank()),
-                **_pack_args(state),
+                **stream_of(state),
             )
         )
 
@@ -282,7 +278,7 @@ def _sampled(compressor, tensor, state, density, **feedback):
         sample_ratio=method.sample_ratio,
         value_dtype=value_dtype and getattr(torch, value_dtype),
         bits=bits,
-        **_pack_args(state),
+        **stream_of(state),
         **feedback,
     )
     if bits is not None:
@@ -341,24 +337,10 @@ class DGC(_PerRank):
         momentum = state.momentum_for(tensor)
         grad = tensor if tensor.is_contiguous() else tensor.contiguous()  # (a strided one: a copy, reduced instead)
         # one pass, u into the gradient Horovod reduces
-        ops.momentum_step(
-            grad,
-            momentum,
-            self.method.momentum,
-            grad_scale=self._clip_factor(tensor, state),
-            nesterov=self.method.nesterov,
-        )
+        ops.momentum_step(grad, momentum, **self.method.momentum_args(self._clip_factor(tensor, state)))
         return grad
 
     def pack(self, tensor, state, density):
-        return _sampled(
-            self,
-            tensor,
-            state,
-            density,
-            momentum=state.momentum_for(tensor),
-            momentum_factor=self.method.momentum,
-            masking=self.method.momentum_masking,
-            grad_scale=self._clip_factor(tensor, state),
-            nesterov=self.method.nesterov,
-        )
+        momentum, masking = state.momentum_for(tensor), self.method.momentum_masking
+        feedback = self.method.momentum_args(self._clip_factor(tensor, state))
+        return _sampled(self, tensor, state, density, momentum=momentum, masking=masking, **feedback)

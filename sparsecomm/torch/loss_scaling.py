@@ -22,11 +22,7 @@ class LossScaling:
         (a disabled scaler scales nothing: as None)."""
         if scaler is None:
             return None
-        if not isinstance(scaler, torch.amp.GradScaler):
-            raise TypeError(
-                f"{owner}: loss_scaler should be None or the torch.amp.GradScaler that scales the loss, "
-                f"got {type(scaler).__name__}"
-            )
+        loss_scale.check_type(owner, scaler, torch.amp.GradScaler, "torch.amp.GradScaler")
         if not scaler.is_enabled():
             return None
         loss_scale.check_factors(owner, scaler.get_backoff_factor(), scaler.get_growth_factor())
