@@ -1,5 +1,7 @@
-"""Run a worker script on N ranks of this host: horovodrun (Gloo) or torchrun."""
+"""Run a worker script on N ranks of this host: horovodrun (Gloo) or torchrun; and read back what
+the ranks saved."""
 
+import json
 import os
 import re
 import signal
@@ -126,3 +128,47 @@ def first_errors(output):
         if found and found.group(1) not in first:
             first[found.group(1)] = found.group(2)[:300]
     return "".join(f"rank {rank} first raised: {error}\n" for rank, error in sorted(first.items())) + "\n"
+
+
+def horovodrun_elastic(script, tmp_path, *args, timeout=240):
+    """Elastic horovodrun of `script` on 2 to 3 ranks, its --hosts the hosts file (2 slots on localhost
+    at first) that the host discovery script prints: horovodrun's output (files in tmp_path)."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text("localhost:2\n")
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
+    discover.chmod(0o755)
+    elastic = ["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover]
+    return horovodrun(2, script, "--hosts", hosts, *args, timeout=timeout, elastic=elastic)
+
+
+def ranks_fixture(launch, script, *args, **options):
+    """A module fixture over 2 and 3 ranks: (the number of ranks, what each rank saved) of `script`
+    (saved_ranks' arguments)."""
+
+    @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
+    def run(request, tmp_path_factory):
+        return request.param, saved_ranks(tmp_path_factory, launch, request.param, script, *args, **options)
+
+    return run
+
+
+def saved_ranks(tmp_path_factory, launch, np, script, *args, **options):
+    """Runs `script` by `launch` (horovodrun or torchrun, with `options`) on np ranks, its --out a new
+    folder: what each rank saved there, in rank order (_saved())."""
+    out = tmp_path_factory.mktemp(f"{os.path.splitext(os.path.basename(script))[0]}_np{np}")
+    launch(np, script, "--out", out, *args, **options)
+    return [_saved(out, f"rank{r}") for r in range(np)]
+
+
+def _saved(folder, name):
+    """A rank's file `name` in `folder`: name.pt (torch.load), name.npz (its arrays, as a dict) or name.json."""
+    if (folder / f"{name}.pt").exists():
+        import torch
+
+        return torch.load(folder / f"{name}.pt")
+    if (folder / f"{name}.npz").exists():
+        import numpy
+
+        return dict(numpy.load(folder / f"{name}.npz"))
+    return json.loads((folder / f"{name}.json").read_text())

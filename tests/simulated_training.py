@@ -166,6 +166,14 @@ def assert_history_close(got, want, **tol):
             torch.testing.assert_close(g[name], w[name], msg=lambda m: f"step {step}, {name}: {m}", **tol)
 
 
+def assert_ranks_close(histories, want, **tol):
+    """Every rank's history against `want` (within tol), and the ranks against each other exactly."""
+    for history in histories:
+        assert_history_close(history, want, **tol)
+    for history in histories[1:]:
+        assert_history_close(history, histories[0], rtol=0, atol=0)
+
+
 # The workers' configurations (tests/workers/torch_train.py, ddp_train.py) -> the simulation's
 # arguments ("dgc": simulate_dgc's).
 SIMULATIONS = {

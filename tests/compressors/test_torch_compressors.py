@@ -20,24 +20,30 @@ def _backward(model, seed):
     model(torch.randn(5, 13, generator=g)).square().sum().backward()
 
 
+def _gradients(model, steps, set_to_none=True):
+    """(step, name, parameter) for each parameter at each step, after a fresh backward pass seeded by the step."""
+    for step in range(steps):
+        model.zero_grad(set_to_none=set_to_none)
+        _backward(model, step)
+        for name, p in model.named_parameters():
+            yield step, name, p
+
+
 def test_round_trip_is_the_reference_block_with_error_feedback():
     model = _model()
     comp = RandomBlock(ratio=0.25, seed=11, named_parameters=model.named_parameters(), **EVERY)
     residuals = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}
-    for step in range(4):
-        model.zero_grad(set_to_none=True)
-        _backward(model, step)
-        for name, p in model.named_parameters():
-            n = p.numel()
-            start = reference.block_start(11, reference.tensor_id(name), step, n)
-            want_values, residuals[name] = reference.random_block_pack(
-                p.grad, residuals[name], start, reference.count(0.25, n)
-            )
-            values, ctx = comp.compress(p.grad)
-            assert torch.equal(values, want_values)
-            dense = comp.decompress(values, ctx)
-            assert dense.shape == p.shape and dense.dtype == p.dtype
-            assert torch.equal(dense.reshape(-1), reference.random_block_unpack(want_values, n, start))
+    for step, name, p in _gradients(model, 4):
+        n = p.numel()
+        start = reference.block_start(11, reference.tensor_id(name), step, n)
+        want_values, residuals[name] = reference.random_block_pack(
+            p.grad, residuals[name], start, reference.count(0.25, n)
+        )
+        values, ctx = comp.compress(p.grad)
+        assert torch.equal(values, want_values)
+        dense = comp.decompress(values, ctx)
+        assert dense.shape == p.shape and dense.dtype == p.dtype
+        assert torch.equal(dense.reshape(-1), reference.random_block_unpack(want_values, n, start))
 
 
 @pytest.mark.parametrize("set_to_none", [True, False])
@@ -47,13 +53,10 @@ def test_error_feedback_conserves_the_gradient(set_to_none):
     comp = RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(), **EVERY)
     sent = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
     total = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in model.named_parameters()}
-    for step in range(20):
-        model.zero_grad(set_to_none=set_to_none)
-        _backward(model, step)
-        for name, p in model.named_parameters():
-            total[name] += p.grad.double()
-            values, ctx = comp.compress(p.grad)
-            sent[name] += comp.decompress(values, ctx).double()
+    for _, name, p in _gradients(model, 20, set_to_none):
+        total[name] += p.grad.double()
+        values, ctx = comp.compress(p.grad)
+        sent[name] += comp.decompress(values, ctx).double()
     for name, p in model.named_parameters():
         residual = comp.state.parameters[name].residual.reshape(p.shape).double()
         torch.testing.assert_close(sent[name] + residual, total[name], rtol=0, atol=1e-5)
@@ -252,22 +255,19 @@ def test_random_k_round_trip_is_the_shared_coordinates_with_error_feedback():
     model = _model()
     comp = RandomK(ratio=0.2, seed=4, named_parameters=model.named_parameters(), **EVERY)
     residuals = {n: torch.zeros(p.numel()) for n, p in model.named_parameters()}
-    for step in range(3):
-        model.zero_grad(set_to_none=True)
-        _backward(model, step)
-        for name, p in model.named_parameters():
-            index = reference.random_k_indices(
-                4, reference.tensor_id(name), step, p.numel(), reference.count(0.2, p.numel())
-            )
-            acc, u = reference.accumulate(p.grad, residuals[name])
-            mask = torch.zeros(p.numel(), dtype=torch.bool)
-            mask[index] = True
-            want_values, _, residuals[name], _ = reference.send(acc, u, mask, p.dtype, residuals[name])
-            values, ctx = comp.compress(p.grad)
-            assert torch.equal(values, want_values)
-            dense = comp.decompress(values, ctx).reshape(-1)
-            assert torch.equal(dense[index], want_values) and dense.count_nonzero() <= len(index)
-            assert torch.equal(comp.state.parameters[name].residual, residuals[name])
+    for step, name, p in _gradients(model, 3):
+        index = reference.random_k_indices(
+            4, reference.tensor_id(name), step, p.numel(), reference.count(0.2, p.numel())
+        )
+        acc, u = reference.accumulate(p.grad, residuals[name])
+        mask = torch.zeros(p.numel(), dtype=torch.bool)
+        mask[index] = True
+        want_values, _, residuals[name], _ = reference.send(acc, u, mask, p.dtype, residuals[name])
+        values, ctx = comp.compress(p.grad)
+        assert torch.equal(values, want_values)
+        dense = comp.decompress(values, ctx).reshape(-1)
+        assert torch.equal(dense[index], want_values) and dense.count_nonzero() <= len(index)
+        assert torch.equal(comp.state.parameters[name].residual, residuals[name])
 
 
 @pytest.mark.parametrize(

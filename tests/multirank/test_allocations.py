@@ -5,10 +5,8 @@ horovodrun by tests/workers/torch_allocations.py (every op's new output storage,
 by a TorchDispatchMode). Per-step allocations of O(k) (the selected values, the wire
 buffer, what arrives) are expected: k is 1% of the tensor here."""
 
-import json
-
 import pytest
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 
 CONFIGS = (
     "RandomBlock",
@@ -30,9 +28,7 @@ LIMIT = 0.1  # of the gradient's dense bytes: the O(k) buffers of 2 ranks at 1% 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("allocations")
-    horovodrun(2, "torch_allocations.py", "--out", out, timeout=240)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return saved_ranks(tmp_path_factory, horovodrun, 2, "torch_allocations.py", timeout=240)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -10,8 +10,16 @@ and the hook's stats."""
 import common
 import pytest
 import torch
-from launch import torchrun
-from simulated_training import LR, STEPS, assert_history_close, simulate, simulate_dgc, simulated
+from launch import ranks_fixture, torchrun
+from simulated_training import (
+    LR,
+    STEPS,
+    assert_history_close,
+    assert_ranks_close,
+    simulate,
+    simulate_dgc,
+    simulated,
+)
 
 # The worker's configurations -> the simulation's (simulated_training.SIMULATIONS), or its
 # settings: no_sync() accumulates 2 backward passes a step, as the simulation's `passes`.
@@ -89,12 +97,7 @@ EVERYDAY = {
 }
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    size = request.param
-    out = tmp_path_factory.mktemp(f"ddp_np{size}")
-    torchrun(size, "ddp_train.py", "--out", out, "--steps", STEPS, "--lr", LR)
-    return size, [torch.load(out / f"rank{r}.pt") for r in range(size)]
+run = ranks_fixture(torchrun, "ddp_train.py", "--steps", STEPS, "--lr", LR)
 
 
 @pytest.fixture
@@ -116,10 +119,7 @@ def test_every_rank_equals_the_simulation(run, config):
     want = simulated(size, given) if isinstance(given, str) else simulated(size, **given)
     exact = size == 2 and config not in CLIPPED
     tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-6, atol=1e-7)
-    for rank in range(size):
-        assert_history_close(ranks[rank]["history"][config], want, **tol)
-    for rank in range(1, size):
-        assert_history_close(ranks[rank]["history"][config], ranks[0]["history"][config], rtol=0, atol=0)
+    assert_ranks_close([r["history"][config] for r in ranks], want, **tol)
 
 
 def test_sparse_training_moved_every_parameter_and_differs_from_dense(run):
@@ -176,9 +176,7 @@ def test_everyday_model_equals_the_simulation(run, config):
     else:
         want = simulate(size, ratio=0.1, **given, **settings)
     tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
-    for rank in range(size):
-        assert_history_close(ranks[rank]["history"][config], want, **tol)
-        assert_history_close(ranks[rank]["history"][config], ranks[0]["history"][config], rtol=0, atol=0)
+    assert_ranks_close([r["history"][config] for r in ranks], want, **tol)
     frozen = {n: p for n, p in common.torch_everyday_model().named_parameters() if n.startswith("frozen.")}
     assert all(torch.equal(ranks[0]["history"][config][-1][n], p) for n, p in frozen.items())
 

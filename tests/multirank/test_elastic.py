@@ -9,33 +9,19 @@ import json
 import re
 
 import pytest
-from launch import horovodrun
+from launch import horovodrun_elastic
 
 METHODS = ("DGC", "Threshold", "TopK", "RTopK", "RandomK", "RandomBlock")
-
-
-def elastic(script, tmp_path, *args):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    return horovodrun(
-        2,
-        script,
-        "--hosts",
-        hosts,
-        *args,
-        timeout=240,
-        elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover],
-    )
 
 
 @pytest.mark.parametrize("shrink,recipe", [("leave", "horovod"), ("fail", "horovod"), ("fail", "sparsecomm")])
 def test_torch_compressors_follow_a_worker_joining_and_leaving(shrink, recipe, tmp_path):
     # recipe "horovod": TorchState(model, optimizer) as Horovod's docs write it, without compression=;
     # the ranks must still agree after every step (the optimizer's handler, and the agreement check).
-    check(elastic("torch_elastic.py", tmp_path, "--recipe", recipe, *(["--fail"] if shrink == "fail" else [])), shrink)
+    check(
+        horovodrun_elastic("torch_elastic.py", tmp_path, "--recipe", recipe, *(["--fail"] if shrink == "fail" else [])),
+        shrink,
+    )
 
 
 def check(output, shrink):
@@ -59,7 +45,10 @@ def test_tf_compressors_follow_a_worker_joining_and_leaving(shrink, recipe, tmp_
     # About 60-100 s each here (TF traces the six steps again at each reset). "sparsecomm": the
     # compressors tracked, and a failure (rollback, sparsecomm.tensorflow.elastic.run); "horovod":
     # Horovod's recipe without track, and a shrink by discovery.
-    check(elastic("tf_elastic.py", tmp_path, "--recipe", recipe, *(["--fail"] if shrink == "fail" else [])), shrink)
+    check(
+        horovodrun_elastic("tf_elastic.py", tmp_path, "--recipe", recipe, *(["--fail"] if shrink == "fail" else [])),
+        shrink,
+    )
 
 
 def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):

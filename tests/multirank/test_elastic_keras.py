@@ -9,31 +9,14 @@ remaining rank finished with the same parameters and optimizer variables."""
 import re
 
 import pytest
-from launch import horovodrun
+from launch import horovodrun_elastic
 
 METHODS = ("DGC", "TopK", "RandomBlock")
 
 
-def elastic(tmp_path, *args):
-    hosts = tmp_path / "hosts"
-    hosts.write_text("localhost:2\n")
-    discover = tmp_path / "discover.sh"
-    discover.write_text(f"#!/bin/sh\ncat {hosts}\n")
-    discover.chmod(0o755)
-    return horovodrun(
-        2,
-        "tf_keras_elastic.py",
-        "--hosts",
-        hosts,
-        *args,
-        timeout=300,
-        elastic=["--min-np", "2", "--max-np", "3", "--host-discovery-script", discover],
-    )
-
-
 @pytest.mark.parametrize("shrink", ["fail", "leave"])
 def test_keras3_state_follows_a_worker_joining_and_leaving(shrink, tmp_path):
-    output = elastic(tmp_path, *(["--fail"] if shrink == "fail" else []))
+    output = horovodrun_elastic("tf_keras_elastic.py", tmp_path, *(["--fail"] if shrink == "fail" else []), timeout=300)
     worlds = re.findall(r"world: rank (\d) of (\d) at step (\d+) joined (\w+) residual (\S+)", output)
     grown = [w for w in worlds if w[1] == "3"]
     assert sorted(w[0] for w in grown) == ["0", "1", "2"], output[-4000:]

@@ -8,10 +8,9 @@ a new read anywhere in a compressor or an exchange fails this test until it is j
 (Reads inside the compiled ops are not Python-visible: docs/kernels.md lists those too.)"""
 
 import collections
-import json
 
 import pytest
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 
 BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "RandomBlock": {},
@@ -39,9 +38,7 @@ PER_STEP = {
 
 @pytest.fixture(scope="module")
 def reads(tmp_path_factory):
-    out = tmp_path_factory.mktemp("host_reads")
-    horovodrun(2, "torch_host_reads.py", "--out", out, timeout=240)
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return saved_ranks(tmp_path_factory, horovodrun, 2, "torch_host_reads.py", timeout=240)
 
 
 def _assert_reads(reads, config, budget, per_call):

@@ -10,7 +10,7 @@ import common
 import numpy as np
 import pytest
 import torch
-from launch import LAYOUT_HOSTS, horovodrun, horovodrun_outcome
+from launch import LAYOUT_HOSTS, horovodrun, horovodrun_outcome, saved_ranks
 from replay import LR, STEPS, replay
 
 from sparsecomm.core import cost
@@ -30,10 +30,9 @@ CASES = {
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda r: f"2x{r}")
 def run(request, tmp_path_factory):
     per_host = request.param
-    out = tmp_path_factory.mktemp(f"hierarchical_2x{per_host}")
     hosts = ",".join(f"{host}:{per_host}" for host in LAYOUT_HOSTS)
-    horovodrun(2 * per_host, "torch_hierarchical.py", "--out", out, "--steps", STEPS, "--lr", LR, hosts=hosts)
-    return [torch.load(out / f"rank{r}.pt") for r in range(2 * per_host)]
+    args = ("--steps", STEPS, "--lr", LR)
+    return saved_ranks(tmp_path_factory, horovodrun, 2 * per_host, "torch_hierarchical.py", *args, hosts=hosts)
 
 
 def test_the_ranks_sit_on_two_hosts(run):

@@ -8,7 +8,7 @@ import pytest
 import reference
 import simulation
 import torch
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 from replay import LR, STEPS, replay
 
 from sparsecomm.core import cost, plan, trial
@@ -19,10 +19,8 @@ SLOW = cost.Network(bandwidth=1e7, latency=1e-6)
 
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"np{n}")
 def run(request, tmp_path_factory):
-    size = request.param
-    out = tmp_path_factory.mktemp(f"spardl_np{size}")
-    horovodrun(size, "torch_spardl.py", "--out", out, "--steps", STEPS, "--lr", LR, timeout=600)
-    return [torch.load(out / f"rank{r}.pt") for r in range(size)]
+    args = ("--steps", STEPS, "--lr", LR)
+    return saved_ranks(tmp_path_factory, horovodrun, request.param, "torch_spardl.py", *args, timeout=600)
 
 
 def _auto_exchange(size, numel, k):

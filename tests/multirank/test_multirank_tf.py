@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import reference
 import torch
-from launch import horovodrun
+from launch import horovodrun, ranks_fixture
 
 pytest.importorskip("tensorflow")
 STEPS, SEED, RATIO = 4, 5, 0.2
@@ -19,12 +19,7 @@ def gradient(name, step, rank):
     return torch.from_numpy(rng.standard_normal(numel).astype(np.float32)).to(dtype)
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    size = request.param
-    out = tmp_path_factory.mktemp(f"tf_np{size}")
-    horovodrun(size, "tf_block_allreduce.py", "--out", out, "--steps", STEPS)
-    return size, [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
+run = ranks_fixture(horovodrun, "tf_block_allreduce.py", "--steps", STEPS)
 
 
 @pytest.mark.parametrize("name", list(TENSORS))

@@ -11,12 +11,11 @@ The "plain_" configs bind every method to a plain list of unnamed variables (all
 "Variable" by TF): they train, the ranks agree, and the replay with the unique display names
 as stream keys matches (no two variables share a random stream)."""
 
-import numpy as np
 import pytest
 import reference
 import simulation
 import torch
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 from simulation import METHODS, dgc_density
 
 pytest.importorskip("tensorflow")
@@ -138,10 +137,8 @@ def replay(
 
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
 def run(request, tmp_path_factory):
-    size = request.param
-    out = tmp_path_factory.mktemp(f"tf_compressors_np{size}")
-    horovodrun(size, "tf_train.py", "--out", out, "--steps", STEPS, "--lr", LR, timeout=600)
-    return [dict(np.load(out / f"rank{r}.npz")) for r in range(size)]
+    args = ("--steps", STEPS, "--lr", LR)
+    return saved_ranks(tmp_path_factory, horovodrun, request.param, "tf_train.py", *args, timeout=600)
 
 
 def params_of(rank, config, step):

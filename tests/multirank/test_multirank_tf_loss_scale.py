@@ -7,7 +7,7 @@ rollback pending; model.fit under mixed_bfloat16 through sparsecomm's Keras 3 wr
 
 import numpy as np
 import pytest
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 
 CONFIGS = ["dgc", "threshold_2bit", "topk_spardl", "rtopk", "randomk", "random_block"]
 RESUMED = ["dgc", "randomk"]
@@ -16,9 +16,7 @@ SCALES = [2.0**10] * 3 + [2.0**11] * 2 + [2.0**10] * 3 + [2.0**11] * 2
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tf_loss_scale")
-    horovodrun(2, "tf_loss_scale.py", "--out", out, timeout=500)
-    return [dict(np.load(out / f"rank{rank}.npz")) for rank in range(2)]
+    return saved_ranks(tmp_path_factory, horovodrun, 2, "tf_loss_scale.py", timeout=500)
 
 
 def _assert_bitwise(r, got, want, config, what):

@@ -6,26 +6,16 @@ simulation of the N ranks (simulated_training.py), and the ranks against each ot
 import common
 import pytest
 import torch
-from launch import horovodrun
-from simulated_training import LR, SIMULATIONS, STEPS, assert_history_close, simulated
+from launch import horovodrun, ranks_fixture
+from simulated_training import LR, SIMULATIONS, STEPS, assert_history_close, assert_ranks_close, simulated
 
-
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    size = request.param
-    out = tmp_path_factory.mktemp(f"torch_np{size}")
-    horovodrun(size, "torch_train.py", "--out", out, "--steps", STEPS, "--lr", LR)
-    return size, [torch.load(out / f"rank{r}.pt") for r in range(size)]
+run = ranks_fixture(horovodrun, "torch_train.py", "--steps", STEPS, "--lr", LR)
 
 
 @pytest.mark.parametrize("config", list(SIMULATIONS))
 def test_every_rank_equals_the_simulation(run, config):
     size, ranks = run
-    want = simulated(size, config)
-    for rank in range(size):
-        assert_history_close(ranks[rank][config], want, rtol=1e-5, atol=1e-6)
-    for rank in range(1, size):  # and the ranks agree with each other exactly
-        assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
+    assert_ranks_close([r[config] for r in ranks], simulated(size, config), rtol=1e-5, atol=1e-6)
 
 
 def test_sparse_training_actually_moved_every_parameter(run):

@@ -6,7 +6,7 @@ test_multirank_torch.py."""
 import common
 import pytest
 import torch
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 from simulated_training import simulate, simulate_dgc
 
 STEPS, LR, SIZE = 6, 0.5, 2
@@ -27,9 +27,7 @@ def _forward(model, x, step, rank):
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("torch_everyday")
-    horovodrun(SIZE, "torch_everyday.py", "--out", out, "--steps", STEPS, "--lr", LR)
-    return [torch.load(out / f"rank{r}.pt") for r in range(SIZE)]
+    return saved_ranks(tmp_path_factory, horovodrun, SIZE, "torch_everyday.py", "--steps", STEPS, "--lr", LR)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -11,7 +11,7 @@ import common
 import pytest
 import torch
 from cases import assert_same_params
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 
 CONFIGS = ["dgc", "threshold_2bit", "topk_spardl", "rtopk", "randomk", "random_block"]
 # the scale of each step: growth after 3 good steps, backoff after the overflow at step 4
@@ -20,9 +20,7 @@ SCALES = [2.0**10] * 3 + [2.0**11] * 2 + [2.0**10] * 3 + [2.0**11] * 2
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("loss_scale")
-    horovodrun(2, "torch_loss_scale.py", "--out", out, timeout=400)
-    return [torch.load(out / f"rank{rank}.pt") for rank in range(2)]
+    return saved_ranks(tmp_path_factory, horovodrun, 2, "torch_loss_scale.py", timeout=400)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

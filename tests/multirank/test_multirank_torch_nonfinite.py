@@ -10,7 +10,7 @@ import common
 import pytest
 import reference
 import torch
-from launch import horovodrun
+from launch import horovodrun, saved_ranks
 
 SIZE, S, BURST = 2, common.BURST_STEP, common.BURST
 BURST_NUMEL = math.prod(common.BURST_SHAPE)
@@ -29,9 +29,7 @@ CONFIGS = (
 
 @pytest.fixture(scope="module")
 def ranks(tmp_path_factory):
-    out = tmp_path_factory.mktemp("torch_nonfinite")
-    horovodrun(SIZE, "torch_nonfinite.py", "--out", out)
-    return [torch.load(out / f"rank{r}.pt") for r in range(SIZE)]
+    return saved_ranks(tmp_path_factory, horovodrun, SIZE, "torch_nonfinite.py")
 
 
 def _nonfinite(tensor):

@@ -4,8 +4,8 @@
 import common
 import pytest
 import torch
-from launch import horovodrun
-from simulated_training import assert_history_close, simulate
+from launch import horovodrun, ranks_fixture
+from simulated_training import assert_history_close, assert_ranks_close, simulate
 
 STEPS, LR = 4, 0.5
 SIMULATIONS = {
@@ -19,12 +19,7 @@ SIMULATIONS = {
 }
 
 
-@pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    size = request.param
-    out = tmp_path_factory.mktemp(f"torch_options_np{size}")
-    horovodrun(size, "torch_options.py", "--out", out, "--steps", STEPS, "--lr", LR)
-    return size, [torch.load(out / f"rank{r}.pt") for r in range(size)]
+run = ranks_fixture(horovodrun, "torch_options.py", "--steps", STEPS, "--lr", LR)
 
 
 @pytest.mark.parametrize("config", list(SIMULATIONS))
@@ -33,10 +28,7 @@ def test_every_rank_equals_the_simulation(run, config):
     want = simulate(size, steps=STEPS, lr=LR, **SIMULATIONS[config])
     # fp16 parameters: the simulation's float32 sums round differently by one fp16 unit at most
     tol = dict(rtol=2e-3, atol=2e-3) if config == "topk_fp16" else dict(rtol=1e-5, atol=1e-6)
-    for rank in range(size):
-        assert_history_close(ranks[rank][config], want, **tol)
-    for rank in range(1, size):
-        assert_history_close(ranks[rank][config], ranks[0][config], rtol=0, atol=0)
+    assert_ranks_close([r[config] for r in ranks], want, **tol)
 
 
 def test_the_parameter_without_gradient_never_moves(run):

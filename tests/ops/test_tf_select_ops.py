@@ -272,30 +272,37 @@ def test_tf_threshold_rank_uses_the_double_ratio(ratio):
         )
 
 
+def _assert_dgc_ops_same(torch_dtype, tf_dtype, graph, scale_momentum_step, **momentum):
+    """DGC's ops on the same inputs, TF (eager or in a tf.function) against torch, bit for bit: the
+    sampled pack with a momentum (`momentum`: its settings) and a clipping factor (grad_scale 0.37),
+    then momentum_step at 0.9 (with nesterov as given; with the factor if scale_momentum_step)."""
+    grad, residual, mom = _inputs(5003, torch_dtype, momentum=True)
+    wrap = tf.function if graph else (lambda f: f)
+    values, index, res_out, mom_out = wrap(
+        lambda g, r, m, s: tf_ops.pack_sampled(g, r, 0.01, momentum=m, grad_scale=s, **momentum, **KW)
+    )(_tf(grad, tf_dtype), _tf(residual), _tf(mom), tf.constant(0.37))
+    t_res, t_mom = residual.clone(), mom.clone()
+    want_values, want_index = torch_ops.pack_sampled(
+        grad, t_res, 0.01, momentum=t_mom, grad_scale=torch.tensor(0.37), **momentum, **KW
+    )
+    for got, want in ((values, want_values), (index, want_index), (res_out, t_res), (mom_out, t_mom)):
+        _same(got, want)
+    step = dict(nesterov=momentum.get("nesterov", False))
+    payload, mom_out = wrap(lambda g, m, s: tf_ops.momentum_step(g, m, 0.9, grad_scale=s, **step))(
+        _tf(grad, tf_dtype), _tf(mom), tf.constant(0.37) if scale_momentum_step else None
+    )
+    t_grad, t_mom = grad.clone(), mom.clone()
+    torch_ops.momentum_step(t_grad, t_mom, 0.9, grad_scale=torch.tensor(0.37) if scale_momentum_step else None, **step)
+    _same(payload, t_grad)
+    _same(mom_out, t_mom)
+
+
 @pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf.function"])
 def test_tf_grad_scale_equals_torch(torch_dtype, tf_dtype, graph):
     """DGC's clipping factor as grad_scale: the sampled pack (sample_threshold and
     accumulate_candidates) and momentum_step give the torch ops' bits."""
-    grad, residual, mom = _inputs(5003, torch_dtype, momentum=True)
-    scale = torch.tensor(0.37)
-    wrap = tf.function if graph else (lambda f: f)
-    values, index, res_out, mom_out = wrap(
-        lambda g, r, m, s: tf_ops.pack_sampled(g, r, 0.01, momentum=m, momentum_factor=0.9, grad_scale=s, **KW)
-    )(_tf(grad, tf_dtype), _tf(residual), _tf(mom), tf.constant(0.37))
-    t_res, t_mom = residual.clone(), mom.clone()
-    want_values, want_index = torch_ops.pack_sampled(
-        grad, t_res, 0.01, momentum=t_mom, momentum_factor=0.9, grad_scale=scale, **KW
-    )
-    for got, want in ((values, want_values), (index, want_index), (res_out, t_res), (mom_out, t_mom)):
-        _same(got, want)
-    payload, mom_out = wrap(lambda g, m, s: tf_ops.momentum_step(g, m, 0.9, grad_scale=s))(
-        _tf(grad, tf_dtype), _tf(mom), tf.constant(0.37)
-    )
-    t_grad, t_mom = grad.clone(), mom.clone()
-    torch_ops.momentum_step(t_grad, t_mom, 0.9, grad_scale=scale)
-    _same(payload, t_grad)
-    _same(mom_out, t_mom)
+    _assert_dgc_ops_same(torch_dtype, tf_dtype, graph, scale_momentum_step=True, momentum_factor=0.9)
 
 
 @pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])
@@ -303,23 +310,7 @@ def test_tf_grad_scale_equals_torch(torch_dtype, tf_dtype, graph):
 def test_tf_nesterov_equals_torch(torch_dtype, tf_dtype, graph):
     """DGC's Nesterov momentum, with a clipping factor: the sampled pack and momentum_step give
     the torch ops' bits."""
-    grad, residual, mom = _inputs(5003, torch_dtype, momentum=True)
-    nesterov = dict(momentum_factor=0.9, nesterov=True)
-    wrap = tf.function if graph else (lambda f: f)
-    values, index, res_out, mom_out = wrap(
-        lambda g, r, m, s: tf_ops.pack_sampled(g, r, 0.01, momentum=m, grad_scale=s, **nesterov, **KW)
-    )(_tf(grad, tf_dtype), _tf(residual), _tf(mom), tf.constant(0.37))
-    t_res, t_mom = residual.clone(), mom.clone()
-    want_values, want_index = torch_ops.pack_sampled(
-        grad, t_res, 0.01, momentum=t_mom, grad_scale=torch.tensor(0.37), **nesterov, **KW
-    )
-    for got, want in ((values, want_values), (index, want_index), (res_out, t_res), (mom_out, t_mom)):
-        _same(got, want)
-    payload, mom_out = wrap(lambda g, m: tf_ops.momentum_step(g, m, 0.9, nesterov=True))(_tf(grad, tf_dtype), _tf(mom))
-    t_grad, t_mom = grad.clone(), mom.clone()
-    torch_ops.momentum_step(t_grad, t_mom, 0.9, nesterov=True)
-    _same(payload, t_grad)
-    _same(mom_out, t_mom)
+    _assert_dgc_ops_same(torch_dtype, tf_dtype, graph, scale_momentum_step=False, momentum_factor=0.9, nesterov=True)
 
 
 @pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES, ids=["f32", "f16", "bf16"])

@@ -1,7 +1,9 @@
 """What the multi-rank workers and the single-process references share: the data
 (scikit-learn's digits, real 8x8 images), which rows each rank reads at each step, and the
-model, the loss-scale tests' compressors and the elastic tests' scenario. Neither is code under test."""
+model, the workers' command line and compressors, and the elastic tests' scenario. Neither is code
+under test."""
 
+import argparse
 import hashlib
 import os
 import time
@@ -12,6 +14,89 @@ BATCH = 16
 # Compressor policy for tests that compress every tensor, however small (the default policy
 # sends small and 1-D tensors dense; it has tests of its own).
 EVERY = dict(min_numel=0, dense_1d=False)
+
+
+def worker_parser(steps=None, lr=None):
+    """A worker's command line: --out, the folder it saves to; with `steps`, --steps (that default)
+    and with `lr`, --lr (that default). A worker adds its own arguments before parse_args()."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    if steps is not None:
+        parser.add_argument("--steps", type=int, default=steps)
+    if lr is not None:
+        parser.add_argument("--lr", type=float, default=lr)
+    return parser
+
+
+def start_torch(**init):
+    """hvd.init(**init) for a torch worker, on one thread: the ranks share this machine's cores."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init(**init)
+    torch.set_num_threads(1)
+
+
+def train_compressors(sc):
+    """The compressors both training workers run (torch_train.py, tf_train.py: each adds configs of its
+    own), from the framework's module (sparsecomm.torch or sparsecomm.tensorflow): config ->
+    make(binding kwargs). Under the default policy 0.bias, 2.weight (320 elements) and 2.bias go dense
+    (1-D, or under 1024 elements), DGC's with its momentum."""
+    gathered = dict(exchange="allgather", **EVERY)
+    return {
+        "random_block_0.1": lambda kw: sc.RandomBlock(ratio=0.1, seed=7, **EVERY, **kw),
+        "random_block_1.0": lambda kw: sc.RandomBlock(ratio=1.0, seed=7, **EVERY, **kw),
+        "randomk_0.1": lambda kw: sc.RandomK(ratio=0.1, seed=7, **EVERY, **kw),
+        "randomk_1.0": lambda kw: sc.RandomK(ratio=1.0, seed=7, **EVERY, **kw),
+        "topk_0.1": lambda kw: sc.TopK(ratio=0.1, **gathered, **kw),
+        "topk_1.0": lambda kw: sc.TopK(ratio=1.0, dense_fallback=False, **gathered, **kw),
+        "topk_0.1_no_feedback": lambda kw: sc.TopK(ratio=0.1, error_feedback=False, **gathered, **kw),
+        "topk_0.1_default_policy": lambda kw: sc.TopK(exchange="allgather", ratio=0.1, **kw),
+        "rtopk_0.1": lambda kw: sc.RTopK(ratio=0.1, r=0.3, seed=7, **gathered, **kw),
+        "rtopk_1.0": lambda kw: sc.RTopK(ratio=1.0, seed=7, dense_fallback=False, **gathered, **kw),
+        "threshold_0.1": lambda kw: sc.Threshold(ratio=0.1, **gathered, **kw),
+        "threshold_1.0": lambda kw: sc.Threshold(ratio=1.0, dense_fallback=False, **gathered, **kw),
+        "threshold_0.1_fp16": lambda kw: sc.Threshold(ratio=0.1, quantize="fp16", **gathered, **kw),
+        "threshold_0.1_1bit": lambda kw: sc.Threshold(ratio=0.1, quantize="1bit", **gathered, **kw),
+        "threshold_0.1_2bit": lambda kw: sc.Threshold(ratio=0.1, quantize="2bit", **gathered, **kw),
+        "dgc_0.1": lambda kw: sc.DGC(ratio=0.1, momentum=0.9, **gathered, **kw),
+        "dgc_0.05_warmup_clip": lambda kw: sc.DGC(
+            ratio=0.05, momentum=0.9, warmup_steps=4, warmup_stages=2, clip_norm=0.2, **gathered, **kw
+        ),
+        # warm-up stage 0 has density 0.71: sparse (6-byte rows) would be larger, so it goes dense
+        # (momentum SGD); then 0.5, sparse
+        "dgc_0.5_warmup_dense_stage": lambda kw: sc.DGC(
+            ratio=0.5, momentum=0.9, warmup_steps=2, warmup_stages=1, **gathered, **kw
+        ),
+        "dgc_1.0_no_masking": lambda kw: sc.DGC(
+            ratio=1.0, momentum=0.9, momentum_masking=False, dense_fallback=False, **gathered, **kw
+        ),
+        "dgc_0.1_default_policy": lambda kw: sc.DGC(exchange="allgather", ratio=0.1, momentum=0.9, **kw),
+        # the same with clipping: the dense route's momentum pass reads the clipping factor too
+        "dgc_0.1_default_policy_clip": lambda kw: sc.DGC(
+            exchange="allgather", ratio=0.1, momentum=0.9, clip_norm=0.2, **kw
+        ),
+        # Nesterov momentum on the default policy: a sparse tensor and the dense route's momentum pass
+        "dgc_0.1_nesterov": lambda kw: sc.DGC(exchange="allgather", ratio=0.1, momentum=0.9, nesterov=True, **kw),
+    }
+
+
+def hot_path_compressors(sc, ratio):
+    """The compressors whose compress and decompress the hot-path workers watch (torch_allocations.py,
+    torch_host_reads.py: each adds its own), at `ratio`, from sparsecomm.torch (`sc`): config ->
+    make(model)."""
+    named = lambda m: dict(named_parameters=m.named_parameters(), **EVERY)  # noqa: E731
+    return {
+        "RandomBlock": lambda m: sc.RandomBlock(ratio=ratio, **named(m)),
+        "RandomK": lambda m: sc.RandomK(ratio=ratio, **named(m)),
+        "TopK_allgather": lambda m: sc.TopK(ratio=ratio, exchange="allgather", **named(m)),
+        "RTopK_allgather": lambda m: sc.RTopK(ratio=ratio, exchange="allgather", **named(m)),
+        "Threshold_allgather": lambda m: sc.Threshold(ratio=ratio, exchange="allgather", **named(m)),
+        "Threshold_2bit": lambda m: sc.Threshold(ratio=ratio, quantize="2bit", exchange="allgather", **named(m)),
+        "DGC_allgather_clipped": lambda m: sc.DGC(ratio=ratio, clip_norm=1e-3, exchange="allgather", **named(m)),
+        "DGC_spardl": lambda m: sc.DGC(ratio=ratio, exchange="spardl", **named(m)),
+        "TopK_spardl": lambda m: sc.TopK(ratio=ratio, exchange="spardl", **named(m)),
+    }
 
 
 def loss_scale_configs(framework):
@@ -181,6 +266,40 @@ def same_everywhere(hvd, mine, what, step):
         raise AssertionError(f"ranks disagree on {what} at step {step}: {everyone}")
 
 
+def elastic_compressors(sc):
+    """The elastic workers' compressors, in the order they step (torch_elastic.py, tf_elastic.py; three
+    of them in tf_keras_elastic.py), from the framework's module: method -> make(binding kwargs)."""
+    return {
+        "DGC": lambda kw: sc.DGC(ratio=0.05, warmup_steps=4, **EVERY, **kw),
+        "Threshold": lambda kw: sc.Threshold(ratio=0.05, exchange="spardl", **EVERY, **kw),
+        "TopK": lambda kw: sc.TopK(ratio=0.05, exchange="allgather", **EVERY, **kw),
+        "RTopK": lambda kw: sc.RTopK(ratio=0.05, seed=3, exchange="allgather", **EVERY, **kw),
+        "RandomK": lambda kw: sc.RandomK(ratio=0.05, seed=5, **EVERY, **kw),
+        "RandomBlock": lambda kw: sc.RandomBlock(ratio=0.05, seed=7, **EVERY, **kw),
+    }
+
+
+def check_counted(hvd, state, steps, counts, exact=True):
+    """The elastic workers' check after a step: every rank holds the same compressor `steps` and (with
+    `exact`) each compressor counted exactly the committed steps and this one (`counts`: the step
+    counts in `steps`)."""
+    if exact and any(count != state.step + 1 for count in counts):
+        raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
+    same_everywhere(hvd, steps, "compressor steps", state.step)
+
+
+def elastic_args(recipe=None):
+    """An elastic worker's command line: --hosts and --fail (ElasticScenario's) and, given `recipe`
+    (what --recipe horovod leaves out of the state), --recipe."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--hosts", required=True, help="the file the host discovery script prints")
+    parser.add_argument("--fail", action="store_true", help="shrink by a rank dying mid-step, not by discovery")
+    if recipe is not None:
+        choices = ("horovod", "sparsecomm")
+        parser.add_argument("--recipe", choices=choices, default="sparsecomm", help=f"horovod: {recipe}")
+    return parser.parse_args()
+
+
 def tf_residual_norm(compressors):
     """The sum of |residual| over the TF compressors' variables (the elastic workers log it)."""
     import tensorflow as tf
@@ -222,6 +341,12 @@ class ElasticScenario:
             time.sleep(0.05 if state.phase != "finish" else 0)
             if time.monotonic() - self.born > 240:
                 raise RuntimeError(f"phase {state.phase} never ended (size {hvd.size()})")
+
+    def log_resets(self, state, hvd):
+        """Prints a line at every reset of the elastic `state`, for whoever reads the ranks' output."""
+        state.register_reset_callbacks(
+            [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
+        )
 
     def write_hosts(self, slots):
         # The third slot is on a second "host" (127.0.0.1, also this machine): Horovod blacklists

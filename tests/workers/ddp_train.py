@@ -2,7 +2,6 @@
 sparsecomm.torch.ddp_hook, for each compressor; saves every rank's parameters after every step
 and each compressor's stats."""
 
-import argparse
 import contextlib
 import os
 
@@ -13,10 +12,7 @@ from common import EVERY
 
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK, ddp_hook, destroy_process_group
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=5)
-parser.add_argument("--lr", type=float, default=0.5)
+parser = common.worker_parser(steps=5, lr=0.5)
 parser.add_argument("--only", nargs="*", help="these configurations alone")
 args = parser.parse_args()
 

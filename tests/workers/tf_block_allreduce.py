@@ -3,7 +3,6 @@ each rank error-feedback packs the shared-seed random block of its gradient with
 library, hvd.allreduce sums the packed values, and the op library unpacks them. Also one
 DistributedGradientTape step of a small model, to show the TF training path runs."""
 
-import argparse
 import os
 
 import common
@@ -14,10 +13,7 @@ import tensorflow as tf
 from sparsecomm.core import selection
 from sparsecomm.tensorflow import ops
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=4)
-args = parser.parse_args()
+args = common.worker_parser(steps=4).parse_args()
 hvd.init()
 
 SEED, RATIO = 5, 0.2

@@ -4,7 +4,6 @@ saves the model and the compressor (each rank its own checkpoint: residuals diff
 builds everything anew, restores, and trains 2 more. Saves both final parameter sets. The
 compressors are bound to the plain list of unnamed variables (TF names each "Variable")."""
 
-import argparse
 import os
 
 import common
@@ -15,9 +14,7 @@ from common import EVERY
 
 from sparsecomm.tensorflow import DGC, RandomBlock, Threshold
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
+args = common.worker_parser().parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 CONFIGS = {

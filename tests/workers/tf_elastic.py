@@ -10,8 +10,6 @@ broadcasts the variables, a collective only the joiner starts, and its sync broa
 eagerly. TensorFlowKerasState broadcasts the model in sync, so the variables are held by a
 tf-keras Model here.)"""
 
-import argparse
-
 import common
 import horovod.tensorflow as hvd
 import numpy as np
@@ -21,14 +19,7 @@ import tf_keras
 import sparsecomm.tensorflow as sctf
 from sparsecomm.tensorflow import elastic
 
-METHODS = {
-    "DGC": lambda m: sctf.DGC(ratio=0.05, warmup_steps=4, variables=m, **common.EVERY),
-    "Threshold": lambda m: sctf.Threshold(ratio=0.05, exchange="spardl", variables=m, **common.EVERY),
-    "TopK": lambda m: sctf.TopK(ratio=0.05, exchange="allgather", variables=m, **common.EVERY),
-    "RTopK": lambda m: sctf.RTopK(ratio=0.05, seed=3, exchange="allgather", variables=m, **common.EVERY),
-    "RandomK": lambda m: sctf.RandomK(ratio=0.05, seed=5, variables=m, **common.EVERY),
-    "RandomBlock": lambda m: sctf.RandomBlock(ratio=0.05, seed=7, variables=m, **common.EVERY),
-}
+METHODS = common.elastic_compressors(sctf)
 SHAPES = {"0.weight": (32, 64), "0.bias": (32,), "2.weight": (10, 32), "2.bias": (10,)}
 
 
@@ -57,20 +48,11 @@ class Held(tf_keras.Model):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--hosts", required=True)
-    parser.add_argument("--fail", action="store_true")
-    parser.add_argument(
-        "--recipe",
-        choices=("horovod", "sparsecomm"),
-        default="sparsecomm",
-        help="horovod: the compressors are not tracked by the state",
-    )
-    args = parser.parse_args()
+    args = common.elastic_args(recipe="the compressors are not tracked by the state")
     hvd.init()
     x, y = common.digits()
     models = {m: model_for(m) for m in METHODS}
-    compressors = {m: make(models[m]) for m, make in METHODS.items()}
+    compressors = {m: make(dict(variables=models[m])) for m, make in METHODS.items()}
     state = hvd.elastic.TensorFlowKerasState(
         Held(v for model in models.values() for _, v in model),
         tf_keras.optimizers.SGD(0.1),
@@ -82,9 +64,7 @@ def main():
         elastic.track(state, *compressors.values())
     joined = hvd.size() == 3
     scenario = common.ElasticScenario(args.hosts, args.fail)
-    state.register_reset_callbacks(
-        [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
-    )
+    scenario.log_resets(state, hvd)
 
     def steps_of(compressor):
         return [(s.variable_name, int(s.step.numpy())) for s in compressor.state]
@@ -98,9 +78,8 @@ def main():
         """After a step: every rank's compressor steps are the same (a joiner adopts rank 0's when
         its step is traced); tracked, each compressor counted exactly the committed steps and this one."""
         steps = [steps_of(c) for c in compressors.values()]
-        if args.recipe == "sparsecomm" and any(step != state.step + 1 for per in steps for _, step in per):
-            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
-        common.same_everywhere(hvd, steps, "compressor steps", state.step)
+        counts = (step for per in steps for _, step in per)
+        common.check_counted(hvd, state, steps, counts, exact=args.recipe == "sparsecomm")
 
     def residual_norm():
         return common.tf_residual_norm(compressors.values())

@@ -11,8 +11,6 @@ compress), and that the optimizer and every compressor counted exactly the commi
 survivor of a failure prints whether its uncommitted step had changed its state and whether the
 restore brought it back to the commit; the test reads the printed lines."""
 
-import argparse
-
 import common
 import horovod.tensorflow as hvd
 import keras
@@ -22,11 +20,7 @@ import sparsecomm.tensorflow as sctf
 from sparsecomm.tensorflow import elastic
 from sparsecomm.tensorflow import keras as sckeras
 
-METHODS = {
-    "DGC": lambda v: sctf.DGC(ratio=0.05, warmup_steps=4, variables=v, **common.EVERY),
-    "TopK": lambda v: sctf.TopK(ratio=0.05, exchange="allgather", variables=v, **common.EVERY),
-    "RandomBlock": lambda v: sctf.RandomBlock(ratio=0.05, seed=7, variables=v, **common.EVERY),
-}
+METHODS = {m: make for m, make in common.elastic_compressors(sctf).items() if m in ("DGC", "TopK", "RandomBlock")}
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
@@ -48,21 +42,16 @@ def digest(variables):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--hosts", required=True)
-    parser.add_argument("--fail", action="store_true")
-    args = parser.parse_args()
+    args = common.elastic_args()
     hvd.init()
     x, y = common.digits()
     branches, model = branches_and_model()
-    compressors = {m: make(branches[m].trainable_variables) for m, make in METHODS.items()}
+    compressors = {m: make(dict(variables=branches[m].trainable_variables)) for m, make in METHODS.items()}
     optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
     state = sckeras.ElasticState(model, optimizer, list(compressors.values()), step=0, phase="grow", mark=0)
     joined = hvd.size() == 3
     scenario = common.ElasticScenario(args.hosts, args.fail)
-    state.register_reset_callbacks(
-        [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
-    )
+    scenario.log_resets(state, hvd)
     compressor_variables = [v for c in compressors.values() for v in c.variables]
     local = lambda: digest(list(model.variables) + list(optimizer.variables) + compressor_variables)  # noqa: E731
     seen = {"committed": None, "failed": False}
@@ -83,9 +72,7 @@ def main():
         """After a step: every compressor counted exactly the committed steps and this one, on
         every rank (a joiner adopts rank 0's steps at its first compress)."""
         steps = {m: steps_of(c) for m, c in compressors.items()}
-        if any(s != state.step + 1 for per in steps.values() for s in per):
-            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
-        common.same_everywhere(hvd, steps, "compressor steps", state.step)
+        common.check_counted(hvd, state, steps, (s for per in steps.values() for s in per))
 
     def residual_norm():
         return common.tf_residual_norm(compressors.values())

@@ -14,7 +14,6 @@
   compressor follows the wrapped optimizer.
 """
 
-import argparse
 import os
 
 import common
@@ -26,9 +25,7 @@ import tensorflow as tf
 import sparsecomm.tensorflow
 from sparsecomm.tensorflow import keras as sckeras
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
+args = common.worker_parser().parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 STEPS, OVERFLOW, LR = 10, 4, 0.5

@@ -7,22 +7,16 @@ every step, so the test can replay the exchange with a plain reference, bit for 
 The batch size alternates between two values, so every config runs two traces of its step
 (retracing) and the compressor state must carry across them."""
 
-import argparse
 import os
 
 import common
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from common import EVERY
 
-from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+import sparsecomm.tensorflow
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=5)
-parser.add_argument("--lr", type=float, default=0.5)
-args = parser.parse_args()
+args = common.worker_parser(steps=5, lr=0.5).parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 BATCHES = (16, 12)  # alternating: two traces of every step function
@@ -48,100 +42,28 @@ def loss_of(model, x, y):
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
 
 
+TRAINED = common.train_compressors(sparsecomm.tensorflow)
+
+
+def bound(config, variables=lambda model: model):
+    """The compressor of TRAINED[config], bound to variables(the model's (name, variable) pairs)."""
+    return lambda model: TRAINED[config](dict(variables=variables(model)))
+
+
 # name -> (compression for the model's (name, variable) pairs, DistributedGradientTape options, how the step runs)
 CONFIGS = {
     "dense": (lambda m: hvd.Compression.none, {}),
-    "random_block_0.1": (lambda m: RandomBlock(ratio=0.1, seed=7, variables=m, **EVERY), {}),
-    "random_block_1.0": (lambda m: RandomBlock(ratio=1.0, seed=7, variables=m, **EVERY), {}),
-    "randomk_0.1": (lambda m: RandomK(ratio=0.1, seed=7, variables=m, **EVERY), {}),
-    "randomk_1.0": (lambda m: RandomK(ratio=1.0, seed=7, variables=m, **EVERY), {}),
-    "topk_0.1": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, **EVERY), {}),
-    "topk_1.0": (lambda m: TopK(exchange="allgather", ratio=1.0, variables=m, dense_fallback=False, **EVERY), {}),
-    "topk_0.1_sum": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, **EVERY), {"op": hvd.Sum}),
-    "topk_0.1_predivide": (
-        lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, **EVERY),
-        {"gradient_predivide_factor": 2.0},
-    ),
-    "topk_0.1_no_feedback": (
-        lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, error_feedback=False, **EVERY),
-        {},
-    ),
-    "topk_0.1_default_policy": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=m), {}),
-    "topk_0.1_groups": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, **EVERY), {"num_groups": 2}),
-    "topk_0.1_eager": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, **EVERY), {}, "eager"),
-    "topk_0.1_allreduce": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=m, **EVERY), {}, "allreduce"),
-    "rtopk_0.1": (lambda m: RTopK(exchange="allgather", ratio=0.1, r=0.3, seed=7, variables=m, **EVERY), {}),
-    "rtopk_1.0": (
-        lambda m: RTopK(exchange="allgather", ratio=1.0, seed=7, variables=m, dense_fallback=False, **EVERY),
-        {},
-    ),
-    "threshold_0.1": (lambda m: Threshold(exchange="allgather", ratio=0.1, variables=m, **EVERY), {}),
-    "threshold_1.0": (
-        lambda m: Threshold(exchange="allgather", ratio=1.0, variables=m, dense_fallback=False, **EVERY),
-        {},
-    ),
-    "threshold_0.1_fp16": (
-        lambda m: Threshold(exchange="allgather", ratio=0.1, quantize="fp16", variables=m, **EVERY),
-        {},
-    ),
-    "threshold_0.1_1bit": (
-        lambda m: Threshold(exchange="allgather", ratio=0.1, quantize="1bit", variables=m, **EVERY),
-        {},
-    ),
-    "threshold_0.1_2bit": (
-        lambda m: Threshold(exchange="allgather", ratio=0.1, quantize="2bit", variables=m, **EVERY),
-        {},
-    ),
-    "dgc_0.1": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, variables=m, **EVERY), {}),
-    "dgc_0.05_warmup_clip": (
-        lambda m: DGC(
-            exchange="allgather",
-            ratio=0.05,
-            momentum=0.9,
-            warmup_steps=4,
-            warmup_stages=2,
-            clip_norm=0.2,
-            variables=m,
-            **EVERY,
-        ),
-        {},
-    ),
-    "dgc_0.5_warmup_dense_stage": (
-        lambda m: DGC(
-            exchange="allgather", ratio=0.5, momentum=0.9, warmup_steps=2, warmup_stages=1, variables=m, **EVERY
-        ),
-        {},
-    ),
-    "dgc_1.0_no_masking": (
-        lambda m: DGC(
-            exchange="allgather",
-            ratio=1.0,
-            momentum=0.9,
-            momentum_masking=False,
-            dense_fallback=False,
-            variables=m,
-            **EVERY,
-        ),
-        {},
-    ),
-    "dgc_0.1_default_policy": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, variables=m), {}),
-    # the same with clipping: the dense route's momentum pass reads the clipping factor too
-    "dgc_0.1_default_policy_clip": (
-        lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, clip_norm=0.2, variables=m),
-        {},
-    ),
-    # Nesterov momentum on the default policy: a sparse variable and the dense route's momentum pass
-    "dgc_0.1_nesterov": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, nesterov=True, variables=m), {}),
+    **{config: (bound(config), {}) for config in TRAINED},
+    "topk_0.1_sum": (bound("topk_0.1"), {"op": hvd.Sum}),
+    "topk_0.1_predivide": (bound("topk_0.1"), {"gradient_predivide_factor": 2.0}),
+    "topk_0.1_groups": (bound("topk_0.1"), {"num_groups": 2}),
+    "topk_0.1_eager": (bound("topk_0.1"), {}, "eager"),
+    "topk_0.1_allreduce": (bound("topk_0.1"), {}, "allreduce"),
     # every method bound to a plain list of unnamed variables: TF names them all "Variable"
-    "plain_random_block_0.1": (lambda m: RandomBlock(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),
-    "plain_randomk_0.1": (lambda m: RandomK(ratio=0.1, seed=7, variables=plain(m), **EVERY), {}),
-    "plain_topk_0.1": (lambda m: TopK(exchange="allgather", ratio=0.1, variables=plain(m), **EVERY), {}),
-    "plain_rtopk_0.1": (
-        lambda m: RTopK(exchange="allgather", ratio=0.1, r=0.3, seed=7, variables=plain(m), **EVERY),
-        {},
-    ),
-    "plain_threshold_0.1": (lambda m: Threshold(exchange="allgather", ratio=0.1, variables=plain(m), **EVERY), {}),
-    "plain_dgc_0.1": (lambda m: DGC(exchange="allgather", ratio=0.1, momentum=0.9, variables=plain(m), **EVERY), {}),
+    **{
+        f"plain_{config}": (bound(config, plain), {})
+        for config in ("random_block_0.1", "randomk_0.1", "topk_0.1", "rtopk_0.1", "threshold_0.1", "dgc_0.1")
+    },
 }
 
 

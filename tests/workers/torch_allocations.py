@@ -4,17 +4,18 @@ whose storage is none of its inputs' is new). Saves per config, for the timed st
 largest new tensor of any one call in bytes and its op, the gradient's dense bytes, and whether every
 decompress returned the gradient buffer that compress received."""
 
-import argparse
 import json
 import os
 
+import common
 import horovod.torch as hvd
 import torch
 from common import EVERY
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+import sparsecomm.torch
+from sparsecomm.torch import DGC, Threshold
 
 WARMUP, STEPS = 3, 10
 
@@ -37,26 +38,16 @@ class Allocations(TorchDispatchMode):
         return out
 
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
+args = common.worker_parser().parse_args()
 hvd.init()
 named = lambda m: dict(named_parameters=m.named_parameters(), **EVERY)  # noqa: E731
 CONFIGS = {
-    "RandomBlock": lambda m: RandomBlock(ratio=0.01, **named(m)),
-    "RandomK": lambda m: RandomK(ratio=0.01, **named(m)),
-    "TopK_allgather": lambda m: TopK(ratio=0.01, exchange="allgather", **named(m)),
-    "RTopK_allgather": lambda m: RTopK(ratio=0.01, exchange="allgather", **named(m)),
-    "Threshold_allgather": lambda m: Threshold(ratio=0.01, exchange="allgather", **named(m)),
+    **common.hot_path_compressors(sparsecomm.torch, 0.01),
     "Threshold_fp16": lambda m: Threshold(ratio=0.01, quantize="fp16", exchange="allgather", **named(m)),
-    "Threshold_2bit": lambda m: Threshold(ratio=0.01, quantize="2bit", exchange="allgather", **named(m)),
-    "DGC_allgather_clipped": lambda m: DGC(ratio=0.01, clip_norm=1e-3, exchange="allgather", **named(m)),
     # 16-bit gradients: the clipping norm reads them as they are (no float32 copy), both routes
     "DGC_allgather_clipped_bfloat16": lambda m: DGC(ratio=0.01, clip_norm=1e-3, exchange="allgather", **named(m)),
     "DGC_dense_clipped_float16": lambda m: DGC(ratio=0.01, clip_norm=1e-3, dense=["*"], **named(m)),
     "DGC_dense": lambda m: DGC(ratio=0.01, dense=["*"], **named(m)),  # momentum SGD, routed dense
-    "DGC_spardl": lambda m: DGC(ratio=0.01, exchange="spardl", **named(m)),
-    "TopK_spardl": lambda m: TopK(ratio=0.01, exchange="spardl", **named(m)),
 }
 DTYPES = {"DGC_allgather_clipped_bfloat16": torch.bfloat16, "DGC_dense_clipped_float16": torch.float16}
 results = {}

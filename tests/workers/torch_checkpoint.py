@@ -2,7 +2,6 @@
 straight; then 3 steps, saves model and compressor state (through torch.save bytes), builds
 everything anew, restores, and trains 2 more. Saves both final parameter sets."""
 
-import argparse
 import io
 import os
 
@@ -13,11 +12,8 @@ from common import EVERY
 
 from sparsecomm.torch import DGC, RandomBlock
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+args = common.worker_parser().parse_args()
+common.start_torch()
 x_all, y_all = common.digits()
 CONFIGS = {
     "dgc": lambda model: DGC(

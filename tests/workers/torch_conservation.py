@@ -2,7 +2,6 @@
 compresses a gradient and decompresses Horovod's result; saves per parameter the total
 gradient, the total applied update and the final residual."""
 
-import argparse
 import os
 
 import common
@@ -12,9 +11,7 @@ from common import EVERY
 
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
+args = common.worker_parser().parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 CONFIGS = {

@@ -9,7 +9,6 @@ Each method trains its own copy of the digits MLP in the same job. Every rank pr
 per reset and, at the end, a digest of each model's parameters and each compressor's steps:
 the test checks that every rank printed the same."""
 
-import argparse
 import sys
 
 import common
@@ -18,36 +17,19 @@ import torch
 
 import sparsecomm.torch as sct
 
-METHODS = {
-    "DGC": lambda named: sct.DGC(ratio=0.05, warmup_steps=4, named_parameters=named, **common.EVERY),
-    "Threshold": lambda named: sct.Threshold(ratio=0.05, exchange="spardl", named_parameters=named, **common.EVERY),
-    "TopK": lambda named: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=named, **common.EVERY),
-    "RTopK": lambda named: sct.RTopK(ratio=0.05, seed=3, exchange="allgather", named_parameters=named, **common.EVERY),
-    "RandomK": lambda named: sct.RandomK(ratio=0.05, seed=5, named_parameters=named, **common.EVERY),
-    "RandomBlock": lambda named: sct.RandomBlock(ratio=0.05, seed=7, named_parameters=named, **common.EVERY),
-}
+METHODS = common.elastic_compressors(sct)
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--hosts", required=True, help="the file the host discovery script prints")
-    parser.add_argument("--fail", action="store_true", help="shrink by a rank dying mid-step, not by discovery")
-    parser.add_argument(
-        "--recipe",
-        choices=("horovod", "sparsecomm"),
-        default="sparsecomm",
-        help="horovod: no compression= in the TorchState",
-    )
-    args = parser.parse_args()
-    hvd.init()
-    torch.set_num_threads(1)
+    args = common.elastic_args(recipe="no compression= in the TorchState")
+    common.start_torch()
     x, y = common.digits()
     x, y = torch.from_numpy(x), torch.from_numpy(y)
     models, optimizers, compressors = {}, {}, {}
     for method, make in METHODS.items():
         models[method] = model = common.torch_model()
         named = [(f"{method}.{n}", p) for n, p in model.named_parameters()]
-        compressors[method] = make(named)
+        compressors[method] = make(dict(named_parameters=named))
         optimizers[method] = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named, compression=compressors[method]
         )
@@ -60,9 +42,7 @@ def main():
         **({f"compression_{m}": v for m, v in compressors.items()} if args.recipe == "sparsecomm" else {}),
     )
     scenario = common.ElasticScenario(args.hosts, args.fail)
-    state.register_reset_callbacks(
-        [lambda: print(f"reset: rank {hvd.rank()} of {hvd.size()} at step {state.step}", flush=True)]
-    )
+    scenario.log_resets(state, hvd)
 
     joined = hvd.size() == 3  # this process started in the grown world
 
@@ -87,9 +67,8 @@ def main():
         first compress); with the compressors in the state, each counted exactly the committed steps
         and this one (every tensor is compressed each step; a failed step's partial work was rolled back)."""
         steps = compressor_steps()
-        if args.recipe == "sparsecomm" and any(step != state.step + 1 for per in steps for _, step in per):
-            raise AssertionError(f"rank {hvd.rank()}: compressor steps {steps} after step {state.step}")
-        common.same_everywhere(hvd, steps, "compressor steps", state.step)
+        counts = (step for per in steps for _, step in per)
+        common.check_counted(hvd, state, steps, counts, exact=args.recipe == "sparsecomm")
 
     @hvd.elastic.run
     def train(state):

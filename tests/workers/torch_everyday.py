@@ -6,7 +6,6 @@ steps) under stock hvd.DistributedOptimizer. Two variants: gradients set to None
 (named_parameters(remove_duplicate=False), to Horovod and to the compressor).
 Saves every rank's parameters after every step."""
 
-import argparse
 import os
 
 import common
@@ -16,13 +15,8 @@ from common import EVERY
 
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=6)
-parser.add_argument("--lr", type=float, default=0.5)
-args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+args = common.worker_parser(steps=6, lr=0.5).parse_args()
+common.start_torch()
 x_all, y_all = common.digits()
 COMPRESSORS = {
     "topk": lambda named: TopK(exchange="allgather", ratio=0.1, named_parameters=named, **EVERY),

@@ -3,7 +3,6 @@ for each per-rank-coordinate method, on the hosts horovodrun's -H gives (their p
 registered at hvd.init), beside dense and the flat allgather. Saves what torch_spardl.py saves
 (common.train_recorded) and each rank's place, for a replay of the hosts."""
 
-import argparse
 import os
 
 import common
@@ -15,13 +14,8 @@ from sparsecomm import Network
 from sparsecomm.core import plan
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK, host_process_sets
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=4)
-parser.add_argument("--lr", type=float, default=0.5)
-args = parser.parse_args()
-hvd.init(process_sets=host_process_sets())
-torch.set_num_threads(1)
+args = common.worker_parser(steps=4, lr=0.5).parse_args()
+common.start_torch(process_sets=host_process_sets())
 
 
 def hierarchical(make, **kwargs):

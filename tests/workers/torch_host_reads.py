@@ -4,7 +4,6 @@ the innermost sparsecomm function that made it. Saves {config: [(read, "file:fun
 for the steps after the first (the first step also runs the one-off settings check). The
 configurations under a GradScaler change its scale between steps, as scaler.update() does."""
 
-import argparse
 import json
 import os
 import traceback
@@ -15,7 +14,8 @@ import torch
 from common import EVERY
 from torch.overrides import TorchFunctionMode
 
-from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+import sparsecomm.torch
+from sparsecomm.torch import DGC, Threshold
 
 READS = {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__array__"}
 
@@ -36,22 +36,12 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
+args = common.worker_parser().parse_args()
 hvd.init()
 x_all, y_all = common.digits()
 named = lambda m: dict(named_parameters=m.named_parameters(), **EVERY)  # noqa: E731
 CONFIGS = {
-    "RandomBlock": lambda m: RandomBlock(ratio=0.05, **named(m)),
-    "RandomK": lambda m: RandomK(ratio=0.05, **named(m)),
-    "TopK_allgather": lambda m: TopK(ratio=0.05, exchange="allgather", **named(m)),
-    "RTopK_allgather": lambda m: RTopK(ratio=0.05, exchange="allgather", **named(m)),
-    "Threshold_allgather": lambda m: Threshold(ratio=0.05, exchange="allgather", **named(m)),
-    "Threshold_2bit": lambda m: Threshold(ratio=0.05, quantize="2bit", exchange="allgather", **named(m)),
-    "DGC_allgather_clipped": lambda m: DGC(ratio=0.05, clip_norm=1e-3, exchange="allgather", **named(m)),
-    "DGC_spardl": lambda m: DGC(ratio=0.05, exchange="spardl", **named(m)),
-    "TopK_spardl": lambda m: TopK(ratio=0.05, exchange="spardl", **named(m)),
+    **common.hot_path_compressors(sparsecomm.torch, 0.05),
     "DGC_loss_scaled": lambda m: DGC(ratio=0.05, exchange="allgather", loss_scaler=scaler, **named(m)),
     "Threshold_loss_scaled": lambda m: Threshold(ratio=0.05, exchange="allgather", loss_scaler=scaler, **named(m)),
 }

@@ -13,7 +13,6 @@
   the losses and whether the residuals and momenta stayed finite.
 """
 
-import argparse
 import io
 import os
 
@@ -23,11 +22,8 @@ import torch
 
 import sparsecomm.torch
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+args = common.worker_parser().parse_args()
+common.start_torch()
 x_all, y_all = common.digits()
 STEPS, OVERFLOW, LR = 10, 4, 0.5
 CONFIGS = common.loss_scale_configs(sparsecomm.torch)

@@ -2,7 +2,6 @@
 Horovod's allreduce with each compressor, on a float32 parameter. Saves, per step, the
 reduced gradient every rank got and its compressor state (residual, momentum)."""
 
-import argparse
 import os
 
 import common
@@ -11,11 +10,8 @@ import torch
 
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+args = common.worker_parser().parse_args()
+common.start_torch()
 CONFIGS = {
     "topk": lambda named: TopK(exchange="allgather", ratio=0.05, named_parameters=named),
     "topk_spardl": lambda named: TopK(exchange="spardl", ratio=0.05, named_parameters=named),

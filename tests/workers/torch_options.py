@@ -3,7 +3,6 @@ passes per step, grouped allreduce, gradients kept between steps (set_to_none=Fa
 parameter without gradient, fp16 parameters and gradients. Saves every rank's parameters
 after every step."""
 
-import argparse
 import os
 
 import common
@@ -13,13 +12,8 @@ from common import EVERY
 
 from sparsecomm.torch import RandomBlock, TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=4)
-parser.add_argument("--lr", type=float, default=0.5)
-args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+args = common.worker_parser(steps=4, lr=0.5).parse_args()
+common.start_torch()
 x_all, y_all = common.digits()
 topk = lambda model: TopK(exchange="allgather", ratio=0.1, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731
 block = lambda model: RandomBlock(ratio=0.1, seed=3, named_parameters=model.named_parameters(), **EVERY)  # noqa: E731

@@ -1,7 +1,6 @@
 """Worker (3 ranks): ranks 0 and 1 train in a process set, with the optimizer and the
 compressor given that set; rank 2 stays out. Saves the trained ranks' parameters."""
 
-import argparse
 import os
 
 import common
@@ -11,10 +10,7 @@ from common import EVERY
 
 from sparsecomm.torch import RandomBlock, TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=4)
-args = parser.parse_args()
+args = common.worker_parser(steps=4).parse_args()
 pair = hvd.ProcessSet([0, 1])
 hvd.init(process_sets=[pair])
 torch.set_num_threads(1)

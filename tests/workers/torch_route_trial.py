@@ -6,7 +6,6 @@ choices after every step, for the trial's schedule and its decision, which must 
 every rank. Then a checkpoint, and `--resumed` steps of a new model, compressor and optimizer
 restored from it, as a restarted job: their choices and how often they measured."""
 
-import argparse
 import copy
 import os
 
@@ -17,13 +16,11 @@ import torch
 from sparsecomm import Network
 from sparsecomm.torch import TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
+parser = common.worker_parser()
 parser.add_argument("--steps", type=int, required=True)
 parser.add_argument("--resumed", type=int, default=0)
 args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+common.start_torch()
 x_all, y_all = common.digits()
 SLOW = Network(bandwidth=1e6, latency=1e-6)  # 2 ms of wire for a 2048-element dense tensor on 2 ranks
 WINDOWS = {"0.weight": 10.0}  # its dense exchange fits in 10 s of backward: hidden, so the model sends it dense

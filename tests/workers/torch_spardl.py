@@ -5,7 +5,6 @@ Saves every rank's local gradients (recorded after backward, before the exchange
 exchanged gradients and the parameters after every step, final residuals and stats, for a
 replay of the N ranks."""
 
-import argparse
 import os
 
 import common
@@ -17,13 +16,8 @@ from sparsecomm import Network
 from sparsecomm.core import plan
 from sparsecomm.torch import DGC, RTopK, Threshold, TopK
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=4)
-parser.add_argument("--lr", type=float, default=0.5)
-args = parser.parse_args()
-hvd.init()
-torch.set_num_threads(1)
+args = common.worker_parser(steps=4, lr=0.5).parse_args()
+common.start_torch()
 SLOW = Network(bandwidth=1e7, latency=1e-6)  # bytes dominate: a sparse exchange wins
 FAST = Network(bandwidth=1e12, latency=0.0, copy_bandwidth=1e8)  # packing costs more than sending: dense wins
 CONFIGS = {
