@@ -92,9 +92,10 @@ class Settings(abc.ABC):
         (a difference raises: nothing tells which rank is right)."""
         self._world = None
 
-    def _routing_ranks(self, ranks, measure):
+    def _routing_ranks(self, ranks, measure, device=None):
         """The number of ranks to route for, of the `ranks` there are now. exchange="auto" on
-        several ranks needs the network and the local cost of the sparse path (`_measure_network`:
+        several ranks needs the network and the local cost of the sparse path on `device`, where
+        the gradients are (`_measure_network`:
         a Network, a LocalCost or None, and where the backward was watched, its windows averaged
         over the ranks): measured here (once, collectively) when `measure`; a predicate
         (measure=False) starts nothing and routes as on one rank (the policy and the dense
@@ -108,7 +109,7 @@ class Settings(abc.ABC):
             if not measure:
                 return 1
             if not auto.watching():
-                planner.use_measurement(*self._measure_network())
+                planner.use_measurement(*self._measure_network(device))
         if measure and auto is not None and auto.round_ended():  # every rank decides alike, on the same step times
             auto.add_trial_round(self._mean_over_ranks(auto.trial.round_seconds(auto.steps), "route_trial"))
         return ranks
@@ -139,8 +140,9 @@ class Settings(abc.ABC):
         """Every rank's `ints`, concatenated in rank order: one collective named `name`."""
 
     @abc.abstractmethod
-    def _measure_network(self):
-        """(Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None[,
+    def _measure_network(self, device):
+        """On `device` (the adapter's, where the gradients are; None where it needs none):
+        (Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None[,
         the last watched step's seconds]), averaged over the ranks."""
 
     def _host_layout(self):

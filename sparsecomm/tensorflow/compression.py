@@ -122,7 +122,7 @@ class Compressor(Settings, tf.Module):
             state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density, ranks, record
         )
 
-    def _measure_network(self):
+    def _measure_network(self, device=None):
         """exchange.measure_network, eagerly; no local cost (the pack runs in the graph) or windows."""
         with tf.init_scope():
             return exchange.measure_network(self.collective_set())

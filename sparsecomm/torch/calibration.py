@@ -13,22 +13,23 @@ SIZES = (1 << 12, 1 << 20)  # elements: a small and a large gradient, to split p
 BIG = 1 << 20  # float32 elements of the network's large allreduce
 
 
-def measure(compressor):
-    """The network, the compressor's LocalCost, the watched backward's windows of each bound
-    parameter (0 where it was not watched), where the hosts' process sets are registered the
-    hosts (cost.Hosts, their link timed over this rank's host set), and the last watched step's
-    seconds (None where nothing was watched), all averaged over the ranks."""
+def measure(compressor, device):
+    """On `device`, where the gradients are: the network, the compressor's LocalCost, the
+    watched backward's windows of each bound parameter (0 where it was not watched), where the
+    hosts' process sets are registered the hosts (cost.Hosts, their link timed over this rank's
+    host set), and the last watched step's seconds (None where nothing was watched), all
+    averaged over the ranks."""
     names = list(compressor.bound_parameters())  # the same order on every rank
     auto = compressor.planner.auto
     backward = auto.backward  # watched first, where the hooks are timed (not under DDP)
     watched = backward.windows if backward is not None else {}
     step = auto.watched_step() if backward is not None else None  # every rank watched, or none
     found = compressor.collectives.hosts()  # (layout, the collectives over this rank's host) or None
-    inside = network_timings(found[1], compressor.device, "sparsecomm.measure.host") if found else []
+    inside = network_timings(found[1], device, "sparsecomm.measure.host") if found else []
     network, timings = measure_network(
         compressor.collectives,
-        inside + time_sparse_path(compressor) + [step or 0.0] + [watched.get(name, 0.0) for name in names],
-        compressor.device,
+        inside + time_sparse_path(compressor, device) + [step or 0.0] + [watched.get(name, 0.0) for name in names],
+        device,
     )
     inside, timings = timings[: len(inside)], timings[len(inside) :]
     (small, large, unpack, memset, pairs, step_seconds), windows = timings[:6], timings[6:]
@@ -40,11 +41,10 @@ def measure(compressor):
     return network, local, dict(zip(names, windows)), hosts, step_seconds if step is not None else None
 
 
-def time_sparse_path(compressor):
+def time_sparse_path(compressor, device):
     """This rank's seconds of pack + unpack (at the final density) on random gradients of the
     two SIZES; at the larger, of the unpack alone and of its write pass alone; and the pairs
     that unpack scattered: LocalCost.fitted's inputs."""
-    device = compressor.device
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     timings, generator = [], torch.Generator().manual_seed(0)  # its own generator: the global RNG is the user's
     for numel in SIZES:

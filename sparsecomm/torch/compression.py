@@ -25,7 +25,29 @@ from .loss_scaling import LossScaling
 from .state import CompressorState, ParameterState
 
 
-class Compressor(Settings):
+class _OverCollectives:
+    """What the core's Settings asks of the ranks, over the compressor's `collectives`: Horovod's
+    process set from the start; torch.distributed's group once a hook calls use_collectives."""
+
+    def use_collectives(self, over):
+        """Runs the settings check, the network measurement and the route trial over `over` from
+        now on (one of sparsecomm.torch.collectives')."""
+        self.collectives = over
+
+    def _ranks(self) -> int:
+        return self.collectives.size()
+
+    def _allgather_ints(self, ints, name):
+        return self.collectives.allgather_ints(ints, name)
+
+    def _host_layout(self):
+        return self.collectives.host_layout()
+
+    def _mean_over_ranks(self, values, name):
+        return self.collectives.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}")
+
+
+class Compressor(_OverCollectives, Settings):
     """The compress/decompress template every compressor shares: state -> route (policy, dense
     fallback, exchange) -> pack -> count the step -> exchange -> account. Hooks: ``pack(tensor,
     state, density) -> Packed`` (required), ``dense_payload(tensor, state)`` (default: itself).
@@ -39,11 +61,10 @@ class Compressor(Settings):
         super().__init__(given.method, **given.settings)
         self._name = self.method.owner
         self.process_set = given.process_set  # the optimizer's (None: all ranks); the agreement check runs over it
-        self.collectives = collectives.Horovod(self.process_set)  # the DDP hook puts torch.distributed's here
+        self.collectives = collectives.Horovod(self.process_set)  # a hook's: use_collectives
         self.loss_scaling = LossScaling.of(self._name, given.loss_scaler)  # None: gradients are not loss-scaled
         self.state = CompressorState(self._name, given.binding)
         self._in_flight = exchange.InFlight()
-        self.device = None  # where the last gradient was: a measurement of the sparse path runs there
         if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
             self.planner.auto.watch_backward()
         elastic.register_handlers(Compressor)
@@ -72,12 +93,12 @@ class Compressor(Settings):
         pack (or the dense payload) and the step. Returns (state, route, payload, k, ranks)."""
         name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
         self.planner.check_indexable(name, numel, ndim, element_size)
-        self.device = tensor.device
         ranks = self._check_world()
         if self.loss_scaling is not None:  # before the density: a rollback restores the step
             self.loss_scaling.follow(state, self.loss_scaling.scale())
         density = self.method.density(state.step)
-        route = self.planner.route(name, numel, ndim, element_size, density, self._routing_ranks(ranks, measure=True))
+        ranks_to_route = self._routing_ranks(ranks, measure=True, device=tensor.device)
+        route = self.planner.route(name, numel, ndim, element_size, density, ranks_to_route)
         if self.loss_scaling is not None:
             payload = self.loss_scaling.payload(self, tensor, state, route, density)
         else:
@@ -116,20 +137,8 @@ class Compressor(Settings):
         """The bound parameters' names, in the order named_parameters gave them."""
         return list(self.state.binding.params)
 
-    def _ranks(self) -> int:
-        return self.collectives.size()
-
-    def _allgather_ints(self, ints, name):
-        return self.collectives.allgather_ints(ints, name)
-
-    def _host_layout(self):
-        return self.collectives.host_layout()
-
-    def _mean_over_ranks(self, values, name):
-        return self.collectives.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}")
-
-    def _measure_network(self):
-        return calibration.measure(self)
+    def _measure_network(self, device):
+        return calibration.measure(self, device)
 
     def _shared_state(self):
         return self.state.shared()

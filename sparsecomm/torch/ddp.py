@@ -63,7 +63,7 @@ def ddp_hook(compressor, bucket):
     # (what its residual sent, as under Horovod), so error feedback loses nothing. It is the
     # bucket's view, as gradient_as_bucket_view=True wants it (DDP copies a used one there).
     unused = [(param, grad) for param, grad in zip(params, grads) if param.grad is None]
-    ways = _attached(compressor)
+    ways = _attach_once(compressor)
     return BucketExchange(compressor, ways).start(
         list(zip(params, grads)), bucket.buffer(), bucket.is_last(), lambda: _set_unused(unused)
     )
@@ -92,7 +92,7 @@ class HookCollectives(collectives.TorchDistributed):
             part.advance()
 
 
-def _attached(compressor):
+def _attach_once(compressor):
     """The compressor's torch.distributed collectives, set up on the first bucket: over the
     process group given as process_set (default: the default group)."""
     import torch.distributed as dist
@@ -118,7 +118,7 @@ def attach(compressor, group, way):
         )
     if compressor.planner.auto is not None:
         compressor.planner.auto.limit_to(ROUTES)
-    compressor.collectives = HookCollectives(group)
+    compressor.use_collectives(HookCollectives(group))
     return compressor.collectives
 
 

@@ -50,7 +50,7 @@ class Rank(Settings):
     def _adopt_shared_state(self, shared):
         self.steps = {name: fields["step"] for name, fields in shared.items()}
 
-    def _measure_network(self):
+    def _measure_network(self, device):
         raise AssertionError("nothing routes here")
 
 

@@ -109,10 +109,9 @@ def test_timing_the_sparse_path_for_auto_never_touches_the_global_rng(make):
     """exchange="auto" times the compressor's own pack + unpack on random gradients (its
     LocalCost): those come from a generator of its own, not from the user's RNG stream."""
     comp = make([("w", torch.nn.Parameter(torch.zeros(10)))])
-    comp.device = torch.device("cpu")
     torch.manual_seed(3)
     before = torch.get_rng_state()
-    small, large, unpack, memset, pairs = calibration.time_sparse_path(comp)
+    small, large, unpack, memset, pairs = calibration.time_sparse_path(comp, torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), before)
     assert 0 < small and 0 < large and 0 <= memset and pairs > 0
 

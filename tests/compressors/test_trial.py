@@ -401,7 +401,7 @@ def test_the_network_is_measured_only_after_the_watched_steps():
         def _ranks(self):
             return 2
 
-        def _measure_network(self):
+        def _measure_network(self, device):
             self.measures += 1
             return SLOW, None, dict(self.planner.auto.backward.windows)
 

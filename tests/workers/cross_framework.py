@@ -139,8 +139,8 @@ def measure_hosts_then_set(compressor, out, config):
 
     measure = compressor._measure_network
 
-    def measured():
-        _, local, windows, hosts = measure()
+    def measured(device=None):
+        _, local, windows, hosts = measure(device)
         out[f"{config}/hosts"] = np.array([hosts.count, hosts.per_host, hosts.link.bandwidth])
         return SLOW_NIC, local, windows, cost.Hosts(hosts.count, hosts.per_host, FAST_LINK)
 

@@ -38,8 +38,8 @@ def auto(config, nic=None):
         compression = TopK(ratio=0.1, named_parameters=m.named_parameters(), **EVERY)
         measure = compression._measure_network
 
-        def measured():
-            network, local, windows, hosts, _ = measure()  # no watched step: every side is tried
+        def measured(device):
+            network, local, windows, hosts, _ = measure(device)  # no watched step: every side is tried
             MEASURED[config] = None if hosts is None else (hosts.count, hosts.per_host, hosts.link.bandwidth)
             return (network, local, windows, hosts) if nic is None else (nic, local, {}, hosts)
 

@@ -31,9 +31,9 @@ def compressor(model, measures):
     compression = TopK(ratio=0.1, named_parameters=model.named_parameters(), **common.EVERY)
     measure = compression._measure_network
 
-    def measured_then_set():
+    def measured_then_set(device):
         measures.append(1)
-        _, local, windows, *_ = measure()  # every rank measures, collectively, as in training
+        _, local, windows, *_ = measure(device)  # every rank measures, collectively, as in training
         return SLOW, local, dict(windows, **WINDOWS)
 
     compression._measure_network = measured_then_set
