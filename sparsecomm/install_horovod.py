@@ -2,6 +2,7 @@
 in it, and install it.
 
     python -m sparsecomm.install_horovod [--cache DIR] [--dry-run]
+        [--sdist PATH] [--find-links DIR] [--without-mpi] [--gpu-operations auto|NCCL|none]
 
 Horovod 0.28.1 (2023) is source-only and does not build as published against current
 frameworks. This script makes the edits it needs, then builds a wheel with pip (no build
@@ -14,6 +15,8 @@ isolation: Horovod must compile against the frameworks you run):
 
 The wheel is cached under DIR (default ~/.cache/sparsecomm), keyed by every version it was
 compiled against, so a second environment with the same versions installs it in seconds.
+Offline (a machine with no network: scripts/device/run.sh), --sdist takes Horovod's sdist
+from a file and --find-links installs its run-time dependencies from a folder of wheels only.
 It imports nothing of sparsecomm but cuda_toolkit, so a checkout runs it before any build.
 """
 
@@ -102,15 +105,30 @@ def find_nccl(work):
     return None
 
 
-def build_env(found, work):
-    """Horovod's build switches for what is installed, and the lines that say what was chosen."""
+def build_env(found, work, without_mpi=False, gpu_operations="auto"):
+    """Horovod's build switches for what is installed, and the lines that say what was chosen.
+    without_mpi: Gloo only, even where mpicc is found. gpu_operations: "auto" (NCCL for a CUDA
+    torch when NCCL is found), "NCCL" (the same, but stop without NCCL), "none" (no GPU
+    operations: Horovod copies cuda tensors to host memory and back around Gloo or MPI)."""
     env = dict(os.environ, HOROVOD_WITHOUT_MXNET="1", HOROVOD_WITH_GLOO="1", MAKEFLAGS=f"-j{os.cpu_count() or 1}")
+    # CMake 4 refuses projects that ask for a version below 3.5, as Horovod's bundled Gloo does
+    # (2.8.12); this lets it configure them (older CMake ignores the variable).
+    env.setdefault("CMAKE_POLICY_VERSION_MINIMUM", "3.5")
+    for name in ("PYTORCH", "TENSORFLOW", "MPI"):  # a switch left in the environment would contradict ours
+        env.pop(f"HOROVOD_WITH_{name}", None)
+        env.pop(f"HOROVOD_WITHOUT_{name}", None)
     env["HOROVOD_WITH_PYTORCH" if "torch" in found else "HOROVOD_WITHOUT_PYTORCH"] = "1"
     env["HOROVOD_WITH_TENSORFLOW" if "tensorflow" in found else "HOROVOD_WITHOUT_TENSORFLOW"] = "1"
-    env["HOROVOD_WITH_MPI" if shutil.which("mpicc") else "HOROVOD_WITHOUT_MPI"] = "1"
-    notes = ["MPI: " + ("yes (mpicc found)" if shutil.which("mpicc") else "no (no mpicc on the PATH; Gloo only)")]
+    mpi = shutil.which("mpicc") is not None and not without_mpi
+    env["HOROVOD_WITH_MPI" if mpi else "HOROVOD_WITHOUT_MPI"] = "1"
+    why_not = "--without-mpi" if without_mpi else "no mpicc on the PATH"
+    notes = ["MPI: " + ("yes (mpicc found)" if mpi else f"no ({why_not}; Gloo only)")]
     env["HOROVOD_GPU_OPERATIONS"] = ""
+    if gpu_operations == "NCCL" and not found.get("torch_cuda"):
+        raise InstallError(f"--gpu-operations NCCL: torch {found.get('torch', '(absent)')} is not a CUDA build")
     if found.get("torch_cuda"):
+        # Horovod's torch library is built with CUDA for a CUDA torch whatever the GPU operations
+        # (its own few kernels too), so the toolkit and the architectures are wanted either way.
         cuda_home = find_cuda_home()
         if cuda_home is None:
             raise InstallError(
@@ -121,20 +139,25 @@ def build_env(found, work):
         if os.environ.get("TORCH_CUDA_ARCH_LIST"):  # "8.0;9.0+PTX" -> "80,90"; unset: every arch nvcc has
             archs = re.findall(r"(\d+)\.(\d+)", os.environ["TORCH_CUDA_ARCH_LIST"])
             env["HOROVOD_BUILD_CUDA_CC_LIST"] = ",".join(major + minor for major, minor in archs)
-        nccl = find_nccl(work)
+        nccl = None if gpu_operations == "none" else find_nccl(work)
+        if nccl is None and gpu_operations == "NCCL":
+            raise InstallError(
+                "--gpu-operations NCCL: no NCCL found (torch's nvidia-nccl wheel, or set HOROVOD_NCCL_HOME)"
+            )
         if nccl:
             env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_HOME=nccl, HOROVOD_NCCL_LINK="SHARED")
-        notes.append(
-            f"CUDA toolkit: {cuda_home}; NCCL: "
-            + (nccl or "not found (cuda tensors go through host memory; set HOROVOD_NCCL_HOME)")
-        )
+        host = "cuda tensors go through host memory"
+        why = f"none asked ({host})" if gpu_operations == "none" else f"not found ({host}; set HOROVOD_NCCL_HOME)"
+        notes.append(f"CUDA toolkit: {cuda_home}; NCCL: {nccl or why}")
     return env, notes
 
 
-def cache_key(found):
+def cache_key(found, without_mpi=False, gpu_operations="auto"):
     parts = [f"horovod-{HOROVOD_VERSION}", found["python"]]
     parts += [f"torch{found['torch']}"] if "torch" in found else []
     parts += [f"tf{found['tensorflow']}"] if "tensorflow" in found else []
+    parts += ["nompi"] if without_mpi else []
+    parts += ["nogpuops"] if gpu_operations == "none" and found.get("torch_cuda") else []
     return "-".join(parts)
 
 
@@ -161,17 +184,24 @@ def pip(*args, **kwargs):
     return subprocess.run([sys.executable, "-m", "pip", *args], check=True, **kwargs)
 
 
-def build_wheel(found, wheel_dir):
-    """Downloads Horovod's sdist, patches it and builds a wheel into wheel_dir (log beside it)."""
+def build_wheel(found, wheel_dir, sdist=None, without_mpi=False, gpu_operations="auto"):
+    """Patches Horovod's sdist (downloaded, or the file `sdist`) and builds a wheel into
+    wheel_dir (log beside it); without_mpi and gpu_operations as build_env takes them."""
     with tempfile.TemporaryDirectory() as work:
-        say(f"downloading the horovod=={HOROVOD_VERSION} sdist")
-        pip("download", "-q", "--no-deps", "--no-binary", ":all:", f"horovod=={HOROVOD_VERSION}", "-d", work)
-        shutil.unpack_archive(os.path.join(work, f"horovod-{HOROVOD_VERSION}.tar.gz"), work)
+        if sdist is None:
+            say(f"downloading the horovod=={HOROVOD_VERSION} sdist")
+            pip("download", "-q", "--no-deps", "--no-binary", ":all:", f"horovod=={HOROVOD_VERSION}", "-d", work)
+            sdist = os.path.join(work, f"horovod-{HOROVOD_VERSION}.tar.gz")
+        elif not os.path.basename(sdist).startswith(f"horovod-{HOROVOD_VERSION}."):
+            raise InstallError(f"{sdist} is not Horovod {HOROVOD_VERSION}'s sdist (horovod-{HOROVOD_VERSION}.tar.gz)")
+        say(f"unpacking {sdist}")
+        shutil.unpack_archive(sdist, work)
         src = os.path.join(work, f"horovod-{HOROVOD_VERSION}")
         standard = cxx_standard(found.get("torch_include"))
         patch_sources(src, standard, "tensorflow" in found)
-        env, notes = build_env(found, work)
-        for line in [f"C++{standard}; XLA ops dropped: {'tensorflow' in found}"] + notes:
+        env, notes = build_env(found, work, without_mpi, gpu_operations)
+        switches = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("HOROVOD_") and v)
+        for line in [f"C++{standard}; XLA ops dropped: {'tensorflow' in found}"] + notes + [switches]:
             say(line)
         os.makedirs(wheel_dir, exist_ok=True)
         log = os.path.join(wheel_dir, "build.log")
@@ -206,14 +236,15 @@ def build_wheel(found, wheel_dir):
             shutil.copy(built, wheel_dir)
 
 
-def check_build(found):
-    """horovodrun --check-build must list every installed framework."""
+def check_build(found, nccl=False):
+    """horovodrun --check-build must list every installed framework (and NCCL, if asked)."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PATH=path)
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, env=env).stdout
     print("\n".join("    " + line for line in out.splitlines() if line.strip()))
     wanted = [name for key, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")) if key in found] + ["Gloo"]
+    wanted += ["NCCL"] if nccl else []
     missing = [name for name in wanted if f"[X] {name}" not in out]
     if missing:
         raise InstallError(
@@ -236,10 +267,26 @@ def main(argv=None):
     )
     parser.add_argument("--cache", default=default_cache(), help="where built wheels are kept (default: %(default)s)")
     parser.add_argument("--dry-run", action="store_true", help="say what would be built, build nothing")
+    parser.add_argument(
+        "--sdist", metavar="PATH", help=f"build from this horovod-{HOROVOD_VERSION}.tar.gz, not a download"
+    )
+    parser.add_argument(
+        "--find-links",
+        metavar="DIR",
+        help="install Horovod's run-time dependencies from the wheels in DIR alone (offline)",
+    )
+    parser.add_argument("--without-mpi", action="store_true", help="Gloo only, even where mpicc is found")
+    parser.add_argument(
+        "--gpu-operations",
+        choices=("auto", "NCCL", "none"),
+        default="auto",
+        help="auto: NCCL for a CUDA torch where NCCL is found (default); NCCL: the same, or fail; "
+        "none: cuda tensors go through host memory",
+    )
     args = parser.parse_args(argv)
     try:
         found = probe_frameworks()
-        wheel_dir = os.path.join(args.cache, "wheels", cache_key(found))
+        wheel_dir = os.path.join(args.cache, "wheels", cache_key(found, args.without_mpi, args.gpu_operations))
         say(
             f"frameworks: torch {found.get('torch', 'absent')}, TensorFlow {found.get('tensorflow', 'absent')}; "
             f"C++{cxx_standard(found.get('torch_include'))}; wheel cache {wheel_dir}"
@@ -247,12 +294,14 @@ def main(argv=None):
         if args.dry_run:
             return 0
         if not glob.glob(os.path.join(wheel_dir, "horovod-*.whl")):
-            build_wheel(found, wheel_dir)
+            sdist = args.sdist and os.path.abspath(args.sdist)
+            build_wheel(found, wheel_dir, sdist, args.without_mpi, args.gpu_operations)
         wheel = sorted(glob.glob(os.path.join(wheel_dir, "horovod-*.whl")))[0]
         say(f"installing {wheel}")
         pip("install", "-q", "--no-deps", "--force-reinstall", wheel)
-        pip("install", "-q", *RUNTIME_DEPS)
-        check_build(found)
+        offline = ["--no-index", "--find-links", args.find_links] if args.find_links else []
+        pip("install", "-q", *offline, *RUNTIME_DEPS)
+        check_build(found, nccl=args.gpu_operations == "NCCL")
     except (InstallError, subprocess.CalledProcessError) as error:
         print(f"[install_horovod] FAILED: {error}", file=sys.stderr)
         return 1
