@@ -94,3 +94,15 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("multi-rank runs (real horovodrun and torchrun)")
         for command, status, seconds in _LAUNCHED:
             terminalreporter.write_line(f"{command:<55} exit {status}  {seconds:5.1f}s")
+
+
+@pytest.fixture
+def one_thread():
+    """The multi-rank workers compute on one thread: so does a simulation compared with them bit
+    for bit, for the same float sums."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

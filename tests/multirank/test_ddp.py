@@ -100,15 +100,6 @@ EVERYDAY = {
 run = ranks_fixture(torchrun, "ddp_train.py", "--steps", STEPS, "--lr", LR)
 
 
-@pytest.fixture
-def one_thread():
-    """The workers compute on one thread: so does the simulation, for the same float sums."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("config", CONFIGS)
 def test_every_rank_equals_the_simulation(run, config):
