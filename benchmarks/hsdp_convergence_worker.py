@@ -8,27 +8,16 @@ FSDP does not broadcast the initial weights: every rank builds the model from th
 clips nothing (its clip_norm is None), so each step is a plain optimizer step."""
 
 import argparse
-import json
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
 
 import sparsecomm.torch as sct
 from benchmarks.convergence_worker import TASKS, Digits, methods, run_epochs, warmed_up, warmup_epochs
 from benchmarks.hsdp_convergence import HOOKED, NATIVE, ROWS
+from benchmarks.hsdp_mesh import replica_mesh, save_records, shard_layers
 
 TASK = "digits"
-
-
-def sharded(model, mesh):
-    """`model` with each layer with parameters, and the root, sharded over `mesh` (in place)."""
-    for layer in model:
-        if any(True for _ in layer.parameters()):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
 
 
 def spread(value):
@@ -44,7 +33,7 @@ def train(method, mesh, seed):
     settings = TASKS[TASK]
     assert settings["clip_norm"] is None, "the digits task clips nothing: no clipping here"
     work = Digits(settings["batch"], dist.get_rank(), dist.get_world_size(), seed)  # same weights on every rank
-    model = sharded(work.model, mesh if method == NATIVE else mesh["shard"])
+    model = shard_layers(work.model, mesh if method == NATIVE else mesh["shard"])
     make, momentum = methods(TASK, work.steps_per_epoch)[HOOKED.get(method, "dense")]
     compression = None
     if method in HOOKED:
@@ -79,8 +68,7 @@ def main():
     args = parser.parse_args()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
-    size, rank, per_host = dist.get_world_size(), dist.get_rank(), args.ranks_per_host
-    mesh = init_device_mesh("cpu", (size // per_host, per_host), mesh_dim_names=("replicate", "shard"))
+    rank, mesh = dist.get_rank(), replica_mesh(args.ranks_per_host)
     if args.epochs:
         TASKS[TASK]["epochs"] = args.epochs
     records = []
@@ -89,10 +77,7 @@ def main():
         if rank == 0:
             r = records[-1]
             print(f"[hsdp-convergence] {method:<23} seed {args.seed} final accuracy {r['final']:.4f}", flush=True)
-    sct.destroy_process_group()
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(records, f, indent=1)
+    save_records(records, args.out, sct.destroy_process_group)
 
 
 if __name__ == "__main__":

@@ -12,30 +12,25 @@ timed steps). The model and batch are the e2e bench's (model_and_batch), alike o
 import argparse
 import functools
 import gc
-import json
 import os
 import statistics
 
 import horovod.torch as hvd
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule
 
 import sparsecomm.torch as sct
 from benchmarks.e2e import PHASES
 from benchmarks.e2e_worker import Row, init_torch_distributed, model_and_batch, timed_steps, turns
 from benchmarks.hsdp import FLOOR, HOOKED, NATIVE, ROWS
+from benchmarks.hsdp_mesh import replica_mesh, save_records, shard_layers
 
 
 def sharded(kind, mesh):
     """The e2e bench's `kind` model, each layer with parameters and the root sharded over `mesh`."""
     model, x, y = model_and_batch(kind)
-    for layer in model:
-        if any(True for _ in layer.parameters()):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model, x, y
+    return shard_layers(model, mesh), x, y
 
 
 def shard_bytes(model):
@@ -170,8 +165,8 @@ def main():
     args = parser.parse_args()
     init()
     torch.set_num_threads(1)
-    per_host, size = args.ranks_per_host, dist.get_world_size()
-    mesh = init_device_mesh("cpu", (size // per_host, per_host), mesh_dim_names=("replicate", "shard"))
+    per_host = args.ranks_per_host
+    mesh = replica_mesh(per_host)
     makers = {method: functools.partial(make_row, args.model, method, mesh) for method in args.methods}
     records = []
     for row, times, phases, nic in time_rows(makers, args.warmup, args.steps, args.rounds):
@@ -180,11 +175,7 @@ def main():
             print(f"[hsdp] {args.model} {row.method:<23} {records[-1]['step_ms']:9.1f} ms/step", flush=True)
         del row
     records.sort(key=lambda r: args.methods.index(r["method"]))
-    rank = dist.get_rank()
-    sct.destroy_process_group()
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump(records, f, indent=1)
+    save_records(records, args.out, sct.destroy_process_group)
 
 
 if __name__ == "__main__":
