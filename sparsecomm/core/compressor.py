@@ -3,7 +3,8 @@ of sparsecomm.core.methods), its per-layer policy and its planner (sparsecomm.co
 
 The torch and TF compressors inherit Settings and add only their framework: binding to the
 model's parameters, state tensors, kernels and collectives (Settings' abstract methods). Each
-method's compressor class declares its hooks (sparsecomm/<framework>/compression.py):
+method's compressor class declares its hooks (sparsecomm/<framework>/compression.py), both
+returning a sparsecomm.core.exchange.Packed:
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
 """
@@ -11,6 +12,7 @@ method's compressor class declares its hooks (sparsecomm/<framework>/compression
 import abc
 
 from . import agreement, arguments, report
+from .exchange import Packed
 from .plan import Planner, Policy
 
 KEPT_DECISION = "(exchange='auto')"  # the kept route decision's key in the shared state (no tensor's name)
@@ -48,13 +50,11 @@ class Settings(abc.ABC):
         return report.settings_text(self.method.owner, fields)
 
     def _check_world(self):
-        """On the first compress, and again whenever the ranks or the shared state may have
-        diverged (an elastic reset, a new number of ranks, load_state_dict): every rank's
-        settings and shared state are compared in one collective (sparsecomm.core.agreement):
-        different settings raise on every rank; a different shared state is adopted from rank 0
-        after a reset and raises otherwise. A network measured for other ranks is measured
-        again. Returns the number of ranks (read once per compress: Horovod's process-set size
-        is a few calls)."""
+        """On the first compress, and whenever the ranks or shared state may have diverged (an
+        elastic reset, a new number of ranks, load_state_dict): every rank's settings and shared
+        state compared in one collective (core.agreement). Different settings raise everywhere; a
+        different shared state is adopted from rank 0 after a reset, and raises otherwise. Returns
+        the number of ranks (read once per compress: a process set's size is a few calls)."""
         ranks = self._ranks()
         if ranks == self._world:
             return ranks
@@ -92,16 +92,14 @@ class Settings(abc.ABC):
         (a difference raises: nothing tells which rank is right)."""
         self._world = None
 
-    def _routing_ranks(self, ranks, measure, device=None):
+    def _prepare_routing(self, ranks, measure, device=None):
         """The number of ranks to route for, of the `ranks` there are now. exchange="auto" on
-        several ranks needs the network and the local cost of the sparse path on `device`, where
-        the gradients are (`_measure_network`:
-        a Network, a LocalCost or None, and where the backward was watched, its windows averaged
-        over the ranks): measured here (once, collectively) when `measure`; a predicate
-        (measure=False) starts nothing and routes as on one rank (the policy and the dense
-        fallback only). While the planner watches the backward (an adapter that times Horovod's
-        hooks), nothing is measured yet: auto routes by plan.watch_route, and measures at the
-        first compress after the watched steps. A kept decision (a restart of the same shape) replaces all that."""
+        several ranks needs the network and the local cost of the sparse path on `device`
+        (`_measure_network`): measured here, once and collectively, when `measure`; a predicate
+        (measure=False) starts nothing and routes as on one rank (policy and dense fallback only).
+        While the planner watches the backward, auto routes by plan.watch_route and measures at
+        the first compress after the watched steps. A kept decision (a restart of the same shape)
+        replaces all that."""
         planner, auto = self.planner, self.planner.auto
         if measure and planner.needs_network(ranks) and auto.kept is not None:
             planner.adopt_kept_decision(ranks, self._host_layout)
@@ -125,9 +123,18 @@ class Settings(abc.ABC):
 
     @property
     def exchange(self):
-        """The exchange of the per-rank-coordinate methods ("auto", "allgather", "spardl", "hierarchical"; None
-        otherwise)."""
+        """The per-rank-coordinate methods' exchange ("auto", "allgather", "spardl", "hierarchical"), else None."""
         return None if self.planner.shared else self.planner.exchange
+
+    # -- the hooks a method's class declares ------------------------------------------------------
+
+    @abc.abstractmethod
+    def pack(self, tensor, state, density: float) -> Packed:
+        """The method's pack of a gradient at `density`, with error feedback: what the exchange sends."""
+
+    def dense_payload(self, tensor, state) -> Packed:
+        """What a gradient routed dense sends: itself (DGC: its momentum)."""
+        return Packed(tensor)
 
     # -- what an adapter provides (sparsecomm.torch.compression, sparsecomm.tensorflow.compression) ----
 

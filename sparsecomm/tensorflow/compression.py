@@ -15,10 +15,11 @@ import tensorflow as tf
 
 from ..core import arguments, methods
 from ..core.compressor import Settings
+from ..core.exchange import Packed
 from ..core.selection import selected_count, stream_of
 from . import elastic, exchange, loss_scaling, ops, stages
 from . import state as state_module
-from .exchange import EXCHANGES, Packed, Wire
+from .exchange import CARRIED, Wire
 from .state import VariableBinding, VariableState
 
 
@@ -26,7 +27,8 @@ class Compressor(Settings, tf.Module):
     """The compress/decompress template every compressor shares: attribution -> route ->
     pack -> exchange -> state updates (residual, momentum, step) -> counters. Hooks:
     ``pack(tensor, state, density) -> Packed`` (with the state after it) and
-    ``dense_payload(tensor, state) -> Packed`` (default: the gradient itself).
+    ``dense_payload(tensor, state) -> Packed`` (default: the gradient itself), declared by the
+    core's Settings.
 
     Each method's arguments (``variables`` where torch's take ``named_parameters``) and their
     docs are sparsecomm.core.arguments', as its class's docstring shows."""
@@ -54,6 +56,11 @@ class Compressor(Settings, tf.Module):
     @property
     def process_set(self):
         return self._process_set
+
+    def replace_loss_scaler(self, given, built):
+        """Follows `built`'s loss scale where loss_scaler= was `given` (keras.DistributedOptimizer's copy)."""
+        if self._scaler is given:
+            self._scaler = loss_scaling.checked_scaler(self._name, built)
 
     # -- Horovod's hooks ---------------------------------------------------------------------
     # Not converted by autograph: the graph's branches are written as tf.cond / tf.switch_case,
@@ -86,38 +93,31 @@ class Compressor(Settings, tf.Module):
         if route == "shared" and overflow is not None:
             payload = loss_scaling.nan_first(payload, overflow)
         counts = route == "shared" or self.method.counts_dense_steps
-        handed = EXCHANGES[route].start(payload, self.wire(state, tensor))
+        carrier = CARRIED[route]
+        started = carrier.start(payload, self.wire(state, tensor))
         with tf.control_dependencies(state.updates(payload.residual, payload.momentum, counts)):
-            wire = tf.identity(handed.tensor)
-        return state.counted(wire, handed.count, handed.sent, handed.received), handed.finish
+            handed = tf.identity(started.tensor)
+        handed = state.counted(handed, started.count, started.sent, started.received)
+        return handed, lambda output: carrier.finish(output, started.context)
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor, ctx):
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         return ctx(tensor)
 
-    # -- the hooks a method declares -----------------------------------------------------------
-
-    def pack(self, tensor, state, density) -> Packed:
-        raise NotImplementedError
-
-    def dense_payload(self, tensor, state) -> Packed:
-        """What a gradient routed dense sends: itself (DGC: its momentum)."""
-        return Packed(tensor)
-
     # -- routes, state, settings ---------------------------------------------------------------
 
     def goes_dense(self, name: str, variable) -> bool:
         """Whether the route of this variable's gradient is dense (starts nothing)."""
         shape, size = tf.TensorShape(variable.shape), tf.as_dtype(variable.dtype).size
-        ranks = self._routing_ranks(self._ranks(), measure=False)
+        ranks = self._prepare_routing(self._ranks(), measure=False)
         return (
             self.planner.route(name, shape.num_elements(), shape.rank, size, self.method.ratio, ranks, False) == "dense"
         )
 
     def route(self, state, tensor, density, record=True):
         """The route of a variable's gradient at `density` (measuring the network first if auto needs it)."""
-        ranks = self._routing_ranks(self._ranks(), measure=True)
+        ranks = self._prepare_routing(self._ranks(), measure=True)
         return self.planner.route(
             state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density, ranks, record
         )
@@ -159,8 +159,8 @@ class Compressor(Settings, tf.Module):
             variable.assign(value)
 
     def elastic_sync(self):
-        """After a reset (no collective here): the next trace of compress checks the settings,
-        adopts rank 0's steps and measures the network again, with every rank of the new world."""
+        """After a reset (no collective here): the next trace of compress checks the settings and
+        adopts rank 0's steps, measuring again, with every rank of the new world."""
         self._forget_world()
 
     def _shared_state(self):

@@ -1,22 +1,16 @@
-"""How a packed gradient travels, for horovod.tensorflow: one object per route of
-sparsecomm.core.plan, in the registry EXCHANGES, as in sparsecomm.torch.exchange.
+"""How a packed gradient travels, for horovod.tensorflow: one sparsecomm.core.exchange.Exchange
+per route, as in sparsecomm.torch.exchange, with the same phases: start(packed, wire) -> Started
+in compress, finish(output, context) in decompress (no exchange here has a later phase: TF's
+graph executor starts each collective as soon as its inputs are ready).
 
-In TF the graph executor runs every collective as soon as its inputs are ready, so the
-per-rank-coordinate exchanges run inside `compress`:
-
-    run(packed, wire) -> Outcome   (every rank's values and indices, or a stage's dense float32
-                                    sum; the residual after the exchange; elements, bytes sent
-                                    and received: all tensors)
-
-and compress hands Horovod's allreduce a 1-element placeholder holding 1.0 (named after the
-variable). It comes back as 1 under op=Average and as the process set's size M under op=Sum,
-so decompress (`finish`) adds the values at their indices scaled by output / M, in one op: the
-optimizer's semantics, without being told the op (as in torch). The routes Horovod itself
-carries ("dense", "shared") implement start(payload, wire) -> Handed (the tensor for Horovod,
-the decompress function and the counts) instead.
-
-Adding an exchange: a class here with `run`, an entry in EXCHANGES, its cost in
-sparsecomm/core/cost.py.
+Two registries, by who carries the payload:
+- CARRIED ("dense", "shared"): start hands Horovod's allreduce the payload itself;
+- IN_GRAPH ("allgather", "spardl", "hierarchical", and "dense" for a stage of a schedule that
+  goes dense, as DGC's warm-up may): the collectives run inside compress, and compress hands
+  Horovod a 1-element placeholder holding 1.0 (named after the variable). It comes back as 1
+  under op=Average and as the process set's size M under op=Sum, so `finish` adds the values
+  at their indices scaled by output / M, in one op: the optimizer's semantics, without being
+  told the op (as in torch).
 """
 
 import re
@@ -27,6 +21,7 @@ import tensorflow as tf
 from .. import host_sets, prerequisites
 from ..core import cost
 from ..core import wire as wire_format
+from ..core.exchange import Exchange
 from ..core.plan import SparDLLayout
 from . import ops
 
@@ -59,20 +54,6 @@ def placeholder(name):
 
 
 @dataclass
-class Packed:
-    """What a method's pack produced (TF ops are functional: with the state after it)."""
-
-    values: tf.Tensor | None = None
-    index: tf.Tensor | None = None
-    start: tf.Tensor | None = None
-    codes: tf.Tensor | None = None
-    scales: tf.Tensor | None = None
-    bits: int | None = None
-    residual: tf.Tensor | None = None
-    momentum: tf.Tensor | None = None
-
-
-@dataclass
 class Wire:
     """One variable's exchange: its name, numel, shape and dtype, the process set and its number
     of ranks, and k."""
@@ -90,116 +71,113 @@ class Wire:
 
 
 @dataclass
-class Handed:
-    """What a Horovod-carried route gives compress: the tensor for Horovod's allreduce, the
-    decompress function, and this rank's counts (elements, bytes sent, bytes received)."""
+class Started:
+    """What an exchange's start gives compress: the tensor for Horovod's allreduce (None: the
+    exchange ran in the graph and compress hands a placeholder), finish's context, and this
+    rank's counts (elements, bytes sent, bytes received; int64 tensors or ints)."""
 
-    tensor: tf.Tensor
-    finish: object
+    tensor: tf.Tensor | None
+    context: object
     count: object
     sent: object
     received: object = 0
 
 
 @dataclass
-class Outcome:
-    """What a per-rank exchange leaves in the graph (int64 counters): every rank's values (in the
-    gradient's dtype) and indices, in rank order, for decompress to add up; or, for a stage sent
-    dense, the float32 sum itself (`dense`)."""
+class Landed:
+    """An in-graph exchange's context: every rank's values (in the gradient's dtype) and indices,
+    in rank order, for decompress to add up; or, for a stage sent dense, the float32 sum itself
+    (`dense`); the residual after the exchange; the variable's wire."""
 
     values: tf.Tensor | None
     index: tf.Tensor | None
     dense: tf.Tensor | None
     residual: tf.Tensor | None
-    count: tf.Tensor
-    sent: tf.Tensor
-    received: tf.Tensor
+    wire: Wire
 
 
-def finish(output, values, index, dense, wire):
-    """decompress: the result scaled by output / M, in the gradient's dtype and shape. Sparse
-    (values and index): sparse_unpack reads output as its scale, so the zeroing, the adds and
-    the scaling are one pass, as torch's. A dense stage's float32 sum: times the scale, rounded
-    once (the same arithmetic). `dense` None: every stage is sparse; `values` None: every
-    stage is dense; both given: the stage that ran says (a 0-element dense: sparse)."""
-    scale = tf.reshape(output, [-1])[:1]
-    sparse = lambda: ops.sparse_unpack(values, index, wire.numel, scale, divisor=wire.ranks)  # noqa: E731
-    summed = lambda: tf.cast(dense * (scale[0] / float(wire.ranks)), wire.dtype)  # noqa: E731
-    if dense is None:
-        flat = sparse()
-    elif values is None:
-        flat = summed()
-    else:
-        flat = tf.cond(tf.size(dense) > 0, summed, sparse)
-    return tf.reshape(flat, wire.shape)
+class InGraph(Exchange):
+    """An exchange that runs inside compress (start), finished in decompress."""
+
+    def finish(self, output, landed):
+        """The result scaled by output / M, in the gradient's dtype and shape. Sparse (values and
+        index): sparse_unpack reads output as its scale, so the zeroing, the adds and the scaling
+        are one pass, as torch's. A dense stage's float32 sum: times the scale, rounded once (the
+        same arithmetic). `dense` None: every stage is sparse; `values` None: every stage is
+        dense; both given: the stage that ran says (a 0-element dense: sparse)."""
+        values, index, dense, wire = landed.values, landed.index, landed.dense, landed.wire
+        scale = tf.reshape(output, [-1])[:1]
+        sparse = lambda: ops.sparse_unpack(values, index, wire.numel, scale, divisor=wire.ranks)  # noqa: E731
+        summed = lambda: tf.cast(dense * (scale[0] / float(wire.ranks)), wire.dtype)  # noqa: E731
+        if dense is None:
+            flat = sparse()
+        elif values is None:
+            flat = summed()
+        else:
+            flat = tf.cond(tf.size(dense) > 0, summed, sparse)
+        return tf.reshape(flat, wire.shape)
 
 
 def _i64(x):
     return tf.cast(x, tf.int64)
 
 
-class Dense:
-    """The whole tensor summed: by Horovod (start), or inside compress for a stage of a
-    schedule that goes dense (run: DGC's warm-up)."""
+class Dense(Exchange):
+    """The whole tensor summed by Horovod's allreduce: start hands it the payload (bfloat16 as float32)."""
 
     def start(self, packed, wire):
-        handed = to_wire(packed.values)  # bfloat16 is summed as float32
-        dtype, size, ranks = wire.dtype, wire.numel * handed.dtype.size, wire.ranks
-        return Handed(
-            handed,
-            lambda output: output if output.dtype == dtype else tf.cast(output, dtype),
-            wire.numel,
-            size,
-            int(2 * (ranks - 1) / ranks * size),
-        )
+        handed = to_wire(packed.values)
+        size, ranks = wire.numel * handed.dtype.size, wire.ranks
+        return Started(handed, wire.dtype, wire.numel, size, int(2 * (ranks - 1) / ranks * size))
 
-    def run(self, packed, wire):
+    def finish(self, output, dtype):
+        return output if output.dtype == dtype else tf.cast(output, dtype)
+
+
+class Summed(InGraph):
+    """The whole tensor summed inside compress: a stage of a schedule that goes dense (DGC's warm-up)."""
+
+    def start(self, packed, wire):
         hvd = horovod()
         summed = hvd.allreduce(
             to_wire(packed.values), op=hvd.Sum, name=collective_name(wire.name, "dense"), process_set=wire.process_set
         )
         count = tf.constant(wire.numel, tf.int64)
         size = count * wire_bytes(wire.dtype)
-        ranks = wire.ranks
-        return Outcome(
+        dense = tf.cast(tf.cast(summed, wire.dtype), tf.float32)
+        return Started(
             None,
-            None,
-            tf.cast(tf.cast(summed, wire.dtype), tf.float32),
-            packed.residual,
+            Landed(None, None, dense, packed.residual, wire),
             count,
             size,
-            tf.cast(2 * (ranks - 1) * size // ranks, tf.int64),
+            tf.cast(2 * (wire.ranks - 1) * size // wire.ranks, tf.int64),
         )
 
 
-class Shared:
+class Shared(Exchange):
     """Shared coordinates: the packed values ride Horovod's allreduce (no indices)."""
 
     def start(self, packed, wire):
-        handed = to_wire(packed.values)
-        numel, shape, dtype = wire.numel, wire.shape, wire.dtype
-        if packed.start is not None:
-            start = packed.start
-            unpack = lambda summed: ops.block_unpack(summed, numel, start)  # noqa: E731
-        else:
-            index = packed.index
-            unpack = lambda summed: ops.sparse_unpack(summed, index, numel)  # noqa: E731
         count = tf.size(packed.values, out_type=tf.int64)
         size, ranks = count * wire_bytes(packed.values.dtype), wire.ranks
-        return Handed(
-            handed,
-            lambda output: tf.reshape(unpack(to_value_dtype(output, dtype)), shape),
-            count,
-            size,
-            2 * (ranks - 1) * size // ranks,  # a ring allreduce receives 2 (N-1)/N of it
-        )
+        # a ring allreduce receives 2 (N-1)/N of it
+        return Started(to_wire(packed.values), (packed, wire), count, size, 2 * (ranks - 1) * size // ranks)
+
+    def finish(self, output, context):
+        packed, wire = context
+        summed = to_value_dtype(output, wire.dtype)
+        if packed.start is not None:
+            flat = ops.block_unpack(summed, wire.numel, packed.start)
+        else:
+            flat = ops.sparse_unpack(summed, packed.index, wire.numel)
+        return tf.reshape(flat, wire.shape)
 
 
-class Allgather:
+class Allgather(InGraph):
     """Every rank's (index, value) rows, or its quantized segment (sparsecomm.core.wire), in ONE
     allgather; decompress adds all contributions, in rank order, in float32."""
 
-    def run(self, packed, wire):
+    def start(self, packed, wire):
         quantized = packed.bits is not None
         buffer = _segment(packed, wire.numel) if quantized else _rows(packed.values, packed.index, 0, wire.numel)
         gathered = horovod().allgather(buffer, name=collective_name(wire.name, "gather"), process_set=wire.process_set)
@@ -209,11 +187,9 @@ class Allgather:
             values, index = _from_rows(gathered, packed.values.dtype)
         values = tf.cast(values, wire.dtype)  # values may travel in 16 bits (or quantized)
         sent = tf.size(buffer, out_type=tf.int64)
-        return Outcome(
-            values,
-            index,
+        return Started(
             None,
-            packed.residual,
+            Landed(values, index, None, packed.residual, wire),
             tf.size(packed.index, out_type=tf.int64),
             sent,
             tf.size(gathered, out_type=tf.int64) - sent,
@@ -365,7 +341,7 @@ class _Reduced:
     received: tf.Tensor
 
     def outcome(self, gathered, wire, relayed=None):
-        """The Outcome once `gathered` (every owner's rows) arrived; `relayed`: rows this rank
+        """What start gives once `gathered` (every owner's rows) arrived; `relayed`: rows this rank
         passed on besides its own (the hierarchical exchange's hosts' rows)."""
         values, index = _from_rows(gathered, self.value_dtype)
         values = tf.cast(values, wire.dtype)  # as the allgather exchange
@@ -373,13 +349,13 @@ class _Reduced:
         if relayed is not None:
             sent += tf.size(relayed, out_type=tf.int64)
         received = self.received + tf.size(gathered, out_type=tf.int64) - tf.size(self.final, out_type=tf.int64)
-        return Outcome(values, index, None, self.residual, self.sent_pairs, sent, received)
+        return Started(None, Landed(values, index, None, self.residual, wire), self.sent_pairs, sent, received)
 
 
-class SparDL:
+class SparDL(InGraph):
     """Sparse reduce-scatter (one alltoall to the block owners) + sparse all-gather, in the graph."""
 
-    def run(self, packed, wire):
+    def start(self, packed, wire):
         reduced = self.reduce_scatter(packed, wire, wire.process_set)
         gathered = horovod().allgather(
             reduced.final, name=collective_name(wire.name, "gather"), process_set=wire.process_set
@@ -433,12 +409,12 @@ class SparDL:
         return (tf.concat(rows, 0) if rows else empty), splits, own, residual, pairs
 
 
-class Hierarchical:
+class Hierarchical(InGraph):
     """sparsecomm.torch.exchange.Hierarchical's twin: SparDL's reduce-scatter over the host's
     ranks, each rank's reduced block all-gathered across the hosts (its cross set), then the
     hosts' rows all-gathered inside the host."""
 
-    def run(self, packed, wire):
+    def start(self, packed, wire):
         hvd = horovod()
         local, cross = host_sets.registered(hvd, wire.ranks)
         reduced = SparDL().reduce_scatter(packed, wire, local)
@@ -447,13 +423,8 @@ class Hierarchical:
         return reduced.outcome(gathered, wire, relayed=across)
 
 
-EXCHANGES = {
-    "dense": Dense(),
-    "shared": Shared(),
-    "allgather": Allgather(),
-    "spardl": SparDL(),
-    "hierarchical": Hierarchical(),
-}
+CARRIED = {"dense": Dense(), "shared": Shared()}
+IN_GRAPH = {"dense": Summed(), "allgather": Allgather(), "spardl": SparDL(), "hierarchical": Hierarchical()}
 
 
 def allgather_ints(ints, name, process_set):

@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from .. import prerequisites
+from .compression import Compressor
 
 
 def _hvd():
@@ -87,8 +88,8 @@ def DistributedOptimizer(optimizer, compression=None, op=None, process_set=None)
 
     distributed = type(base.__name__, (base,), {"apply": apply, "__module__": base.__module__})
     instance = distributed.from_config(optimizer.get_config())
-    if compression is not None and getattr(compression, "_scaler", None) is optimizer:
-        compression._scaler = instance  # the scale this optimizer multiplies the loss by
+    if isinstance(compression, Compressor):  # the scale the new optimizer multiplies the loss by
+        compression.replace_loss_scaler(optimizer, instance)
     return instance
 
 

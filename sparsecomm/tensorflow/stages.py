@@ -5,13 +5,14 @@ import tensorflow as tf
 
 from ..core.selection import selected_count
 from . import exchange
-from .exchange import EXCHANGES
+from .exchange import IN_GRAPH, Landed
 from .loss_scaling import nan_first
 
 
 def per_rank(compressor, tensor, state, overflow=None):
     """(the placeholder Horovod reduces, finish): the exchange ran here; finish(output) is the
-    dense gradient (sparsecomm/tensorflow/exchange.py)."""
+    dense gradient (sparsecomm/tensorflow/exchange.py). Every stage's exchange is IN_GRAPH's,
+    whose finish is InGraph's, one for all of them."""
     densities = compressor.method.densities()
     wire = compressor.wire(state, tensor)
     routes = []  # each stage's, as it is traced
@@ -29,7 +30,8 @@ def per_rank(compressor, tensor, state, overflow=None):
         dense = None
     elif routes.count("dense") == len(routes):
         values = index = None
-    return placeholder, lambda output: exchange.finish(output, values, index, dense, wire)
+    landed = Landed(values, index, dense, residual, wire)
+    return placeholder, lambda output: IN_GRAPH[routes[-1]].finish(output, landed)
 
 
 def _stage(compressor, tensor, state, density, routes, overflow):
@@ -46,11 +48,12 @@ def _stage(compressor, tensor, state, density, routes, overflow):
             packed = compressor.pack(tensor, state, density)
             if overflow is not None:
                 packed = nan_first(packed, overflow)
-        outcome = EXCHANGES[route].run(packed, compressor.wire(state, tensor, selected_count(density, state.numel)))
-        residual = outcome.residual if outcome.residual is not None else state.read_residual()
-        values = tf.zeros([0], tensor.dtype) if outcome.values is None else outcome.values
-        index = tf.zeros([0], tf.int32) if outcome.index is None else outcome.index
-        dense = tf.zeros([0], tf.float32) if outcome.dense is None else outcome.dense
-        return values, index, dense, residual, packed.momentum, outcome.count, outcome.sent, outcome.received
+        started = IN_GRAPH[route].start(packed, compressor.wire(state, tensor, selected_count(density, state.numel)))
+        landed = started.context
+        residual = landed.residual if landed.residual is not None else state.read_residual()
+        values = tf.zeros([0], tensor.dtype) if landed.values is None else landed.values
+        index = tf.zeros([0], tf.int32) if landed.index is None else landed.index
+        dense = tf.zeros([0], tf.float32) if landed.dense is None else landed.dense
+        return values, index, dense, residual, packed.momentum, started.count, started.sent, started.received
 
     return run

@@ -18,9 +18,9 @@ import torch
 
 from ..core import arguments, methods
 from ..core.compressor import Settings
+from ..core.exchange import Packed
 from ..core.selection import selected_count, stream_of
 from . import calibration, collectives, elastic, exchange, ops
-from .exchange import Packed
 from .loss_scaling import LossScaling
 from .state import CompressorState, ParameterState
 
@@ -49,8 +49,9 @@ class _OverCollectives:
 
 class Compressor(_OverCollectives, Settings):
     """The compress/decompress template every compressor shares: state -> route (policy, dense
-    fallback, exchange) -> pack -> count the step -> exchange -> account. Hooks: ``pack(tensor,
-    state, density) -> Packed`` (required), ``dense_payload(tensor, state)`` (default: itself).
+    fallback, exchange) -> pack -> count the step -> exchange -> account. Hooks (declared by the
+    core's Settings): ``pack(tensor, state, density) -> Packed`` (required),
+    ``dense_payload(tensor, state) -> Packed`` (default: the gradient itself).
     Each method's arguments and their docs are sparsecomm.core.arguments', as its class's
     docstring shows."""
 
@@ -97,10 +98,10 @@ class Compressor(_OverCollectives, Settings):
         if self.loss_scaling is not None:  # before the density: a rollback restores the step
             self.loss_scaling.follow(state, self.loss_scaling.scale())
         density = self.method.density(state.step)
-        ranks_to_route = self._routing_ranks(ranks, measure=True, device=tensor.device)
+        ranks_to_route = self._prepare_routing(ranks, measure=True, device=tensor.device)
         route = self.planner.route(name, numel, ndim, element_size, density, ranks_to_route)
         if self.loss_scaling is not None:
-            payload = self.loss_scaling.payload(self, tensor, state, route, density)
+            payload = self.loss_scaling.back_up_and_pack(self, tensor, state, route, density)
         else:
             payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
         if route != "dense" or self.method.counts_dense_steps:
@@ -116,21 +117,12 @@ class Compressor(_OverCollectives, Settings):
             self.planner.auto.steps.note_decompress(time.perf_counter())
         return result
 
-    # -- the hooks a method declares -----------------------------------------------------------
-
-    def pack(self, tensor: torch.Tensor, state: ParameterState, density: float) -> Packed:
-        raise NotImplementedError
-
-    def dense_payload(self, tensor: torch.Tensor, state: ParameterState) -> torch.Tensor:
-        """What a gradient routed dense hands Horovod: itself (DGC: its momentum)."""
-        return tensor
-
     # -- routes, ranks and what the core's Settings asks of an adapter ------------------------------
 
     def goes_dense(self, name: str, tensor: torch.Tensor) -> bool:
         """Whether this parameter's gradient is sent dense at its current step (starts nothing)."""
         density = self.method.density(self.state.step_of(name))
-        ranks = self._routing_ranks(self._ranks(), measure=False)
+        ranks = self._prepare_routing(self._ranks(), measure=False)
         return self.planner.route(name, tensor.numel(), tensor.dim(), tensor.element_size(), density, ranks) == "dense"
 
     def bound_parameters(self):
@@ -347,7 +339,7 @@ class DGC(_PerRank):
         grad = tensor if tensor.is_contiguous() else tensor.contiguous()  # (a strided one: a copy, reduced instead)
         # one pass, u into the gradient Horovod reduces
         ops.momentum_step(grad, momentum, **self.method.momentum_args(self._clip_factor(tensor, state)))
-        return grad
+        return Packed(grad)
 
     def pack(self, tensor, state, density):
         momentum, masking = state.momentum_for(tensor), self.method.momentum_masking

@@ -27,7 +27,7 @@ import torch
 
 from . import collectives
 from .ddp_parts import Gathered, Reduced, Scattered, future_on
-from .exchange import Dense, Wire
+from .exchange import Wire
 
 ROUTES = ("dense", "allgather", "spardl")  # what exchange="auto" chooses among under the hook
 
@@ -130,6 +130,7 @@ class BucketExchange:
         self.ranks = ways.size()
         self.reduced, self.gathered = Reduced(ways), Gathered(ways, compressor.state.counters)
         self.scattered = Scattered(ways, compressor.state.counters)
+        self.parts = (self.reduced, self.gathered, self.scattered)
 
     def start(self, gradients, buffer, is_last, then=None):
         """Starts the exchange of `gradients`, (parameter, gradient view into `buffer`) pairs, and
@@ -144,7 +145,7 @@ class BucketExchange:
             self.compressor.state.counters.account(
                 state.name, grad.numel(), grad.numel() * grad.element_size(), *traffic, time.perf_counter() - started
             )
-        futures = self.reduced.start() + self.gathered.start() + self.scattered.start()
+        futures = [future for part in self.parts for future in part.start()]
         if is_last:
             self.ways.advance_scattered()
         result = future_on(buffer.device)
@@ -164,12 +165,8 @@ class BucketExchange:
 
     def _add(self, route, grad, state, payload, k):
         """The gradient to the part of its route; this rank's traffic as stats() counts it."""
-        if route == "dense":
-            self.reduced.add(grad, payload)
-            return Dense.traffic(payload, self.ranks)
-        if route == "shared":
-            self.reduced.add(grad, payload.values, payload)
-            return Dense.traffic(payload.values, self.ranks)
+        if route in ("dense", "shared"):
+            return self.reduced.add(grad, payload.values, payload if route == "shared" else None)
         capacity = self.compressor.method.most_selected(k, grad.numel())
         if route == "allgather":
             return self.gathered.add(grad, state.name, payload, capacity)
@@ -180,9 +177,8 @@ class BucketExchange:
         try:
             for future in done.value():
                 future.wait()  # a collective's error raised here; on a GPU, this stream waits for it
-            self.reduced.finish(self.ranks)
-            self.gathered.finish()
-            self.scattered.finish()
+            for part in self.parts:
+                part.finish()
             if then is not None:
                 then()
             result.set_result(buffer)

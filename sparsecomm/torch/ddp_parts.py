@@ -1,20 +1,19 @@
-"""The parts of one DDP bucket's exchange (sparsecomm.torch.ddp), one per kind of collective:
-
-    add(...)   -> this rank's traffic of the gradient (sent elements, sent bytes, received bytes)
-    start()    -> the futures of the collectives it started (none without gradients)
-    finish()   -> the averaged gradients written into the bucket
+"""The parts of one DDP bucket's exchange (sparsecomm.torch.ddp), one per kind of collective,
+each a BucketPart: the phases of sparsecomm.core.exchange.Exchange over many tensors at once.
 
 all_gather and all_to_all want equal sizes on every rank, and a method's count may differ per
 rank: each parameter's rows travel padded to its capacity (Method.most_selected), after a
 header of every parameter's count, so no size exchange comes first.
 """
 
+import abc
+
 import torch
 
 from ..core import wire
 from ..core.plan import SparDLLayout
 from . import collectives, ops
-from .exchange import elements, ints_on, spardl_reduce, spardl_split
+from .exchange import Dense, elements, ints_on, spardl_reduce, spardl_split
 
 COUNT = torch.empty(0, dtype=torch.int64).element_size()
 
@@ -50,7 +49,28 @@ def _bytes(tensor):
     return tensor.contiguous().view(-1).view(torch.uint8)
 
 
-class Reduced:
+class BucketPart(abc.ABC):
+    """One kind of collective of a bucket's exchange, for all the bucket's gradients it is given."""
+
+    @abc.abstractmethod
+    def add(self, grad, *payload) -> tuple:
+        """Takes a gradient (a view into the bucket) and what its route sends; returns this rank's
+        traffic of it (sent elements, sent bytes, received bytes)."""
+
+    @abc.abstractmethod
+    def start(self) -> list:
+        """Starts the part's collectives: their futures (none without gradients)."""
+
+    def advance(self) -> None:
+        """Starts the later phase, where the part has one (started by the next bucket's hook)."""
+        return None
+
+    @abc.abstractmethod
+    def finish(self) -> None:
+        """Writes the averaged gradients into the bucket, once the futures completed."""
+
+
+class Reduced(BucketPart):
     """The dense and shared routes: their payloads summed in one all_reduce per dtype."""
 
     def __init__(self, ways):
@@ -59,7 +79,9 @@ class Reduced:
         self.works = []  # (dtype, flat sums)
 
     def add(self, grad, payload, packed=None):
+        """A dense payload, or the shared route's values (`packed`: where they belong)."""
         self.items.append((grad, payload, packed))
+        return Dense.traffic(payload, self.ways.size())
 
     def start(self):
         import torch.distributed as dist
@@ -71,7 +93,8 @@ class Reduced:
             self.works.append((dtype, flat))
         return futures
 
-    def finish(self, ranks):
+    def finish(self):
+        ranks = self.ways.size()
         for dtype, flat in self.works:
             offset = 0
             for grad, payload, packed in self.items:
@@ -87,7 +110,7 @@ class Reduced:
                     ops.sparse_unpack(summed / ranks, packed.index, grad.numel(), out=grad.view(-1))
 
 
-class Gathered:
+class Gathered(BucketPart):
     """The allgather route (and SparDL's second phase): every rank's rows, or 1-/2-bit segment,
     of each parameter in one all_gather, unpacked in rank order and averaged."""
 
@@ -172,7 +195,7 @@ def _unpack(reader, blobs, grad, ranks):
         ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=out)
 
 
-class Scattered:
+class Scattered(BucketPart):
     """The spardl route (exchange.spardl_split/spardl_reduce, as under Horovod): each block's
     rows to its owner in one all_to_all, padded to per_rank and the block's markers; the second
     phase (advance: the owned sums, all-gathered as Gathered rows) starts at the next hook."""

@@ -1,23 +1,17 @@
-"""How a packed gradient travels, for horovod.torch: one object per route of
-sparsecomm.core.plan, behind one small protocol, in the registry EXCHANGES.
+"""How a packed gradient travels, for horovod.torch: one sparsecomm.core.exchange.Exchange per
+route of sparsecomm.core.plan, in the registry EXCHANGES.
 
-    start(payload, wire) -> (what compress hands Horovod's allreduce, context)
-    advance(context, phase) -> None (phases 0 to `advances` - 1 where an exchange has more: SparDL,
-                                     Hierarchical)
+    start(packed, wire) -> (what compress hands Horovod's allreduce, context)
+    advance(context, phase)   phases 0 .. advances - 1 (SparDL: 1, Hierarchical: 2)
     finish(output, context) -> the dense gradient    (in decompress)
 
-(Dense is the exception: compress hands Horovod the payload itself and the context None, as for
-an untouched tensor; `Dense` only counts its traffic and restores its dtype.)
-
-The per-rank-coordinate exchanges start asynchronous collectives named after the parameter
-(so several tensors are in flight at once and the overlap with backward is kept) and hand
-Horovod a 1-element placeholder holding 1.0. Horovod reduces it with the optimizer's own op
-and scaling: it comes back as 1 under op=Average (whatever gradient_predivide_factor) and as
-the process set's size M under op=Sum. So `finish` scales the sum of all ranks'
-contributions by output / M, the optimizer's semantics, without being told the op.
-
-Adding an exchange: a class here with start/finish (and `advances`/advance if it has more
-phases), an entry in EXCHANGES, and its cost in sparsecomm/core/cost.py.
+The dense and shared routes hand Horovod the payload itself. The per-rank-coordinate exchanges
+start asynchronous collectives named after the parameter (so several tensors are in flight at
+once and the overlap with backward is kept) and hand Horovod a 1-element placeholder holding
+1.0. Horovod reduces it with the optimizer's own op and scaling: it comes back as 1 under
+op=Average (whatever gradient_predivide_factor) and as the process set's size M under op=Sum.
+So `finish` scales the sum of all ranks' contributions by output / M, the optimizer's
+semantics, without being told the op.
 """
 
 from dataclasses import dataclass
@@ -26,6 +20,7 @@ import torch
 
 from .. import host_sets, prerequisites
 from ..core import wire as wire_format
+from ..core.exchange import Exchange
 from ..core.plan import SparDLLayout
 from . import ops
 
@@ -38,19 +33,6 @@ def horovod():
 def to_wire(tensor):
     """Horovod 0.28.1 reduces no bfloat16 on CPU: summed bfloat16 values travel as float32 (exact)."""
     return tensor.float() if tensor.dtype == torch.bfloat16 else tensor
-
-
-@dataclass
-class Packed:
-    """What a method's pack produced: values (or 1-/2-bit codes with their scales), and where
-    they belong: int32 indices, or the start of a random block."""
-
-    values: torch.Tensor | None = None
-    index: torch.Tensor | None = None
-    start: int | None = None
-    codes: torch.Tensor | None = None
-    scales: torch.Tensor | None = None
-    bits: int | None = None
 
 
 @dataclass
@@ -91,9 +73,16 @@ def _placeholder(device):
     return torch.ones(1, dtype=torch.float32, device=device)
 
 
-class Dense:
-    """Horovod's own allreduce of the whole tensor: compress hands it the payload itself (in its
-    wire dtype) and no context, so this route has no start/finish, only its traffic."""
+class Dense(Exchange):
+    """Horovod's own allreduce of the whole tensor: compress hands it the payload itself, in its
+    wire dtype (bfloat16 as float32), reduced in place."""
+
+    def start(self, packed, wire):
+        handed = to_wire(packed.values)
+        return handed, Context(self, wire, *self.traffic(handed, wire.ranks))
+
+    def finish(self, output, ctx):
+        return output if output.dtype == ctx.wire.dtype else output.to(ctx.wire.dtype)
 
     @staticmethod
     def traffic(handed, ranks):
@@ -102,14 +91,8 @@ class Dense:
         size = handed.numel() * handed.element_size()
         return handed.numel(), size, int(2 * (ranks - 1) / ranks * size)
 
-    @staticmethod
-    def restored(output, dtype):
-        """decompress of a dense tensor: compress handed Horovod the context None, or the
-        gradient's dtype where it travelled as another (bfloat16 as float32)."""
-        return output if dtype is None else output.to(dtype)
 
-
-class Shared:
+class Shared(Exchange):
     """Shared coordinates: the packed values ride Horovod's allreduce, no indices on the wire."""
 
     def start(self, packed, wire):
@@ -124,7 +107,7 @@ class Shared:
         return ops.sparse_unpack(values, packed.index, numel, out=out).view(ctx.wire.shape)
 
 
-class Allgather:
+class Allgather(Exchange):
     """Every rank's (index, value) rows, or its quantized segment (sparsecomm.core.wire), in ONE
     allgather; each rank adds all contributions, in rank order, into the result."""
 
@@ -276,7 +259,7 @@ def spardl_reduce(parts, layout, rank, value_dtype, wire):
     return ops.wire_rows(_rounded(reduced, owned, value_dtype, wire.residual), owned, low, size)
 
 
-class SparDL:
+class SparDL(Exchange):
     """Phase 1 in compress (per-block reselection, alltoall to the owners), phase 2 in
     `advance` (reduce the owned block, all-gather), phase 3 in finish."""
 
@@ -333,7 +316,7 @@ def spardl_reduced(ctx):
     return payload
 
 
-class Hierarchical:
+class Hierarchical(Exchange):
     """Dense inside a host, sparse between hosts: SparDL over the host's ranks (each owns 1/R of
     the tensor and keeps ceil(k/R) of the host's sums there, so the host keeps k), the owned rows
     all-gathered across the hosts (the ranks of the same local rank: only the host's k pairs
@@ -366,7 +349,13 @@ class Hierarchical:
     finish = SparDL.finish
 
 
-EXCHANGES = {"shared": Shared(), "allgather": Allgather(), "spardl": SparDL(), "hierarchical": Hierarchical()}
+EXCHANGES = {
+    "dense": Dense(),
+    "shared": Shared(),
+    "allgather": Allgather(),
+    "spardl": SparDL(),
+    "hierarchical": Hierarchical(),
+}
 
 
 class InFlight:
@@ -378,39 +367,38 @@ class InFlight:
 
     def start(self, route, payload, tensor, state, k, process_set, ranks):
         """(what Horovod reduces, the context of decompress, the traffic compress counts)."""
-        if route == "dense":  # Horovod reduces the payload in place: no wire, no context (or the dtype to restore)
-            handed = to_wire(payload)
-            return handed, (None if handed.dtype == tensor.dtype else tensor.dtype), Dense.traffic(handed, ranks)
         # The pack consumed the gradient: the result is written there (a copy only if it is strided).
-        out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
+        out = None
+        if route != "dense":
+            out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
         wire = Wire(state.name, tensor.shape, tensor.dtype, process_set, ranks, k, state.residual, out)
         handed, ctx = EXCHANGES[route].start(payload, wire)
-        if getattr(ctx.exchange, "advances", 0):
+        if ctx.exchange.advances:
             self.pending.append(ctx)
         return handed, ctx, (ctx.sent_elements, ctx.sent_bytes, ctx.received_bytes)
 
     def finish(self, output, ctx, account_later):
         """The dense gradient; account_later(name, sent_bytes, received_bytes) counts what moved here."""
-        if ctx is None or isinstance(ctx, torch.dtype):  # sent dense
-            return Dense.restored(output, ctx)
-        if getattr(ctx.exchange, "advances", 0):
-            # Every pending exchange is advanced before any is finished, phase by phase: every rank
-            # has started all of them, whatever order Horovod decompresses in.
-            for phase in range(max((p.exchange.advances for p in self.pending), default=0)):
-                for pending in self.pending:
-                    if phase < pending.exchange.advances:
-                        sent_before, received_before = pending.sent_bytes, pending.received_bytes
-                        pending.exchange.advance(pending, phase)
-                        account_later(
-                            pending.wire.name,
-                            pending.sent_bytes - sent_before,
-                            pending.received_bytes - received_before,
-                        )
-            self.pending = []
+        if ctx.exchange.advances:
+            self._advance_pending(account_later)
         received_before = ctx.received_bytes  # what compress already counted (a dense allreduce's)
         result = ctx.exchange.finish(output, ctx)
-        account_later(ctx.wire.name, 0, ctx.received_bytes - received_before)
+        if ctx.received_bytes != received_before:
+            account_later(ctx.wire.name, 0, ctx.received_bytes - received_before)
         return result
+
+    def _advance_pending(self, account_later):
+        """Every pending exchange advanced before any is finished, phase by phase: every rank has
+        started all of them, whatever order Horovod decompresses in."""
+        for phase in range(max((p.exchange.advances for p in self.pending), default=0)):
+            for pending in self.pending:
+                if phase < pending.exchange.advances:
+                    sent_before, received_before = pending.sent_bytes, pending.received_bytes
+                    pending.exchange.advance(pending, phase)
+                    account_later(
+                        pending.wire.name, pending.sent_bytes - sent_before, pending.received_bytes - received_before
+                    )
+        self.pending = []
 
     def drop(self):
         """After an elastic reset: exchanges in flight when a worker failed never finish."""

@@ -61,7 +61,7 @@ class LossScaling:
             self.follow(state, scale)
 
     @staticmethod
-    def payload(compressor, tensor, state, route, density):
+    def back_up_and_pack(compressor, tensor, state, route, density):
         """The payload under a loss scaler: the state is backed up first (an overflowed step is
         rolled back at the next compress), and a sparse payload whose gradient held an inf or
         NaN starts with a NaN (quantized: NaN scales), so that every rank's scaler sees the

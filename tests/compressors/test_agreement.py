@@ -53,6 +53,9 @@ class Rank(Settings):
     def _measure_network(self, device):
         raise AssertionError("nothing routes here")
 
+    def pack(self, tensor, state, density):
+        raise AssertionError("nothing packs here")
+
 
 def on_every_rank(ranks, action):
     """Runs action(rank) on every rank at once: what each returned or raised, in rank order."""

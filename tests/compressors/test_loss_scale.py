@@ -181,7 +181,7 @@ def test_a_non_finite_gradient_sends_a_nan_first(make):
         p.grad = torch.randn(64, 64, generator=generator)
         if bad is not None:
             p.grad[63, 60:] = bad  # 4 elements: more than some of the methods select
-        payload = LossScaling.payload(comp, p.grad.clone(), comp.state.for_gradient(p.grad), "sparse", 0.1)
+        payload = LossScaling.back_up_and_pack(comp, p.grad.clone(), comp.state.for_gradient(p.grad), "sparse", 0.1)
         expected = plain.pack(p.grad.clone(), plain.state.for_gradient(p.grad), 0.1)
         assert payload.start == expected.start and (payload.index is None or torch.equal(payload.index, expected.index))
         if payload.bits is None:
@@ -211,7 +211,7 @@ def test_the_backup_is_copied_into_buffers_allocated_once():
         _grads(model, step, 1024.0)
         state = comp.state.for_gradient(model[0].weight.grad)
         LossScaling.follow(state, scaler.get_scale())
-        LossScaling.payload(comp, model[0].weight.grad, state, "allgather", 0.1)
+        LossScaling.back_up_and_pack(comp, model[0].weight.grad, state, "allgather", 0.1)
         if step:
             pointers.append((state.backup.residual.data_ptr(), state.backup.momentum.data_ptr()))
     assert pointers[0] == pointers[1] == pointers[2]

@@ -14,8 +14,8 @@ tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 from common import EVERY  # noqa: E402
 
+from sparsecomm.core.exchange import Packed  # noqa: E402
 from sparsecomm.tensorflow import DGC, RandomBlock, RandomK, TopK  # noqa: E402
-from sparsecomm.tensorflow.exchange import Packed  # noqa: E402
 from sparsecomm.tensorflow.loss_scaling import nan_first  # noqa: E402
 
 

@@ -8,6 +8,7 @@ import torch
 from common import EVERY
 
 from sparsecomm.torch import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK, calibration
+from sparsecomm.torch.exchange import EXCHANGES
 
 
 def _model():
@@ -326,8 +327,9 @@ def test_the_default_policy_sends_small_and_1d_tensors_dense():
     kinds = {}
     for name, p in model.named_parameters():
         sent, ctx = comp.compress(p.grad)
-        kinds[name] = "dense" if ctx is None else "sparse"
-        assert ctx is not None or (sent is p.grad and comp.decompress(sent, ctx) is p.grad)
+        dense = ctx.exchange is EXCHANGES["dense"]
+        kinds[name] = "dense" if dense else "sparse"
+        assert not dense or (sent is p.grad and comp.decompress(sent, ctx) is p.grad)
     # 0.weight: 2048 elements, compressed; 1.weight: matches "1.*"; biases and the norm: 1-D.
     assert kinds == {
         "0.weight": "sparse",
@@ -435,7 +437,7 @@ def test_a_gradient_beyond_int32_indices_routed_dense_goes_to_horovod_untouched(
     p = _huge_parameter()
     comp = make([("embedding.weight", p)])
     handed, ctx = comp.compress(p.grad)
-    assert handed is p.grad and ctx is None  # nothing copied: Horovod's allreduce has no int32 limit
+    assert handed is p.grad and ctx.exchange is EXCHANGES["dense"]  # nothing copied: no int32 limit there
     assert comp.decompress(handed, ctx) is handed
 
 
@@ -479,8 +481,9 @@ def test_spardl_sends_each_owner_the_markers_of_its_block_only():
     owners: each block's send holds its pairs and one marker row per bucket its range touches
     (2, 3 and 2 of the tensor's 5), and reads back to indices inside the block; the owner's
     reduced rows too. One process: the exchange's own split and reduce, without Horovod."""
+    from sparsecomm.core.exchange import Packed
     from sparsecomm.core.plan import SparDLLayout
-    from sparsecomm.torch.exchange import Packed, Wire, spardl_reduce, spardl_split
+    from sparsecomm.torch.exchange import Wire, spardl_reduce, spardl_split
     from sparsecomm.torch.ops import wire_columns
 
     numel, ranks, k = 300_000, 3, 3000

@@ -405,11 +405,11 @@ def test_the_network_is_measured_only_after_the_watched_steps():
             self.measures += 1
             return SLOW, None, dict(self.planner.auto.backward.windows)
 
-        _allgather_ints = _shared_state = _adopt_shared_state = None  # no collective here
+        _allgather_ints = _shared_state = _adopt_shared_state = pack = None  # no collective, no pack here
 
     world = Watching()
     for step in range(4):
-        assert world._routing_ranks(2, measure=True) == 2
+        assert world._prepare_routing(2, measure=True) == 2
         world.planner.route("w", 10**6, 2, 4, 0.001, 2)
         world.planner.auto.backward.note_handoff("w", float(step))
         world.planner.auto.backward.note_decompress()
