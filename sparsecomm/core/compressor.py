@@ -18,10 +18,59 @@ from .plan import Planner, Policy
 KEPT_DECISION = "(exchange='auto')"  # the kept route decision's key in the shared state (no tensor's name)
 
 
-class Settings(abc.ABC):
+class Hooks(abc.ABC):
+    """What the core asks of a compressor class: the hooks a method's class declares and what an
+    adapter provides (docs/contributing.md, "The seams"). A class that leaves an abstract one
+    out cannot be instantiated."""
+
+    # -- a method's class ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def pack(self, tensor, state, density: float) -> Packed:
+        """The method's pack of a gradient at `density`, with error feedback: what the exchange sends."""
+
+    def dense_payload(self, tensor, state) -> Packed:
+        """What a gradient routed dense sends: itself (DGC: its momentum)."""
+        return Packed(tensor)
+
+    # -- an adapter (sparsecomm.torch.compression, sparsecomm.tensorflow.compression) --------------
+
+    @abc.abstractmethod
+    def _ranks(self) -> int:
+        """The number of ranks of the compressor's process set (1 before Horovod starts)."""
+
+    @abc.abstractmethod
+    def _allgather_ints(self, ints, name) -> list:
+        """Every rank's `ints`, concatenated in rank order: one collective named `name`."""
+
+    @abc.abstractmethod
+    def _measure_network(self, device):
+        """On `device` (the adapter's, where the gradients are; None where it needs none):
+        (Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None[,
+        the last watched step's seconds]), averaged over the ranks."""
+
+    def _host_layout(self):
+        """(hosts, ranks per host) where the hosts' process sets are registered, else None
+        (collective; only adapters that try routes on hosts override it)."""
+        return None
+
+    def _mean_over_ranks(self, values, name) -> list:
+        """`values` averaged over the ranks (only adapters that time the route trial call it)."""
+        raise NotImplementedError(f"{type(self).__name__} does not try its routes")
+
+    @abc.abstractmethod
+    def _shared_state(self) -> dict:
+        """{tensor name: {"step": step}} of every tensor this compressor is bound to."""
+
+    @abc.abstractmethod
+    def _adopt_shared_state(self, shared: dict):
+        """Takes another rank's _shared_state()."""
+
+
+class Settings(Hooks):
     """The settings part of a compressor: `method` (the method's settings: ``compressor.method.seed``),
     `policy` (``compressor.policy.min_numel``) and `planner` (routes; ``compressor.planner.network``),
-    and the cross-rank agreement check. An adapter provides the abstract methods below, and its
+    and the cross-rank agreement check. An adapter provides the abstract methods of Hooks, and its
     method classes name their `method_type`: their constructor's signature and the "Args:" of
     their docstring are core/arguments.py's."""
 
@@ -125,46 +174,3 @@ class Settings(abc.ABC):
     def exchange(self):
         """The per-rank-coordinate methods' exchange ("auto", "allgather", "spardl", "hierarchical"), else None."""
         return None if self.planner.shared else self.planner.exchange
-
-    # -- the hooks a method's class declares ------------------------------------------------------
-
-    @abc.abstractmethod
-    def pack(self, tensor, state, density: float) -> Packed:
-        """The method's pack of a gradient at `density`, with error feedback: what the exchange sends."""
-
-    def dense_payload(self, tensor, state) -> Packed:
-        """What a gradient routed dense sends: itself (DGC: its momentum)."""
-        return Packed(tensor)
-
-    # -- what an adapter provides (sparsecomm.torch.compression, sparsecomm.tensorflow.compression) ----
-
-    @abc.abstractmethod
-    def _ranks(self) -> int:
-        """The number of ranks of the compressor's process set (1 before Horovod starts)."""
-
-    @abc.abstractmethod
-    def _allgather_ints(self, ints, name) -> list:
-        """Every rank's `ints`, concatenated in rank order: one collective named `name`."""
-
-    @abc.abstractmethod
-    def _measure_network(self, device):
-        """On `device` (the adapter's, where the gradients are; None where it needs none):
-        (Network, LocalCost or None, {tensor: backward window} or None, cost.Hosts or None[,
-        the last watched step's seconds]), averaged over the ranks."""
-
-    def _host_layout(self):
-        """(hosts, ranks per host) where the hosts' process sets are registered, else None
-        (collective; only adapters that try routes on hosts override it)."""
-        return None
-
-    def _mean_over_ranks(self, values, name) -> list:
-        """`values` averaged over the ranks (only adapters that time the route trial call it)."""
-        raise NotImplementedError(f"{type(self).__name__} does not try its routes")
-
-    @abc.abstractmethod
-    def _shared_state(self) -> dict:
-        """{tensor name: {"step": step}} of every tensor this compressor is bound to."""
-
-    @abc.abstractmethod
-    def _adopt_shared_state(self, shared: dict):
-        """Takes another rank's _shared_state()."""

@@ -23,7 +23,29 @@ from .exchange import CARRIED, Wire
 from .state import VariableBinding, VariableState
 
 
-class Compressor(Settings, tf.Module):
+class _OverHorovod:
+    """What the core's Settings asks of the ranks, over horovod.tensorflow's process set."""
+
+    def collective_set(self):
+        """The process set the exchanges and checks run over (default all ranks)."""
+        return self._process_set or exchange.horovod().global_process_set
+
+    def _ranks(self):
+        return self.collective_set().size() if exchange.horovod().is_initialized() else 1
+
+    def _rank(self):
+        return self.collective_set().rank() if exchange.horovod().is_initialized() else 0
+
+    def _allgather_ints(self, ints, name):
+        return exchange.allgather_ints(ints, name, self.collective_set())
+
+    def _measure_network(self, device=None):
+        """exchange.measure_network, eagerly; no local cost (the pack runs in the graph) or windows."""
+        with tf.init_scope():
+            return exchange.measure_network(self.collective_set())
+
+
+class Compressor(_OverHorovod, Settings, tf.Module):
     """The compress/decompress template every compressor shares: attribution -> route ->
     pack -> exchange -> state updates (residual, momentum, step) -> counters. Hooks:
     ``pack(tensor, state, density) -> Packed`` (with the state after it) and
@@ -122,30 +144,12 @@ class Compressor(Settings, tf.Module):
             state.variable_name, state.numel, state.shape.rank, tensor.dtype.size, density, ranks, record
         )
 
-    def _measure_network(self, device=None):
-        """exchange.measure_network, eagerly; no local cost (the pack runs in the graph) or windows."""
-        with tf.init_scope():
-            return exchange.measure_network(self.collective_set())
-
     def wire(self, state, tensor, k=0):
         return Wire(state.variable_name, state.shape, tensor.dtype, self.collective_set(), self._ranks(), k)
 
     def _state_for(self, tensor) -> VariableState:
         state_module.checked_gradient(self._name, tensor, self._binding)
         return self.state[self._binding.attribute(tensor)]
-
-    def collective_set(self):
-        """The process set the exchanges and checks run over (default all ranks)."""
-        return self._process_set or exchange.horovod().global_process_set
-
-    def _ranks(self):
-        return self.collective_set().size() if exchange.horovod().is_initialized() else 1
-
-    def _rank(self):
-        return self.collective_set().rank() if exchange.horovod().is_initialized() else 0
-
-    def _allgather_ints(self, ints, name):
-        return exchange.allgather_ints(ints, name, self.collective_set())
 
     # -- elastic Horovod (sparsecomm.tensorflow.elastic) -----------------------------------------
 
