@@ -2,6 +2,7 @@
 of every CUDA source (nvcc -c, no GPU needed) and of the torch and TF GPU bindings wherever nvcc
 exists."""
 
+import concurrent.futures
 import glob
 import os
 import re
@@ -20,10 +21,11 @@ TF_FAMILIES = sorted(glob.glob(os.path.join(ROOT, "csrc", "tensorflow", "*.cc"))
 
 
 def _cuda_include():
+    """The CUDA toolkit's include folder, or None."""
     from torch.utils import cpp_extension
 
     homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), cpp_extension.CUDA_HOME, "/usr/local/cuda"]
-    found = next(
+    return next(
         (
             os.path.join(h, "include")
             for h in homes
@@ -31,20 +33,101 @@ def _cuda_include():
         ),
         None,
     )
-    if found is None:
-        pytest.skip("no CUDA toolkit headers found ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda)")
-    return found
 
 
-def test_horovod_has_tensorflow_pytorch_mpi_and_gloo():
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    out = subprocess.run(
-        [horovodrun, "--check-build"],
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-    ).stdout
+def _nvcc(source, folder):
+    arch = os.environ.get("SPARSECOMM_CUDA_ARCH", "sm_90")
+    out = folder / (os.path.basename(source) + ".o")
+    return [
+        "nvcc",
+        "-c",
+        f"-arch={arch}",
+        "-std=c++17",
+        "-O3",
+        "--fmad=false",
+        "-Werror",
+        "all-warnings",
+        source,
+        "-o",
+        str(out),
+    ]
+
+
+def _torch_binding(source, folder, cuda_include):
+    """Syntax only: a CPU torch wheel lacks one generated header, stubbed in `folder`, and the CUDA libraries."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    stub = folder / "c10" / "cuda" / "impl"
+    stub.mkdir(parents=True, exist_ok=True)
+    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
+    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", f"-I{folder}", f"-I{cuda_include}"]
+    cmd += [f"-I{sysconfig.get_paths()['include']}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
+    return cmd + [source]
+
+
+def _tf_gpu_kernels(source, cuda_include):
+    """TF's headers as system headers (their own warnings are not ours); -std=c++20 as torch's
+    BuildExtension builds the TF library."""
+    import tensorflow as tf
+
+    flags = []
+    for flag in tf.sysconfig.get_compile_flags():
+        flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
+    return (
+        ["g++"]
+        + flags
+        + ["-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DGOOGLE_CUDA=1", "-isystem", cuda_include, source]
+    )
+
+
+def _commands(folder):
+    """What this file runs that this machine can run: {(check, source): command}; Horovod's
+    --check-build first (the longest)."""
+    checks = {
+        ("horovodrun", "--check-build"): [os.path.join(os.path.dirname(sys.executable), "horovodrun"), "--check-build"]
+    }
+    if shutil.which("nvcc") is None:
+        return checks
+    checks.update({("nvcc", s): _nvcc(s, folder) for s in CUDA_SOURCES})
+    cuda_include = _cuda_include()
+    if cuda_include is not None:
+        checks.update({("torch", s): _torch_binding(s, folder, cuda_include) for s in CUDA_BINDINGS})
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            return checks
+        checks.update({("tf", s): _tf_gpu_kernels(s, cuda_include) for s in TF_FAMILIES})
+    return checks
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    """Every command of this file, run side by side on this machine's cores (each is one process
+    on one core, and the suite runs in one): {(check, source): (command, exit code, output)}.
+    The tests each read their own."""
+    commands = _commands(tmp_path_factory.mktemp("compiled"))
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+
+    def run(cmd):
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        return cmd, result.returncode, result.stdout + result.stderr
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        futures = {key: pool.submit(run, cmd) for key, cmd in commands.items()}
+        return {key: future.result() for key, future in futures.items()}
+
+
+def _assert_compiled(ran, check, source, skip):
+    if (check, source) not in ran:
+        pytest.skip(skip)
+    cmd, code, output = ran[check, source]
+    assert code == 0, f"{' '.join(cmd)}\n{output[-5000:]}"
+
+
+def test_horovod_has_tensorflow_pytorch_mpi_and_gloo(ran):
+    _, _, out = ran["horovodrun", "--check-build"]
     for capability in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
         assert f"[X] {capability}" in out, out
 
@@ -82,69 +165,26 @@ def test_every_tf_op_has_a_gpu_kernel(source):
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: CUDA compile check skipped")
 @pytest.mark.parametrize("source", CUDA_SOURCES, ids=os.path.basename)
-def test_cuda_source_compiles(source, tmp_path):
-    arch = os.environ.get("SPARSECOMM_CUDA_ARCH", "sm_90")
-    cmd = [
-        "nvcc",
-        "-c",
-        f"-arch={arch}",
-        "-std=c++17",
-        "-O3",
-        "--fmad=false",
-        "-Werror",
-        "all-warnings",
-        source,
-        "-o",
-        str(tmp_path / "out.o"),
-    ]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stdout}\n{result.stderr}"
+def test_cuda_source_compiles(source, ran):
+    _assert_compiled(ran, "nvcc", source, "nvcc not found")
+
+
+NO_HEADERS = "no CUDA toolkit headers found ($CUDA_HOME, $CUDA_PATH, /usr/local/cuda)"
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: CUDA binding check skipped")
 @pytest.mark.parametrize("source", CUDA_BINDINGS, ids=os.path.basename)
-def test_torch_cuda_binding_compiles(source, tmp_path):
+def test_torch_cuda_binding_compiles(source, ran):
     """Each csrc/torch/cuda*.cpp against torch's CUDA headers (syntax only: a CPU torch wheel
     lacks one generated header, stubbed here, and the CUDA libraries)."""
-    import sysconfig
-
-    from torch.utils import cpp_extension
-
-    stub = tmp_path / "c10" / "cuda" / "impl"
-    stub.mkdir(parents=True)
-    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    cuda_include = _cuda_include()
-    cmd = [
-        "g++",
-        "-std=c++20",
-        "-fsyntax-only",
-        "-Wall",
-        "-Werror",
-        f"-I{tmp_path}",
-        f"-I{cuda_include}",
-        f"-I{sysconfig.get_paths()['include']}",
-    ] + [f"-I{p}" for p in cpp_extension.include_paths()]
-    cmd.append(source)
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"
+    _assert_compiled(ran, "torch", source, NO_HEADERS)
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found: TF GPU kernel check skipped")
 @pytest.mark.parametrize("source", TF_FAMILIES, ids=os.path.basename)
-def test_tf_gpu_kernels_compile(source):
+def test_tf_gpu_kernels_compile(source, ran):
     """Each csrc/tensorflow/*.cc with its GPU kernels (-DGOOGLE_CUDA=1, as CUDA builds compile
     it) against TF's headers and the CUDA toolkit's, syntax only: the kernel templates are
-    instantiated for every registered dtype, but nothing is linked or run. The TF headers are
-    system headers here (their own warnings are not ours); -std=c++20 as torch's BuildExtension
-    builds the TF library."""
-    tf = pytest.importorskip("tensorflow")
-    flags = []
-    for flag in tf.sysconfig.get_compile_flags():
-        flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
-    cmd = (
-        ["g++"]
-        + flags
-        + ["-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DGOOGLE_CUDA=1", "-isystem", _cuda_include(), source]
-    )
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr[-5000:]}"
+    instantiated for every registered dtype, but nothing is linked or run."""
+    pytest.importorskip("tensorflow")
+    _assert_compiled(ran, "tf", source, NO_HEADERS)
