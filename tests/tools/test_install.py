@@ -4,8 +4,10 @@ only a framework and Horovod: torch 2.13 (CPU), TensorFlow without torch, and th
 torch 2.14.1 (its CUDA kernels compile here; nothing runs them without a GPU). Each runs from a
 folder outside the checkout, so only the installed package can be imported.
 
-About 12-15 minutes, most of it the CUDA build (one architecture, TORCH_CUDA_ARCH_LIST=9.0)."""
+About 3 minutes on the 2-core machine with the three environments built side by side (5 one after
+the other), the CUDA build the longest (one architecture, TORCH_CUDA_ARCH_LIST=9.0)."""
 
+import concurrent.futures
 import glob
 import os
 import re
@@ -117,22 +119,45 @@ def install_sdist(python, venv, sdist, **extra_env):
     return run([python, "-m", "pip", *INSTALL, sdist], cwd=venv, env=dict(venv_env(venv), **extra_env))
 
 
-def framework_venv(tmp_path_factory, sdist, framework_pin):
-    """A fresh environment with one framework, the Horovod wheel and the sdist installed."""
-    venv = tmp_path_factory.mktemp(framework_pin.split("=")[0] + "-venv")
+def framework_venv(venv, sdist, framework_pin):
+    """A fresh environment at `venv` with one framework, the Horovod wheel and the sdist installed."""
     python = fresh_venv(venv, framework_pin, horovod_wheel(), *install_horovod.RUNTIME_DEPS)
     install_sdist(python, venv, sdist)
     return venv, python
 
 
-@pytest.fixture(scope="module")
-def torch_venv(tmp_path_factory, sdist):
-    return framework_venv(tmp_path_factory, sdist, "torch==2.13.0")
+def cuda_build(venv, sdist):
+    """torch 2.14.1's CUDA build (on this machine kind's disk) and the sdist built against it
+    with nvcc: CUDA_HOME comes from the nvcc found; one architecture keeps the build short."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("no nvcc on the PATH: the CUDA build needs the CUDA toolkit")
+    python = fresh_venv(venv, "torch==2.14.1", "pytest>=8,<10")
+    install_sdist(python, venv, sdist, TORCH_CUDA_ARCH_LIST="9.0")
+    return venv, python
 
 
 @pytest.fixture(scope="module")
-def tf_venv(tmp_path_factory, sdist):
-    return framework_venv(tmp_path_factory, sdist, "tensorflow==2.21.0")
+def venvs(tmp_path_factory, sdist):
+    """The three environments, built side by side as soon as a test needs one (a build is mostly
+    one process on one core: pip unpacking and byte-compiling, a compiler). {name: a future of
+    (venv, python)}: the fixture that waits for one raises its build's failure or skip."""
+    builds = {
+        "torch": (framework_venv, tmp_path_factory.mktemp("torch-venv"), sdist, "torch==2.13.0"),
+        "tf": (framework_venv, tmp_path_factory.mktemp("tensorflow-venv"), sdist, "tensorflow==2.21.0"),
+        "cuda": (cuda_build, tmp_path_factory.mktemp("cuda-venv"), sdist),
+    }
+    with concurrent.futures.ThreadPoolExecutor(len(builds)) as pool:
+        yield {name: pool.submit(*build) for name, build in builds.items()}
+
+
+@pytest.fixture(scope="module")
+def torch_venv(venvs):
+    return venvs["torch"].result()
+
+
+@pytest.fixture(scope="module")
+def tf_venv(venvs):
+    return venvs["tf"].result()
 
 
 def horovodrun_2(venv, python, script):
@@ -184,15 +209,8 @@ def test_a_plain_isolated_install_stops_early_naming_the_command(torch_venv, sdi
 
 
 @pytest.fixture(scope="module")
-def cuda_venv(tmp_path_factory, sdist):
-    """torch 2.14.1's CUDA build (on this machine kind's disk) and the sdist built against it
-    with nvcc: CUDA_HOME comes from the nvcc found; one architecture keeps the build short."""
-    if shutil.which("nvcc") is None:
-        pytest.skip("no nvcc on the PATH: the CUDA build needs the CUDA toolkit")
-    venv = tmp_path_factory.mktemp("cuda-venv")
-    python = fresh_venv(venv, "torch==2.14.1", "pytest>=8,<10")
-    install_sdist(python, venv, sdist, TORCH_CUDA_ARCH_LIST="9.0")
-    return venv, python
+def cuda_venv(venvs):
+    return venvs["cuda"].result()
 
 
 def test_the_cuda_build_reports_cuda_kernels_and_passes_the_cpu_op_tests(cuda_venv):
