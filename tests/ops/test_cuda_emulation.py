@@ -5,9 +5,10 @@ cap lowered to 3 blocks (-DSC_MAX_BLOCKS=3) so that small inputs run the grid-st
 tests/cuda_emulation/driver.cpp runs every launcher of csrc/cuda/launchers.h and its CPU twin on
 the same inputs and compares every output and state buffer bit for bit (NaN payloads aside).
 
-About 50 s on the project's 2-core machine when idle: the two builds in parallel (~17 s), then
-the runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024 threads at every barrier,
-ASan ~4 s). docs/kernels.md says what this proves and what it cannot.
+About 50 s on the project's 2-core machine when idle: the two builds in parallel (~17 s; a
+later session reuses them while csrc/, the driver, its flags and g++ stay the same), then the
+runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024 threads at every barrier, ASan
+~4 s). docs/kernels.md says what this proves and what it cannot.
 
 The torch CUDA binding (csrc/torch/cuda.cpp) on the same emulation is tested by the op tests
 themselves, on their "cuda-emulated" device (tests/conftest.py,
@@ -18,14 +19,19 @@ A build from scratch adds 12 to 19 s, and about 1 s when nothing has changed.
 """
 
 import concurrent.futures
+import glob
+import hashlib
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 from paths import TESTS
+
+from sparsecomm import install_horovod
 
 _spec = importlib.util.spec_from_file_location(
     "cuda_emulation_build", os.path.join(TESTS, "cuda_emulation", "build_driver.py")
@@ -73,16 +79,47 @@ def _missing_sanitizers(tmp_path):
     return None
 
 
+def _build_key():
+    """A hash of what a driver's build reads: every file of csrc/, the driver, build_driver.py
+    (its flags) and the compiler's version."""
+    digest = hashlib.sha256(subprocess.run(["g++", "--version"], capture_output=True).stdout)
+    sources = glob.glob(os.path.join(build_driver.ROOT, "csrc", "**"), recursive=True)
+    for path in sorted(sources) + [build_driver.DRIVER, build_driver.__file__]:
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                digest.update(os.path.relpath(path, build_driver.ROOT).encode() + b"\0" + f.read() + b"\0")
+    return digest.hexdigest()[:20]
+
+
 @pytest.fixture(scope="session")
 def drivers(tmp_path_factory):
-    """{variant: path of the driver}, built once per session, both variants in parallel."""
+    """{variant: path of the driver}, both variants built in parallel, once for as long as what
+    they are built from stays the same: into the cache folder of sparsecomm.install_horovod
+    (~/.cache/sparsecomm, $SPARSECOMM_CACHE), under a hash of every input (_build_key)."""
     out = tmp_path_factory.mktemp("cuda_emulation")
     missing = _missing_sanitizers(out)
     if missing:
         pytest.skip(f"sanitizer runtimes unavailable: {missing}")
+    builds = os.path.join(install_horovod.default_cache(), "cuda_emulation")
+    cache = os.path.join(builds, _build_key())
+    for other in glob.glob(os.path.join(builds, "*")):  # 15 MB a build: those no session used for a day
+        if other != cache and time.time() - os.path.getmtime(other) > 86400:
+            shutil.rmtree(other, ignore_errors=True)
+
+    def built(variant):
+        driver = os.path.join(cache, variant, "driver")
+        if not os.path.exists(driver):
+            fresh = build_driver.build(variant, str(out / variant), 1)
+            os.makedirs(os.path.dirname(driver), exist_ok=True)
+            shutil.copy2(fresh, f"{driver}.{os.getpid()}")
+            os.replace(f"{driver}.{os.getpid()}", driver)  # whole or not at all, for a concurrent session
+        return driver
+
     with concurrent.futures.ThreadPoolExecutor(len(VARIANTS)) as pool:
-        futures = {v: pool.submit(build_driver.build, v, str(out / v), 1) for v in VARIANTS}
-        return {v: f.result() for v, f in futures.items()}
+        futures = {v: pool.submit(built, v) for v in VARIANTS}
+        found = {v: f.result() for v, f in futures.items()}
+    os.utime(cache)  # in use
+    return found
 
 
 def _run(driver, *args):
