@@ -340,7 +340,7 @@ class _Reduced:
     sent: tf.Tensor
     received: tf.Tensor
 
-    def outcome(self, gathered, wire, relayed=None):
+    def started(self, gathered, wire, relayed=None):
         """What start gives once `gathered` (every owner's rows) arrived; `relayed`: rows this rank
         passed on besides its own (the hierarchical exchange's hosts' rows)."""
         values, index = _from_rows(gathered, self.value_dtype)
@@ -360,7 +360,7 @@ class SparDL(InGraph):
         gathered = horovod().allgather(
             reduced.final, name=collective_name(wire.name, "gather"), process_set=wire.process_set
         )
-        return reduced.outcome(gathered, wire)
+        return reduced.started(gathered, wire)
 
     def reduce_scatter(self, packed, wire, process_set):
         """Phase 1 and the owner's reduction over `process_set`, one block per rank of it."""
@@ -420,7 +420,7 @@ class Hierarchical(InGraph):
         reduced = SparDL().reduce_scatter(packed, wire, local)
         across = hvd.allgather(reduced.final, name=collective_name(wire.name, "cross"), process_set=cross)
         gathered = hvd.allgather(across, name=collective_name(wire.name, "host"), process_set=local)
-        return reduced.outcome(gathered, wire, relayed=across)
+        return reduced.started(gathered, wire, relayed=across)
 
 
 CARRIED = {"dense": Dense(), "shared": Shared()}

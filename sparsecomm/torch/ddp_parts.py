@@ -74,14 +74,14 @@ class Reduced(BucketPart):
     """The dense and shared routes: their payloads summed in one all_reduce per dtype."""
 
     def __init__(self, ways):
-        self.ways = ways
+        self.ways, self.ranks = ways, ways.size()  # (read once a bucket: a process group's size is a call)
         self.items = []  # (gradient view, payload, Packed of the shared route or None)
         self.works = []  # (dtype, flat sums)
 
     def add(self, grad, payload, packed=None):
         """A dense payload, or the shared route's values (`packed`: where they belong)."""
         self.items.append((grad, payload, packed))
-        return Dense.traffic(payload, self.ways.size())
+        return Dense.traffic(payload, self.ranks)
 
     def start(self):
         import torch.distributed as dist
@@ -94,7 +94,6 @@ class Reduced(BucketPart):
         return futures
 
     def finish(self):
-        ranks = self.ways.size()
         for dtype, flat in self.works:
             offset = 0
             for grad, payload, packed in self.items:
@@ -103,11 +102,11 @@ class Reduced(BucketPart):
                 summed = flat[offset : offset + payload.numel()].view(payload.shape)
                 offset += payload.numel()
                 if packed is None:
-                    torch.div(summed, ranks, out=grad)
+                    torch.div(summed, self.ranks, out=grad)
                 elif packed.start is not None:
-                    ops.block_unpack(summed / ranks, grad.numel(), packed.start, out=grad.view(-1))
+                    ops.block_unpack(summed / self.ranks, grad.numel(), packed.start, out=grad.view(-1))
                 else:
-                    ops.sparse_unpack(summed / ranks, packed.index, grad.numel(), out=grad.view(-1))
+                    ops.sparse_unpack(summed / self.ranks, packed.index, grad.numel(), out=grad.view(-1))
 
 
 class Gathered(BucketPart):
