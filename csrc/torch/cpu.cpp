@@ -83,6 +83,25 @@ struct CpuDevice {
     return {values.narrow(0, 0, n), index.narrow(0, 0, n)};
   }
 
+  // Tensor by tensor, each one's rows of every rank (in rank order) unpacked as
+  // sparse_unpack_rows_into does: the counts are in host memory already.
+  static void unpack_gathered_rows(const at::Tensor& gathered, at::IntArrayRef regions, int64_t width,
+                                   at::ScalarType value_dtype, UnpackScale scale, at::TensorList outs) {
+    for (size_t p = 0; p < outs.size(); ++p) {
+      std::vector<at::Tensor> parts;
+      for (int64_t r = 0; r < gathered.size(0); ++r) {
+        const at::Tensor chunk = gathered.select(0, r);
+        const int64_t count = read_count(chunk, regions[3 * p] * int64_t(sizeof(int64_t)));
+        TORCH_CHECK(count >= 0 && count * width <= regions[3 * p + 2], "sparse_unpack_gathered_rows: rank ", r, " has ",
+                    count, " rows of ", width, " bytes for out ", p, ", whose region has ", regions[3 * p + 2],
+                    " bytes");
+        parts.push_back(chunk.narrow(0, regions[3 * p + 1], count * width).view({count, width}));
+      }
+      const auto [values, index] = wire_columns(at::cat(parts), value_dtype, false);
+      unpack_into<CpuDevice>(values.to(outs[p].scalar_type()), index, scale, outs[p]);
+    }
+  }
+
   // The threshold is computed on the host: a float, not a device tensor.
   template <typename T>
   static at::Tensor sample_threshold(const FeedbackArgs& a, const SamplePlan& plan) {

@@ -6,7 +6,9 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 
+#include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "../cuda/launchers.h"
 #include "block.h"
@@ -18,6 +20,46 @@ namespace torch_binding {
 namespace {
 
 cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+// Where each of `outs` starts, in elements from the lowest of them: one kernel writes them all
+// through that one's pointer, so they must share an allocation (a DDP bucket's gradients do).
+struct Places {
+  size_t lowest = 0;
+  std::vector<int64_t> of;
+
+  Places(const char* op, at::TensorList outs) {
+    for (size_t p = 1; p < outs.size(); ++p)
+      if (outs[p].data_ptr() < outs[lowest].data_ptr()) lowest = p;
+    const auto* base = static_cast<const char*>(outs[lowest].data_ptr());
+    const int64_t size = int64_t(outs[lowest].element_size());
+    for (const at::Tensor& out : outs) {
+      const int64_t bytes = static_cast<const char*>(out.data_ptr()) - base;
+      TORCH_CHECK(out.storage().is_alias_of(outs[lowest].storage()) && bytes % size == 0, op,
+                  ": on CUDA, outs should be views of one allocation (a DDP bucket's gradients)");
+      TORCH_CHECK(bytes / size + out.numel() <= (int64_t(1) << 31), op,
+                  ": outs should span fewer than 2^31 elements, got ", bytes / size + out.numel());
+      of.push_back(bytes / size);
+    }
+  }
+};
+
+// For each row of a rank's regions: its tensor's count slot, its row number in the region and its
+// tensor's place (int64 [3, rows]), built on the host and copied without waiting (pinned memory).
+at::Tensor row_table(const std::vector<int64_t>& slots, const std::vector<int64_t>& rows_of,
+                     const std::vector<int64_t>& places, const at::Device& device) {
+  int64_t rows = 0;
+  for (const int64_t n : rows_of) rows += n;
+  at::Tensor table = at::empty({3, rows}, at::TensorOptions().dtype(at::kLong).pinned_memory(device.is_cuda()));
+  int64_t* slot = table.data_ptr<int64_t>();
+  int64_t *row = slot + rows, *place = row + rows;
+  for (size_t p = 0; p < rows_of.size(); ++p)
+    for (int64_t j = 0; j < rows_of[p]; ++j, ++slot, ++row, ++place) {
+      *slot = slots[p];
+      *row = j;
+      *place = places[p];
+    }
+  return table.to(device, /*non_blocking=*/true);
+}
 
 struct CudaDevice {
   using Guard = c10::cuda::CUDAGuard;
@@ -169,6 +211,39 @@ struct CudaDevice {
     const auto [sorted_index, order] = index.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
     cuda::sparse_unpack_sorted<T>(data_as<T>(values), sorted_index.data_ptr<int32_t>(), order.data_ptr<int64_t>(),
                                   values.numel(), scale, data_as<T>(out), stream());
+  }
+
+  // Every rank's region of every tensor, padded rows included, as one set of rows: a padded row
+  // (at or past its rank's count, read on the device) adds -0.0 at its tensor's first element,
+  // which changes no sum. One stable sort by place in the outs' shared allocation keeps each
+  // element's contributions in rank order, as sparse_unpack does tensor by tensor.
+  static void unpack_gathered_rows(const at::Tensor& gathered, at::IntArrayRef regions, int64_t width,
+                                   at::ScalarType value_dtype, UnpackScale scale, at::TensorList outs) {
+    const int64_t ranks = gathered.size(0), params = int64_t(outs.size());
+    const Places places("sparse_unpack_gathered_rows", outs);
+    std::vector<at::Tensor> parts;
+    std::vector<int64_t> slots(params), rows_of(params);
+    for (int64_t p = 0; p < params; ++p) slots[p] = regions[3 * p], rows_of[p] = regions[3 * p + 2] / width;
+    for (int64_t r = 0; r < ranks; ++r)
+      for (int64_t p = 0; p < params; ++p)
+        parts.push_back(
+            gathered.select(0, r).narrow(0, regions[3 * p + 1], rows_of[p] * width).view({rows_of[p], width}));
+    const at::Tensor table = row_table(slots, rows_of, places.of, gathered.device());  // [3, rows]: slot, row, place
+    const int64_t header = (*std::max_element(slots.begin(), slots.end()) + 1) * int64_t(sizeof(int64_t));
+    const at::Tensor counts = gathered.narrow(1, 0, header).contiguous().view(at::kLong);
+    const at::Tensor valid = table[1].unsqueeze(0).lt(counts.index_select(1, table[0])).reshape(-1);
+    const auto [values, index] = wire_columns(at::cat(parts), value_dtype, /*exact=*/false);
+    const at::Tensor first = table[2].repeat({ranks});
+    const at::Tensor place = at::where(valid, index.to(at::kLong) + first, first).to(at::kInt);
+    const at::Tensor kept = at::where(valid, values, at::scalar_tensor(-0.0, values.options()));
+    at::_foreach_zero_(outs);
+    const auto [sorted_place, order] = place.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
+    SC_DISPATCH_FLOAT_TYPES(outs[0].scalar_type(), "sparse_unpack_gathered_rows", [&] {
+      const at::Tensor cast = kept.to(outs[0].scalar_type());
+      cuda::sparse_unpack_sorted<scalar_t>(data_as<scalar_t>(cast), sorted_place.data_ptr<int32_t>(),
+                                           order.data_ptr<int64_t>(), cast.numel(), scale,
+                                           data_as<scalar_t>(outs[places.lowest]), stream());
+    });
   }
 
   // The launcher writes the first k indices of the permutation unsorted.

@@ -98,6 +98,13 @@ SC_TORCH_LIBRARY {
   m.def(
       "sparse_unpack_rows_into(Tensor rows, ScalarType value_dtype, Tensor scale, int divisor, "
       "Tensor(a!) out) -> ()");
+  // sparse_unpack_rows_into of many tensors at once: each row of `gathered` is a rank's chunk, a
+  // header of row counts (int64), then tensor p's rows in a region, regions[3p..3p+2] = (its
+  // count's slot, byte offset, bytes); the counts are read on gathered's device (on a GPU the host
+  // reads nothing).
+  m.def(
+      "sparse_unpack_gathered_rows_into(Tensor gathered, int[] regions, ScalarType value_dtype, Tensor scale, "
+      "int divisor, Tensor(a!)[] outs) -> ()");
 }
 
 }  // namespace sparsecomm

@@ -181,6 +181,39 @@ void sparse_unpack_rows_into(const at::Tensor& rows, at::ScalarType value_dtype,
   unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
 }
 
+// sparse_unpack_rows_into of many tensors' gathered rows at once (a DDP bucket's): each row of
+// `gathered` is one rank's chunk, which starts with a header of row counts (int64) and holds tensor
+// p's rows in a region: regions[3p..3p+2] = (its count's slot in the header, byte offset, bytes).
+// The counts are read where the op runs (Device::unpack_gathered_rows): on a GPU the host waits
+// for nothing.
+template <typename Device>
+void sparse_unpack_gathered_rows_into(const at::Tensor& gathered, at::IntArrayRef regions, at::ScalarType value_dtype,
+                                      const at::Tensor& scale, int64_t divisor, at::TensorList outs) {
+  constexpr const char* op = "sparse_unpack_gathered_rows";
+  if (outs.empty()) return;
+  const UnpackScale factor = unpack_scale(op, scale, divisor, outs[0]);
+  const typename Device::Guard guard(gathered.device());
+  check_wire_value_dtype(op, value_dtype);
+  TORCH_CHECK(gathered.scalar_type() == at::kByte && gathered.dim() == 2, op,
+              ": gathered should be a 2-D uint8 tensor (a rank's chunk per row), got ", gathered.dim(), "-D ",
+              gathered.scalar_type());
+  const int64_t params = int64_t(outs.size()), chunk = gathered.size(1), count_bytes = int64_t(sizeof(int64_t));
+  TORCH_CHECK(int64_t(regions.size()) == 3 * params, op, ": regions should hold 3 numbers (count slot, byte ",
+              "offset, bytes) for each of the ", params, " outs, got ", regions.size());
+  for (int64_t p = 0; p < params; ++p) {
+    const int64_t slot = regions[3 * p], at = regions[3 * p + 1], bytes = regions[3 * p + 2];
+    TORCH_CHECK(slot >= 0 && (slot + 1) * count_bytes <= at && bytes >= 0 && at + bytes <= chunk, op, ": region ", p,
+                " (count slot ", slot, ", bytes [", at, ", ", at + bytes, ")) should come after its count and lie ",
+                "inside a chunk of ", chunk, " bytes");
+    const at::Tensor& out = outs[p];
+    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == outs[0].scalar_type() && out.device() == gathered.device(),
+                op, ": outs should be contiguous, of one dtype and on gathered's device; out ", p, " is ",
+                out.scalar_type(), " on ", out.device());
+  }
+  const int64_t width = kWireOffsetBytes + c10::elementSize(value_dtype);
+  Device::unpack_gathered_rows(gathered.contiguous(), regions, width, value_dtype, factor, outs);
+}
+
 template <typename Device>
 at::Tensor random_k_indices(const at::Tensor& like, int64_t seed, int64_t tensor_id, int64_t step, int64_t k) {
   const typename Device::Guard guard(like.device());
@@ -203,6 +236,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_columns", &wire_columns<Device>);
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);
+  m.impl("sparse_unpack_gathered_rows_into", &sparse_unpack_gathered_rows_into<Device>);
 }
 
 }  // namespace torch_binding

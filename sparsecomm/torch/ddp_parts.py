@@ -111,7 +111,8 @@ class Reduced(BucketPart):
 
 class Gathered(BucketPart):
     """The allgather route (and SparDL's second phase): every rank's rows, or 1-/2-bit segment,
-    of each parameter in one all_gather, unpacked in rank order and averaged."""
+    of each parameter in one all_gather, unpacked in rank order and averaged. The rows of all the
+    parameters are unpacked by one op, which reads the counts where they lie (on a GPU, no wait)."""
 
     def __init__(self, ways, counters):
         self.ways, self.counters = ways, counters
@@ -165,33 +166,32 @@ class Gathered(BucketPart):
     def finish(self):
         if not self.items:
             return
-        ranks, params = self.ways.size(), len(self.items)
-        everyone = self.everyone.view(ranks, -1)
-        counts = _counts(everyone, params)
-        offset = COUNT * params
-        for i, (grad, name, _, capacity, reader) in enumerate(self.items):
-            regions = everyone[:, offset : offset + capacity]
+        ranks, offset, regions = self.ways.size(), COUNT * len(self.items), []
+        for _, name, _, capacity, _ in self.items:
+            regions.append((offset, capacity))
             offset += capacity
-            _unpack(reader, [regions[r, : _used(reader, counts[r][i])] for r in range(ranks)], grad, ranks)
             self.counters.account_later(name, 0, (ranks - 1) * (capacity + COUNT))
+        everyone = self.everyone.view(ranks, -1)
+        rows = {}  # value dtype: the items whose rows are unpacked together, counts read where they lie
+        for i, (*_, reader) in enumerate(self.items):
+            if reader[0] == "rows":
+                rows.setdefault(reader[1], []).append(i)
+        for value_dtype, chosen in rows.items():
+            outs = [self.items[i][0].view(-1) for i in chosen]
+            places = [(i, *regions[i]) for i in chosen]
+            ops.sparse_unpack_gathered_rows(everyone, places, value_dtype, 1.0, ranks, outs=outs)
+        segments = [i for i, item in enumerate(self.items) if item[4][0] == "segments"]
+        counts = _counts(everyone, len(self.items)) if segments else None
+        for i in segments:
+            grad, (start, capacity), reader = self.items[i][0], regions[i], self.items[i][4]
+            blobs = [everyone[r, start : start + _segment_bytes(reader, counts[r][i])] for r in range(ranks)]
+            ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=grad.view(-1))
 
 
-def _used(reader, count):
-    """The bytes a rank's blob of `count` elements takes, of its padded region."""
-    if reader[0] == "rows":
-        return count * reader[2]
+def _segment_bytes(reader, count):
+    """The bytes a rank's 1-/2-bit segment of `count` elements takes, of its padded region."""
     bits, numel = reader[1:]
     return wire.Segment(count, wire.scale_count(bits), bits, numel).size
-
-
-def _unpack(reader, blobs, grad, ranks):
-    """Every rank's blob, in rank order, added into the gradient and divided by the ranks."""
-    out = grad.view(-1)
-    if reader[0] == "rows":
-        rows = torch.cat(blobs).view(-1, reader[2])
-        ops.sparse_unpack_rows(rows, reader[1], grad.numel(), 1.0, ranks, out=out)
-    else:
-        ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=out)
 
 
 class Scattered(BucketPart):

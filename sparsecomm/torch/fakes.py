@@ -130,6 +130,11 @@ def _sparse_unpack_rows_into(rows, value_dtype, scale, divisor, out):
     return None
 
 
+@_fake("sparse_unpack_gathered_rows_into")
+def _sparse_unpack_gathered_rows_into(gathered, regions, value_dtype, scale, divisor, outs):
+    return None
+
+
 @_fake("random_k_indices")
 def _random_k_indices(like, seed, tensor_id, step, k):
     return like.new_empty(k, dtype=torch.int32)

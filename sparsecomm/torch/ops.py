@@ -197,6 +197,17 @@ def sparse_unpack_rows(rows, value_dtype, numel, scale=1.0, divisor=1, *, out):
     return out
 
 
+def sparse_unpack_gathered_rows(gathered, regions, value_dtype, scale=1.0, divisor=1, *, outs):
+    """sparse_unpack_rows of many tensors' rows gathered from every rank in one collective (a DDP
+    bucket's), into `outs` (contiguous, one dtype; on CUDA, views of one allocation). Each row of
+    `gathered` (uint8, 2-D) is a rank's chunk: a header of row counts (int64), then the tensors'
+    regions, regions[p] = (out p's count slot in the header, byte offset, bytes). The counts are
+    read where the op runs: on a GPU the host reads nothing."""
+    if outs:
+        flat = [number for region in regions for number in region]
+        _ops.sparse_unpack_gathered_rows_into(gathered, flat, value_dtype, _unpack_scale(scale, outs[0]), divisor, outs)
+
+
 def random_k_indices(like, k, *, seed, tensor_id, step):
     """k distinct indices of [0, like.numel()), sorted, int32: a pure function of
     (seed, tensor_id, step), identical on every rank and device."""

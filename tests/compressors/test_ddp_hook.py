@@ -99,3 +99,27 @@ def test_parameters_of_another_model_are_refused():
     compression = sct.TopK(ratio=0.1, named_parameters=common.torch_model().named_parameters())
     with pytest.raises(LookupError, match=r"TopK: a parameter of shape \[[\d, ]+\] is not among the named_parameters="):
         step(model, compression)
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize(
+    "make, reads_counts",
+    [
+        (lambda m: sct.Threshold(ratio=0.05, exchange="allgather", named_parameters=m), False),
+        (lambda m: sct.DGC(ratio=0.05, exchange="allgather", named_parameters=m), False),
+        (lambda m: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=m), False),
+        (lambda m: sct.Threshold(ratio=0.05, quantize="2bit", exchange="allgather", named_parameters=m), True),
+    ],
+    ids=["Threshold", "DGC", "TopK", "Threshold_2bit"],
+)
+def test_a_bucket_of_rows_is_unpacked_without_reading_its_counts_on_the_host(monkeypatch, make, reads_counts):
+    """The gathered rows' counts are read by the unpack op where it runs (on a GPU, no wait a
+    bucket); only 1-/2-bit segments still read them on the host (docs/kernels.md)."""
+    read = []
+    counts = sct.ddp_parts._counts
+    monkeypatch.setattr(sct.ddp_parts, "_counts", lambda *args: read.append(1) or counts(*args))
+    model = common.torch_model()
+    compression = make(model.named_parameters())
+    step(model, compression)
+    assert bool(read) == reads_counts
+    assert any(s["exchange"] == "allgather" for s in compression.stats()["tensors"].values())
