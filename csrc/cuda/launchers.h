@@ -82,6 +82,11 @@ void sparse_unpack_sorted(const T* values, const int32_t* sorted_index, const in
 // The first k indices of the permutation, unsorted.
 void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStream_t stream);
 
+// The wire rows of kernels/wire.h of a send of [start, start + length) (index strictly ascending
+// in it, not checked): count + wire_buckets(start, length) rows of 2 + value_bytes (2 or 4).
+void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, int64_t start,
+               int64_t length, uint8_t* rows, cudaStream_t stream);
+
 // ---- sort.cu: the scan and sorts that csrc/torch/cuda.cpp takes from torch (cumsum, sort),
 // for the TF binding. Each needs `scratch` device memory and returns how many bytes (at least
 // 1); with scratch == nullptr it only returns them and launches nothing (cub's convention).

@@ -114,23 +114,11 @@ struct CudaDevice {
     index.copy_(bucket * kWireBucket + offsets.view(at::kShort).to(at::kLong).bitwise_and(0xFFFF));
   }
 
-  // The wire rows by torch's ops on the stream, in units of int16 (every part's size is even).
-  // Element j goes to row j + (its bucket - the first) + 1, after its bucket's marker; marker i to
-  // row i + the elements of the buckets before it. Not checked (it would need a synchronisation).
+  // One kernel (csrc/cuda/wire.cu), a thread per row. Not checked (it would need a synchronisation).
   static void wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
                         const at::Tensor& rows) {
-    const int64_t k = index.numel(), first = start / kWireBucket, n = wire_buckets(start, length);
-    const at::Tensor units = rows.view(at::kShort), longs = index.to(at::kLong);
-    const at::Tensor bucket = longs.div(kWireBucket, "floor");
-    at::Tensor elements = at::empty({k, units.size(1)}, units.options());
-    elements.select(1, 0).copy_(longs - bucket * kWireBucket);  // the offsets' uint16 bits
-    elements.narrow(1, 1, units.size(1) - 1).copy_(values.view(at::kShort).view({k, units.size(1) - 1}));
-    units.index_copy_(0, at::arange(k, longs.options()) + (bucket - first) + 1, elements);
-    const at::Tensor numbers = at::arange(first, first + n, longs.options());
-    at::Tensor markers = at::zeros({n, units.size(1)}, units.options());
-    markers.select(1, 0).fill_(int16_t(kWireMarker));
-    markers.select(1, 1).copy_(numbers);
-    units.index_copy_(0, at::arange(n, longs.options()) + at::searchsorted(bucket, numbers), markers);
+    cuda::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(), start, length,
+                    rows.data_ptr<uint8_t>(), stream());
   }
   // Each row's base is the number of the last marker at or before it (a running max of marker
   // positions). Not exact: a marker stays, as -0.0 at its bucket's first index (which adds
