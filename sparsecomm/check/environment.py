@@ -16,7 +16,12 @@ import torch
 from .report import FAIL, SKIP
 
 # The op tests the self-check runs, in a source checkout's tests/.
-OP_TEST_FILES = ("ops/test_torch_select_ops.py", "ops/test_torch_wire_ops.py", "ops/test_torch_block_ops.py")
+OP_TEST_FILES = (
+    "ops/test_torch_select_ops.py",
+    "ops/test_torch_wire_ops.py",
+    "ops/test_torch_block_ops.py",
+    "ops/test_torch_bucket_ops.py",
+)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds sparsecomm/
 NO_CUDA = "no CUDA device (torch.cuda.is_available() is False)"
