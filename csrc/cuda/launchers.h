@@ -87,6 +87,12 @@ void random_k_indices(const Permutation& perm, int64_t k, int32_t* out, cudaStre
 void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, int64_t start,
                int64_t length, uint8_t* rows, cudaStream_t stream);
 
+// Reading wire rows: marks[r] = r where row r is a marker, else -1; then, with last = the running
+// max of marks, each row's (value, int32 index), a marker's as -0.0 at its bucket's first index.
+void wire_marks(const uint8_t* rows, int64_t count, int64_t width, int64_t* marks, cudaStream_t stream);
+void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, const int64_t* last, void* values,
+                  int32_t* index, cudaStream_t stream);
+
 // ---- sort.cu: the scan and sorts that csrc/torch/cuda.cpp takes from torch (cumsum, sort),
 // for the TF binding. Each needs `scratch` device memory and returns how many bytes (at least
 // 1); with scratch == nullptr it only returns them and launches nothing (cub's convention).

@@ -1,6 +1,7 @@
-// CUDA launcher for the wire rows of csrc/kernels/wire.h: one kernel, a thread per row. Rows do not
-// depend on each other: an element's row follows from its bucket, a marker's from a binary search
-// of the sorted indices, so no scan or host read is needed.
+// CUDA launchers for the wire rows of csrc/kernels/wire.h, a thread per row. Writing them needs no
+// scan: an element's row follows from its bucket, a marker's from a binary search of the sorted
+// indices. Reading them needs one: each row's bucket is its last marker's (a running max between
+// the two kernels). No host read either way.
 #include <cstring>
 
 #include "../kernels/wire.h"
@@ -43,6 +44,37 @@ __global__ void wire_rows_kernel(const uint8_t* values, const int32_t* index, in
   }
 }
 
+// marks[r] = r where row r is a marker, else -1.
+__global__ void wire_marks_kernel(const uint8_t* rows, int64_t count, int64_t width, int64_t* marks) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < count; r += int64_t(gridDim.x) * blockDim.x) {
+    uint16_t offset;
+    memcpy(&offset, rows + r * width, kWireOffsetBytes);
+    marks[r] = offset == kWireMarker ? r : -1;
+  }
+}
+
+// Row r's element, its bucket the number in its last marker (last[r]; row 0's where none came
+// before). A marker reads as -0.0 at its bucket's first index, which adds nothing to a sum.
+__global__ void wire_columns_kernel(const uint8_t* rows, int64_t count, int64_t value_bytes, const int64_t* last,
+                                    uint8_t* values, int32_t* index) {
+  const int64_t width = kWireOffsetBytes + value_bytes;
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < count; r += int64_t(gridDim.x) * blockDim.x) {
+    const uint8_t* row = rows + r * width;
+    uint16_t offset, number;
+    memcpy(&offset, row, kWireOffsetBytes);
+    memcpy(&number, rows + (last[r] > 0 ? last[r] : 0) * width + kWireOffsetBytes, sizeof(number));
+    const bool marker = offset == kWireMarker;
+    index[r] = int32_t(int64_t(number) * kWireBucket + (marker ? 0 : offset));
+    uint8_t* value = values + r * value_bytes;
+    if (!marker) {
+      memcpy(value, row + kWireOffsetBytes, value_bytes);
+      continue;
+    }
+    for (int64_t b = 0; b + 1 < value_bytes; ++b) value[b] = 0;
+    value[value_bytes - 1] = 0x80;  // -0.0: the sign bit alone, in the last byte (little-endian)
+  }
+}
+
 }  // namespace
 
 void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, int64_t count, int64_t start,
@@ -57,6 +89,20 @@ void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, in
     wire_rows_kernel<4><<<grid_for(count + buckets), kThreads, 0, stream>>>(v, index, count, first, buckets, rows);
     check_launch("wire_rows_kernel");
   }
+}
+
+void wire_marks(const uint8_t* rows, int64_t count, int64_t width, int64_t* marks, cudaStream_t stream) {
+  if (count == 0) return;
+  wire_marks_kernel<<<grid_for(count), kThreads, 0, stream>>>(rows, count, width, marks);
+  check_launch("wire_marks_kernel");
+}
+
+void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, const int64_t* last, void* values,
+                  int32_t* index, cudaStream_t stream) {
+  if (count == 0) return;
+  wire_columns_kernel<<<grid_for(count), kThreads, 0, stream>>>(rows, count, value_bytes, last,
+                                                                static_cast<uint8_t*>(values), index);
+  check_launch("wire_columns_kernel");
 }
 
 }  // namespace cuda

@@ -120,26 +120,23 @@ struct CudaDevice {
     cuda::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(), start, length,
                     rows.data_ptr<uint8_t>(), stream());
   }
-  // Each row's base is the number of the last marker at or before it (a running max of marker
-  // positions). Not exact: a marker stays, as -0.0 at its bucket's first index (which adds
-  // nothing to any sum: an unpack needs no size from the host). Exact: the markers are dropped
-  // (a synchronisation, for the count).
+  // Two kernels and torch's running max (csrc/cuda/wire.cu): each row's bucket is its last
+  // marker's. Not exact: a marker stays, as -0.0 at its bucket's first index (which adds nothing
+  // to any sum: an unpack needs no size from the host). Exact: the markers are dropped (a
+  // synchronisation, for the count).
   static std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype,
                                                          bool exact) {
-    if (rows.size(0) == 0)  // (an empty narrow keeps an offset that cannot be viewed as 4-byte values)
-      return {at::empty({0}, rows.options().dtype(value_dtype)), at::empty({0}, rows.options().dtype(at::kInt))};
-    const at::Tensor units = rows.view(at::kShort);
-    const at::Tensor offsets = units.select(1, 0).to(at::kLong).bitwise_and(0xFFFF);
-    const at::Tensor is_marker = offsets.eq(int64_t(kWireMarker));
-    const at::Tensor positions = at::arange(rows.size(0), offsets.options());
-    const at::Tensor last = std::get<0>(at::where(is_marker, positions, -1).cummax(0)).clamp_min(0);
-    const at::Tensor numbers = units.select(1, 1).to(at::kLong).bitwise_and(0xFFFF);
-    const at::Tensor index =
-        (numbers.index_select(0, last) * kWireBucket + at::where(is_marker, 0, offsets)).to(at::kInt);
-    const at::Tensor raw = units.narrow(1, 1, units.size(1) - 1).contiguous().view(value_dtype).view(-1);
-    const at::Tensor values = at::where(is_marker, at::scalar_tensor(-0.0, raw.options()), raw);
+    const int64_t count = rows.size(0), width = rows.size(1);
+    at::Tensor values = at::empty({count}, rows.options().dtype(value_dtype));
+    at::Tensor index = at::empty({count}, rows.options().dtype(at::kInt));
+    if (count == 0) return {values, index};
+    at::Tensor marks = at::empty({count}, rows.options().dtype(at::kLong));
+    cuda::wire_marks(rows.data_ptr<uint8_t>(), count, width, marks.data_ptr<int64_t>(), stream());
+    const at::Tensor last = std::get<0>(marks.cummax(0));
+    cuda::wire_columns(rows.data_ptr<uint8_t>(), count, width - kWireOffsetBytes, last.data_ptr<int64_t>(),
+                       values.data_ptr(), index.data_ptr<int32_t>(), stream());
     if (!exact) return {values, index};
-    const at::Tensor keep = is_marker.logical_not();
+    const at::Tensor keep = marks.lt(0);
     return {values.masked_select(keep), index.masked_select(keep)};
   }
 
