@@ -91,6 +91,8 @@ SC_TORCH_LIBRARY {
   // strictly ascending in it), uint8 [k + buckets, 2 + value bytes]: a marker row for each
   // bucket, then each element's uint16 offset in its bucket and its value's bytes.
   m.def("wire_rows(Tensor values, Tensor index, int start, int length) -> Tensor");
+  // The same rows written into out (uint8, contiguous, exactly their bytes): where they travel.
+  m.def("wire_rows_into(Tensor values, Tensor index, int start, int length, Tensor(a!) out) -> ()");
   // The elements of wire rows whose values are `value_dtype`: (values, index int32), in order.
   m.def("wire_columns(Tensor rows, ScalarType value_dtype) -> (Tensor, Tensor)");
   // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's

@@ -134,23 +134,43 @@ inline void check_wire_value_dtype(const char* op, at::ScalarType dtype) {
 
 // The send of [start, start + length) of a tensor: its selection's values and int32 indices,
 // strictly ascending inside the range.
+inline void check_send(const char* op, const at::Tensor& values, const at::Tensor& index, int64_t start,
+                       int64_t length) {
+  TORCH_CHECK(values.dim() == 1, op, ": values should be 1-D, got ", values.dim(), "-D");
+  TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 1, op, ": index should be a 1-D int32 tensor, got ",
+              index.dim(), "-D ", index.scalar_type());
+  TORCH_CHECK(values.numel() == index.numel(), op, ": values and index should have the same length, got ",
+              values.numel(), " and ", index.numel());
+  TORCH_CHECK(index.device() == values.device(), op, ": values and index should be on one device");
+  TORCH_CHECK(start >= 0 && length >= 0 && start + length <= (int64_t(1) << 31), op,
+              ": [start, start + length) should lie in [0, 2^31), got start ", start, ", length ", length);
+  TORCH_CHECK(index.numel() <= length, op, ": ", index.numel(), " elements do not fit a range of ", length);
+  check_wire_value_dtype(op, values.scalar_type());
+}
+
 template <typename Device>
 at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length) {
   const typename Device::Guard guard(values.device());
-  TORCH_CHECK(values.dim() == 1, "wire_rows: values should be 1-D, got ", values.dim(), "-D");
-  TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 1,
-              "wire_rows: index should be a 1-D int32 tensor, got ", index.dim(), "-D ", index.scalar_type());
-  TORCH_CHECK(values.numel() == index.numel(), "wire_rows: values and index should have the same length, got ",
-              values.numel(), " and ", index.numel());
-  TORCH_CHECK(index.device() == values.device(), "wire_rows: values and index should be on one device");
-  TORCH_CHECK(start >= 0 && length >= 0 && start + length <= (int64_t(1) << 31),
-              "wire_rows: [start, start + length) should lie in [0, 2^31), got start ", start, ", length ", length);
-  TORCH_CHECK(index.numel() <= length, "wire_rows: ", index.numel(), " elements do not fit a range of ", length);
-  check_wire_value_dtype("wire_rows", values.scalar_type());
+  check_send("wire_rows", values, index, start, length);
   at::Tensor rows = at::empty({index.numel() + wire_buckets(start, length), kWireOffsetBytes + values.element_size()},
                               values.options().dtype(at::kByte));
   Device::wire_rows(values.contiguous(), index.contiguous(), start, length, rows);
   return rows;
+}
+
+// The same rows written into `out` (uint8, contiguous, exactly their bytes): a DDP bucket's chunk
+// takes them where they travel, with no tensor of their own and no copy.
+template <typename Device>
+void wire_rows_into(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
+                    const at::Tensor& out) {
+  const typename Device::Guard guard(values.device());
+  check_send("wire_rows_into", values, index, start, length);
+  const int64_t bytes = (index.numel() + wire_buckets(start, length)) * (kWireOffsetBytes + values.element_size());
+  TORCH_CHECK(
+      out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == bytes && out.device() == values.device(),
+      "wire_rows_into: out should be a contiguous uint8 tensor of ", bytes, " bytes on values' device, got ",
+      out.scalar_type(), " of ", out.numel(), " on ", out.device());
+  Device::wire_rows(values.contiguous(), index.contiguous(), start, length, out);
 }
 
 inline void check_wire_rows(const char* op, const at::Tensor& rows, at::ScalarType value_dtype) {
@@ -234,6 +254,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("momentum_step", &momentum_step<Device>);
   m.impl("sum_of_squares", &sum_of_squares<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
+  m.impl("wire_rows_into", &wire_rows_into<Device>);
   m.impl("wire_columns", &wire_columns<Device>);
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);
   m.impl("sparse_unpack_gathered_rows_into", &sparse_unpack_gathered_rows_into<Device>);

@@ -7,6 +7,7 @@ header of every parameter's count, so no size exchange comes first.
 """
 
 import abc
+import dataclasses
 
 import torch
 
@@ -47,6 +48,17 @@ def _share_bytes(layout, width):
 
 def _bytes(tensor):
     return tensor.contiguous().view(-1).view(torch.uint8)
+
+
+@dataclasses.dataclass
+class Send:
+    """A send whose wire rows are still to be written: its values, int32 indices, the tensor's
+    numel and the rows' bytes."""
+
+    values: torch.Tensor
+    index: torch.Tensor
+    length: int
+    nbytes: int
 
 
 class BucketPart(abc.ABC):
@@ -122,11 +134,13 @@ class Gathered(BucketPart):
 
     def add(self, grad, name, packed, capacity):
         """A parameter's Packed (values or codes, with indices), at most `capacity` elements."""
-        if packed.bits is None:
-            rows = ops.wire_rows(packed.values, packed.index, 0, grad.numel())
-            _, sent, received = self.add_rows(
-                grad, name, rows, packed.values.dtype, capacity + wire.buckets(0, grad.numel())
-            )
+        if packed.bits is None:  # its rows are written at start, straight into the chunk
+            rows = packed.index.numel() + wire.buckets(0, grad.numel())
+            width = wire.INDEX_BYTES + packed.values.element_size()
+            send = Send(packed.values, packed.index, grad.numel(), rows * width)
+            reader = ("rows", packed.values.dtype, width)
+            capacity_bytes = _aligned((capacity + wire.buckets(0, grad.numel())) * width)
+            _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
             return packed.index.numel(), sent, received  # elements, not rows
         blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
         segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
@@ -139,9 +153,10 @@ class Gathered(BucketPart):
         )
 
     def _add(self, grad, name, count, blob, capacity_bytes, reader):
-        if blob.numel() > capacity_bytes:
+        """`blob`: the bytes to send, or a Send whose rows are written into the chunk at start."""
+        if blob.nbytes > capacity_bytes:
             raise RuntimeError(
-                f"sparsecomm ddp_hook: {count} elements of {name!r} ({blob.numel()} bytes) exceed its "
+                f"sparsecomm ddp_hook: {count} elements of {name!r} ({blob.nbytes} bytes) exceed its "
                 f"capacity ({capacity_bytes} bytes)"
             )
         self.items.append((grad, name, count, capacity_bytes, reader))
@@ -151,12 +166,16 @@ class Gathered(BucketPart):
     def start(self):
         if not self.items:
             return []
-        device = self.blobs[0].device
+        device = self.items[0][0].device
         offset = COUNT * len(self.items)
         mine = torch.zeros(offset + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device)
         mine[:offset] = _header([count for _, _, count, _, _ in self.items], device)
         for blob, (*_, capacity, _) in zip(self.blobs, self.items):
-            mine[offset : offset + blob.numel()] = _bytes(blob)
+            region = mine[offset : offset + blob.nbytes]
+            if isinstance(blob, Send):
+                ops.wire_rows_into(blob.values, blob.index, 0, blob.length, out=region)
+            else:
+                region.copy_(_bytes(blob))
             offset += capacity
         ranks = self.ways.size()
         self.everyone = torch.empty(ranks * mine.numel(), dtype=torch.uint8, device=device)

@@ -119,6 +119,11 @@ def _wire_rows(values, index, start, length):
     return values.new_empty((rows, wire.INDEX_BYTES + values.element_size()), dtype=torch.uint8)
 
 
+@_fake("wire_rows_into")
+def _wire_rows_into(values, index, start, length, out):
+    return None
+
+
 @_fake("wire_columns")
 def _wire_columns(rows, value_dtype):
     count = torch.library.get_ctx().new_dynamic_size()  # the marker rows dropped

@@ -182,6 +182,13 @@ def wire_rows(values, index, start, length):
     return _ops.wire_rows(values, index, start, length)
 
 
+def wire_rows_into(values, index, start, length, *, out):
+    """wire_rows written into `out` (uint8, contiguous, exactly the rows' bytes, any shape): where
+    they travel, with no tensor of their own. Returns out."""
+    _ops.wire_rows_into(values, index, start, length, out)
+    return out
+
+
 def wire_columns(rows, value_dtype):
     """(values, index int32) of wire rows whose values are `value_dtype` (any sends, one after
     the other), in order: the marker rows dropped."""

@@ -71,6 +71,31 @@ def test_wire_rows_are_markers_then_offsets_and_values_and_split_back_exactly(de
     assert torch.equal(got_index.cpu(), index)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("start,length,chosen", RANGES)
+def test_wire_rows_into_writes_the_same_bytes_where_they_travel(device, dtype, start, length, chosen):
+    """Into a region of a larger chunk (as a DDP bucket's): the bytes of wire_rows, the
+    neighbours untouched."""
+    index = torch.tensor(chosen, dtype=torch.int32, device=device)
+    values = torch.randn(index.numel(), generator=torch.Generator().manual_seed(length)).to(dtype).to(device)
+    want = ops.wire_rows(values, index, start, length).view(-1)
+    chunk = torch.full((want.numel() + 16,), 0xAB, dtype=torch.uint8, device=device)
+    region = chunk[8 : 8 + want.numel()]
+    assert ops.wire_rows_into(values, index, start, length, out=region) is region
+    assert torch.equal(region, want)
+    assert torch.equal(chunk[:8], chunk.new_full((8,), 0xAB)) and torch.equal(chunk[-8:], chunk.new_full((8,), 0xAB))
+
+
+def test_wire_rows_into_names_an_out_of_the_wrong_size():
+    values, index = torch.randn(3), torch.tensor([0, 5, 9], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=r"wire_rows_into: out should be a contiguous uint8 tensor of 24 bytes on "):
+        ops.wire_rows_into(values, index, 0, 10, out=torch.empty(23, dtype=torch.uint8))
+    with pytest.raises(
+        RuntimeError, match=r"wire_rows_into: values and index should have the same length, got 3 and 2"
+    ):
+        ops.wire_rows_into(values, index[:2], 0, 10, out=torch.empty(24, dtype=torch.uint8))
+
+
 def test_wire_columns_read_sends_one_after_another_as_an_alltoall_brings_them(device):
     """SparDL's owner reads every rank's send of its block, concatenated: each send's first
     marker resets the bucket, even to a lower one."""
@@ -161,6 +186,7 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
     rows = ops.wire_rows(values, index, 0, 40)
     torch.library.opcheck(ops._ops.wire_rows.default, (values, index, 0, 40))
     torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
+    torch.library.opcheck(ops._ops.wire_rows_into.default, (values, index, 0, 40, torch.empty(126, dtype=torch.uint8)))
     torch.library.opcheck(
         ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40))
     )
