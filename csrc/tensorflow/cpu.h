@@ -78,6 +78,28 @@ class CpuDevice {
     return absl::OkStatus();
   }
 
+  // One pass of fixed-size copies, which checks the indices' order and range as it writes.
+  absl::Status wire_rows(const Tensor& values, const Tensor& index, int64_t start, int64_t length, Tensor* rows) const {
+    if (!cpu::wire_rows(values.tensor_data().data(), DataTypeSize(values.dtype()), index.flat<int32_t>().data(),
+                        index.NumElements(), start, length, rows->flat<uint8_t>().data()))
+      return invalid("wire_rows: index should be strictly ascending and inside [start, start + length) = [", start,
+                     ", ", start + length, ")");
+    return absl::OkStatus();
+  }
+
+  // The elements of rows (markers dropped) into outputs 0 and 1: their count is known only after
+  // the pass, so it writes to lists of one element a row first.
+  template <typename T>
+  absl::Status wire_columns(const Tensor& rows) const {
+    const int64_t count = rows.dim_size(0);
+    std::vector<T> values(count);
+    std::vector<int32_t> index(count);
+    const int64_t n = cpu::wire_columns(rows.flat<uint8_t>().data(), count, sizeof(T), values.data(), index.data());
+    if (n < 0) return invalid("wire rows: an element comes before its bucket's marker row, or past 2^31 - 1");
+    TF_RETURN_IF_ERROR(output_vector(0, values.data(), n));
+    return output_vector(1, index.data(), n);
+  }
+
  private:
   // Output `output`: a vector holding data[0, n).
   template <typename V>

@@ -326,6 +326,103 @@ class SparseUnpackOp : public OpKernel {
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_CPU), "T", SparseUnpackOp, CpuDevice);
 
+// ---- SparsecommWireRows, SparsecommWireColumns ----
+// The wire rows of sparsecomm/core/wire.py (kernels/wire.h) built and read by one op each, the
+// torch ops' launchers: as a few dozen graph ops a tensor, they dominated the exchange's tracing.
+namespace {
+
+// The range lies where int32 indices reach: checked when the op is traced and when it runs.
+absl::Status check_wire_range(int64_t start, int64_t length) {
+  constexpr int64_t kEnd = int64_t(1) << 31;
+  if (start <= kEnd && length <= kEnd - start) return absl::OkStatus();  // (start + length could overflow)
+  return invalid("wire_rows: [start, start + length) should lie in [0, 2^31), got start ", start, ", length ", length);
+}
+
+}  // namespace
+
+// WireRows: the send of [start, start + length) of a tensor (index strictly ascending inside it).
+REGISTER_OP("SparsecommWireRows")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("start: int >= 0")
+    .Attr("length: int >= 0")
+    .Input("values: T")
+    .Input("index: int32")
+    .Output("rows: uint8")
+    .SetShapeFn([](InferenceContext* c) {
+      DataType dtype;
+      int64_t start, length;
+      TF_RETURN_IF_ERROR(c->GetAttr("T", &dtype));
+      TF_RETURN_IF_ERROR(c->GetAttr("start", &start));
+      TF_RETURN_IF_ERROR(c->GetAttr("length", &length));
+      TF_RETURN_IF_ERROR(check_wire_range(start, length));
+      shape_inference::ShapeHandle values, index;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &index));
+      shape_inference::DimensionHandle k, rows;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(values, 0), c->Dim(index, 0), &k));
+      TF_RETURN_IF_ERROR(c->Add(k, wire_buckets(start, length), &rows));  // unknown where k is
+      c->set_output(0, c->Matrix(rows, kWireOffsetBytes + DataTypeSize(dtype)));
+      return absl::OkStatus();
+    });
+
+template <typename Device, typename T>
+class WireRowsOp : public OpKernel {
+ public:
+  explicit WireRowsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("start", &start_));
+    OP_REQUIRES_OK(c, c->GetAttr("length", &length_));
+    OP_REQUIRES_OK(c, check_wire_range(start_, length_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& values = c->input(0);
+    const Tensor& index = c->input(1);
+    OP_REQUIRES_OK(c, check_pair(values, index, "values", "index"));
+    const int64_t k = index.NumElements();
+    OP_REQUIRES(c, k <= length_, invalid("wire_rows: ", k, " elements do not fit a range of ", length_));
+    Tensor* rows = nullptr;
+    const TensorShape shape({k + wire_buckets(start_, length_), kWireOffsetBytes + int64_t(sizeof(T))});
+    OP_REQUIRES_OK(c, c->allocate_output(0, shape, &rows));
+    OP_REQUIRES_OK(c, Device(c).wire_rows(values, index, start_, length_, rows));
+  }
+
+ private:
+  int64_t start_;
+  int64_t length_;
+};
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommWireRows").Device(DEVICE_CPU), "T", WireRowsOp, CpuDevice);
+
+// WireColumns: the elements of rows whose values are T (any sends one after another, as a
+// gather brings them), in order: an element's index is its offset in the last marker's bucket.
+REGISTER_OP("SparsecommWireColumns")
+    .Attr("T: {float, half, bfloat16}")
+    .Input("rows: uint8")
+    .Output("values: T")
+    .Output("index: int32")
+    .SetShapeFn([](InferenceContext* c) {
+      DataType dtype;
+      TF_RETURN_IF_ERROR(c->GetAttr("T", &dtype));
+      shape_inference::ShapeHandle rows;
+      shape_inference::DimensionHandle width;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &rows));
+      TF_RETURN_IF_ERROR(c->WithValue(c->Dim(rows, 1), kWireOffsetBytes + DataTypeSize(dtype), &width));
+      return unknown_vectors(c, 0, 2);
+    });
+
+template <typename Device, typename T>
+class WireColumnsOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* c) override {
+    const Tensor& rows = c->input(0);
+    const int64_t width = kWireOffsetBytes + int64_t(sizeof(T));
+    OP_REQUIRES(c, rows.dims() == 2 && rows.dim_size(1) == width,
+                invalid("wire_columns: rows should be 2-D of ", width, " columns (a uint16 offset, then a ",
+                        DataTypeString(DataTypeToEnum<T>::v()), " value), got shape ", rows.shape().DebugString()));
+    OP_REQUIRES_OK(c, Device(c).template wire_columns<T>(rows));
+  }
+};
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommWireColumns").Device(DEVICE_CPU), "T", WireColumnsOp, CpuDevice);
+
 // ---- SparsecommRandomKIndices ----
 REGISTER_OP("SparsecommRandomKIndices")
     .Input("seed: int64")
@@ -374,6 +471,16 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSumOfSquares").Device(DEVICE_GPU), "T"
 REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_GPU).HostMemory("k"), SelectTopOp<GpuDevice>);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_GPU), "dtype", SendSelectedOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_GPU), "T", SparseUnpackOp, GpuDevice);
+// The wire rows' GPU kernels are the CPU pass on host memory (TF's own Pack does this for
+// int32): csrc/cuda has no launcher for them (torch's CUDA binding uses torch's scatters), and
+// WireColumns' output count would need a host synchronisation anyway. A GPU graph copies the
+// selection's pairs and rows between host and device: bytes of the selection, not the tensor.
+SC_REGISTER_FLOAT_KERNELS(
+    Name("SparsecommWireRows").Device(DEVICE_GPU).HostMemory("values").HostMemory("index").HostMemory("rows"), "T",
+    WireRowsOp, CpuDevice);
+SC_REGISTER_FLOAT_KERNELS(
+    Name("SparsecommWireColumns").Device(DEVICE_GPU).HostMemory("rows").HostMemory("values").HostMemory("index"), "T",
+    WireColumnsOp, CpuDevice);
 REGISTER_KERNEL_BUILDER(Name("SparsecommRandomKIndices")
                             .Device(DEVICE_GPU)
                             .HostMemory("seed")

@@ -1,10 +1,12 @@
 """What one rank puts on the wire for a gathered tensor: ONE buffer per tensor and step, so
-one allgather carries it (not one per part). Written once here; the TF exchange builds and
-reads it with TF ops, torch with the ops wire_rows, wire_columns and sparse_unpack_rows
-(csrc/torch/select.h), quantized_segment and sparse_unpack_segments (csrc/torch/quantize.h,
-whose QuantizedSegment mirrors Segment below). No arithmetic on the values: the same bytes on
-every framework (tests/ops/test_torch_wire_ops.py checks torch's against rows built in numpy,
-tests/ops/test_tf_select_ops.py TF's against torch's).
+one allgather carries it (not one per part). Written once here; torch builds and reads it with
+the ops wire_rows, wire_columns and sparse_unpack_rows (csrc/torch/select.h), quantized_segment
+and sparse_unpack_segments (csrc/torch/quantize.h, whose QuantizedSegment mirrors Segment
+below); the TF exchange its rows with the ops SparsecommWireRows and SparsecommWireColumns
+(csrc/tensorflow/select.cc, the torch ops' CPU launchers), its segments with TF graph ops. No
+arithmetic on the values: the same bytes on every framework (tests/ops/test_torch_wire_ops.py
+checks torch's against rows built in numpy, tests/ops/test_tf_select_ops.py TF's against
+torch's, tests/ops/test_tf_wire_ops.py TF's ops against the graph ops that built them before).
 
 Values and indices (allgather, SparDL, hierarchical, the DDP hook): uint8 rows of
 ``2 + value_bytes``, one row per sent element: its index's offset in its bucket (uint16), then

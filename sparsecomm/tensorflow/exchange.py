@@ -208,27 +208,9 @@ def _view(data, dtype):
 
 def _rows(values, index, start, length):
     """The wire rows of sparsecomm.core.wire of a send of [start, start + length) (index int32,
-    strictly ascending in it): uint8 [k + buckets, 2 + value bytes], each bucket's marker row
-    before its elements' rows. Element j goes to row j + (its bucket - the first) + 1, marker i to
-    row i + the elements of the buckets before it (torch's CUDA op places them alike)."""
-    first, n = start // wire_format.BUCKET, wire_format.buckets(start, length)
-    index = tf.cast(index, tf.int64)
-    bucket = index // wire_format.BUCKET
-    elements = tf.concat([_u16_bytes(index - bucket * wire_format.BUCKET), _bytes(values, [-1, values.dtype.size])], 1)
-    numbers = tf.range(first, first + n, dtype=tf.int64)
-    padding = tf.zeros([n, values.dtype.size - 2], tf.uint8)
-    markers = tf.concat(
-        [_u16_bytes(tf.fill([n], tf.constant(wire_format.MARKER, tf.int64))), _u16_bytes(numbers), padding], 1
-    )
-    k = tf.size(index, out_type=tf.int64)
-    places = tf.concat(
-        [
-            tf.range(k) + bucket - first + 1,
-            tf.range(n, dtype=tf.int64) + tf.searchsorted(bucket, numbers, out_type=tf.int64),
-        ],
-        0,
-    )
-    return tf.gather(tf.concat([elements, markers], 0), tf.math.invert_permutation(places))
+    strictly ascending in it): uint8 [k + buckets, 2 + value bytes]. One op (the torch op's
+    launcher): as graph ops, they dominated the tracing of every exchange."""
+    return ops.wire_rows(values, index, start, length)
 
 
 def _u16_bytes(ints):
@@ -239,13 +221,7 @@ def _u16_bytes(ints):
 def _from_rows(rows, value_dtype):
     """(values, index int32) of wire rows (any sends one after another), the marker rows dropped:
     an element's index is the last marker's bucket times BUCKET plus its offset."""
-    offsets = tf.cast(_view(rows[:, :2], tf.uint16), tf.int64)
-    is_marker = tf.equal(offsets, wire_format.MARKER)
-    numbers = tf.boolean_mask(tf.cast(_view(rows[:, 2:4], tf.uint16), tf.int64), is_marker)
-    last = tf.maximum(tf.cumsum(tf.cast(is_marker, tf.int64)) - 1, 0)
-    index = tf.gather(numbers, last) * wire_format.BUCKET + offsets
-    keep = tf.logical_not(is_marker)
-    return tf.boolean_mask(_view(rows[:, 2:], value_dtype), keep), tf.cast(tf.boolean_mask(index, keep), tf.int32)
+    return ops.wire_columns(rows, value_dtype)
 
 
 def _segment(packed, numel):

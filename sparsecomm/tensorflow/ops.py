@@ -193,6 +193,18 @@ def sparse_unpack(values, index, numel, scale=1.0, divisor=1):
     return _lib.sparsecomm_sparse_unpack(values, index, tf.reshape(scale, [-1]), numel=int(numel), divisor=int(divisor))
 
 
+def wire_rows(values, index, start, length):
+    """The wire rows of sparsecomm.core.wire of a send of [start, start + length) (index int32,
+    strictly ascending in it): uint8 [k + buckets, 2 + value bytes]; the torch op's bytes."""
+    return _lib.sparsecomm_wire_rows(values, index, start=int(start), length=int(length))
+
+
+def wire_columns(rows, value_dtype):
+    """(values, index int32) of wire rows whose values are `value_dtype` (any sends, one after
+    another), in order, the marker rows dropped."""
+    return tuple(_lib.sparsecomm_wire_columns(rows, T=value_dtype))
+
+
 def random_k_indices(numel, k, *, seed, tensor_id, step):
     """k distinct indices of [0, numel), sorted, int32; the torch op's stream."""
     return _lib.sparsecomm_random_k_indices(

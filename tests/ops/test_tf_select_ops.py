@@ -168,7 +168,7 @@ def test_tf_unpack_scaled_by_a_tensor_equals_torch_rows(torch_dtype, tf_dtype, r
 
 @pytest.mark.parametrize("torch_dtype,tf_dtype", DTYPES)
 def test_tf_wire_rows_are_torch_bytes_and_read_back_alike(torch_dtype, tf_dtype):
-    """The TF exchange builds and reads sparsecomm.core.wire's rows with TF ops: byte for byte
+    """The TF exchange builds and reads sparsecomm.core.wire's rows with its ops: byte for byte
     torch's (tests/ops/test_torch_wire_ops.py checks those against numpy), for a whole tensor and
     SparDL blocks of three buckets, read back concatenated as an alltoall brings them."""
     from sparsecomm.tensorflow import exchange
