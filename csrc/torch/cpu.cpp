@@ -97,8 +97,7 @@ struct CpuDevice {
                     " bytes");
         parts.push_back(chunk.narrow(0, regions[3 * p + 1], count * width).view({count, width}));
       }
-      const auto [values, index] = wire_columns(at::cat(parts), value_dtype, false);
-      unpack_into<CpuDevice>(values.to(outs[p].scalar_type()), index, scale, outs[p]);
+      unpack_rows<CpuDevice>(at::cat(parts), value_dtype, scale, outs[p]);
     }
   }
 

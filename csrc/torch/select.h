@@ -2,6 +2,8 @@
 // in csrc/cpu/select.cpp, csrc/cuda/select.cu), each body written once over a device policy
 // (common.h). Where a device computes differently, the body calls the policy's step.
 #pragma once
+#include <array>
+
 #include "common.h"
 
 namespace sparsecomm {
@@ -148,12 +150,17 @@ inline void check_send(const char* op, const at::Tensor& values, const at::Tenso
   check_wire_value_dtype(op, values.scalar_type());
 }
 
+// The rows' shape: [k + buckets, 2 + value bytes].
+inline std::array<int64_t, 2> rows_shape(const at::Tensor& values, const at::Tensor& index, int64_t start,
+                                         int64_t length) {
+  return {index.numel() + wire_buckets(start, length), kWireOffsetBytes + int64_t(values.element_size())};
+}
+
 template <typename Device>
 at::Tensor wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length) {
   const typename Device::Guard guard(values.device());
   check_send("wire_rows", values, index, start, length);
-  at::Tensor rows = at::empty({index.numel() + wire_buckets(start, length), kWireOffsetBytes + values.element_size()},
-                              values.options().dtype(at::kByte));
+  at::Tensor rows = at::empty(rows_shape(values, index, start, length), values.options().dtype(at::kByte));
   Device::wire_rows(values.contiguous(), index.contiguous(), start, length, rows);
   return rows;
 }
@@ -165,7 +172,8 @@ void wire_rows_into(const at::Tensor& values, const at::Tensor& index, int64_t s
                     const at::Tensor& out) {
   const typename Device::Guard guard(values.device());
   check_send("wire_rows_into", values, index, start, length);
-  const int64_t bytes = (index.numel() + wire_buckets(start, length)) * (kWireOffsetBytes + values.element_size());
+  const auto shape = rows_shape(values, index, start, length);
+  const int64_t bytes = shape[0] * shape[1];
   TORCH_CHECK(
       out.scalar_type() == at::kByte && out.is_contiguous() && out.numel() == bytes && out.device() == values.device(),
       "wire_rows_into: out should be a contiguous uint8 tensor of ", bytes, " bytes on values' device, got ",
@@ -189,6 +197,14 @@ std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::Scal
   return Device::wire_columns(rows.contiguous(), value_dtype, /*exact=*/true);
 }
 
+// The elements of wire rows, their values cast to out's dtype, unpacked into out (the markers,
+// read as -0.0 where not dropped, add nothing).
+template <typename Device>
+void unpack_rows(const at::Tensor& rows, at::ScalarType value_dtype, UnpackScale factor, const at::Tensor& out) {
+  const auto [values, index] = Device::wire_columns(rows, value_dtype, /*exact=*/false);
+  unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
+}
+
 // sparse_unpack_into of gathered wire rows (each rank's, in rank order), their values cast to
 // out's dtype, the sums scaled by scale / divisor (unpack_scale).
 template <typename Device>
@@ -197,8 +213,7 @@ void sparse_unpack_rows_into(const at::Tensor& rows, at::ScalarType value_dtype,
   const UnpackScale factor = unpack_scale("sparse_unpack_rows", scale, divisor, out);
   const typename Device::Guard guard(rows.device());
   check_wire_rows("sparse_unpack_rows", rows, value_dtype);
-  const auto [values, index] = Device::wire_columns(rows.contiguous(), value_dtype, /*exact=*/false);
-  unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
+  unpack_rows<Device>(rows.contiguous(), value_dtype, factor, out);
 }
 
 // sparse_unpack_rows_into of many tensors' gathered rows at once (a DDP bucket's): each row of

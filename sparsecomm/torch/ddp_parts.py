@@ -135,11 +135,13 @@ class Gathered(BucketPart):
     def add(self, grad, name, packed, capacity):
         """A parameter's Packed (values or codes, with indices), at most `capacity` elements."""
         if packed.bits is None:  # its rows are written at start, straight into the chunk
-            rows = packed.index.numel() + wire.buckets(0, grad.numel())
-            width = wire.INDEX_BYTES + packed.values.element_size()
-            send = Send(packed.values, packed.index, grad.numel(), rows * width)
-            reader = ("rows", packed.values.dtype, width)
-            capacity_bytes = _aligned((capacity + wire.buckets(0, grad.numel())) * width)
+            numel, value_bytes = grad.numel(), packed.values.element_size()
+            rows = packed.index.numel() + wire.buckets(0, numel)
+            send = Send(
+                packed.values, packed.index, numel, wire.rows_bytes(packed.index.numel(), value_bytes, 0, numel)
+            )
+            reader = ("rows", packed.values.dtype, wire.INDEX_BYTES + value_bytes)
+            capacity_bytes = _aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
             _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
             return packed.index.numel(), sent, received  # elements, not rows
         blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
