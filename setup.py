@@ -1,6 +1,6 @@
 """Build sparsecomm against the torch and/or TensorFlow installed in this environment:
 
-    pip install --no-build-isolation .            (a checkout, or sparsecomm-X.tar.gz)
+    pip install --no-cache-dir --no-build-isolation .   (a checkout, or sparsecomm-X.tar.gz)
 
 Builds the torch extension sparsecomm._C when torch imports and the TF op library
 sparsecomm/tensorflow/_ops*.so when TensorFlow imports, both from csrc/, and writes
@@ -40,7 +40,7 @@ VERSION = "0.1.0"
 HOW_TO_BUILD = (
     "sparsecomm compiles against the torch and/or TensorFlow of your environment, and this "
     "build sees neither (pip builds in an isolated environment unless told otherwise). "
-    "Install the framework first, then:\n    pip install --no-build-isolation sparsecomm-*.tar.gz"
+    "Install the framework first, then:\n    pip install --no-cache-dir --no-build-isolation sparsecomm-*.tar.gz"
     "   (or `pip install --no-build-isolation .` in a checkout)"
 )
 # -march macros -> /proc/cpuinfo flags: what a build may execute, checked at import (build_info.py).

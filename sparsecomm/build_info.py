@@ -25,7 +25,10 @@ def rebuild_command():
     """The command that rebuilds sparsecomm here, against the installed frameworks."""
     if is_checkout():
         return f"cd {os.path.dirname(PACKAGE)} && pip install --no-build-isolation -e .  (or `make build`)"
-    return "pip install --no-build-isolation --no-deps --force-reinstall sparsecomm-*.tar.gz  (the sdist you installed)"
+    return (
+        "pip install --no-cache-dir --no-build-isolation --no-deps --force-reinstall sparsecomm-*.tar.gz"
+        "  (the sdist you installed)"
+    )
 
 
 def read():

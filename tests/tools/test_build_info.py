@@ -49,6 +49,14 @@ def test_another_torch_names_both_versions_and_the_rebuild_command(record):
         build_info.require("torch", "2.14.1+cu130", cpu_flags={"avx2", "f16c"})
 
 
+def test_an_installed_package_s_rebuild_skips_pip_s_cache(record, monkeypatch, tmp_path):
+    """pip reinstalls the wheel it cached from the same sdist (the old build) unless told not to."""
+    monkeypatch.setattr(build_info, "PACKAGE", str(tmp_path / "site-packages" / "sparsecomm"))
+    record(BUILT)
+    with pytest.raises(ImportError, match=r"pip install --no-cache-dir --no-build-isolation .*--force-reinstall"):
+        build_info.require("torch", "2.14.1+cu130", cpu_flags={"avx2", "f16c"})
+
+
 def test_a_framework_installed_after_the_build_asks_for_a_rebuild(record):
     record(BUILT)
     with pytest.raises(ImportError, match=r"built without TensorFlow support(.|\n)*TensorFlow 2\.21\.0 is installed"):

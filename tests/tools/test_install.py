@@ -23,7 +23,7 @@ from setuptools import find_packages
 from sparsecomm import install_horovod
 
 USER_SCRIPTS = os.path.join(ROOT, "tests", "install")
-INSTALL = ["install", "--no-build-isolation"]  # docs/install.md's command, before the sdist's path
+INSTALL = ["install", "--no-cache-dir", "--no-build-isolation"]  # docs/install.md's command, before the sdist
 
 
 def run(cmd, *, cwd, env=None, timeout=1200, check=True):
@@ -116,7 +116,14 @@ def fresh_venv(path, *packages):
 
 
 def install_sdist(python, venv, sdist, **extra_env):
-    return run([python, "-m", "pip", *INSTALL, sdist], cwd=venv, env=dict(venv_env(venv), **extra_env))
+    """The docs' command, with a pip cache of the venv's own that must stay free of sparsecomm: pip
+    keeps a wheel built from an sdist under the sdist's path and installs it in any environment
+    (the three builds here share one sdist, so a cached torch build could land in the TF one)."""
+    cache = venv / "pip-cache"
+    env = dict(venv_env(venv), PIP_CACHE_DIR=str(cache), **extra_env)
+    proc = run([python, "-m", "pip", *INSTALL, sdist], cwd=venv, env=env)
+    assert glob.glob(str(cache / "**" / "sparsecomm-*.whl"), recursive=True) == [], "pip cached the build"
+    return proc
 
 
 def framework_venv(venv, sdist, framework_pin):
@@ -200,12 +207,13 @@ def test_the_self_check_runs_from_an_installed_package(torch_venv):
 def test_a_plain_isolated_install_stops_early_naming_the_command(torch_venv, sdist):
     venv, python = torch_venv
     proc = run(
-        [python, "-m", "pip", "install", "--force-reinstall", "--no-deps", sdist],
+        [python, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps", sdist],
         cwd=venv,
         env=venv_env(venv),
         check=False,
     )
-    assert proc.returncode != 0 and "pip install --no-build-isolation" in proc.stdout + proc.stderr, proc.stderr
+    said = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "pip install --no-cache-dir --no-build-isolation" in said, said
 
 
 @pytest.fixture(scope="module")
