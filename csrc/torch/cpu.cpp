@@ -108,9 +108,14 @@ struct CpuDevice {
     return at::scalar_tensor(t, a.grad.options().dtype(at::kFloat));
   }
 
-  // One pass that appends the candidates to this thread's reused lists (CUDA counts first instead).
+  // One pass that appends the candidates to this thread's reused lists (CUDA counts first instead,
+  // and compacts once the totals are read): here the candidates are complete after the count.
+  struct Counted {
+    at::Tensor acc, index;
+  };
+
   template <typename T>
-  static std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const FeedbackArgs& a, const at::Tensor& threshold) {
+  static Counted count_candidates(const FeedbackArgs& a, const at::Tensor& threshold) {
     static thread_local std::vector<float> acc;
     static thread_local std::vector<int32_t> index;
     acc.clear();
@@ -123,6 +128,17 @@ struct CpuDevice {
     cpu::kept_capacity(acc);
     cpu::kept_capacity(index);
     return {acc_t, index_t};
+  }
+
+  static std::vector<int64_t> read_totals(const std::vector<Counted>& counted) {
+    std::vector<int64_t> totals;
+    for (const Counted& c : counted) totals.push_back(c.acc.numel());
+    return totals;
+  }
+
+  template <typename T>
+  static std::tuple<at::Tensor, at::Tensor> compact_candidates(const FeedbackArgs&, const Counted& c, int64_t) {
+    return {c.acc, c.index};
   }
 
   // An in-place selection on copies of the candidates (CUDA uses torch's sort instead).

@@ -150,10 +150,15 @@ struct CudaDevice {
     return threshold;
   }
 
-  // Threads cannot append to one list in index order: count per tile, scan, then compact.
+  // Threads cannot append to one list in index order: count per tile and scan (count_candidates),
+  // read the total back to size the output, then compact (compact_candidates). Many tensors'
+  // counts are read back together (read_totals): one synchronisation for all of them.
+  struct Counted {
+    at::Tensor threshold, offsets, total;  // total: 1 element, on the device
+  };
+
   template <typename T>
-  static std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const FeedbackArgs& a,
-                                                                  const at::Tensor& threshold_in) {
+  static Counted count_candidates(const FeedbackArgs& a, const at::Tensor& threshold_in) {
     const int64_t numel = a.grad.numel();
     const at::Tensor threshold = threshold_in.to(a.grad.device(), at::kFloat).reshape({});
     const int64_t tiles = cuda::candidate_tiles(numel);
@@ -161,18 +166,32 @@ struct CudaDevice {
     cuda::accumulate_count<T>(data_as<T>(a.grad), a.fb, numel, threshold.data_ptr<float>(), counts.data_ptr<int32_t>(),
                               stream());
     const at::Tensor inclusive = counts.cumsum(0, at::kLong);
-    const at::Tensor offsets = inclusive - counts;
-    const int64_t total = tiles ? inclusive[tiles - 1].item<int64_t>() : 0;  // the one sync: the output's size
+    const at::Tensor total = tiles ? inclusive.narrow(0, tiles - 1, 1) : at::zeros({1}, inclusive.options());
+    return {threshold, inclusive - counts, total};
+  }
+
+  static std::vector<int64_t> read_totals(const std::vector<Counted>& counted) {
+    if (counted.empty()) return {};
+    std::vector<at::Tensor> totals;
+    for (const Counted& c : counted) totals.push_back(c.total);
+    const at::Tensor host = at::cat(totals).cpu();  // the one synchronisation: the outputs' sizes
+    return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  }
+
+  template <typename T>
+  static std::tuple<at::Tensor, at::Tensor> compact_candidates(const FeedbackArgs& a, const Counted& c, int64_t total) {
     at::Tensor acc = at::empty({total}, a.grad.options().dtype(at::kFloat));
     at::Tensor index = at::empty({total}, a.grad.options().dtype(at::kInt));
+    const float* t = c.threshold.data_ptr<float>();
+    const int64_t* offsets = c.offsets.data_ptr<int64_t>();
     // acc is read back from the tensor that now holds it (feedback.h): residual, momentum or grad.
     const float* state = a.fb.residual_out ? a.fb.residual_out : a.fb.momentum_out;
     if (state) {
-      cuda::compact_candidates<float>(state, numel, threshold.data_ptr<float>(), offsets.data_ptr<int64_t>(),
-                                      acc.data_ptr<float>(), index.data_ptr<int32_t>(), stream());
+      cuda::compact_candidates<float>(state, a.grad.numel(), t, offsets, acc.data_ptr<float>(),
+                                      index.data_ptr<int32_t>(), stream());
     } else {
-      cuda::compact_candidates<T>(data_as<T>(a.grad), numel, threshold.data_ptr<float>(), offsets.data_ptr<int64_t>(),
-                                  acc.data_ptr<float>(), index.data_ptr<int32_t>(), stream());
+      cuda::compact_candidates<T>(data_as<T>(a.grad), a.grad.numel(), t, offsets, acc.data_ptr<float>(),
+                                  index.data_ptr<int32_t>(), stream());
     }
     return {acc, index};
   }

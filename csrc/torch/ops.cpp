@@ -107,6 +107,12 @@ SC_TORCH_LIBRARY {
   m.def(
       "sparse_unpack_gathered_rows_into(Tensor gathered, int[] regions, ScalarType value_dtype, Tensor scale, "
       "int divisor, Tensor(a!)[] outs) -> ()");
+  // The sampled packs of many tensors (sparsecomm/core/packing.py's pack_sampled and pack_topk,
+  // select.h's pack_sampled_many says how): (values, index) of each, the states updated in place.
+  m.def(
+      "pack_sampled_many(Tensor[] grads, Tensor(a!)?[] residuals, Tensor(b!)?[] momenta, float momentum_factor, "
+      "Tensor?[] grad_scales, bool nesterov, bool masking, float[] ratios, int[] plans, int seed, "
+      "ScalarType? value_dtype) -> (Tensor[], Tensor[])");
 }
 
 }  // namespace sparsecomm

@@ -3,6 +3,7 @@
 // (common.h). Where a device computes differently, the body calls the policy's step.
 #pragma once
 #include <array>
+#include <cmath>
 
 #include "common.h"
 
@@ -21,6 +22,35 @@ at::Tensor sample_threshold(const at::Tensor& grad, const c10::optional<at::Tens
                                  [&] { return Device::template sample_threshold<scalar_t>(a, plan); });
 }
 
+// accumulate_candidates' arguments, checked (op: the name its errors give).
+inline FeedbackArgs candidate_args(const char* op, const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
+                                   const c10::optional<at::Tensor>& momentum, double momentum_factor,
+                                   const at::Tensor& threshold, const c10::optional<at::Tensor>& grad_scale,
+                                   bool nesterov) {
+  TORCH_CHECK(threshold.numel() == 1, op, ": threshold should have one element, got ", threshold.numel());
+  // (the candidates' acc is read back from the state the pass wrote, not from grad)
+  TORCH_CHECK(!grad_scale.has_value() || residual.has_value() || momentum.has_value(), op,
+              ": grad_scale needs a residual or a momentum, got neither");
+  // (and Nesterov's acc is not the momentum: it is read back from the residual)
+  TORCH_CHECK(!nesterov || residual.has_value(), op, ": nesterov=True needs a residual, got None");
+  return FeedbackArgs(op, grad, residual, momentum, momentum_factor, grad_scale, nesterov);
+}
+
+// The state pass with its candidates counted (the device's first phase: on CUDA, nothing read back).
+template <typename Device>
+typename Device::Counted count_candidates(const FeedbackArgs& a, const at::Tensor& threshold) {
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "count_candidates",
+                                 [&] { return Device::template count_candidates<scalar_t>(a, threshold); });
+}
+
+// The candidates, once their number is known on the host (the device's second phase).
+template <typename Device>
+std::tuple<at::Tensor, at::Tensor> compact_candidates(const FeedbackArgs& a, const typename Device::Counted& counted,
+                                                      int64_t total) {
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "compact_candidates",
+                                 [&] { return Device::template compact_candidates<scalar_t>(a, counted, total); });
+}
+
 template <typename Device>
 std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
                                                          const c10::optional<at::Tensor>& residual,
@@ -28,16 +58,10 @@ std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
                                                          double momentum_factor, const at::Tensor& threshold,
                                                          const c10::optional<at::Tensor>& grad_scale, bool nesterov) {
   const typename Device::Guard guard(grad.device());
-  TORCH_CHECK(threshold.numel() == 1, "accumulate_candidates: threshold should have one element, got ",
-              threshold.numel());
-  // (the candidates' acc is read back from the state the pass wrote, not from grad)
-  TORCH_CHECK(!grad_scale.has_value() || residual.has_value() || momentum.has_value(),
-              "accumulate_candidates: grad_scale needs a residual or a momentum, got neither");
-  // (and Nesterov's acc is not the momentum: it is read back from the residual)
-  TORCH_CHECK(!nesterov || residual.has_value(), "accumulate_candidates: nesterov=True needs a residual, got None");
-  FeedbackArgs a("accumulate_candidates", grad, residual, momentum, momentum_factor, grad_scale, nesterov);
-  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates",
-                                 [&] { return Device::template accumulate_candidates<scalar_t>(a, threshold); });
+  const FeedbackArgs a = candidate_args("accumulate_candidates", grad, residual, momentum, momentum_factor, threshold,
+                                        grad_scale, nesterov);
+  const typename Device::Counted counted = count_candidates<Device>(a, threshold);
+  return compact_candidates<Device>(a, counted, Device::read_totals({counted})[0]);
 }
 
 template <typename Device>
@@ -256,6 +280,95 @@ at::Tensor random_k_indices(const at::Tensor& like, int64_t seed, int64_t tensor
   return Device::random_k_indices(perm, k, at::empty({k}, like.options().dtype(at::kInt)));
 }
 
+// The sampled packs of sparsecomm/core/packing.py (pack_sampled, and pack_topk's top_candidates)
+// of many tensors in one call, each as those compose it for one tensor, through the same op
+// bodies: the same bits, without Python and the dispatcher between the steps of every tensor.
+// plans[kPackPlan * p ..] = (k, sample_count, too_few, too_many, tensor_id, step): the threshold
+// sampled at ratios[p] (none when sample_count is 0: every element is a candidate, or none for
+// k = 0), then k exactly where the count is above too_many (the candidates' top k) or below
+// too_few (every element's, a second read-only pass), the send in value_dtype (None: grad's).
+constexpr int64_t kPackPlan = 6;
+
+// One tensor of pack_sampled_many: its arguments, its plan and its state pass, counted.
+template <typename Device>
+struct SampledPack {
+  const int64_t* plan;  // kPackPlan numbers
+  c10::optional<at::Tensor> residual, momentum;
+  FeedbackArgs args;
+  typename Device::Counted counted;
+};
+
+// The first phase: the threshold, sampled at `ratio` (none without a sample: 0, or +inf for k = 0),
+// and the state pass with its candidates counted.
+template <typename Device>
+SampledPack<Device> count_sampled(const at::Tensor& grad, c10::optional<at::Tensor> residual,
+                                  c10::optional<at::Tensor> momentum, double momentum_factor,
+                                  const c10::optional<at::Tensor>& grad_scale, bool nesterov, double ratio,
+                                  const int64_t* plan, int64_t seed) {
+  const int64_t k = plan[0], sample_count = plan[1];
+  const at::Tensor threshold =
+      sample_count > 0 ? sample_threshold<Device>(grad, residual, momentum, momentum_factor, ratio, sample_count, seed,
+                                                  plan[4], plan[5], grad_scale, nesterov)
+                       : at::scalar_tensor(k > 0 ? 0.0 : INFINITY, grad.options().dtype(at::kFloat));
+  FeedbackArgs a =
+      candidate_args("pack_sampled_many", grad, residual, momentum, momentum_factor, threshold, grad_scale, nesterov);
+  typename Device::Counted counted = count_candidates<Device>(a, threshold);
+  return {plan, std::move(residual), std::move(momentum), std::move(a), std::move(counted)};
+}
+
+// The second phase, `count` candidates: k exactly where the count is outside [too_few, too_many],
+// from the candidates, or (too few) from every element's acc in a second, read-only pass.
+template <typename Device>
+std::tuple<at::Tensor, at::Tensor> band_selected(const SampledPack<Device>& t, int64_t count) {
+  const int64_t k = t.plan[0], too_few = t.plan[2], too_many = t.plan[3];
+  auto [acc, index] = compact_candidates<Device>(t.args, t.counted, count);
+  if (count > too_many) return select_top<Device>(acc, index, k);
+  if (count >= too_few) return {acc, index};
+  const at::Tensor& every = t.residual ? *t.residual : t.momentum ? *t.momentum : t.args.grad;
+  const at::Tensor zero = at::scalar_tensor(0.0, every.options().dtype(at::kFloat));
+  auto [every_acc, every_index] =
+      accumulate_candidates<Device>(every, c10::nullopt, c10::nullopt, 0.0, zero, c10::nullopt, false);
+  return select_top<Device>(every_acc, every_index, k);
+}
+
+// Every tensor's first phase, one read of all the counts (on CUDA, the only synchronisation but
+// a too-few tensor's second pass), then every tensor's second phase and send.
+template <typename Device>
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
+    at::TensorList grads, const c10::List<c10::optional<at::Tensor>>& residuals,
+    const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
+    const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
+    at::IntArrayRef plans, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
+  const size_t n = grads.size();
+  TORCH_CHECK(residuals.size() == n && momenta.size() == n && grad_scales.size() == n && ratios.size() == n,
+              "pack_sampled_many: residuals, momenta, grad_scales and ratios should hold one entry per grad (", n,
+              "), got ", residuals.size(), ", ", momenta.size(), ", ", grad_scales.size(), " and ", ratios.size());
+  TORCH_CHECK(int64_t(plans.size()) == kPackPlan * int64_t(n), "pack_sampled_many: plans should hold ", kPackPlan,
+              " numbers (k, sample_count, too_few, too_many, tensor_id, step) per grad, got ", plans.size(), " for ", n,
+              " grads");
+  std::vector<at::Tensor> values, indices;
+  if (n == 0) return {values, indices};
+  for (const at::Tensor& grad : grads)
+    TORCH_CHECK(grad.device() == grads[0].device(), "pack_sampled_many: grads should all be on one device, got ",
+                grads[0].device(), " and ", grad.device());
+  const typename Device::Guard guard(grads[0].device());
+  std::vector<SampledPack<Device>> packs;
+  std::vector<typename Device::Counted> counted;
+  for (size_t p = 0; p < n; ++p) {
+    packs.push_back(count_sampled<Device>(grads[p], residuals[p], momenta[p], momentum_factor, grad_scales[p], nesterov,
+                                          ratios[p], plans.data() + kPackPlan * p, seed));
+    counted.push_back(packs.back().counted);
+  }
+  const std::vector<int64_t> counts = Device::read_totals(counted);
+  for (size_t p = 0; p < n; ++p) {
+    auto [acc, index] = band_selected<Device>(packs[p], counts[p]);
+    values.push_back(send_selected<Device>(acc, index, packs[p].residual, packs[p].momentum, masking,
+                                           value_dtype.value_or(grads[p].scalar_type())));
+    indices.push_back(index);
+  }
+  return {values, indices};
+}
+
 template <typename Device>
 void register_select_ops(torch::Library& m) {
   m.impl("sample_threshold", &sample_threshold<Device>);
@@ -273,6 +386,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("wire_columns", &wire_columns<Device>);
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);
   m.impl("sparse_unpack_gathered_rows_into", &sparse_unpack_gathered_rows_into<Device>);
+  m.impl("pack_sampled_many", &pack_sampled_many<Device>);
 }
 
 }  // namespace torch_binding

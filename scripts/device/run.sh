@@ -21,7 +21,8 @@
 #               one GPU: a failure that says so is recorded as that
 #   hook        python -m sparsecomm.check.hook_step --device cuda (DDP hook vs DDP's allreduce)
 #   sanitizer   compute-sanitizer --tool memcheck over the CUDA op tests (test_torch_select_ops.py,
-#               test_torch_block_ops.py, test_torch_wire_ops.py, test_torch_bucket_ops.py;
+#               test_torch_block_ops.py, test_torch_wire_ops.py, test_torch_bucket_ops.py,
+#               test_torch_sampled_packs.py;
 #               -k 'cuda and not emulated', less opcheck and the large tensor)
 #   host        only when 210 s of the budget remain: Horovod rebuilt without GPU operations
 #               (cuda tensors staged through host memory), then hvd2's run again: 2 ranks on
@@ -270,6 +271,7 @@ if wanted sanitizer; then
       PYTORCH_NO_CUDA_MEMORY_CACHING=1 run_step 150 "$OUT/sanitizer.log" "$sanitizer" --tool memcheck \
         --error-exitcode 99 --print-limit 20 "$PY" -m pytest tests/ops/test_torch_select_ops.py \
         tests/ops/test_torch_block_ops.py tests/ops/test_torch_wire_ops.py tests/ops/test_torch_bucket_ops.py \
+        tests/ops/test_torch_sampled_packs.py \
         -v -p no:cacheprovider -rf \
         -k "cuda and not emulated and not opcheck and not large_tensor"
       errors=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$OUT/sanitizer.log" | tail -1)

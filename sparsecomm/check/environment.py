@@ -21,6 +21,7 @@ OP_TEST_FILES = (
     "ops/test_torch_wire_ops.py",
     "ops/test_torch_block_ops.py",
     "ops/test_torch_bucket_ops.py",
+    "ops/test_torch_sampled_packs.py",
 )
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # holds sparsecomm/

@@ -11,8 +11,9 @@ their int32 indices in index order, and the state after the pack (None where abs
 """
 
 import math
+from dataclasses import dataclass
 
-from .selection import BAND, candidate_ratio, selected_count
+from .selection import BAND, candidate_ratio, sample_count, selected_count
 
 
 def _accumulated(grad, residual, momentum):
@@ -44,6 +45,35 @@ def _every_element(K, grad, residual, momentum, k):
     return K.select_top(acc, index, k)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How a sampled selection treats one tensor of `numel` elements: the threshold sampled at
+    `ratio` from `sample_count` positions (0: none is sampled; every element is a candidate, or
+    none for k = 0), then k exactly where the candidates number more than `too_many` (their top
+    k) or fewer than `too_few` (every element's top k), else the candidates as they are. The
+    composites below and the batched op (sparsecomm.torch.sampled_packs) follow it."""
+
+    ratio: float
+    sample_count: int
+    k: int
+    too_few: int
+    too_many: int
+
+    @classmethod
+    def sampled(cls, numel, ratio, sample_ratio):
+        """pack_sampled's: about ratio * numel, the count kept within the band."""
+        k = selected_count(ratio, numel)
+        count = 0 if k >= numel else sample_count(numel, ratio, sample_ratio)
+        return cls(ratio, count, k, math.ceil(BAND[0] * k), math.floor(BAND[1] * k))
+
+    @classmethod
+    def top(cls, numel, k, sample_ratio):
+        """top_candidates': exactly k, from a threshold that aims above k (candidate_ratio)."""
+        k = min(k, numel)
+        ratio = candidate_ratio(k, numel, sample_ratio)
+        return cls(ratio, sample_count(numel, ratio, sample_ratio) if k else 0, k, k, k - 1)
+
+
 def top_candidates(
     K, grad, residual, k, *, momentum=None, momentum_factor=0.0, sample_ratio=0.01, seed=0, tensor_id=0, step=0
 ):
@@ -52,15 +82,15 @@ def top_candidates(
     deviations more than k candidates keeps the exact selection to a small set; if the sample
     overshoots (fewer than k candidates), a second, read-only pass takes every element as a
     candidate (selection.candidate_ratio)."""
-    numel = K.numel(grad)
-    k = min(k, numel)
+    plan = Plan.top(K.numel(grad), k, sample_ratio)
     state = dict(momentum=momentum, momentum_factor=momentum_factor)
-    if k == 0:
+    if plan.sample_count == 0:
         threshold = float("inf")
     else:
         stream = dict(sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
-        threshold = K.sample_threshold(grad, residual, candidate_ratio(k, numel, sample_ratio), **stream, **state)
+        threshold = K.sample_threshold(grad, residual, plan.ratio, **stream, **state)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
+    k = plan.k
     acc, index = K.cond(
         K.size(acc) < k, lambda: _every_element(K, grad, residual, momentum, k), lambda: K.select_top(acc, index, k)
     )
@@ -127,21 +157,21 @@ def pack_sampled(
     (0-d float32 tensor) the gradient is read times, DGC's clipping (a state is needed: the
     second pass reads acc from it). nesterov: DGC's Nesterov momentum (feedback.h; it needs the
     residual and the momentum)."""
-    numel = K.numel(grad)
-    k = selected_count(ratio, numel)
+    plan = Plan.sampled(K.numel(grad), ratio, sample_ratio)
     state = dict(momentum=momentum, momentum_factor=momentum_factor, grad_scale=grad_scale, nesterov=nesterov)
-    if k >= numel:  # everything is sent: no estimate needed (and none could miss an element)
+    if plan.sample_count == 0:  # everything is sent: no estimate needed (and none could miss an element)
         threshold = 0.0
     else:
         stream = dict(sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
         threshold = K.sample_threshold(grad, residual, ratio, **stream, **state)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
-    count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
-    too_many, too_few = math.floor(BAND[1] * k), math.ceil(BAND[0] * k)
+    count, k = K.size(acc), plan.k  # an integer: compared with the integer bounds of the band, exactly
     acc, index = K.cond(
-        count > too_many,
+        count > plan.too_many,
         lambda: K.select_top(acc, index, k),
-        lambda: K.cond(count < too_few, lambda: _every_element(K, grad, residual, momentum, k), lambda: (acc, index)),
+        lambda: K.cond(
+            count < plan.too_few, lambda: _every_element(K, grad, residual, momentum, k), lambda: (acc, index)
+        ),
     )
     return _send(K, acc, index, residual, momentum, masking, value_dtype or K.dtype(grad), bits)
 

@@ -22,6 +22,7 @@ from ..core.exchange import Packed
 from ..core.selection import selected_count, stream_of
 from . import calibration, collectives, elastic, exchange, ops
 from .loss_scaling import LossScaling
+from .sampled_packs import SampledPacks
 from .state import CompressorState, ParameterState
 
 
@@ -65,6 +66,7 @@ class Compressor(_OverCollectives, Settings):
         self.collectives = collectives.Horovod(self.process_set)  # a hook's: use_collectives
         self.loss_scaling = LossScaling.of(self._name, given.loss_scaler)  # None: gradients are not loss-scaled
         self.state = CompressorState(self._name, given.binding)
+        self.packs = SampledPacks()  # the sampled packs, run one tensor or one DDP bucket at a time
         self._in_flight = exchange.InFlight()
         if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
             self.planner.auto.watch_backward()
@@ -234,15 +236,8 @@ class TopK(_PerRank):
     method_type = methods.TopK
 
     def pack(self, tensor, state, density):
-        return Packed(
-            *ops.pack_topk(
-                tensor,
-                self._residual_of(state, tensor),
-                selected_count(density, tensor.numel()),
-                seed=0,
-                **stream_of(state),
-            )
-        )
+        k = selected_count(density, tensor.numel())
+        return self.packs.topk(tensor, self._residual_of(state, tensor), k, **stream_of(state))
 
 
 class RTopK(_PerRank):
@@ -271,20 +266,16 @@ def _sampled(compressor, tensor, state, density, **feedback):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says);
     `feedback`: DGC's momentum arguments of pack_sampled."""
     method = compressor.method
-    value_dtype, bits = method.value_dtype, method.bits
+    value_dtype, bits = method.value_dtype and getattr(torch, method.value_dtype), method.bits
+    residual, stream = compressor._residual_of(state, tensor), stream_of(state)
+    if bits is None:  # (one op with the bucket's other packs, under DDP)
+        return compressor.packs.sampled(
+            tensor, residual, density, sample_ratio=method.sample_ratio, value_dtype=value_dtype, **stream, **feedback
+        )
     values, index = ops.pack_sampled(
-        tensor,
-        compressor._residual_of(state, tensor),
-        density,
-        sample_ratio=method.sample_ratio,
-        value_dtype=value_dtype and getattr(torch, value_dtype),
-        bits=bits,
-        **stream_of(state),
-        **feedback,
+        tensor, residual, density, sample_ratio=method.sample_ratio, bits=bits, **stream, **feedback
     )
-    if bits is not None:
-        return Packed(index=index, codes=values[0], scales=values[1], bits=bits)
-    return Packed(values, index)
+    return Packed(index=index, codes=values[0], scales=values[1], bits=bits)
 
 
 class Threshold(_PerRank):

@@ -138,12 +138,14 @@ class BucketExchange:
         `is_last`: no later bucket of this backward pass will start SparDL's second phase. `then`:
         called before the future completes."""
         self.ways.advance_scattered()  # earlier buckets' second phase, before this bucket's collectives
-        for param, grad in gradients:
-            started = time.perf_counter()
-            state, route, payload, k, _ = self.compressor.prepare(grad, self._state_of(param))
-            traffic = self._add(route, grad, state, payload, k)
+        started = time.perf_counter()
+        with self.compressor.packs.deferred():  # the bucket's sampled packs: one op
+            prepared = [(grad, *self.compressor.prepare(grad, self._state_of(param))) for param, grad in gradients]
+        traffics = [self._add(route, grad, state, payload, k) for grad, state, route, payload, k, _ in prepared]
+        seconds = (time.perf_counter() - started) / max(1, len(prepared))  # (stats: the bucket's time, shared)
+        for (grad, state, *_), traffic in zip(prepared, traffics):
             self.compressor.state.counters.account(
-                state.name, grad.numel(), grad.numel() * grad.element_size(), *traffic, time.perf_counter() - started
+                state.name, grad.numel(), grad.numel() * grad.element_size(), *traffic, seconds
             )
         futures = [future for part in self.parts for future in part.start()]
         if is_last:

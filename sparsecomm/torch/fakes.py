@@ -77,6 +77,16 @@ def _send_selected(acc, index, residual, momentum, masking, dtype):
     return acc.new_empty(acc.shape, dtype=dtype)
 
 
+@_fake("pack_sampled_many")
+def _pack_sampled_many(
+    grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
+):
+    ctx = torch.library.get_ctx()
+    counts = [ctx.new_dynamic_size() for _ in grads]
+    values = [g.new_empty(n, dtype=value_dtype or g.dtype) for g, n in zip(grads, counts)]
+    return values, [g.new_empty(n, dtype=torch.int32) for g, n in zip(grads, counts)]
+
+
 @_fake("sparse_unpack")
 def _sparse_unpack(values, index, numel, scale):
     return values.new_empty(numel)

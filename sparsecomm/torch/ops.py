@@ -215,6 +215,16 @@ def sparse_unpack_gathered_rows(gathered, regions, value_dtype, scale=1.0, divis
         _ops.sparse_unpack_gathered_rows_into(gathered, flat, value_dtype, _unpack_scale(scale, outs[0]), divisor, outs)
 
 
+def pack_sampled_many(
+    grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
+):
+    """The sampled packs of many tensors in one op (sparsecomm.torch.sampled_packs builds the
+    arguments from each tensor's core.packing.Plan): ([values], [index]), the states updated."""
+    return _ops.pack_sampled_many(
+        grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
+    )
+
+
 def random_k_indices(like, k, *, seed, tensor_id, step):
     """k distinct indices of [0, like.numel()), sorted, int32: a pure function of
     (seed, tensor_id, step), identical on every rank and device."""

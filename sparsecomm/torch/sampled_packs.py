@@ -1,0 +1,137 @@
+"""The sampled packs of a compressor (Threshold and DGC's pack_sampled, TopK's pack_topk), run by
+one op for many tensors (``sparsecomm::pack_sampled_many``): a DDP bucket's packs cross from
+Python into C++ once, not four ops per tensor. The op composes each tensor's pack exactly as
+sparsecomm.core.packing does, through the same op bodies: the same bits as ops.pack_sampled and
+ops.pack_topk, tensor by tensor."""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..core.exchange import Packed
+from ..core.packing import Plan
+from ..core.selection import seed_as_int64
+from . import ops
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What the op takes once for all its tensors: a compressor's method settings."""
+
+    momentum_factor: float = 0.0
+    nesterov: bool = False
+    masking: bool = True
+    seed: int = 0
+    value_dtype: torch.dtype | None = None  # None: each gradient's own
+
+
+class QueuedPack(Packed):
+    """A Packed whose values and index its SampledPacks fills: reading either first runs the
+    packs still queued, so no reader (an exchange, the loss scaler's overflow mark, the network
+    calibration's own pack) can see a pack not made yet."""
+
+    def __init__(self, packs):
+        self._packs = packs
+        super().__init__()
+
+    @property
+    def values(self):
+        if self._values is None:
+            self._packs.run()
+        return self._values
+
+    @values.setter
+    def values(self, values):
+        self._values = values
+
+    @property
+    def index(self):
+        if self._index is None:
+            self._packs.run()
+        return self._index
+
+    @index.setter
+    def index(self, index):
+        self._index = index
+
+
+@dataclass
+class Queued:
+    """One tensor's pack, waiting: its op arguments and the Packed it fills."""
+
+    packed: Packed
+    grad: torch.Tensor
+    residual: torch.Tensor | None
+    momentum: torch.Tensor | None
+    grad_scale: torch.Tensor | None
+    plan: Plan
+    stream: tuple  # (tensor_id, step)
+
+
+class SampledPacks:
+    """A compressor's sampled packs. Each returns its Packed at once, filled by the op at once;
+    inside ``deferred()`` the packs queue, and one op per Shared fills them when the block ends,
+    or earlier when one of them is read."""
+
+    def __init__(self):
+        self._queue = {}  # Shared -> [Queued]
+        self._deferring = False
+
+    def sampled(
+        self, grad, residual, ratio, *, sample_ratio, tensor_id, step, momentum=None, grad_scale=None, **settings
+    ):
+        """ops.pack_sampled's pack (without bits), as a Packed of values and index. `settings`:
+        Shared's (momentum_factor, nesterov, masking, value_dtype)."""
+        plan = Plan.sampled(grad.numel(), ratio, sample_ratio)
+        return self._add(Shared(**settings), grad, residual, momentum, grad_scale, plan, (tensor_id, step))
+
+    def topk(self, grad, residual, k, *, tensor_id, step, sample_ratio=0.01):
+        """ops.pack_topk's pack (seed 0, no momentum), as a Packed of values and index."""
+        plan = Plan.top(grad.numel(), k, sample_ratio)
+        return self._add(Shared(), grad, residual, None, None, plan, (tensor_id, step))
+
+    @contextlib.contextmanager
+    def deferred(self):
+        """Queues the packs made inside the block; runs them when it ends (also on an error: the
+        state of a queued tensor is never left half-updated)."""
+        self._deferring = True
+        try:
+            yield self
+        finally:
+            self._deferring = False
+            self.run()
+
+    def run(self):
+        """Runs every queued pack: fills their Packeds and updates their states."""
+        queue, self._queue = self._queue, {}
+        for shared, packs in queue.items():
+            _run(shared, packs)
+
+    def _add(self, shared, grad, residual, momentum, grad_scale, plan, stream):
+        packed = QueuedPack(self)
+        self._queue.setdefault(shared, []).append(Queued(packed, grad, residual, momentum, grad_scale, plan, stream))
+        if not self._deferring:
+            self.run()
+        return packed
+
+
+def _run(shared, packs):
+    plans = [
+        number for q in packs for number in (q.plan.k, q.plan.sample_count, q.plan.too_few, q.plan.too_many, *q.stream)
+    ]
+    values, indices = ops.pack_sampled_many(
+        [q.grad for q in packs],
+        [q.residual for q in packs],
+        [q.momentum for q in packs],
+        shared.momentum_factor,
+        [q.grad_scale for q in packs],
+        shared.nesterov,
+        shared.masking,
+        [q.plan.ratio for q in packs],
+        plans,
+        seed_as_int64(shared.seed),
+        shared.value_dtype,
+    )
+    for q, value, index in zip(packs, values, indices):
+        q.packed.values, q.packed.index = value, index

@@ -1,0 +1,213 @@
+"""The sampled packs of many tensors in one op (pack_sampled_many, through
+sparsecomm.torch.sampled_packs): bit for bit what ops.pack_sampled and ops.pack_topk give tensor
+by tensor, values, indices and the states after, over steps that carry the state, on the CPU and
+the emulated CUDA binding. The op's three band branches are each forced by a plan and checked
+against the single ops composed in Python."""
+
+import contextlib
+
+import pytest
+import torch
+
+from sparsecomm.core.packing import Plan
+from sparsecomm.torch import ops
+from sparsecomm.torch.sampled_packs import SampledPacks
+
+# Empty, sampled whole, strided samples at density 0.3 (4,096) and 0.01 (70,000: on the CPU
+# only, the emulated CUDA device running a thread at a time).
+NUMELS = (0, 1, 5, 300, 4096, 70_000)
+
+
+def numels():
+    """The sizes on this binding (the emulated one swaps ops._ops for its own namespace)."""
+    return NUMELS if ops._ops is torch.ops.sparsecomm else NUMELS[:-1]
+
+
+def grads(dtype, device, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=gen).to(dtype).to(device) for n in numels()]
+
+
+def states(device, momentum):
+    zeros = [torch.zeros(n, device=device) for n in numels()]
+    return zeros, [z.clone() for z in zeros] if momentum else [None] * len(zeros)
+
+
+def assert_same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
+def assert_same_states(ours, theirs):
+    for a, b in zip(ours, theirs):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert_same(a, b)
+
+
+DGC = dict(momentum_factor=0.9, masking=True)
+SAMPLED = {
+    "threshold": dict(),
+    "threshold_fp16": dict(value_dtype=torch.float16),
+    "dgc": DGC,
+    "dgc_no_masking": dict(DGC, masking=False),
+    "dgc_nesterov": dict(DGC, nesterov=True),
+    "dgc_clipped": dict(DGC, clip=True),
+}
+
+
+F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16
+CASES = [  # (config, gradient dtype, deferred: the DDP bucket's one op; else Horovod's tensor at a time)
+    *[("threshold", dtype, True) for dtype in (F32, F16, BF16)],
+    ("threshold", F32, False),
+    ("threshold_fp16", F32, True),
+    ("dgc", F32, True),
+    ("dgc", BF16, False),
+    ("dgc_no_masking", F32, True),
+    ("dgc_nesterov", F16, True),
+    ("dgc_clipped", BF16, True),
+]
+
+
+@pytest.mark.parametrize("config,dtype,deferred", CASES, ids=lambda v: str(v).replace("torch.", ""))
+def test_sampled_packs_equal_pack_sampled_tensor_by_tensor(device, config, dtype, deferred):
+    """Three steps at densities 0.01, 0.3 and 1.0 (k = numel: nothing sampled), the state carried."""
+    kw = dict(SAMPLED[config])
+    clip = kw.pop("clip", False)
+    momentum = "momentum_factor" in kw
+    batched, one_by_one, packs = states(device, momentum), states(device, momentum), SampledPacks()
+    for step, ratio in enumerate((0.01, 0.3, 1.0)):
+        gs = grads(dtype, device, seed=step)
+        scales = [torch.tensor([0.5 + 0.1 * p], device=device) if clip else None for p in range(len(gs))]
+        with packs.deferred() if deferred else contextlib.nullcontext():
+            got = [
+                packs.sampled(g, r, ratio, sample_ratio=0.01, tensor_id=p, step=step, momentum=m, grad_scale=s, **kw)
+                for p, (g, r, m, s) in enumerate(zip(gs, *batched, scales))
+            ]
+        for p, (g, r, m, s) in enumerate(zip(gs, *one_by_one, scales)):
+            values, index = ops.pack_sampled(
+                g, r, ratio, sample_ratio=0.01, tensor_id=p, step=step, momentum=m, grad_scale=s, **kw
+            )
+            assert_same(got[p].values, values)
+            assert_same(got[p].index, index)
+        for ours, theirs in zip(batched, one_by_one):
+            assert_same_states(ours, theirs)
+
+
+@pytest.mark.parametrize("error_feedback", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_topk_packs_equal_pack_topk_tensor_by_tensor(device, dtype, error_feedback):
+    """k of 0, 1, about 1% and every element, over two steps."""
+    ours, one_by_one, packs = states(device, False)[0], states(device, False)[0], SampledPacks()
+    if not error_feedback:
+        ours = one_by_one = [None] * len(ours)
+    for step, k_of in enumerate((lambda n: 0, lambda n: 1, lambda n: n // 100, lambda n: n)):
+        gs = grads(dtype, device, seed=10 + step)
+        with packs.deferred():
+            got = [packs.topk(g, r, k_of(g.numel()), tensor_id=p, step=step) for p, (g, r) in enumerate(zip(gs, ours))]
+        for p, (g, r) in enumerate(zip(gs, one_by_one)):
+            values, index = ops.pack_topk(g, r, k_of(g.numel()), seed=0, tensor_id=p, step=step)
+            assert_same(got[p].values, values)
+            assert_same(got[p].index, index)
+        assert_same_states(ours, one_by_one)
+
+
+def composed(grad, residual, momentum, plan, tensor_id, masking=True):
+    """The op's steps for one tensor, composed from the single ops in Python."""
+    state = dict(momentum=momentum, momentum_factor=0.9 if momentum is not None else 0.0)
+    if plan.sample_count:
+        threshold = ops.sample_threshold(grad, residual, plan.ratio, sample_ratio=0.01, tensor_id=tensor_id, **state)
+    else:
+        threshold = 0.0 if plan.k else float("inf")
+    acc, index = ops.accumulate_candidates(grad, residual, threshold, **state)
+    if acc.numel() > plan.too_many:
+        acc, index = ops.select_top(acc, index, plan.k)
+    elif acc.numel() < plan.too_few:
+        every = residual if residual is not None else momentum if momentum is not None else grad
+        acc, index = ops.select_top(*ops.accumulate_candidates(every, None, 0.0), plan.k)
+    return ops.send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
+
+
+BRANCHES = {
+    "too_many": lambda plan: Plan(plan.ratio, plan.sample_count, plan.k, 0, -1),  # every count is above
+    "too_few": lambda plan: Plan(plan.ratio, plan.sample_count, plan.k, 10**9, 10**9),  # every count is below
+    "kept": lambda plan: Plan(plan.ratio, plan.sample_count, plan.k, 0, 10**9),
+}
+
+
+@pytest.mark.parametrize("branch", list(BRANCHES))
+@pytest.mark.parametrize("momentum", [False, True])
+def test_each_band_branch_composes_the_single_ops(device, branch, momentum):
+    gs = grads(torch.float32, device, seed=3)
+    ours, theirs = states(device, momentum), states(device, momentum)
+    plans = [BRANCHES[branch](Plan.sampled(g.numel(), 0.05, 0.01)) for g in gs]
+    flat = [x for p, plan in enumerate(plans) for x in (plan.k, plan.sample_count, plan.too_few, plan.too_many, p, 0)]
+    values, indices = ops.pack_sampled_many(
+        gs, ours[0], ours[1], 0.9 if momentum else 0.0, [None] * len(gs), False, True, [0.05] * len(gs), flat, 0, None
+    )
+    for p, (g, r, m, plan) in enumerate(zip(gs, *theirs, plans)):
+        want_values, want_index = composed(g, r, m, plan, p)
+        assert_same(values[p], want_values)
+        assert_same(indices[p], want_index)
+        if branch != "kept":
+            assert indices[p].numel() == plan.k
+    assert_same_states(ours[0], theirs[0])
+    assert_same_states(ours[1], theirs[1])
+
+
+def test_arguments_of_the_wrong_length_are_refused(device):
+    g = torch.randn(10, device=device)
+    with pytest.raises(RuntimeError, match="residuals, momenta, grad_scales and ratios should hold one entry per grad"):
+        ops.pack_sampled_many([g], [None, None], [None], 0.0, [None], False, True, [0.1], [1, 0, 1, 1, 0, 0], 0, None)
+    with pytest.raises(RuntimeError, match=r"plans should hold 6 numbers .* got 5 for 1 grads"):
+        ops.pack_sampled_many([g], [None], [None], 0.0, [None], False, True, [0.1], [1, 0, 1, 1, 0], 0, None)
+
+
+def test_an_error_in_a_deferred_block_still_runs_the_queued_packs(device):
+    """The state of a queued tensor is updated whatever ends the block."""
+    packs, residual = SampledPacks(), torch.zeros(100, device=device)
+    with pytest.raises(ZeroDivisionError), packs.deferred():
+        packed = packs.sampled(torch.ones(100, device=device), residual, 0.1, sample_ratio=0.01, tensor_id=0, step=0)
+        raise ZeroDivisionError
+    assert packed.index.numel() == 10 and residual.abs().sum() > 0
+
+
+def test_the_op_passes_opcheck_but_aot_dispatch():
+    """Not test_aot_dispatch_*: torch's functionalization takes no custom op that both mutates a
+    list and returns lists. The DDP hook runs it eagerly (a hook is not traced)."""
+    gs = [torch.randn(50), torch.randn(7)]
+    plans = [x for g in gs for x in (5, g.numel(), 4, 6, 0, 0)]
+    args = (
+        gs,
+        [torch.zeros(50), torch.zeros(7)],
+        [None, None],
+        0.0,
+        [None, None],
+        False,
+        True,
+        [0.1, 0.1],
+        plans,
+        0,
+        None,
+    )
+    checks = ("test_schema", "test_autograd_registration", "test_faketensor")
+    torch.library.opcheck(torch.ops.sparsecomm.pack_sampled_many.default, args, test_utils=checks)
+
+
+def test_a_pack_read_inside_a_deferred_block_is_made_first(device):
+    """Reading a queued pack runs the queue (the loss scaler and the network calibration read
+    theirs inside a DDP bucket's block); packs queued after it still run at the block's end."""
+    packs, gs = SampledPacks(), grads(torch.float32, device, seed=5)[3:5]
+    ours, theirs = [torch.zeros_like(g) for g in gs], [torch.zeros_like(g) for g in gs]
+    with packs.deferred():
+        first = packs.sampled(gs[0], ours[0], 0.1, sample_ratio=0.01, tensor_id=0, step=0)
+        assert first.index.numel() == 30 and ours[0].abs().sum() > 0
+        second = packs.topk(gs[1], ours[1], 41, tensor_id=1, step=0)
+        assert second._index is None  # queued
+    want = [
+        ops.pack_sampled(gs[0], theirs[0], 0.1, sample_ratio=0.01, tensor_id=0, step=0),
+        ops.pack_topk(gs[1], theirs[1], 41, seed=0, tensor_id=1, step=0),
+    ]
+    for got, (values, index) in zip((first, second), want):
+        assert_same(got.values, values)
+        assert_same(got.index, index)
+    assert_same_states(ours, theirs)
