@@ -174,7 +174,8 @@ struct CudaDevice {
     if (counted.empty()) return {};
     std::vector<at::Tensor> totals;
     for (const Counted& c : counted) totals.push_back(c.total);
-    const at::Tensor host = at::cat(totals).cpu();  // the one synchronisation: the outputs' sizes
+    // The one synchronisation: the outputs' sizes (a single total is copied as it is, no cat kernel).
+    const at::Tensor host = (totals.size() == 1 ? totals[0] : at::cat(totals)).cpu();
     return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   }
 

@@ -11,7 +11,6 @@ import torch
 
 from ..core.exchange import Packed
 from ..core.packing import Plan
-from ..core.selection import seed_as_int64
 from . import ops
 
 
@@ -22,8 +21,19 @@ class Shared:
     momentum_factor: float = 0.0
     nesterov: bool = False
     masking: bool = True
-    seed: int = 0
     value_dtype: torch.dtype | None = None  # None: each gradient's own
+
+
+def _made(field):
+    """A Packed field that runs the queued packs when it is read before they have run."""
+    slot = "_" + field
+
+    def read(self):
+        if getattr(self, slot) is None:
+            self._packs.run()
+        return getattr(self, slot)
+
+    return property(read, lambda self, value: setattr(self, slot, value))
 
 
 class QueuedPack(Packed):
@@ -31,29 +41,12 @@ class QueuedPack(Packed):
     packs still queued, so no reader (an exchange, the loss scaler's overflow mark, the network
     calibration's own pack) can see a pack not made yet."""
 
+    values = _made("values")
+    index = _made("index")
+
     def __init__(self, packs):
         self._packs = packs
         super().__init__()
-
-    @property
-    def values(self):
-        if self._values is None:
-            self._packs.run()
-        return self._values
-
-    @values.setter
-    def values(self, values):
-        self._values = values
-
-    @property
-    def index(self):
-        if self._index is None:
-            self._packs.run()
-        return self._index
-
-    @index.setter
-    def index(self, index):
-        self._index = index
 
 
 @dataclass
@@ -130,7 +123,7 @@ def _run(shared, packs):
         shared.masking,
         [q.plan.ratio for q in packs],
         plans,
-        seed_as_int64(shared.seed),
+        0,  # the selection stream's seed: 0 for Threshold's, DGC's and TopK's packs, as ops' composites
         shared.value_dtype,
     )
     for q, value, index in zip(packs, values, indices):
