@@ -2,8 +2,8 @@
 "host" (the mesh's "shard" dimension) and sparsecomm.torch.register_fsdp_hook exchanges the
 shards' gradients across the replicas; SGD steps on the digits, as torch_train.py's. Saves
 every step's full parameters (full_tensor()) and each compressor's stats, per rank; with
---resume-at N, each configuration is also trained by a job that saves its checkpoint after step
-N and a fresh model that loads it and trains on (the history after the restart)."""
+--resume-at N, each configuration's run saves its checkpoint after step N and trains on, and a
+fresh model loads it and trains the steps after N (the history after the restart)."""
 
 import argparse
 import os
@@ -127,7 +127,7 @@ def run_steps(model, opt, steps, options):
 def train(make_compression, options, steps, checkpoint=None, save_after=None):
     """The full parameters after each step, and the compressor (None: native HSDP). `checkpoint`:
     the folder of the model's, the optimizer's and the compressor's state: resumed from, or with
-    `save_after`, written after that step (and the training stops there)."""
+    `save_after`, written after that step while the training goes on (a save must change nothing)."""
     model = sharded(dict(options, native=make_compression is None))
     compression = None if make_compression is None else make_compression(model)
     if compression is not None:
@@ -139,7 +139,7 @@ def train(make_compression, options, steps, checkpoint=None, save_after=None):
         return run_steps(model, opt, steps, options), compression
     history = run_steps(model, opt, [s for s in steps if s <= save_after], options)
     save(checkpoint, model, opt, compression)
-    return history, compression
+    return history + run_steps(model, opt, [s for s in steps if s > save_after], options), compression
 
 
 def save(path, model, opt, compression):
@@ -173,13 +173,15 @@ results, stats = {}, {}
 for config, (make_compression, options) in CONFIGS.items():
     if args.only and config not in args.only:
         continue
-    results[config], compression = train(make_compression, options, range(args.steps))
+    resume = args.resume_at is not None and make_compression is not None
+    path = os.path.join(args.out, "checkpoints", config.replace("/", "_"))
+    saved = dict(checkpoint=path, save_after=args.resume_at) if resume else {}
+    results[config], compression = train(make_compression, options, range(args.steps), **saved)
     stats[config] = None if compression is None else compression.stats()
-    if args.resume_at is not None and compression is not None:
-        path = os.path.join(args.out, "checkpoints", config.replace("/", "_"))
-        stopped, _ = train(make_compression, options, range(args.steps), checkpoint=path, save_after=args.resume_at)
-        resumed, _ = train(make_compression, options, range(args.resume_at + 1, args.steps), checkpoint=path)
-        results[f"{config}/resumed"] = stopped + resumed
+    if resume:  # a fresh job from the checkpoint: the steps after it
+        results[f"{config}/resumed"], _ = train(
+            make_compression, options, range(args.resume_at + 1, args.steps), checkpoint=path
+        )
 torch.save({"history": results, "stats": stats, "refused": refused}, os.path.join(args.out, f"rank{rank}.pt"))
 print(f"rank {rank}/{size}: {len(results)} configs x {args.steps} steps done")
 destroy_process_group()
