@@ -93,6 +93,9 @@ SC_TORCH_LIBRARY {
   m.def("wire_rows(Tensor values, Tensor index, int start, int length) -> Tensor");
   // The same rows written into out (uint8, contiguous, exactly their bytes): where they travel.
   m.def("wire_rows_into(Tensor values, Tensor index, int start, int length, Tensor(a!) out) -> ()");
+  // wire_rows_into of many whole sends into one uint8 chunk: send p's rows (of [0, places[2p + 1]))
+  // at its byte offset places[2p].
+  m.def("wire_rows_many_into(Tensor[] values, Tensor[] index, int[] places, Tensor(a!) out) -> ()");
   // The elements of wire rows whose values are `value_dtype`: (values, index int32), in order.
   m.def("wire_columns(Tensor rows, ScalarType value_dtype) -> (Tensor, Tensor)");
   // sparse_unpack_into of gathered wire rows whose values are `value_dtype` (cast to out's

@@ -205,6 +205,31 @@ void wire_rows_into(const at::Tensor& values, const at::Tensor& index, int64_t s
   Device::wire_rows(values.contiguous(), index.contiguous(), start, length, out);
 }
 
+// wire_rows_into of many whole sends, written into one chunk: send p (of [0, places[2p + 1]))
+// at byte places[2p] of out (uint8, contiguous, 1-D). A DDP bucket's rows cross from Python once.
+template <typename Device>
+void wire_rows_many_into(at::TensorList values, at::TensorList index, at::IntArrayRef places, const at::Tensor& out) {
+  constexpr const char* op = "wire_rows_many_into";
+  const size_t n = values.size();
+  TORCH_CHECK(index.size() == n && places.size() == 2 * n, op, ": index should hold one tensor and places two ",
+              "numbers (byte offset, length) per values, got ", n, " values, ", index.size(), " index and ",
+              places.size(), " places");
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(), op,
+              ": out should be a contiguous 1-D uint8 tensor, got ", out.dim(), "-D ", out.scalar_type());
+  const typename Device::Guard guard(out.device());
+  for (size_t p = 0; p < n; ++p) {
+    const int64_t offset = places[2 * p], length = places[2 * p + 1];
+    check_send(op, values[p], index[p], 0, length);
+    TORCH_CHECK(values[p].device() == out.device(), op, ": values should be on out's device, got ", values[p].device(),
+                " and ", out.device());
+    const auto shape = rows_shape(values[p], index[p], 0, length);
+    const int64_t bytes = shape[0] * shape[1];
+    TORCH_CHECK(offset >= 0 && offset + bytes <= out.numel(), op, ": send ", p, "'s ", bytes, " bytes at ", offset,
+                " do not fit out's ", out.numel());
+    Device::wire_rows(values[p].contiguous(), index[p].contiguous(), 0, length, out.narrow(0, offset, bytes));
+  }
+}
+
 inline void check_wire_rows(const char* op, const at::Tensor& rows, at::ScalarType value_dtype) {
   check_wire_value_dtype(op, value_dtype);
   const int64_t width = kWireOffsetBytes + c10::elementSize(value_dtype);
@@ -383,6 +408,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("sum_of_squares", &sum_of_squares<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_rows_into", &wire_rows_into<Device>);
+  m.impl("wire_rows_many_into", &wire_rows_many_into<Device>);
   m.impl("wire_columns", &wire_columns<Device>);
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);
   m.impl("sparse_unpack_gathered_rows_into", &sparse_unpack_gathered_rows_into<Device>);

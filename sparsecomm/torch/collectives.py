@@ -74,6 +74,7 @@ class TorchDistributed:
 
     def __init__(self, group=None):
         self.group = group
+        self._sized, self._size = None, 1  # the group whose size is cached: read per parameter, fixed per group
 
     def device(self):
         """Where this group's collectives take their tensors: NCCL reduces only GPU memory."""
@@ -86,7 +87,12 @@ class TorchDistributed:
     def size(self):
         import torch.distributed as dist
 
-        return dist.get_world_size(self.group) if dist.is_initialized() else 1
+        group = self.group if self.group is not None else dist.group.WORLD  # (None until initialised)
+        if group is None:
+            return 1
+        if group is not self._sized:
+            self._sized, self._size = group, dist.get_world_size(self.group)
+        return self._size
 
     def rank(self):
         import torch.distributed as dist

@@ -135,15 +135,13 @@ class Gathered(BucketPart):
     def add(self, grad, name, packed, capacity):
         """A parameter's Packed (values or codes, with indices), at most `capacity` elements."""
         if packed.bits is None:  # its rows are written at start, straight into the chunk
-            numel, value_bytes = grad.numel(), packed.values.element_size()
-            rows = packed.index.numel() + wire.buckets(0, numel)
-            send = Send(
-                packed.values, packed.index, numel, wire.rows_bytes(packed.index.numel(), value_bytes, 0, numel)
-            )
-            reader = ("rows", packed.values.dtype, wire.INDEX_BYTES + value_bytes)
+            values, index = packed.values, packed.index
+            numel, value_bytes, count = grad.numel(), values.element_size(), index.numel()
+            send = Send(values, index, numel, wire.rows_bytes(count, value_bytes, 0, numel))
+            reader = ("rows", values.dtype, wire.INDEX_BYTES + value_bytes)
             capacity_bytes = _aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
-            _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
-            return packed.index.numel(), sent, received  # elements, not rows
+            _, sent, received = self._add(grad, name, count + wire.buckets(0, numel), send, capacity_bytes, reader)
+            return count, sent, received  # elements, not rows
         blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
         segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
         return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits, grad.numel()))
@@ -172,13 +170,16 @@ class Gathered(BucketPart):
         offset = COUNT * len(self.items)
         mine = torch.zeros(offset + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device)
         mine[:offset] = _header([count for _, _, count, _, _ in self.items], device)
+        sends = []  # (Send, its byte offset): every parameter's rows written by one op
         for blob, (*_, capacity, _) in zip(self.blobs, self.items):
-            region = mine[offset : offset + blob.nbytes]
             if isinstance(blob, Send):
-                ops.wire_rows_into(blob.values, blob.index, 0, blob.length, out=region)
+                sends.append((blob, offset))
             else:
-                region.copy_(_bytes(blob))
+                mine[offset : offset + blob.nbytes].copy_(_bytes(blob))
             offset += capacity
+        if sends:
+            values, indices = [s.values for s, _ in sends], [s.index for s, _ in sends]
+            ops.wire_rows_many_into(values, indices, [(at, s.length) for s, at in sends], out=mine)
         ranks = self.ways.size()
         self.everyone = torch.empty(ranks * mine.numel(), dtype=torch.uint8, device=device)
         work = collectives.all_gather_into(self.everyone, mine, self.ways.group, async_op=True)

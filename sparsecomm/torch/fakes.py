@@ -134,6 +134,11 @@ def _wire_rows_into(values, index, start, length, out):
     return None
 
 
+@_fake("wire_rows_many_into")
+def _wire_rows_many_into(values, index, places, out):
+    return None
+
+
 @_fake("wire_columns")
 def _wire_columns(rows, value_dtype):
     count = torch.library.get_ctx().new_dynamic_size()  # the marker rows dropped

@@ -189,6 +189,13 @@ def wire_rows_into(values, index, start, length, *, out):
     return out
 
 
+def wire_rows_many_into(values, indices, places, *, out):
+    """wire_rows_into of many whole sends (values[p], indices[p]) into one uint8 chunk `out` (1-D,
+    contiguous): send p's rows of [0, places[p][1]) at byte places[p][0]. Returns out."""
+    _ops.wire_rows_many_into(values, indices, [number for place in places for number in place], out)
+    return out
+
+
 def wire_columns(rows, value_dtype):
     """(values, index int32) of wire rows whose values are `value_dtype` (any sends, one after
     the other), in order: the marker rows dropped."""

@@ -5,6 +5,7 @@ sparsecomm.core.packing does, through the same op bodies: the same bits as ops.p
 ops.pack_topk, tensor by tensor."""
 
 import contextlib
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +13,10 @@ import torch
 from ..core.exchange import Packed
 from ..core.packing import Plan
 from . import ops
+
+# A tensor's plan is a function of its numel and ratios: computed once per shape and density, not per step.
+_sampled_plan = functools.lru_cache(maxsize=4096)(Plan.sampled)
+_top_plan = functools.lru_cache(maxsize=4096)(Plan.top)
 
 
 @dataclass(frozen=True)
@@ -76,12 +81,12 @@ class SampledPacks:
     ):
         """ops.pack_sampled's pack (without bits), as a Packed of values and index. `settings`:
         Shared's (momentum_factor, nesterov, masking, value_dtype)."""
-        plan = Plan.sampled(grad.numel(), ratio, sample_ratio)
+        plan = _sampled_plan(grad.numel(), ratio, sample_ratio)
         return self._add(Shared(**settings), grad, residual, momentum, grad_scale, plan, (tensor_id, step))
 
     def topk(self, grad, residual, k, *, tensor_id, step, sample_ratio=0.01):
         """ops.pack_topk's pack (seed 0, no momentum), as a Packed of values and index."""
-        plan = Plan.top(grad.numel(), k, sample_ratio)
+        plan = _top_plan(grad.numel(), k, sample_ratio)
         return self._add(Shared(), grad, residual, None, None, plan, (tensor_id, step))
 
     @contextlib.contextmanager

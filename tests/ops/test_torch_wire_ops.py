@@ -96,6 +96,44 @@ def test_wire_rows_into_names_an_out_of_the_wrong_size():
         ops.wire_rows_into(values, index[:2], 0, 10, out=torch.empty(24, dtype=torch.uint8))
 
 
+def test_wire_rows_many_into_writes_each_send_as_wire_rows_into_does(device):
+    """Every whole send of RANGES' sizes (an empty one and a 200,000-element one among them) and
+    each dtype, at its offset in one chunk, gaps between them: the bytes of wire_rows, the gaps
+    untouched. No send at all leaves the chunk as it was."""
+    sends = []
+    for i, (dtype, (_, length, chosen)) in enumerate(zip(DTYPES * 2, RANGES[:3] + [(0, 0, [])] + RANGES[:2])):
+        index = torch.tensor([c % max(length, 1) for c in chosen][: length and None], dtype=torch.int32)
+        index = index.unique().to(torch.int32)  # ascending, distinct, inside [0, length)
+        values = torch.randn(index.numel(), generator=torch.Generator().manual_seed(i)).to(dtype)
+        sends.append((values.to(device), index.to(device), length))
+    wants = [ops.wire_rows(values, index, 0, length).view(-1) for values, index, length in sends]
+    places, offset = [], 8
+    for want, (_, _, length) in zip(wants, sends):
+        places.append((offset, length))
+        offset += want.numel() + 5  # a gap after each
+    chunk = torch.full((offset,), 0xAB, dtype=torch.uint8, device=device)
+    expected = chunk.clone()
+    for want, (at, _) in zip(wants, places):
+        expected[at : at + want.numel()] = want
+    got = ops.wire_rows_many_into([s[0] for s in sends], [s[1] for s in sends], places, out=chunk)
+    assert got is chunk and torch.equal(chunk, expected)
+    untouched = chunk.clone()
+    assert torch.equal(ops.wire_rows_many_into([], [], [], out=chunk), untouched)
+
+
+def test_wire_rows_many_into_names_what_does_not_fit():
+    values, index = torch.randn(3), torch.tensor([0, 5, 9], dtype=torch.int32)
+    out = torch.empty(30, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match=r"wire_rows_many_into: send 1's 24 bytes at 7 do not fit out's 30"):
+        ops.wire_rows_many_into([values, values], [index, index], [(0, 10), (7, 10)], out=out)
+    with pytest.raises(RuntimeError, match=r"wire_rows_many_into: index should hold one tensor and places two numbers"):
+        ops.wire_rows_many_into([values], [index, index], [(0, 10)], out=out)
+    with pytest.raises(RuntimeError, match=r"wire_rows_many_into: out should be a contiguous 1-D uint8 tensor"):
+        ops.wire_rows_many_into([values], [index], [(0, 10)], out=torch.empty(30))
+    with pytest.raises(RuntimeError, match=r"wire_rows_many_into: 3 elements do not fit a range of 2"):
+        ops.wire_rows_many_into([values], [index], [(0, 2)], out=out)
+
+
 def test_wire_columns_read_sends_one_after_another_as_an_alltoall_brings_them(device):
     """SparDL's owner reads every rank's send of its block, concatenated: each send's first
     marker resets the bucket, even to a lower one."""
@@ -187,6 +225,9 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
     torch.library.opcheck(ops._ops.wire_rows.default, (values, index, 0, 40))
     torch.library.opcheck(ops._ops.wire_columns.default, (rows, torch.float32))
     torch.library.opcheck(ops._ops.wire_rows_into.default, (values, index, 0, 40, torch.empty(126, dtype=torch.uint8)))
+    torch.library.opcheck(
+        ops._ops.wire_rows_many_into.default, ([values], [index], [4, 40], torch.empty(130, dtype=torch.uint8))
+    )
     torch.library.opcheck(
         ops._ops.sparse_unpack_rows_into.default, (rows, torch.float32, torch.tensor([2.0]), 4, torch.empty(40))
     )
