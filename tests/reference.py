@@ -157,13 +157,9 @@ def topk_mask(acc, k):
     import torch
 
     mag = torch.nan_to_num(acc.abs().double(), nan=float("inf"), posinf=float("inf"))
-    order = (
-        sorted(range(acc.numel()), key=lambda i: (-mag[i].item(), i))[:k]
-        if acc.numel() < 5000
-        else torch.argsort(-mag, stable=True)[:k].tolist()
-    )
+    order = np.lexsort((np.arange(acc.numel()), -mag.cpu().numpy().reshape(-1)))[:k]  # by -|acc|, then by index
     mask = torch.zeros(acc.numel(), dtype=torch.bool)
-    mask[order] = True
+    mask[torch.from_numpy(order)] = True
     return mask
 
 

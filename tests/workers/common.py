@@ -4,6 +4,7 @@ model, the workers' command line and compressors, and the elastic tests' scenari
 under test."""
 
 import argparse
+import functools
 import hashlib
 import os
 import time
@@ -137,6 +138,14 @@ def poison(run, overflow):
 
 
 def digits():
+    """(x, y) of scikit-learn's digits: copies of the ones loaded once a process (a simulation of
+    N ranks asks for them every step of every rank; the load takes 5 ms)."""
+    x, y = _loaded_digits()
+    return x.copy(), y.copy()
+
+
+@functools.cache
+def _loaded_digits():
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
