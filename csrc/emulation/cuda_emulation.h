@@ -68,6 +68,8 @@ inline const char* cudaGetErrorString(cudaError_t err) {  // CUDA's own wording
 
 namespace sc_emu {
 inline thread_local cudaError_t last_error = cudaSuccess;  // per host thread, like CUDA's
+// Every kernel launch that ran: what a GPU's profiler counts, for the tests of launches per step.
+inline std::atomic<int64_t> launches{0};
 }  // namespace sc_emu
 
 inline cudaError_t cudaPeekAtLastError() { return sc_emu::last_error; }
@@ -255,6 +257,7 @@ class Launch {
       last_error = cudaErrorInvalidConfiguration;
       return;
     }
+    launches.fetch_add(1, std::memory_order_relaxed);
     const unsigned count = threads_.x * threads_.y * threads_.z;
     for (unsigned bz = 0; bz < grid_.z; ++bz)
       for (unsigned by = 0; by < grid_.y; ++by)

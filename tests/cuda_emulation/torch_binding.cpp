@@ -9,3 +9,9 @@
 #define SC_TORCH_CUDA_LIBRARY_IMPL TORCH_LIBRARY_IMPL(sparsecomm_cuda_emulated, CPU, m)
 #include "../../csrc/torch/ops.cpp"   // (its PyInit__C comes along, unused: torch loads this library)
 #include "../../csrc/torch/cuda.cpp"
+
+// The emulation's own, in a namespace apart from the ops' (whose schemas match the real build's):
+// the kernels launched so far, for the tests that count a step's launches.
+TORCH_LIBRARY(sparsecomm_cuda_emulation, m) {
+  m.def("launches() -> int", []() -> int64_t { return sc_emu::launches.load(); });
+}

@@ -211,3 +211,50 @@ def test_a_pack_read_inside_a_deferred_block_is_made_first(device):
         assert_same(got.values, values)
         assert_same(got.index, index)
     assert_same_states(ours, theirs)
+
+
+# A bucket's CUDA kernels, counted by the emulation (sparsecomm's own: torch's ops inside the
+# binding run on the CPU there and are not counted), per tensor of 4,096 elements at 1%: the
+# sampled packs' 13 (pack_sampled_many) and the wire rows' 1 (wire_rows_many_into).
+LAUNCHES_PER_TENSOR = {"threshold": 14, "dgc": 14, "topk": 14}
+
+
+def bucket_launches(method, tensors):
+    """The kernels a bucket of `tensors` gradients of 4,096 elements launches for its packs and rows
+    (ops routed to the emulated binding)."""
+    launched = torch.ops.sparsecomm_cuda_emulation.launches
+    gs = [torch.randn(4096, generator=torch.Generator().manual_seed(i)) for i in range(tensors)]
+    residuals, momenta = [torch.zeros(4096) for _ in gs], [torch.zeros(4096) if method == "dgc" else None for _ in gs]
+    packs, before = SampledPacks(), launched()
+    with packs.deferred():
+        if method == "topk":
+            made = [packs.topk(g, r, 41, tensor_id=i, step=0) for i, (g, r) in enumerate(zip(gs, residuals))]
+        else:
+            feedback = dict(momentum_factor=0.9) if method == "dgc" else {}
+            made = [
+                packs.sampled(g, r, 0.01, sample_ratio=0.01, tensor_id=i, step=0, momentum=m, **feedback)
+                for i, (g, r, m) in enumerate(zip(gs, residuals, momenta))
+            ]
+    places = [(i * 4096 * 8, 4096) for i in range(tensors)]  # room for every element's row
+    chunk = torch.zeros(tensors * 4096 * 8, dtype=torch.uint8)
+    ops.wire_rows_many_into([p.values for p in made], [p.index for p in made], places, out=chunk)
+    return launched() - before
+
+
+# (the id names the device, so that `-k "not cuda"`, the CPU self-check's selection, leaves them out)
+ON_THE_EMULATION = pytest.mark.parametrize("device", ["cuda-emulated"], indirect=True)
+
+
+@ON_THE_EMULATION
+@pytest.mark.parametrize("method", sorted(LAUNCHES_PER_TENSOR))
+def test_a_buckets_launches_grow_by_a_fixed_count_a_tensor(method, device):
+    """Today a bucket launches its kernels tensor by tensor: exactly LAUNCHES_PER_TENSOR each, so
+    that a change adding a launch per tensor fails here (docs/kernels.md, "Launches")."""
+    counts = [bucket_launches(method, tensors) for tensors in (4, 16)]
+    assert counts == [4 * LAUNCHES_PER_TENSOR[method], 16 * LAUNCHES_PER_TENSOR[method]]
+
+
+@ON_THE_EMULATION
+@pytest.mark.xfail(strict=True, reason="issue 58: segmented kernels, a bucket's launches independent of its tensors")
+def test_a_buckets_launches_do_not_depend_on_its_tensors(device):
+    assert bucket_launches("dgc", 4) == bucket_launches("dgc", 16)
