@@ -31,5 +31,20 @@ inline void check_launch(const char* kernel) {
     throw std::runtime_error(std::string("CUDA launch of ") + kernel + " failed: " + cudaGetErrorString(err));
 }
 
+// The segment of a table (a bucket's tensors, ascending `at`) holding item j: the last one whose
+// first item at(segment) is at or before j. (Empty segments share their successor's `at`.)
+template <typename S, typename At>
+__device__ int64_t segment_of(const S* segments, int64_t n, int64_t j, At at) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (at(segments[mid]) <= j)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo - 1;
+}
+
 }  // namespace cuda
 }  // namespace sparsecomm

@@ -26,6 +26,11 @@ void block_unpack(const T* values, T* dense, int64_t numel, int64_t start, int64
 // sample_scratch_floats(plan.count) floats), then a radix select over the whole grid writes the
 // rank-th largest to *threshold.
 constexpr int64_t kSelectStateFloats = 264;  // the select's state, kept after the sample
+struct SelectState {                         // in device memory, between the select's launches (tiles.cuh)
+  int histogram[256];
+  uint32_t prefix;    // the digits chosen so far
+  int64_t remaining;  // the rank still to find among the values matching them
+};
 inline int64_t sample_scratch_floats(int64_t count) { return count + kSelectStateFloats; }
 template <typename T>
 void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const SamplePlan& plan, float* sample,
@@ -37,7 +42,7 @@ void sample_threshold(const T* grad, const Feedback& fb, int64_t numel, const Sa
 //   compact_candidates: with tile_offsets (exclusive scan of the counts), writes the
 //     candidates (acc read back from `source`, the tensor holding acc) in index order.
 constexpr int64_t kCandidateTile = 4096;
-inline int64_t candidate_tiles(int64_t numel) { return (numel + kCandidateTile - 1) / kCandidateTile; }
+SC_HOST_DEVICE int64_t candidate_tiles(int64_t numel) { return (numel + kCandidateTile - 1) / kCandidateTile; }
 
 template <typename T>
 void accumulate_count(const T* grad, const Feedback& fb, int64_t numel, const float* threshold, int32_t* tile_counts,
@@ -92,6 +97,74 @@ void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, in
 void wire_marks(const uint8_t* rows, int64_t count, int64_t width, int64_t* marks, cudaStream_t stream);
 void wire_columns(const uint8_t* rows, int64_t count, int64_t value_bytes, const int64_t* last, void* values,
                   int32_t* index, cudaStream_t stream);
+
+// ---- segments.cu: a bucket's sampled packs, every tensor of it in the same launches, whatever
+// their number. A table of segments in device memory says where each tensor's data and its share
+// of the bucket's scratch are; a thread finds its segment by a binary search of the table.
+enum class FloatType : int32_t { kFloat32, kFloat16, kBFloat16 };
+
+struct Segment {
+  const void* grad = nullptr;
+  FloatType grad_type = FloatType::kFloat32;
+  Feedback fb;
+  int64_t numel = 0;
+  SamplePlan plan;  // plan.count == 0: nothing sampled, the threshold is `fixed`
+  float fixed = 0.0f;
+  int64_t sample_at = 0;  // where its sample starts in the bucket's samples
+  int64_t block_at = 0;   // its first block of the sample's digit counts
+  int64_t tile_at = 0;    // its first candidate tile
+};
+constexpr int64_t kDigitBlockItems = 256 * 16;  // samples per block of digit counts
+inline int64_t digit_blocks(int64_t samples) { return (samples + kDigitBlockItems - 1) / kDigitBlockItems; }
+
+// thresholds[s] = segment s's sampled threshold (sample_threshold's), from `samples` floats of
+// scratch, `blocks` digit blocks in all and n SelectStates.
+void sample_segments(const Segment* segments, int64_t n, int64_t samples, int64_t blocks, float* sample,
+                     SelectState* states, float* thresholds, cudaStream_t stream);
+// accumulate_count over every segment's tiles (`tiles` in all), each at its threshold.
+void count_segments(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds, int32_t* tile_counts,
+                    cudaStream_t stream);
+// totals[s] = segment s's candidates, from the inclusive scan of the tile counts.
+void segment_totals(const Segment* segments, int64_t n, const int64_t* inclusive, int64_t* totals, cudaStream_t stream);
+// compact_candidates over every segment's tiles, the candidates of segment s from the scan's
+// offset of its first tile on, its acc read back from its residual, momentum or gradient.
+void compact_segments(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
+                      const int32_t* tile_counts, const int64_t* inclusive, float* acc, int32_t* index,
+                      cudaStream_t stream);
+
+// A bucket's exact top k of the candidates of each tensor that has too many (cpu::select_top's:
+// the min(count, k) of largest magnitude, ties to the lower position, in input order). A block a
+// tensor: the select's digits find the k-th largest magnitude, then one ordered pass keeps every
+// larger one and the first of the equal ones.
+struct TopSegment {
+  const float* acc = nullptr;
+  const int32_t* index = nullptr;
+  int64_t count = 0, k = 0;
+  float* acc_top = nullptr;  // min(count, k) each
+  int32_t* index_top = nullptr;
+};
+void top_segments(const TopSegment* tops, int64_t n, cudaStream_t stream);
+
+// A bucket's sends: send_selected of each, `total` elements in all.
+struct SendSegment {
+  const float* acc = nullptr;
+  const int32_t* index = nullptr;
+  int64_t count = 0, at = 0;  // its elements, and where they start among all the sends'
+  Feedback fb;                // its state (send_state)
+  void* values = nullptr;
+  FloatType value_type = FloatType::kFloat32;
+};
+void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStream_t stream);
+
+// A bucket's wire rows: wire_rows of each send (of [0, length)), `total` rows in all.
+struct WireSegment {
+  const void* values = nullptr;
+  const int32_t* index = nullptr;
+  int64_t value_bytes = 4, count = 0, buckets = 0;
+  int64_t at = 0;  // its first row among all the sends' rows
+  uint8_t* rows = nullptr;
+};
+void wire_segments(const WireSegment* sends, int64_t n, int64_t total, cudaStream_t stream);
 
 // ---- sort.cu: the scan and sorts that csrc/torch/cuda.cpp takes from torch (cumsum, sort),
 // for the TF binding. Each needs `scratch` device memory and returns how many bytes (at least

@@ -3,12 +3,11 @@
 #include "../kernels/quantize.h"
 #include "grid.cuh"
 #include "launchers.h"
+#include "tiles.cuh"
 
 namespace sparsecomm {
 namespace cuda {
 namespace {
-
-constexpr int kItems = int(kCandidateTile / kThreads);  // elements per thread in a tile
 
 template <typename T>
 __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan, float* sample) {
@@ -19,110 +18,40 @@ __global__ void gather_sample_kernel(const T* grad, Feedback fb, SamplePlan plan
   }
 }
 
-// The rank-th largest of n non-negative floats (inf allowed): their bit patterns order like
-// the values, so a most-significant-digit-first radix select over 4 bytes finds it exactly.
-// The sign bit is cleared first: magnitude(-0.0f) is -0.0f, which must order as 0, not above inf.
-// Each digit takes two launches: every block counts its share of the values that match the
-// digits chosen so far, then one thread picks the next digit. In one block, the shared atomics
-// serialised on the few digits gradients share (kernels.md, "On a GPU").
-struct SelectState {  // kept in device memory after the sample, between the launches
-  int histogram[256];
-  uint32_t prefix;    // the digits chosen so far
-  int64_t remaining;  // the rank still to find among the values matching them
-};
-static_assert(sizeof(SelectState) + alignof(SelectState) <= kSelectStateFloats * sizeof(float));
-constexpr int kSelectItems = 16;  // values per thread: few blocks, so few global atomics per digit
-
 SelectState* select_state(float* sample, int64_t count) {  // the first aligned address after the sample
   const uintptr_t end = reinterpret_cast<uintptr_t>(sample + count), align = alignof(SelectState);
   return reinterpret_cast<SelectState*>((end + align - 1) / align * align);
 }
 
-__global__ void select_start_kernel(SelectState* state, int64_t rank) {
-  state->histogram[threadIdx.x] = 0;
-  if (threadIdx.x == 0) {
-    state->prefix = 0;
-    state->remaining = rank;
-  }
-}
+__global__ void select_start_kernel(SelectState* state, int64_t rank) { start_select(state, rank); }
 
 __global__ void digit_histogram_kernel(const float* values, int64_t n, int shift, SelectState* state) {
-  __shared__ int histogram[256];
-  histogram[threadIdx.x] = 0;  // blockDim.x == 256
-  __syncthreads();
-  const uint32_t mask = shift == 24 ? 0u : ~0u << (shift + 8), prefix = state->prefix;
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < n; j += int64_t(gridDim.x) * blockDim.x) {
-    const uint32_t bits = float_bits(values[j]) & 0x7fffffffu;
-    if ((bits & mask) == prefix) atomicAdd(&histogram[(bits >> shift) & 255], 1);
-  }
-  __syncthreads();
-  if (histogram[threadIdx.x] != 0) atomicAdd(&state->histogram[threadIdx.x], histogram[threadIdx.x]);
+  add_digits(blockIdx.x * int64_t(blockDim.x), n, int64_t(gridDim.x) * blockDim.x, shift, state,
+             [&](int64_t j) { return values[j]; });
 }
 
-// The digit holding the rank-th largest, counting from the top; clears the histogram for the
-// next digit, and after the last one writes the threshold.
-__global__ void choose_digit_kernel(int shift, SelectState* state, float* out) {
-  int64_t remaining = state->remaining;
-  int d = 255;
-  for (; d > 0 && state->histogram[d] < remaining; --d) remaining -= state->histogram[d];
-  state->prefix |= uint32_t(d) << shift;
-  state->remaining = remaining;
-  for (int i = 0; i < 256; ++i) state->histogram[i] = 0;
-  if (shift == 0) *out = bits_float(state->prefix);
-}
+__global__ void choose_digit_kernel(int shift, SelectState* state, float* out) { choose_digit(shift, state, out); }
 
 __global__ void fill_kernel(float* out, float value) { *out = value; }
 
 template <typename T>
 __global__ void accumulate_count_kernel(const T* grad, Feedback fb, int64_t numel, const float* threshold,
                                         int32_t* tile_counts) {
-  __shared__ int count;
-  if (threadIdx.x == 0) count = 0;
-  __syncthreads();
-  const float t = *threshold;
-  const int64_t first = blockIdx.x * kCandidateTile;
-  int mine = 0;
-  for (int item = 0; item < kItems; ++item) {  // coalesced: consecutive threads, consecutive elements
-    const int64_t i = first + item * kThreads + threadIdx.x;
-    if (i >= numel) break;
+  const int count = count_tile(blockIdx.x * kCandidateTile, numel, *threshold, [&](int64_t i) {
     float u;
     const float acc = accumulated(grad, fb, i, &u);
     keep(fb, i, acc, u);
-    mine += selected(acc, t) ? 1 : 0;
-  }
-  atomicAdd(&count, mine);
-  __syncthreads();
+    return acc;
+  });
   if (threadIdx.x == 0) tile_counts[blockIdx.x] = count;
 }
 
 template <typename S>
 __global__ void compact_candidates_kernel(const S* source, int64_t numel, const float* threshold,
                                           const int64_t* tile_offsets, float* acc_out, int32_t* index_out) {
-  __shared__ int warp_totals[kThreads / 32];
-  const float t = *threshold;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int64_t written = tile_offsets[blockIdx.x];
-  const int64_t first = blockIdx.x * kCandidateTile;
-  for (int item = 0; item < kItems; ++item) {
-    const int64_t i = first + item * kThreads + threadIdx.x;
-    const float acc = i < numel ? to_float(source[i]) : 0.0f;
-    const bool take = i < numel && selected(acc, t);
-    // Ordered compaction of this row of kThreads elements: warp ballots, then warp offsets.
-    const unsigned ballot = __ballot_sync(0xffffffffu, take);
-    if (lane == 0) warp_totals[warp] = __popc(ballot);
-    __syncthreads();
-    int before = __popc(ballot & ((1u << lane) - 1u)), row_total = 0;
-    for (int w = 0; w < kThreads / 32; ++w) {
-      if (w < warp) before += warp_totals[w];
-      row_total += warp_totals[w];
-    }
-    if (take) {
-      acc_out[written + before] = acc;
-      index_out[written + before] = int32_t(i);
-    }
-    written += row_total;
-    __syncthreads();
-  }
+  compact_tile(
+      blockIdx.x * kCandidateTile, numel, *threshold, tile_offsets[blockIdx.x],
+      [&](int64_t i) { return to_float(source[i]); }, acc_out, index_out);
 }
 
 template <typename T>

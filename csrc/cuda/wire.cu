@@ -12,35 +12,52 @@ namespace sparsecomm {
 namespace cuda {
 namespace {
 
-// Element j goes to row j + (its bucket - the first) + 1, after its bucket's marker; marker m to
-// row m + the elements of the buckets before it.
+// Row t of a send's rows (t < count + buckets): element j goes to row j + (its bucket - the first)
+// + 1, after its bucket's marker; marker m to row m + the elements of the buckets before it.
+template <int kValueBytes>
+__device__ void write_wire_row(const uint8_t* values, const int32_t* index, int64_t count, int64_t first, int64_t t,
+                               uint8_t* rows) {
+  constexpr int64_t kWidth = kWireOffsetBytes + kValueBytes;
+  if (t < count) {
+    const int64_t bucket = index[t] / kWireBucket;
+    const uint16_t offset = uint16_t(index[t] - bucket * kWireBucket);
+    uint8_t* row = rows + (t + bucket - first + 1) * kWidth;
+    memcpy(row, &offset, kWireOffsetBytes);
+    memcpy(row + kWireOffsetBytes, values + t * kValueBytes, kValueBytes);
+    return;
+  }
+  const int64_t m = t - count, number = first + m, bucket_start = number * kWireBucket;
+  int64_t before = 0, end = count;  // the first index at or past the bucket's start
+  while (before < end) {
+    const int64_t mid = (before + end) / 2;
+    if (index[mid] < bucket_start)
+      before = mid + 1;
+    else
+      end = mid;
+  }
+  const uint16_t marker[2] = {kWireMarker, uint16_t(number)};
+  uint8_t* row = rows + (m + before) * kWidth;
+  memcpy(row, marker, sizeof(marker));
+  for (int64_t b = sizeof(marker); b < kWidth; ++b) row[b] = 0;
+}
+
 template <int kValueBytes>
 __global__ void wire_rows_kernel(const uint8_t* values, const int32_t* index, int64_t count, int64_t first,
                                  int64_t buckets, uint8_t* rows) {
-  constexpr int64_t kWidth = kWireOffsetBytes + kValueBytes;
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < count + buckets;
-       t += int64_t(gridDim.x) * blockDim.x) {
-    if (t < count) {
-      const int64_t bucket = index[t] / kWireBucket;
-      const uint16_t offset = uint16_t(index[t] - bucket * kWireBucket);
-      uint8_t* row = rows + (t + bucket - first + 1) * kWidth;
-      memcpy(row, &offset, kWireOffsetBytes);
-      memcpy(row + kWireOffsetBytes, values + t * kValueBytes, kValueBytes);
-      continue;
-    }
-    const int64_t m = t - count, number = first + m, bucket_start = number * kWireBucket;
-    int64_t before = 0, end = count;  // the first index at or past the bucket's start
-    while (before < end) {
-      const int64_t mid = (before + end) / 2;
-      if (index[mid] < bucket_start)
-        before = mid + 1;
-      else
-        end = mid;
-    }
-    const uint16_t marker[2] = {kWireMarker, uint16_t(number)};
-    uint8_t* row = rows + (m + before) * kWidth;
-    memcpy(row, marker, sizeof(marker));
-    for (int64_t b = sizeof(marker); b < kWidth; ++b) row[b] = 0;
+       t += int64_t(gridDim.x) * blockDim.x)
+    write_wire_row<kValueBytes>(values, index, count, first, t, rows);
+}
+
+// A bucket's sends (of [0, length): their first bucket is 0), row t of all their rows.
+__global__ void wire_segments_kernel(const WireSegment* sends, int64_t n, int64_t total) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
+    const WireSegment& w = sends[segment_of(sends, n, t, [](const WireSegment& g) { return g.at; })];
+    const auto* values = static_cast<const uint8_t*>(w.values);
+    if (w.value_bytes == 2)
+      write_wire_row<2>(values, w.index, w.count, 0, t - w.at, w.rows);
+    else
+      write_wire_row<4>(values, w.index, w.count, 0, t - w.at, w.rows);
   }
 }
 
@@ -89,6 +106,12 @@ void wire_rows(const void* values, int64_t value_bytes, const int32_t* index, in
     wire_rows_kernel<4><<<grid_for(count + buckets), kThreads, 0, stream>>>(v, index, count, first, buckets, rows);
     check_launch("wire_rows_kernel");
   }
+}
+
+void wire_segments(const WireSegment* sends, int64_t n, int64_t total, cudaStream_t stream) {
+  if (total == 0) return;
+  wire_segments_kernel<<<grid_for(total), kThreads, 0, stream>>>(sends, n, total);
+  check_launch("wire_segments_kernel");
 }
 
 void wire_marks(const uint8_t* rows, int64_t count, int64_t width, int64_t* marks, cudaStream_t stream) {

@@ -22,12 +22,10 @@ at::Tensor sample_threshold(const at::Tensor& grad, const c10::optional<at::Tens
                                  [&] { return Device::template sample_threshold<scalar_t>(a, plan); });
 }
 
-// accumulate_candidates' arguments, checked (op: the name its errors give).
+// The state arguments of a candidates' pass, checked (op: the name its errors give).
 inline FeedbackArgs candidate_args(const char* op, const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                                    const c10::optional<at::Tensor>& momentum, double momentum_factor,
-                                   const at::Tensor& threshold, const c10::optional<at::Tensor>& grad_scale,
-                                   bool nesterov) {
-  TORCH_CHECK(threshold.numel() == 1, op, ": threshold should have one element, got ", threshold.numel());
+                                   const c10::optional<at::Tensor>& grad_scale, bool nesterov) {
   // (the candidates' acc is read back from the state the pass wrote, not from grad)
   TORCH_CHECK(!grad_scale.has_value() || residual.has_value() || momentum.has_value(), op,
               ": grad_scale needs a residual or a momentum, got neither");
@@ -36,21 +34,7 @@ inline FeedbackArgs candidate_args(const char* op, const at::Tensor& grad, const
   return FeedbackArgs(op, grad, residual, momentum, momentum_factor, grad_scale, nesterov);
 }
 
-// The state pass with its candidates counted (the device's first phase: on CUDA, nothing read back).
-template <typename Device>
-typename Device::Counted count_candidates(const FeedbackArgs& a, const at::Tensor& threshold) {
-  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "count_candidates",
-                                 [&] { return Device::template count_candidates<scalar_t>(a, threshold); });
-}
-
-// The candidates, once their number is known on the host (the device's second phase).
-template <typename Device>
-std::tuple<at::Tensor, at::Tensor> compact_candidates(const FeedbackArgs& a, const typename Device::Counted& counted,
-                                                      int64_t total) {
-  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "compact_candidates",
-                                 [&] { return Device::template compact_candidates<scalar_t>(a, counted, total); });
-}
-
+// The state's pass, and the candidates at `threshold` (acc, index) in index order.
 template <typename Device>
 std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
                                                          const c10::optional<at::Tensor>& residual,
@@ -58,10 +42,12 @@ std::tuple<at::Tensor, at::Tensor> accumulate_candidates(const at::Tensor& grad,
                                                          double momentum_factor, const at::Tensor& threshold,
                                                          const c10::optional<at::Tensor>& grad_scale, bool nesterov) {
   const typename Device::Guard guard(grad.device());
-  const FeedbackArgs a = candidate_args("accumulate_candidates", grad, residual, momentum, momentum_factor, threshold,
-                                        grad_scale, nesterov);
-  const typename Device::Counted counted = count_candidates<Device>(a, threshold);
-  return compact_candidates<Device>(a, counted, Device::read_totals({counted})[0]);
+  TORCH_CHECK(threshold.numel() == 1, "accumulate_candidates: threshold should have one element, got ",
+              threshold.numel());
+  const FeedbackArgs a =
+      candidate_args("accumulate_candidates", grad, residual, momentum, momentum_factor, grad_scale, nesterov);
+  return SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "accumulate_candidates",
+                                 [&] { return Device::template accumulate_candidates<scalar_t>(a, threshold); });
 }
 
 template <typename Device>
@@ -205,6 +191,13 @@ void wire_rows_into(const at::Tensor& values, const at::Tensor& index, int64_t s
   Device::wire_rows(values.contiguous(), index.contiguous(), start, length, out);
 }
 
+// A send of [0, length) and the bytes its rows go to (wire_rows_many_into's).
+struct WireSend {
+  at::Tensor values, index;
+  int64_t length;
+  at::Tensor rows;
+};
+
 // wire_rows_into of many whole sends, written into one chunk: send p (of [0, places[2p + 1]))
 // at byte places[2p] of out (uint8, contiguous, 1-D). A DDP bucket's rows cross from Python once.
 template <typename Device>
@@ -217,6 +210,7 @@ void wire_rows_many_into(at::TensorList values, at::TensorList index, at::IntArr
   TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(), op,
               ": out should be a contiguous 1-D uint8 tensor, got ", out.dim(), "-D ", out.scalar_type());
   const typename Device::Guard guard(out.device());
+  std::vector<WireSend> sends;
   for (size_t p = 0; p < n; ++p) {
     const int64_t offset = places[2 * p], length = places[2 * p + 1];
     check_send(op, values[p], index[p], 0, length);
@@ -226,8 +220,9 @@ void wire_rows_many_into(at::TensorList values, at::TensorList index, at::IntArr
     const int64_t bytes = shape[0] * shape[1];
     TORCH_CHECK(offset >= 0 && offset + bytes <= out.numel(), op, ": send ", p, "'s ", bytes, " bytes at ", offset,
                 " do not fit out's ", out.numel());
-    Device::wire_rows(values[p].contiguous(), index[p].contiguous(), 0, length, out.narrow(0, offset, bytes));
+    sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.narrow(0, offset, bytes)});
   }
+  Device::wire_rows_many(sends);
 }
 
 inline void check_wire_rows(const char* op, const at::Tensor& rows, at::ScalarType value_dtype) {
@@ -314,50 +309,82 @@ at::Tensor random_k_indices(const at::Tensor& like, int64_t seed, int64_t tensor
 // too_few (every element's, a second read-only pass), the send in value_dtype (None: grad's).
 constexpr int64_t kPackPlan = 6;
 
-// One tensor of pack_sampled_many: its arguments, its plan and its state pass, counted.
-template <typename Device>
-struct SampledPack {
+// One tensor of pack_sampled_many, on the host: its arguments, its plan, its threshold's sample
+// (count 0: none, the threshold is `fixed`) and the dtype of its send.
+struct SampledTensor {
   const int64_t* plan;  // kPackPlan numbers
   c10::optional<at::Tensor> residual, momentum;
   FeedbackArgs args;
-  typename Device::Counted counted;
+  SamplePlan sample;
+  float fixed;
+  at::ScalarType value_dtype;
 };
 
-// The first phase: the threshold, sampled at `ratio` (none without a sample: 0, or +inf for k = 0),
-// and the state pass with its candidates counted.
-template <typename Device>
-SampledPack<Device> count_sampled(const at::Tensor& grad, c10::optional<at::Tensor> residual,
-                                  c10::optional<at::Tensor> momentum, double momentum_factor,
-                                  const c10::optional<at::Tensor>& grad_scale, bool nesterov, double ratio,
-                                  const int64_t* plan, int64_t seed) {
+inline SampledTensor sampled_tensor(const at::Tensor& grad, c10::optional<at::Tensor> residual,
+                                    c10::optional<at::Tensor> momentum, double momentum_factor,
+                                    const c10::optional<at::Tensor>& grad_scale, bool nesterov, double ratio,
+                                    const int64_t* plan, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
   const int64_t k = plan[0], sample_count = plan[1];
-  const at::Tensor threshold =
-      sample_count > 0 ? sample_threshold<Device>(grad, residual, momentum, momentum_factor, ratio, sample_count, seed,
-                                                  plan[4], plan[5], grad_scale, nesterov)
-                       : at::scalar_tensor(k > 0 ? 0.0 : INFINITY, grad.options().dtype(at::kFloat));
-  FeedbackArgs a =
-      candidate_args("pack_sampled_many", grad, residual, momentum, momentum_factor, threshold, grad_scale, nesterov);
-  typename Device::Counted counted = count_candidates<Device>(a, threshold);
-  return {plan, std::move(residual), std::move(momentum), std::move(a), std::move(counted)};
+  FeedbackArgs a = candidate_args("pack_sampled_many", grad, residual, momentum, momentum_factor, grad_scale, nesterov);
+  const SamplePlan sample = sample_count > 0
+                                ? checked_sample_plan(a.grad.numel(), ratio, sample_count, seed, plan[4], plan[5])
+                                : SamplePlan();
+  const float fixed = sample_count == 0 && k > 0 ? 0.0f : INFINITY;  // (every element, or none for k = 0)
+  return {plan,
+          std::move(residual),
+          std::move(momentum),
+          std::move(a),
+          sample,
+          fixed,
+          value_dtype.value_or(grad.scalar_type())};
 }
 
-// The second phase, `count` candidates: k exactly where the count is outside [too_few, too_many],
-// from the candidates, or (too few) from every element's acc in a second, read-only pass.
+// Where a tensor's candidate count falls against its band [too_few, too_many]: above, its top k
+// of the candidates; inside, the candidates as they are; below, its top k of every element.
+enum class Band { kAbove, kInside, kBelow };
+inline Band band_of(const SampledTensor& t, int64_t count) {
+  return count > t.plan[3] ? Band::kAbove : count >= t.plan[2] ? Band::kInside : Band::kBelow;
+}
+
+// The top k of every element's acc, in a second, read-only pass (a tensor below its band).
 template <typename Device>
-std::tuple<at::Tensor, at::Tensor> band_selected(const SampledPack<Device>& t, int64_t count) {
-  const int64_t k = t.plan[0], too_few = t.plan[2], too_many = t.plan[3];
-  auto [acc, index] = compact_candidates<Device>(t.args, t.counted, count);
-  if (count > too_many) return select_top<Device>(acc, index, k);
-  if (count >= too_few) return {acc, index};
+std::tuple<at::Tensor, at::Tensor> every_element_top(const SampledTensor& t) {
   const at::Tensor& every = t.residual ? *t.residual : t.momentum ? *t.momentum : t.args.grad;
   const at::Tensor zero = at::scalar_tensor(0.0, every.options().dtype(at::kFloat));
-  auto [every_acc, every_index] =
-      accumulate_candidates<Device>(every, c10::nullopt, c10::nullopt, 0.0, zero, c10::nullopt, false);
-  return select_top<Device>(every_acc, every_index, k);
+  auto [acc, index] = accumulate_candidates<Device>(every, c10::nullopt, c10::nullopt, 0.0, zero, c10::nullopt, false);
+  return select_top<Device>(acc, index, t.plan[0]);
 }
 
-// Every tensor's first phase, one read of all the counts (on CUDA, the only synchronisation but
-// a too-few tensor's second pass), then every tensor's second phase and send.
+// The top k of each of many candidate lists (Device::select_top_many's input).
+struct TopOf {
+  at::Tensor acc, index;
+  int64_t k;
+};
+
+// Each tensor's selection: its candidates, banded (the tensors above their band together).
+template <typename Device>
+std::vector<std::tuple<at::Tensor, at::Tensor>> banded(const std::vector<SampledTensor>& tensors,
+                                                       std::vector<std::tuple<at::Tensor, at::Tensor>> candidates,
+                                                       const std::vector<int64_t>& counts) {
+  std::vector<TopOf> above;
+  std::vector<size_t> above_at;
+  for (size_t p = 0; p < tensors.size(); ++p) {
+    const Band band = band_of(tensors[p], counts[p]);
+    if (band == Band::kBelow) candidates[p] = every_element_top<Device>(tensors[p]);
+    if (band != Band::kAbove) continue;
+    above.push_back({std::get<0>(candidates[p]), std::get<1>(candidates[p]), tensors[p].plan[0]});
+    above_at.push_back(p);
+  }
+  const auto tops = Device::select_top_many(above);
+  for (size_t j = 0; j < above_at.size(); ++j) candidates[above_at[j]] = tops[j];
+  return candidates;
+}
+
+// The bucket's phases, each over all its tensors (Device::count_bucket, bucket_totals,
+// bucket_candidates, select_top_many, send_bucket; on CUDA, each a fixed number of launches): the
+// thresholds and the state pass with the candidates counted, one read of all the counts (on CUDA,
+// the only synchronisation but a too-few tensor's second pass), the candidates, each tensor's
+// band, the sends.
 template <typename Device>
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
     at::TensorList grads, const c10::List<c10::optional<at::Tensor>>& residuals,
@@ -371,27 +398,23 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
   TORCH_CHECK(int64_t(plans.size()) == kPackPlan * int64_t(n), "pack_sampled_many: plans should hold ", kPackPlan,
               " numbers (k, sample_count, too_few, too_many, tensor_id, step) per grad, got ", plans.size(), " for ", n,
               " grads");
-  std::vector<at::Tensor> values, indices;
-  if (n == 0) return {values, indices};
+  if (n == 0) return {};
   for (const at::Tensor& grad : grads)
     TORCH_CHECK(grad.device() == grads[0].device(), "pack_sampled_many: grads should all be on one device, got ",
                 grads[0].device(), " and ", grad.device());
   const typename Device::Guard guard(grads[0].device());
-  std::vector<SampledPack<Device>> packs;
-  std::vector<typename Device::Counted> counted;
-  for (size_t p = 0; p < n; ++p) {
-    packs.push_back(count_sampled<Device>(grads[p], residuals[p], momenta[p], momentum_factor, grad_scales[p], nesterov,
-                                          ratios[p], plans.data() + kPackPlan * p, seed));
-    counted.push_back(packs.back().counted);
-  }
-  const std::vector<int64_t> counts = Device::read_totals(counted);
-  for (size_t p = 0; p < n; ++p) {
-    auto [acc, index] = band_selected<Device>(packs[p], counts[p]);
-    values.push_back(send_selected<Device>(acc, index, packs[p].residual, packs[p].momentum, masking,
-                                           value_dtype.value_or(grads[p].scalar_type())));
+  std::vector<SampledTensor> tensors;
+  for (size_t p = 0; p < n; ++p)
+    tensors.push_back(sampled_tensor(grads[p], residuals[p], momenta[p], momentum_factor, grad_scales[p], nesterov,
+                                     ratios[p], plans.data() + kPackPlan * p, seed, value_dtype));
+  const typename Device::Bucket bucket = Device::count_bucket(tensors);
+  const std::vector<int64_t> counts = Device::bucket_totals(bucket);
+  std::vector<at::Tensor> accs, indices;
+  for (auto& [acc, index] : banded<Device>(tensors, Device::bucket_candidates(bucket, tensors, counts), counts)) {
+    accs.push_back(acc);
     indices.push_back(index);
   }
-  return {values, indices};
+  return {Device::send_bucket(tensors, accs, indices, masking), indices};
 }
 
 template <typename Device>

@@ -413,6 +413,182 @@ void check_candidates() {
   });
 }
 
+// A bucket's sampled packs over a table of segments (segments.cu, and wire.cu's wire_segments)
+// against each tensor alone through the launchers checked above (the glue of csrc/torch/cuda.cpp),
+// bit for bit: thresholds, counts, candidates, states, sends and wire rows. A FeedbackBuffers'
+// "cuda" side is the bucket's, its "cpu" side the tensor's. Sizes: empty, tiny, several tiles,
+// and a sample of 9,000 (three blocks of digit counts); every dtype in one bucket.
+struct BucketTensor {
+  int64_t numel;
+  int dtype;  // 0 float32, 1 float16, 2 bfloat16
+  std::vector<uint8_t> grad;
+  FeedbackBuffers state;
+  sc::SamplePlan plan;
+  float fixed;
+};
+
+template <typename F>
+void with_dtype(int dtype, F f) {
+  if (dtype == 1) f(half16{});
+  else if (dtype == 2) f(bfloat16{});
+  else f(float{});
+}
+
+// One tensor alone: its threshold, candidates, send and rows.
+struct Alone {
+  float threshold;
+  std::vector<float> acc;
+  std::vector<int32_t> index;
+  std::vector<uint8_t> values, rows;
+};
+
+template <typename T>
+Alone pack_alone(BucketTensor& t) {
+  Alone a;
+  const Feedback fb = t.state.cpu();
+  const T* grad = reinterpret_cast<const T*>(t.grad.data());
+  std::vector<float> scratch(static_cast<size_t>(sc::cuda::sample_scratch_floats(t.plan.count)));
+  a.threshold = t.fixed;
+  if (t.plan.count > 0) sc::cuda::sample_threshold<T>(grad, fb, t.numel, t.plan, scratch.data(), &a.threshold, nullptr);
+  const int64_t tiles = sc::cuda::candidate_tiles(t.numel);
+  std::vector<int32_t> counts(static_cast<size_t>(tiles));
+  sc::cuda::accumulate_count<T>(grad, fb, t.numel, &a.threshold, counts.data(), nullptr);
+  std::vector<int64_t> offsets(static_cast<size_t>(tiles));
+  int64_t total = 0;
+  for (int64_t k = 0; k < tiles; ++k) offsets[size_t(k)] = total, total += counts[size_t(k)];
+  a.acc.resize(size_t(total));
+  a.index.resize(size_t(total));
+  if (const float* source = fb.residual_out ? fb.residual_out : fb.momentum_out)
+    sc::cuda::compact_candidates<float>(source, t.numel, &a.threshold, offsets.data(), a.acc.data(), a.index.data(), nullptr);
+  else
+    sc::cuda::compact_candidates<T>(grad, t.numel, &a.threshold, offsets.data(), a.acc.data(), a.index.data(), nullptr);
+  Feedback send = fb;
+  send.masking = true;
+  a.values.resize(size_t(total) * sizeof(T));
+  sc::cuda::send_selected<T>(a.acc.data(), a.index.data(), total, send, reinterpret_cast<T*>(a.values.data()), nullptr);
+  a.rows.resize(size_t((total + sc::wire_buckets(0, t.numel)) * int64_t(2 + sizeof(T))));
+  sc::cuda::wire_rows(a.values.data(), sizeof(T), a.index.data(), total, 0, t.numel, a.rows.data(), nullptr);
+  return a;
+}
+
+void check_segments() {
+  const int64_t sizes[] = {4097, 0, 33, 9000, 1, 257};
+  const int64_t wanted[] = {60, 1, 33, 9000, 1, 8};
+  Rng r{4242};
+  std::vector<BucketTensor> tensors;
+  std::vector<sc::cuda::Segment> segments;
+  int64_t samples = 0, blocks = 0, tiles = 0;
+  for (size_t p = 0; p < std::size(sizes); ++p) {
+    const int64_t n = sizes[p];
+    const int dtype = int(p % 3);
+    std::vector<uint8_t> grad;
+    with_dtype(dtype, [&]<typename T>(T) {
+      const std::vector<T> g = random_vector<T>(n, r);
+      grad.assign(reinterpret_cast<const uint8_t*>(g.data()), reinterpret_cast<const uint8_t*>(g.data() + n));
+    });
+    const sc::SamplePlan plan = p % 2 ? sc::SamplePlan() : sc::plan_sample(n, wanted[p], 0.05, r.next(), uint32_t(p), 3);
+    tensors.push_back({n, dtype, grad, FeedbackBuffers(kFeedback[(p + 1) % std::size(kFeedback)], n, r), plan,
+                       p == 1 ? INFINITY : 0.5f});
+  }
+  for (BucketTensor& t : tensors) {
+    sc::cuda::Segment s;
+    s.grad = t.grad.data(), s.grad_type = sc::cuda::FloatType(t.dtype), s.fb = t.state.cuda(), s.numel = t.numel;
+    s.plan = t.plan, s.fixed = t.fixed, s.sample_at = samples, s.block_at = blocks, s.tile_at = tiles;
+    samples += t.plan.count, blocks += sc::cuda::digit_blocks(t.plan.count), tiles += sc::cuda::candidate_tiles(t.numel);
+    segments.push_back(s);
+  }
+  set_case("segments: a bucket of %zu tensors, %lld samples, %lld tiles", tensors.size(), (long long)samples,
+           (long long)tiles);
+  const int64_t n = int64_t(segments.size());
+  std::vector<float> sample(static_cast<size_t>(samples)), thresholds(size_t(n), -1.0f);
+  std::vector<sc::cuda::SelectState> states(static_cast<size_t>(n));
+  std::vector<int32_t> tile_counts(static_cast<size_t>(tiles));
+  std::vector<int64_t> inclusive(static_cast<size_t>(tiles)), totals(size_t(n), -1);
+  sc::cuda::sample_segments(segments.data(), n, samples, blocks, sample.data(), states.data(), thresholds.data(), nullptr);
+  sc::cuda::count_segments(segments.data(), n, tiles, thresholds.data(), tile_counts.data(), nullptr);
+  std::partial_sum(tile_counts.begin(), tile_counts.end(), inclusive.begin());
+  sc::cuda::segment_totals(segments.data(), n, inclusive.data(), totals.data(), nullptr);
+  const int64_t all = tiles ? inclusive.back() : 0;
+  std::vector<float> acc(static_cast<size_t>(all));
+  std::vector<int32_t> index(static_cast<size_t>(all));
+  sc::cuda::compact_segments(segments.data(), n, tiles, thresholds.data(), tile_counts.data(), inclusive.data(),
+                             acc.data(), index.data(), nullptr);
+  std::vector<sc::cuda::SendSegment> sends;
+  std::vector<sc::cuda::WireSegment> wires;
+  std::vector<std::vector<uint8_t>> values(tensors.size()), rows(tensors.size());
+  int64_t at = 0, sent = 0, written = 0;
+  for (size_t p = 0; p < tensors.size(); ++p) {
+    const int64_t bytes = tensors[p].dtype ? 2 : 4, count = totals[p];
+    values[p].resize(size_t(count * bytes));
+    rows[p].resize(size_t((count + sc::wire_buckets(0, tensors[p].numel)) * (2 + bytes)));
+    sc::cuda::SendSegment d;
+    d.acc = acc.data() + at, d.index = index.data() + at, d.count = count, d.at = sent;
+    d.fb = tensors[p].state.cuda(), d.fb.masking = true;
+    d.values = values[p].data(), d.value_type = sc::cuda::FloatType(tensors[p].dtype);
+    sends.push_back(d);
+    sc::cuda::WireSegment w;
+    w.values = values[p].data(), w.index = d.index, w.value_bytes = bytes, w.count = count;
+    w.buckets = sc::wire_buckets(0, tensors[p].numel), w.at = written, w.rows = rows[p].data();
+    wires.push_back(w);
+    at += count, sent += count, written += count + w.buckets;
+  }
+  sc::cuda::send_segments(sends.data(), n, sent, nullptr);
+  sc::cuda::wire_segments(wires.data(), n, written, nullptr);
+  at = 0;
+  for (size_t p = 0; p < tensors.size(); ++p) {
+    set_case("segments: tensor %zu of the bucket (%s, numel=%lld, sample %lld)", p,
+             tensors[p].dtype == 0 ? "float32" : tensors[p].dtype == 1 ? "float16" : "bfloat16",
+             (long long)tensors[p].numel, (long long)tensors[p].plan.count);
+    Alone alone;
+    with_dtype(tensors[p].dtype, [&]<typename T>(T) { alone = pack_alone<T>(tensors[p]); });
+    same_value("threshold", thresholds[p], alone.threshold);
+    const auto from = acc.begin() + at, to = from + totals[p];
+    same("acc", std::vector<float>(from, to), alone.acc, "bucket", "alone");
+    same("index", std::vector<int32_t>(index.begin() + at, index.begin() + at + totals[p]), alone.index, "bucket", "alone");
+    same("values", values[p], alone.values, "bucket", "alone");
+    same("rows", rows[p], alone.rows, "bucket", "alone");
+    tensors[p].state.compare();
+    at += totals[p];
+  }
+}
+
+// A bucket's top k of candidate lists (top_segments, a block a list) against cpu::select_top,
+// list by list: ties at the k-th magnitude (NaN as +inf, -0 as 0) go to the lower position.
+void check_top_segments() {
+  Rng r{777};
+  std::vector<std::vector<float>> accs;
+  for (int64_t n : {300, 0, 1, 4097, 64, 9}) accs.push_back(random_floats(n, r));
+  accs.push_back({1.0f, -1.0f, NAN, INFINITY, -0.0f, 0.0f, -INFINITY, 1.0f, 2.0f, -1.0f, NAN, 0.0f});
+  const int64_t ks[] = {30, 0, 1, 41, 64, 0, 5};  // (k = count: every one; 0: none)
+  std::vector<std::vector<int32_t>> indices;
+  std::vector<std::vector<float>> acc_tops;
+  std::vector<std::vector<int32_t>> index_tops;
+  std::vector<sc::cuda::TopSegment> tops;
+  for (size_t p = 0; p < accs.size(); ++p) {
+    const int64_t n = int64_t(accs[p].size()), kept = std::min(n, ks[p]);
+    indices.push_back(distinct_sorted(n, 3 * n + 1, r));
+    acc_tops.emplace_back(static_cast<size_t>(kept), -1.0f);
+    index_tops.emplace_back(static_cast<size_t>(kept), -1);
+  }
+  for (size_t p = 0; p < accs.size(); ++p) {
+    sc::cuda::TopSegment t;
+    t.acc = accs[p].data(), t.index = indices[p].data(), t.count = int64_t(accs[p].size()), t.k = ks[p];
+    t.acc_top = acc_tops[p].data(), t.index_top = index_tops[p].data();
+    tops.push_back(t);
+  }
+  sc::cuda::top_segments(tops.data(), int64_t(tops.size()), nullptr);
+  for (size_t p = 0; p < accs.size(); ++p) {
+    set_case("top_segments: list %zu of %zu candidates, k=%lld", p, accs[p].size(), (long long)ks[p]);
+    std::vector<float> acc = accs[p];
+    std::vector<int32_t> index = indices[p];
+    const int64_t kept = sc::cpu::select_top(acc.data(), index.data(), int64_t(acc.size()), ks[p]);
+    acc.resize(size_t(kept));
+    index.resize(size_t(kept));
+    same("acc", acc_tops[p], acc);
+    same("index", index_tops[p], index);
+  }
+}
+
 // The send-side state: residual_out and momentum_out of the tensor, each present or not. Both
 // sides start equal: only the sent elements may change.
 struct SendState {
@@ -716,6 +892,8 @@ constexpr Group kGroups[] = {
     {"block_unpack", check_block_unpack},
     {"sample_threshold", check_sample_threshold},
     {"candidates", check_candidates},
+    {"segments", check_segments},
+    {"top_segments", check_top_segments},
     {"send_selected", check_send_selected},
     {"accumulate", check_accumulate},
     {"momentum_step", check_momentum_step},

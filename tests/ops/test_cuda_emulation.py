@@ -45,6 +45,8 @@ GROUPS = [
     "block_unpack",
     "sample_threshold",
     "candidates",
+    "segments",
+    "top_segments",
     "send_selected",
     "accumulate",
     "momentum_step",

@@ -1,0 +1,240 @@
+// CUDA launchers for a bucket's sampled packs (launchers.h, "segments.cu"): the kernels of
+// select.cu, each launched once for every tensor of the bucket over a table of segments, so that
+// a bucket takes the same launches whatever its number of tensors. Each tensor keeps its own
+// plan, threshold, state and output: the bits of its tensor-at-a-time kernels. Nothing here
+// synchronises with the host.
+#include <type_traits>
+
+#include "grid.cuh"
+#include "launchers.h"
+#include "tiles.cuh"
+
+namespace sparsecomm {
+namespace cuda {
+namespace {
+
+// f called with a null pointer of the storage type of `type` (its tag).
+template <typename F>
+__device__ void on_type(FloatType type, F f) {
+  switch (type) {
+    case FloatType::kFloat16:
+      f(static_cast<half16*>(nullptr));
+      break;
+    case FloatType::kBFloat16:
+      f(static_cast<bfloat16*>(nullptr));
+      break;
+    default:
+      f(static_cast<float*>(nullptr));
+  }
+}
+
+template <typename T>
+using Storage = typename std::remove_pointer<T>::type;
+
+__global__ void gather_samples_kernel(const Segment* segments, int64_t n, int64_t samples, float* sample) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < samples; j += int64_t(gridDim.x) * blockDim.x) {
+    const Segment& s = segments[segment_of(segments, n, j, [](const Segment& g) { return g.sample_at; })];
+    on_type(s.grad_type, [&](auto tag) {
+      float u;
+      const auto* grad = static_cast<const Storage<decltype(tag)>*>(s.grad);
+      sample[j] = magnitude(accumulated(grad, s.fb, s.plan.position(j - s.sample_at), &u));
+    });
+  }
+}
+
+// A block per segment: its select started, or its fixed threshold written where nothing is sampled.
+__global__ void start_segments_kernel(const Segment* segments, int64_t n, SelectState* states, float* thresholds) {
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {
+    start_select(&states[s], segments[s].plan.rank);
+    if (threadIdx.x == 0 && segments[s].plan.count == 0) thresholds[s] = segments[s].fixed;
+  }
+}
+
+// Digit block b counts kDigitBlockItems samples of its segment.
+__global__ void digit_segments_kernel(const Segment* segments, int64_t n, int64_t blocks, const float* sample,
+                                      int shift, SelectState* states) {
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {  // (the same b for the whole block)
+    const int64_t s = segment_of(segments, n, b, [](const Segment& g) { return g.block_at; });
+    const Segment& g = segments[s];
+    const int64_t begin = g.sample_at + (b - g.block_at) * kDigitBlockItems, last = g.sample_at + g.plan.count;
+    add_digits(begin, begin + kDigitBlockItems < last ? begin + kDigitBlockItems : last, kThreads, shift, &states[s],
+               [&](int64_t j) { return sample[j]; });
+  }
+}
+
+__global__ void choose_segments_kernel(const Segment* segments, int64_t n, int shift, SelectState* states,
+                                       float* thresholds) {
+  for (int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; s < n; s += int64_t(gridDim.x) * blockDim.x)
+    if (segments[s].plan.count > 0) choose_digit(shift, &states[s], &thresholds[s]);
+}
+
+__device__ const Segment& tile_segment(const Segment* segments, int64_t n, int64_t t, int64_t* s) {
+  *s = segment_of(segments, n, t, [](const Segment& g) { return g.tile_at; });
+  return segments[*s];
+}
+
+__global__ void count_segments_kernel(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
+                                      int32_t* tile_counts) {
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same t for the whole block)
+    int64_t s;
+    const Segment& g = tile_segment(segments, n, t, &s);
+    on_type(g.grad_type, [&](auto tag) {
+      const auto* grad = static_cast<const Storage<decltype(tag)>*>(g.grad);
+      const int count = count_tile((t - g.tile_at) * kCandidateTile, g.numel, thresholds[s], [&](int64_t i) {
+        float u;
+        const float acc = accumulated(grad, g.fb, i, &u);
+        keep(g.fb, i, acc, u);
+        return acc;
+      });
+      if (threadIdx.x == 0) tile_counts[t] = count;
+    });
+  }
+}
+
+__device__ int64_t candidates_before(const int64_t* inclusive, int64_t tile) {
+  return tile > 0 ? inclusive[tile - 1] : 0;
+}
+
+__global__ void segment_totals_kernel(const Segment* segments, int64_t n, const int64_t* inclusive, int64_t* totals) {
+  for (int64_t s = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; s < n; s += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t first = segments[s].tile_at, end = first + candidate_tiles(segments[s].numel);
+    totals[s] = candidates_before(inclusive, end) - candidates_before(inclusive, first);
+  }
+}
+
+// acc is read back from the tensor that now holds it (feedback.h): residual, momentum or grad.
+__global__ void compact_segments_kernel(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
+                                        const int32_t* tile_counts, const int64_t* inclusive, float* acc,
+                                        int32_t* index) {
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same t for the whole block)
+    int64_t s;
+    const Segment& g = tile_segment(segments, n, t, &s);
+    const int64_t first = (t - g.tile_at) * kCandidateTile, written = inclusive[t] - tile_counts[t];
+    const float* state = g.fb.residual_out ? g.fb.residual_out : g.fb.momentum_out;
+    if (state) {
+      compact_tile(first, g.numel, thresholds[s], written, [&](int64_t i) { return state[i]; }, acc, index);
+      continue;
+    }
+    on_type(g.grad_type, [&](auto tag) {
+      const auto* grad = static_cast<const Storage<decltype(tag)>*>(g.grad);
+      compact_tile(first, g.numel, thresholds[s], written, [&](int64_t i) { return to_float(grad[i]); }, acc, index);
+    });
+  }
+}
+
+// t's min(count, k) candidates of largest magnitude in input order: the magnitude v of the k-th
+// largest (its bits: the select's prefix), then every one above v and the first `remaining` at v.
+__device__ void top_of(const TopSegment& t, SelectState* state) {
+  const auto bits = [&](int64_t j) { return float_bits(magnitude(t.acc[j])) & 0x7fffffffu; };
+  start_select(state, t.k);
+  __syncthreads();
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    add_digits(0, t.count, kThreads, shift, state, [&](int64_t j) { return magnitude(t.acc[j]); });
+    __syncthreads();
+    float unused;
+    if (threadIdx.x == 0) choose_digit(shift, state, &unused);
+    __syncthreads();
+  }
+  const uint32_t v = state->prefix;
+  const int64_t at_v = state->remaining;  // (the first at_v equal to v are in the top k)
+  int64_t seen_at_v = 0, written = 0;
+  for (int64_t row = 0; row < t.count; row += kThreads) {
+    const int64_t j = row + threadIdx.x;
+    const uint32_t b = j < t.count ? bits(j) : 0u;
+    int row_at_v, row_taken;
+    const bool equal = j < t.count && b == v;
+    const int64_t before_at_v = seen_at_v + ordered_offset(equal, &row_at_v);
+    const bool take = j < t.count && (b > v || (equal && before_at_v < at_v));
+    const int before = ordered_offset(take, &row_taken);
+    if (take) {
+      t.acc_top[written + before] = t.acc[j];
+      t.index_top[written + before] = t.index[j];
+    }
+    seen_at_v += row_at_v;
+    written += row_taken;
+  }
+}
+
+__global__ void top_segments_kernel(const TopSegment* tops, int64_t n) {
+  __shared__ SelectState state;
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {  // (the same s for the whole block)
+    const TopSegment& t = tops[s];
+    if (t.k < t.count) {
+      if (t.k > 0) top_of(t, &state);
+      continue;
+    }
+    for (int64_t j = threadIdx.x; j < t.count; j += kThreads) {  // every candidate
+      t.acc_top[j] = t.acc[j];
+      t.index_top[j] = t.index[j];
+    }
+  }
+}
+
+__global__ void send_segments_kernel(const SendSegment* sends, int64_t n, int64_t total) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < total; j += int64_t(gridDim.x) * blockDim.x) {
+    const SendSegment& d = sends[segment_of(sends, n, j, [](const SendSegment& g) { return g.at; })];
+    const int64_t e = j - d.at;
+    on_type(d.value_type, [&](auto tag) {
+      using T = Storage<decltype(tag)>;
+      static_cast<T*>(d.values)[e] = send<T>(d.fb, d.index[e], d.acc[e]);
+    });
+  }
+}
+
+}  // namespace
+
+void sample_segments(const Segment* segments, int64_t n, int64_t samples, int64_t blocks, float* sample,
+                     SelectState* states, float* thresholds, cudaStream_t stream) {
+  if (n == 0) return;
+  if (samples > 0) {
+    gather_samples_kernel<<<grid_for(samples), kThreads, 0, stream>>>(segments, n, samples, sample);
+    check_launch("gather_samples_kernel");
+  }
+  start_segments_kernel<<<grid_for(n, 1), 256, 0, stream>>>(segments, n, states, thresholds);
+  check_launch("start_segments_kernel");
+  if (samples == 0) return;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    digit_segments_kernel<<<grid_for(blocks, 1), 256, 0, stream>>>(segments, n, blocks, sample, shift, states);
+    check_launch("digit_segments_kernel");
+    choose_segments_kernel<<<grid_for(n), kThreads, 0, stream>>>(segments, n, shift, states, thresholds);
+    check_launch("choose_segments_kernel");
+  }
+}
+
+void count_segments(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds, int32_t* tile_counts,
+                    cudaStream_t stream) {
+  if (tiles == 0) return;
+  count_segments_kernel<<<grid_for(tiles, 1), kThreads, 0, stream>>>(segments, n, tiles, thresholds, tile_counts);
+  check_launch("count_segments_kernel");
+}
+
+void segment_totals(const Segment* segments, int64_t n, const int64_t* inclusive, int64_t* totals,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  segment_totals_kernel<<<grid_for(n), kThreads, 0, stream>>>(segments, n, inclusive, totals);
+  check_launch("segment_totals_kernel");
+}
+
+void compact_segments(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
+                      const int32_t* tile_counts, const int64_t* inclusive, float* acc, int32_t* index,
+                      cudaStream_t stream) {
+  if (tiles == 0) return;
+  compact_segments_kernel<<<grid_for(tiles, 1), kThreads, 0, stream>>>(segments, n, tiles, thresholds, tile_counts,
+                                                                       inclusive, acc, index);
+  check_launch("compact_segments_kernel");
+}
+
+void top_segments(const TopSegment* tops, int64_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  top_segments_kernel<<<grid_for(n, 1), kThreads, 0, stream>>>(tops, n);
+  check_launch("top_segments_kernel");
+}
+
+void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStream_t stream) {
+  if (total == 0) return;
+  send_segments_kernel<<<grid_for(total), kThreads, 0, stream>>>(sends, n, total);
+  check_launch("send_segments_kernel");
+}
+
+}  // namespace cuda
+}  // namespace sparsecomm
