@@ -107,18 +107,17 @@ class Reduced(BucketPart):
 
     def finish(self):
         for dtype, flat in self.works:
-            offset = 0
-            for grad, payload, packed in self.items:
-                if payload.dtype != dtype:
-                    continue
-                summed = flat[offset : offset + payload.numel()].view(payload.shape)
-                offset += payload.numel()
-                if packed is None:
-                    torch.div(summed, self.ranks, out=grad)
-                elif packed.start is not None:
-                    ops.block_unpack(summed / self.ranks, grad.numel(), packed.start, out=grad.view(-1))
-                else:
-                    ops.sparse_unpack(summed / self.ranks, packed.index, grad.numel(), out=grad.view(-1))
+            flat.div_(self.ranks)  # the average, in one op for every payload of the dtype
+            items = [item for item in self.items if item[1].dtype == dtype]
+            averages = flat.split([payload.numel() for _, payload, _ in items])
+            dense = [(grad.view(-1), mean) for (grad, _, packed), mean in zip(items, averages) if packed is None]
+            if dense:
+                torch._foreach_copy_(*zip(*dense))
+            for (grad, _, packed), mean in zip(items, averages):
+                if packed is not None and packed.start is not None:
+                    ops.block_unpack(mean, grad.numel(), packed.start, out=grad.view(-1))
+                elif packed is not None:
+                    ops.sparse_unpack(mean, packed.index, grad.numel(), out=grad.view(-1))
 
 
 class Gathered(BucketPart):
