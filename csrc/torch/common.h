@@ -14,8 +14,8 @@
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
 //     wire_rows(values, index, start, length, rows), wire_rows_many(sends), wire_columns(rows, value_dtype, exact)
 //     unpack_gathered_rows(gathered, regions, width, value_dtype, scale, outs)
-//   a bucket's sampled packs in phases (select.h's pack_sampled_many; CPU: tensor by tensor, CUDA:
-//     a fixed number of launches): Bucket, count_bucket(tensors), bucket_totals(bucket),
+//   a bucket's sampled packs in phases (select.h's pack_sampled_many; CPU: select.h's TensorByTensor,
+//     CUDA: cuda_bucket.h's fixed number of launches): Bucket, count_bucket(tensors), bucket_totals(bucket),
 //     bucket_candidates(bucket, tensors, totals), select_top_many(lists), send_bucket(tensors, accs, indices, masking)
 //   raw bytes for quantize.h's segments: copy_bytes(from, to), zero_bytes(t), write_count(segment,
 //     count), read_count(gathered, at) (CUDA: a read back), segment_offsets(index, counts, offsets),

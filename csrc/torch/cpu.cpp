@@ -13,7 +13,7 @@ namespace sparsecomm {
 namespace torch_binding {
 namespace {
 
-struct CpuDevice {
+struct CpuDevice : TensorByTensor<CpuDevice> {
   struct Guard {
     explicit Guard(const at::Device&) {}
   };
@@ -73,9 +73,6 @@ struct CpuDevice {
                 "wire_rows: index should be strictly ascending and inside [start, start + length) = [", start, ", ",
                 start + length, ")");
   }
-  static void wire_rows_many(const std::vector<WireSend>& sends) {
-    for (const WireSend& s : sends) wire_rows(s.values, s.index, 0, s.length, s.rows);
-  }
   // The marker rows are dropped in the pass (exact or not).
   static std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype, bool) {
     at::Tensor values = at::empty({rows.size(0)}, rows.options().dtype(value_dtype));
@@ -127,43 +124,6 @@ struct CpuDevice {
     cpu::kept_capacity(acc);
     cpu::kept_capacity(index);
     return {acc_t, index_t};
-  }
-
-  // A bucket tensor by tensor (select.h's pack_sampled_many): each one's candidates are complete
-  // after its pass, so the totals are their lengths.
-  using Bucket = std::vector<std::tuple<at::Tensor, at::Tensor>>;
-  static Bucket count_bucket(const std::vector<SampledTensor>& tensors) {
-    Bucket bucket;
-    for (const SampledTensor& t : tensors)
-      bucket.push_back(SC_DISPATCH_FLOAT_TYPES(t.args.grad.scalar_type(), "pack_sampled_many", [&] {
-        const at::Tensor threshold =
-            t.sample.count > 0 ? sample_threshold<scalar_t>(t.args, t.sample) : at::scalar_tensor(t.fixed, at::kFloat);
-        return accumulate_candidates<scalar_t>(t.args, threshold);
-      }));
-    return bucket;
-  }
-  static std::vector<int64_t> bucket_totals(const Bucket& bucket) {
-    std::vector<int64_t> totals;
-    for (const auto& candidates : bucket) totals.push_back(std::get<0>(candidates).numel());
-    return totals;
-  }
-  static const Bucket& bucket_candidates(const Bucket& bucket, const std::vector<SampledTensor>&,
-                                         const std::vector<int64_t>&) {
-    return bucket;
-  }
-  static std::vector<std::tuple<at::Tensor, at::Tensor>> select_top_many(const std::vector<TopOf>& lists) {
-    std::vector<std::tuple<at::Tensor, at::Tensor>> tops;
-    for (const TopOf& list : lists) tops.push_back(select_top(list.acc, list.index, list.k));
-    return tops;
-  }
-  static std::vector<at::Tensor> send_bucket(const std::vector<SampledTensor>& tensors,
-                                             const std::vector<at::Tensor>& accs,
-                                             const std::vector<at::Tensor>& indices, bool masking) {
-    std::vector<at::Tensor> values;
-    for (size_t p = 0; p < tensors.size(); ++p)
-      values.push_back(torch_binding::send_selected<CpuDevice>(accs[p], indices[p], tensors[p].residual,
-                                                               tensors[p].momentum, masking, tensors[p].value_dtype));
-    return values;
   }
 
   // An in-place selection on copies of the candidates (CUDA uses torch's sort instead).

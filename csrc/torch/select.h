@@ -380,6 +380,49 @@ std::vector<std::tuple<at::Tensor, at::Tensor>> banded(const std::vector<Sampled
   return candidates;
 }
 
+// A bucket's phases tensor by tensor (the CPU policy's, by inheritance: CpuDevice): each tensor's
+// candidates are complete after its pass, so the totals are their lengths.
+template <typename Device>
+struct TensorByTensor {
+  using Bucket = std::vector<std::tuple<at::Tensor, at::Tensor>>;
+  static Bucket count_bucket(const std::vector<SampledTensor>& tensors) {
+    Bucket bucket;
+    for (const SampledTensor& t : tensors)
+      bucket.push_back(SC_DISPATCH_FLOAT_TYPES(t.args.grad.scalar_type(), "pack_sampled_many", [&] {
+        const at::Tensor threshold = t.sample.count > 0 ? Device::template sample_threshold<scalar_t>(t.args, t.sample)
+                                                        : at::scalar_tensor(t.fixed, at::kFloat);
+        return Device::template accumulate_candidates<scalar_t>(t.args, threshold);
+      }));
+    return bucket;
+  }
+  static std::vector<int64_t> bucket_totals(const Bucket& bucket) {
+    std::vector<int64_t> totals;
+    for (const auto& candidates : bucket) totals.push_back(std::get<0>(candidates).numel());
+    return totals;
+  }
+  static const Bucket& bucket_candidates(const Bucket& bucket, const std::vector<SampledTensor>&,
+                                         const std::vector<int64_t>&) {
+    return bucket;
+  }
+  static std::vector<std::tuple<at::Tensor, at::Tensor>> select_top_many(const std::vector<TopOf>& lists) {
+    std::vector<std::tuple<at::Tensor, at::Tensor>> tops;
+    for (const TopOf& list : lists) tops.push_back(Device::select_top(list.acc, list.index, list.k));
+    return tops;
+  }
+  static std::vector<at::Tensor> send_bucket(const std::vector<SampledTensor>& tensors,
+                                             const std::vector<at::Tensor>& accs,
+                                             const std::vector<at::Tensor>& indices, bool masking) {
+    std::vector<at::Tensor> values;
+    for (size_t p = 0; p < tensors.size(); ++p)
+      values.push_back(send_selected<Device>(accs[p], indices[p], tensors[p].residual, tensors[p].momentum, masking,
+                                             tensors[p].value_dtype));
+    return values;
+  }
+  static void wire_rows_many(const std::vector<WireSend>& sends) {
+    for (const WireSend& s : sends) Device::wire_rows(s.values, s.index, 0, s.length, s.rows);
+  }
+};
+
 // The bucket's phases, each over all its tensors (Device::count_bucket, bucket_totals,
 // bucket_candidates, select_top_many, send_bucket; on CUDA, each a fixed number of launches): the
 // thresholds and the state pass with the candidates counted, one read of all the counts (on CUDA,

@@ -1,0 +1,176 @@
+// The CUDA device policy's bucket phases (csrc/torch/common.h): a DDP bucket's sampled packs
+// (select.h's pack_sampled_many) and wire rows (wire_rows_many_into) in a fixed number of
+// launches over tables of segments (csrc/cuda/segments.cu, wire.cu), whatever its number of
+// tensors. CudaDevice (cuda.cpp) takes them by inheritance.
+#pragma once
+#include <c10/cuda/CUDAStream.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "../cuda/launchers.h"
+#include "select.h"
+
+namespace sparsecomm {
+namespace torch_binding {
+
+inline cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+// A table of POD rows (csrc/cuda/launchers.h's segments) copied to the device without waiting
+// (pinned memory; the copy is ordered before the kernels that read it on the stream).
+template <typename Row>
+at::Tensor upload(const std::vector<Row>& rows, const at::Device& device) {
+  const int64_t bytes = int64_t(rows.size() * sizeof(Row));
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(device.is_cuda()));
+  if (bytes > 0) std::memcpy(host.data_ptr(), rows.data(), size_t(bytes));
+  return host.to(device, /*non_blocking=*/true);
+}
+
+inline cuda::FloatType float_type(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kHalf:
+      return cuda::FloatType::kFloat16;
+    case at::kBFloat16:
+      return cuda::FloatType::kBFloat16;
+    default:
+      TORCH_CHECK(dtype == at::kFloat, "expected a float32, float16 or bfloat16 tensor, got ", dtype);
+      return cuda::FloatType::kFloat32;
+  }
+}
+
+struct CudaBucketPhases {
+  // A bucket (select.h's pack_sampled_many) in a fixed number of launches over a table of
+  // segments (csrc/cuda/segments.cu), whatever its number of tensors. Bucket: the first phase's
+  // table and results on the device; the totals are its one read.
+  struct Bucket {
+    at::Tensor table, thresholds, tile_counts, inclusive, totals;
+    int64_t tiles = 0;
+  };
+  static Bucket count_bucket(const std::vector<SampledTensor>& tensors) {
+    std::vector<cuda::Segment> segments;
+    int64_t samples = 0, blocks = 0, tiles = 0;
+    for (const SampledTensor& t : tensors) {
+      cuda::Segment s;
+      s.grad = t.args.grad.data_ptr();
+      s.grad_type = float_type(t.args.grad.scalar_type());
+      s.fb = t.args.fb;
+      s.numel = t.args.grad.numel();
+      s.plan = t.sample;
+      s.fixed = t.fixed;
+      s.sample_at = samples, s.block_at = blocks, s.tile_at = tiles;
+      samples += s.plan.count, blocks += cuda::digit_blocks(s.plan.count), tiles += cuda::candidate_tiles(s.numel);
+      segments.push_back(s);
+    }
+    const at::TensorOptions on = tensors[0].args.grad.options();
+    const int64_t n = int64_t(segments.size());
+    Bucket b{upload(segments, on.device()),          at::empty({n}, on.dtype(at::kFloat)),
+             at::empty({tiles}, on.dtype(at::kInt)), at::Tensor(),
+             at::empty({n}, on.dtype(at::kLong)),    tiles};
+    const auto* table = static_cast<const cuda::Segment*>(b.table.data_ptr());
+    at::Tensor sample = at::empty({samples}, on.dtype(at::kFloat));
+    at::Tensor states = at::empty({n * int64_t(sizeof(cuda::SelectState))}, on.dtype(at::kByte));
+    cuda::sample_segments(table, n, samples, blocks, sample.data_ptr<float>(),
+                          static_cast<cuda::SelectState*>(states.data_ptr()), b.thresholds.data_ptr<float>(), stream());
+    cuda::count_segments(table, n, tiles, b.thresholds.data_ptr<float>(), b.tile_counts.data_ptr<int32_t>(), stream());
+    b.inclusive = b.tile_counts.cumsum(0, at::kLong);
+    cuda::segment_totals(table, n, b.inclusive.data_ptr<int64_t>(), b.totals.data_ptr<int64_t>(), stream());
+    return b;
+  }
+  static std::vector<int64_t> bucket_totals(const Bucket& b) {
+    const at::Tensor host = b.totals.cpu();  // the one synchronisation: the candidates' sizes
+    return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
+  }
+  static std::vector<std::tuple<at::Tensor, at::Tensor>> bucket_candidates(const Bucket& b,
+                                                                           const std::vector<SampledTensor>& tensors,
+                                                                           const std::vector<int64_t>& counts) {
+    int64_t total = 0;
+    for (const int64_t count : counts) total += count;
+    const at::TensorOptions on = tensors[0].args.grad.options();
+    at::Tensor acc = at::empty({total}, on.dtype(at::kFloat)), index = at::empty({total}, on.dtype(at::kInt));
+    cuda::compact_segments(static_cast<const cuda::Segment*>(b.table.data_ptr()), int64_t(tensors.size()), b.tiles,
+                           b.thresholds.data_ptr<float>(), b.tile_counts.data_ptr<int32_t>(),
+                           b.inclusive.data_ptr<int64_t>(), acc.data_ptr<float>(), index.data_ptr<int32_t>(), stream());
+    std::vector<std::tuple<at::Tensor, at::Tensor>> candidates;
+    int64_t offset = 0;
+    for (const int64_t count : counts) {
+      candidates.emplace_back(acc.narrow(0, offset, count), index.narrow(0, offset, count));
+      offset += count;
+    }
+    return candidates;
+  }
+  // Every list's top k in one kernel (segments.cu), a block a list.
+  static std::vector<std::tuple<at::Tensor, at::Tensor>> select_top_many(const std::vector<TopOf>& lists) {
+    if (lists.empty()) return {};
+    std::vector<cuda::TopSegment> table;
+    std::vector<at::Tensor> kept;  // (contiguous copies alive until the launch)
+    int64_t total = 0;
+    for (const TopOf& list : lists) total += std::min(list.acc.numel(), list.k);
+    const at::TensorOptions on = lists[0].acc.options();
+    at::Tensor acc = at::empty({total}, on), index = at::empty({total}, on.dtype(at::kInt));
+    std::vector<std::tuple<at::Tensor, at::Tensor>> tops;
+    int64_t offset = 0;
+    for (const TopOf& list : lists) {
+      cuda::TopSegment t;
+      kept.push_back(list.acc.contiguous());
+      kept.push_back(list.index.contiguous());
+      t.acc = kept[kept.size() - 2].data_ptr<float>(), t.index = kept.back().data_ptr<int32_t>();
+      t.count = list.acc.numel(), t.k = list.k;
+      const int64_t size = std::min(t.count, t.k);
+      tops.emplace_back(acc.narrow(0, offset, size), index.narrow(0, offset, size));
+      t.acc_top = acc.data_ptr<float>() + offset, t.index_top = index.data_ptr<int32_t>() + offset;
+      offset += size;
+      table.push_back(t);
+    }
+    const at::Tensor rows = upload(table, acc.device());
+    cuda::top_segments(static_cast<const cuda::TopSegment*>(rows.data_ptr()), int64_t(table.size()), stream());
+    return tops;
+  }
+  static std::vector<at::Tensor> send_bucket(const std::vector<SampledTensor>& tensors,
+                                             const std::vector<at::Tensor>& accs,
+                                             const std::vector<at::Tensor>& indices, bool masking) {
+    std::vector<cuda::SendSegment> sends;
+    std::vector<at::Tensor> values, kept;  // (kept: contiguous copies alive until the launch)
+    int64_t total = 0;
+    for (size_t p = 0; p < tensors.size(); ++p) {
+      const SampledTensor& t = tensors[p];
+      kept.push_back(accs[p].contiguous());
+      kept.push_back(indices[p].contiguous());
+      values.push_back(at::empty({accs[p].numel()}, accs[p].options().dtype(t.value_dtype)));
+      cuda::SendSegment s;
+      s.acc = kept[2 * p].data_ptr<float>();
+      s.index = kept[2 * p + 1].data_ptr<int32_t>();
+      s.count = accs[p].numel(), s.at = total, total += s.count;
+      s.fb = send_state("pack_sampled_many", t.residual, t.momentum, masking);
+      s.values = values.back().data_ptr();
+      s.value_type = float_type(t.value_dtype);
+      sends.push_back(s);
+    }
+    const at::Tensor table = upload(sends, tensors[0].args.grad.device());
+    cuda::send_segments(static_cast<const cuda::SendSegment*>(table.data_ptr()), int64_t(sends.size()), total,
+                        stream());
+    return values;
+  }
+
+  // A bucket's rows in one kernel, a thread per row over a table of its sends.
+  static void wire_rows_many(const std::vector<WireSend>& sends) {
+    if (sends.empty()) return;
+    std::vector<cuda::WireSegment> table;
+    int64_t total = 0;
+    for (const WireSend& s : sends) {
+      cuda::WireSegment w;
+      w.values = s.values.data_ptr();
+      w.index = s.index.data_ptr<int32_t>();
+      w.value_bytes = s.values.element_size();
+      w.count = s.index.numel(), w.buckets = wire_buckets(0, s.length);
+      w.at = total, total += w.count + w.buckets;
+      w.rows = s.rows.data_ptr<uint8_t>();
+      table.push_back(w);
+    }
+    const at::Tensor rows = upload(table, sends[0].rows.device());
+    cuda::wire_segments(static_cast<const cuda::WireSegment*>(rows.data_ptr()), int64_t(table.size()), total, stream());
+  }
+};
+
+}  // namespace torch_binding
+}  // namespace sparsecomm
