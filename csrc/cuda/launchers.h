@@ -160,8 +160,8 @@ void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStrea
 struct WireSegment {
   const void* values = nullptr;
   const int32_t* index = nullptr;
-  int64_t value_bytes = 4, count = 0, buckets = 0;
-  int64_t at = 0;  // its first row among all the sends' rows
+  int64_t value_bytes = 4, count = 0;
+  int64_t at = 0;  // its first row among all the sends' rows (its own: count + its buckets' markers)
   uint8_t* rows = nullptr;
 };
 void wire_segments(const WireSegment* sends, int64_t n, int64_t total, cudaStream_t stream);

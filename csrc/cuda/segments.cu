@@ -31,12 +31,17 @@ __device__ void on_type(FloatType type, F f) {
 template <typename T>
 using Storage = typename std::remove_pointer<T>::type;
 
+// f called with segment g's gradient as a pointer to its storage type.
+template <typename F>
+__device__ void with_grad(const Segment& g, F f) {
+  on_type(g.grad_type, [&](auto tag) { f(static_cast<const Storage<decltype(tag)>*>(g.grad)); });
+}
+
 __global__ void gather_samples_kernel(const Segment* segments, int64_t n, int64_t samples, float* sample) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < samples; j += int64_t(gridDim.x) * blockDim.x) {
     const Segment& s = segments[segment_of(segments, n, j, [](const Segment& g) { return g.sample_at; })];
-    on_type(s.grad_type, [&](auto tag) {
+    with_grad(s, [&](const auto* grad) {
       float u;
-      const auto* grad = static_cast<const Storage<decltype(tag)>*>(s.grad);
       sample[j] = magnitude(accumulated(grad, s.fb, s.plan.position(j - s.sample_at), &u));
     });
   }
@@ -78,8 +83,7 @@ __global__ void count_segments_kernel(const Segment* segments, int64_t n, int64_
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same t for the whole block)
     int64_t s;
     const Segment& g = tile_segment(segments, n, t, &s);
-    on_type(g.grad_type, [&](auto tag) {
-      const auto* grad = static_cast<const Storage<decltype(tag)>*>(g.grad);
+    with_grad(g, [&](const auto* grad) {
       const int count = count_tile((t - g.tile_at) * kCandidateTile, g.numel, thresholds[s], [&](int64_t i) {
         float u;
         const float acc = accumulated(grad, g.fb, i, &u);
@@ -115,8 +119,7 @@ __global__ void compact_segments_kernel(const Segment* segments, int64_t n, int6
       compact_tile(first, g.numel, thresholds[s], written, [&](int64_t i) { return state[i]; }, acc, index);
       continue;
     }
-    on_type(g.grad_type, [&](auto tag) {
-      const auto* grad = static_cast<const Storage<decltype(tag)>*>(g.grad);
+    with_grad(g, [&](const auto* grad) {
       compact_tile(first, g.numel, thresholds[s], written, [&](int64_t i) { return to_float(grad[i]); }, acc, index);
     });
   }

@@ -162,8 +162,8 @@ struct CudaBucketPhases {
       w.values = s.values.data_ptr();
       w.index = s.index.data_ptr<int32_t>();
       w.value_bytes = s.values.element_size();
-      w.count = s.index.numel(), w.buckets = wire_buckets(0, s.length);
-      w.at = total, total += w.count + w.buckets;
+      w.count = s.index.numel();
+      w.at = total, total += w.count + wire_buckets(0, s.length);
       w.rows = s.rows.data_ptr<uint8_t>();
       table.push_back(w);
     }

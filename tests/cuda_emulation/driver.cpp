@@ -528,9 +528,9 @@ void check_segments() {
     sends.push_back(d);
     sc::cuda::WireSegment w;
     w.values = values[p].data(), w.index = d.index, w.value_bytes = bytes, w.count = count;
-    w.buckets = sc::wire_buckets(0, tensors[p].numel), w.at = written, w.rows = rows[p].data();
+    w.at = written, w.rows = rows[p].data();
     wires.push_back(w);
-    at += count, sent += count, written += count + w.buckets;
+    at += count, sent += count, written += count + sc::wire_buckets(0, tensors[p].numel);
   }
   sc::cuda::send_segments(sends.data(), n, sent, nullptr);
   sc::cuda::wire_segments(wires.data(), n, written, nullptr);
