@@ -156,6 +156,16 @@ struct SendSegment {
 };
 void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStream_t stream);
 
+// A bucket's dense momentum steps (DGC's dense route): momentum_step of each gradient, in place,
+// `total` elements in all.
+struct MomentumSegment {
+  void* grad = nullptr;  // read, and written with what is reduced
+  FloatType grad_type = FloatType::kFloat32;
+  Feedback fb;     // its momentum, factor, Nesterov and gradient scale
+  int64_t at = 0;  // where its elements start among all the gradients'
+};
+void momentum_segments(const MomentumSegment* grads, int64_t n, int64_t total, cudaStream_t stream);
+
 // A bucket's wire rows: wire_rows of each send (of [0, length)), `total` rows in all.
 struct WireSegment {
   const void* values = nullptr;

@@ -184,6 +184,16 @@ __global__ void send_segments_kernel(const SendSegment* sends, int64_t n, int64_
   }
 }
 
+__global__ void momentum_segments_kernel(const MomentumSegment* grads, int64_t n, int64_t total) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < total; j += int64_t(gridDim.x) * blockDim.x) {
+    const MomentumSegment& g = grads[segment_of(grads, n, j, [](const MomentumSegment& m) { return m.at; })];
+    on_type(g.grad_type, [&](auto tag) {
+      auto* grad = static_cast<Storage<decltype(tag)>*>(g.grad);
+      momentum_element(grad, g.fb, j - g.at, grad);
+    });
+  }
+}
+
 }  // namespace
 
 void sample_segments(const Segment* segments, int64_t n, int64_t samples, int64_t blocks, float* sample,
@@ -237,6 +247,12 @@ void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStrea
   if (total == 0) return;
   send_segments_kernel<<<grid_for(total), kThreads, 0, stream>>>(sends, n, total);
   check_launch("send_segments_kernel");
+}
+
+void momentum_segments(const MomentumSegment* grads, int64_t n, int64_t total, cudaStream_t stream) {
+  if (total == 0) return;
+  momentum_segments_kernel<<<grid_for(total), kThreads, 0, stream>>>(grads, n, total);
+  check_launch("momentum_segments_kernel");
 }
 
 }  // namespace cuda

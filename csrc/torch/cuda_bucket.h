@@ -170,6 +170,23 @@ struct CudaBucketPhases {
     const at::Tensor rows = upload(table, sends[0].rows.device());
     cuda::wire_segments(static_cast<const cuda::WireSegment*>(rows.data_ptr()), int64_t(table.size()), total, stream());
   }
+
+  // Every gradient's momentum step in one kernel, a thread per element over a table of them.
+  static void momentum_many(const std::vector<FeedbackArgs>& grads) {
+    std::vector<cuda::MomentumSegment> table;
+    int64_t total = 0;
+    for (const FeedbackArgs& a : grads) {
+      cuda::MomentumSegment m;
+      m.grad = a.grad.data_ptr();
+      m.grad_type = float_type(a.grad.scalar_type());
+      m.fb = a.fb;
+      m.at = total, total += a.grad.numel();
+      table.push_back(m);
+    }
+    const at::Tensor rows = upload(table, grads[0].grad.device());
+    cuda::momentum_segments(static_cast<const cuda::MomentumSegment*>(rows.data_ptr()), int64_t(table.size()), total,
+                            stream());
+  }
 };
 
 }  // namespace torch_binding

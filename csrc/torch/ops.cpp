@@ -83,6 +83,11 @@ SC_TORCH_LIBRARY {
   m.def(
       "momentum_step(Tensor(a!) grad, Tensor(b!) momentum, float momentum_factor, Tensor? grad_scale=None, "
       "bool nesterov=False) -> ()");
+  // momentum_step of many gradients (each its own dtype, momentum and grad_scale) in one call: a DDP
+  // bucket's dense route under DGC.
+  m.def(
+      "momentum_step_many(Tensor(a!)[] grads, Tensor(b!)[] momenta, float momentum_factor, Tensor?[] grad_scales, "
+      "bool nesterov=False) -> ()");
   // The sum of the squares of x (float32, float16 or bfloat16) as a 0-d float64 tensor on x's
   // device, in one read of x and in a fixed order (csrc/kernels/squares.h): DGC's clipping norm
   // squared, without a float32 copy of a 16-bit gradient.

@@ -121,6 +121,27 @@ void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double mo
   });
 }
 
+// momentum_step of many gradients in one call (Device::momentum_many: on CUDA, one launch).
+template <typename Device>
+void momentum_step_many(at::TensorList grads, at::TensorList momenta, double momentum_factor,
+                        const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov) {
+  constexpr const char* op = "momentum_step_many";
+  const size_t n = grads.size();
+  TORCH_CHECK(momenta.size() == n && grad_scales.size() == n, op, ": momenta and grad_scales should hold one entry ",
+              "per grad (", n, "), got ", momenta.size(), " and ", grad_scales.size());
+  if (n == 0) return;
+  const typename Device::Guard guard(grads[0].device());
+  std::vector<FeedbackArgs> args;
+  for (size_t p = 0; p < n; ++p) {
+    TORCH_CHECK(grads[p].is_contiguous(), op, ": grads should be contiguous (they are written in place); grad ", p,
+                " is not");
+    TORCH_CHECK(grads[p].device() == grads[0].device(), op, ": grads should all be on one device, got ",
+                grads[0].device(), " and ", grads[p].device());
+    args.emplace_back(op, grads[p], c10::nullopt, momenta[p], momentum_factor, grad_scales[p], nesterov);
+  }
+  Device::momentum_many(args);
+}
+
 // The launchers take the tiles' scratch from torch's allocator (a double per 4,096 elements).
 template <typename Device>
 at::Tensor sum_of_squares(const at::Tensor& x_in) {
@@ -421,6 +442,13 @@ struct TensorByTensor {
   static void wire_rows_many(const std::vector<WireSend>& sends) {
     for (const WireSend& s : sends) Device::wire_rows(s.values, s.index, 0, s.length, s.rows);
   }
+  static void momentum_many(const std::vector<FeedbackArgs>& grads) {
+    for (const FeedbackArgs& a : grads)
+      SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "momentum_step_many", [&] {
+        Device::template momentum_step<scalar_t>(data_as<scalar_t>(a.grad), a.fb, a.grad.numel(),
+                                                 data_as<scalar_t>(a.grad));
+      });
+  }
 };
 
 // The bucket's phases, each over all its tensors (Device::count_bucket, bucket_totals,
@@ -471,6 +499,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("random_k_indices", &random_k_indices<Device>);
   m.impl("accumulate", &accumulate<Device>);
   m.impl("momentum_step", &momentum_step<Device>);
+  m.impl("momentum_step_many", &momentum_step_many<Device>);
   m.impl("sum_of_squares", &sum_of_squares<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_rows_into", &wire_rows_into<Device>);

@@ -328,9 +328,8 @@ class DGC(_PerRank):
         momentum on every tensor."""
         momentum = state.momentum_for(tensor)
         grad = tensor if tensor.is_contiguous() else tensor.contiguous()  # (a strided one: a copy, reduced instead)
-        # one pass, u into the gradient Horovod reduces
-        ops.momentum_step(grad, momentum, **self.method.momentum_args(self._clip_factor(tensor, state)))
-        return Packed(grad)
+        # one pass, u into the gradient that is reduced (with a DDP bucket's others: one op)
+        return self.packs.momentum_step(grad, momentum, **self.method.momentum_args(self._clip_factor(tensor, state)))
 
     def pack(self, tensor, state, density):
         momentum, masking = state.momentum_for(tensor), self.method.momentum_masking

@@ -107,6 +107,11 @@ def _momentum_step(grad, momentum, momentum_factor, grad_scale=None, nesterov=Fa
     return None
 
 
+@_fake("momentum_step_many")
+def _momentum_step_many(grads, momenta, momentum_factor, grad_scales, nesterov=False):
+    return None
+
+
 @_fake("sum_of_squares")
 def _sum_of_squares(x):
     return x.new_empty((), dtype=torch.float64)

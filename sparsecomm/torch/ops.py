@@ -169,6 +169,13 @@ def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None, nesterov=
     _ops.momentum_step(grad, momentum, momentum_factor, grad_scale, nesterov)
 
 
+def momentum_step_many(grads, momenta, momentum_factor, *, grad_scales=None, nesterov=False):
+    """momentum_step of many gradients (contiguous, each its own dtype) in one op: on a GPU, one
+    kernel. grad_scales: None, or one grad_scale (or None) per gradient."""
+    scales = [None] * len(grads) if grad_scales is None else grad_scales
+    _ops.momentum_step_many(grads, momenta, momentum_factor, scales, nesterov)
+
+
 def sum_of_squares(x):
     """The sum of the squares of ``x`` (float32, float16 or bfloat16, any shape) as a 0-d
     float64 tensor on x's device: one read of x, no float32 copy, the same bits on CPU and CUDA

@@ -2,7 +2,8 @@
 one op for many tensors (``sparsecomm::pack_sampled_many``): a DDP bucket's packs cross from
 Python into C++ once, not four ops per tensor. The op composes each tensor's pack exactly as
 sparsecomm.core.packing does, through the same op bodies: the same bits as ops.pack_sampled and
-ops.pack_topk, tensor by tensor."""
+ops.pack_topk, tensor by tensor. DGC's dense payloads (ops.momentum_step) queue the same way,
+into one ``momentum_step_many``."""
 
 import contextlib
 import functools
@@ -68,12 +69,13 @@ class Queued:
 
 
 class SampledPacks:
-    """A compressor's sampled packs. Each returns its Packed at once, filled by the op at once;
-    inside ``deferred()`` the packs queue, and one op per Shared fills them when the block ends,
-    or earlier when one of them is read."""
+    """A compressor's sampled packs and dense momentum steps. Each returns its Packed at once,
+    filled by the op at once; inside ``deferred()`` they queue, and one op per Shared (per
+    momentum setting) fills them when the block ends, or earlier when one of them is read."""
 
     def __init__(self):
         self._queue = {}  # Shared -> [Queued]
+        self._steps = {}  # (momentum_factor, nesterov) -> [(Packed, grad, momentum, grad_scale)]
         self._deferring = False
 
     def sampled(
@@ -89,6 +91,13 @@ class SampledPacks:
         plan = _top_plan(grad.numel(), k, sample_ratio)
         return self._add(Shared(), grad, residual, None, None, plan, (tensor_id, step))
 
+    def momentum_step(self, grad, momentum, *, momentum_factor, grad_scale=None, nesterov=False):
+        """ops.momentum_step's dense payload (DGC's dense route), as a Packed of `grad` (contiguous),
+        which the step writes in place."""
+        packed = QueuedPack(self)
+        self._steps.setdefault((momentum_factor, nesterov), []).append((packed, grad, momentum, grad_scale))
+        return self._queued(packed)
+
     @contextlib.contextmanager
     def deferred(self):
         """Queues the packs made inside the block; runs them when it ends (also on an error: the
@@ -101,14 +110,26 @@ class SampledPacks:
             self.run()
 
     def run(self):
-        """Runs every queued pack: fills their Packeds and updates their states."""
+        """Runs every queued pack and momentum step: fills their Packeds and updates their states."""
         queue, self._queue = self._queue, {}
+        steps, self._steps = self._steps, {}
         for shared, packs in queue.items():
             _run(shared, packs)
+        for (momentum_factor, nesterov), queued in steps.items():
+            packeds, grads, momenta, scales = zip(*queued)
+            ops.momentum_step_many(
+                list(grads), list(momenta), momentum_factor, grad_scales=list(scales), nesterov=nesterov
+            )
+            for packed, grad in zip(packeds, grads):
+                packed.values, packed.index = grad, None
 
     def _add(self, shared, grad, residual, momentum, grad_scale, plan, stream):
         packed = QueuedPack(self)
         self._queue.setdefault(shared, []).append(Queued(packed, grad, residual, momentum, grad_scale, plan, stream))
+        return self._queued(packed)
+
+    def _queued(self, packed):
+        """`packed`, made at once outside ``deferred()``."""
         if not self._deferring:
             self.run()
         return packed

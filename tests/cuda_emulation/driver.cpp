@@ -668,6 +668,47 @@ void check_momentum_step() {  // DGC's dense route: the momentum and the payload
   });
 }
 
+// A bucket's dense momentum steps (segments.cu's momentum_segments) against cpu::momentum_step of
+// each gradient: every dtype, empty and tiny ones, scaled or not, in place.
+void check_momentum_segments() {
+  const int64_t sizes[] = {4097, 0, 33, 9000, 1};
+  std::vector<FeedbackBuffers> states;
+  states.reserve(std::size(sizes));  // (a Feedback points at its buffers' scale: no reallocation)
+  std::vector<std::vector<uint8_t>> cuda_grads, cpu_grads;
+  std::vector<sc::cuda::MomentumSegment> table;
+  int64_t total = 0;
+  for (size_t p = 0; p < std::size(sizes); ++p) {
+    Rng r{uint64_t(sizes[p]) * 67 + p};
+    states.emplace_back(kFeedback[p % 2 == 0 ? 5 : 3], sizes[p], r);  // momentum in place, scaled or not
+    with_dtype(int(p % 3), [&](auto tag) {
+      const auto grad = random_vector<decltype(tag)>(sizes[p], r);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(grad.data());
+      cuda_grads.emplace_back(bytes, bytes + grad.size() * sizeof(decltype(tag)));
+    });
+  }
+  cpu_grads = cuda_grads;
+  for (size_t p = 0; p < std::size(sizes); ++p) {
+    sc::cuda::MomentumSegment m;
+    m.grad = cuda_grads[p].data();
+    m.grad_type = sc::cuda::FloatType(p % 3);
+    m.fb = states[p].cuda();
+    m.at = total, total += sizes[p];
+    table.push_back(m);
+  }
+  set_case("momentum_segments: a bucket of %zu gradients, %lld elements", table.size(), (long long)total);
+  sc::cuda::momentum_segments(table.data(), int64_t(table.size()), total, nullptr);
+  for (size_t p = 0; p < std::size(sizes); ++p) {
+    set_case("momentum_segments: gradient %zu of the bucket (numel=%lld)", p, (long long)sizes[p]);
+    with_dtype(int(p % 3), [&](auto tag) {
+      using T = decltype(tag);
+      T* grad = reinterpret_cast<T*>(cpu_grads[p].data());
+      sc::cpu::momentum_step<T>(grad, states[p].cpu(), sizes[p], grad);
+    });
+    same("out", cuda_grads[p], cpu_grads[p]);
+    states[p].compare();
+  }
+}
+
 void check_sum_of_squares() {  // one fixed order: the CPU's bits for every tile and lane count
   for_each_dtype([]<typename T>(T) {
     // a lane's first row, part and whole tiles, a tail tile, and 4 tiles on the test build's 3
@@ -897,6 +938,7 @@ constexpr Group kGroups[] = {
     {"send_selected", check_send_selected},
     {"accumulate", check_accumulate},
     {"momentum_step", check_momentum_step},
+    {"momentum_segments", check_momentum_segments},
     {"sum_of_squares", check_sum_of_squares},
     {"send_quantized", check_send_quantized},
     {"dequantize", check_dequantize},

@@ -50,6 +50,7 @@ GROUPS = [
     "send_selected",
     "accumulate",
     "momentum_step",
+    "momentum_segments",
     "sum_of_squares",
     "send_quantized",
     "dequantize",

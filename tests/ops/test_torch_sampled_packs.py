@@ -181,6 +181,49 @@ def test_each_band_branch_composes_the_single_ops(device, branch, momentum):
     assert_same_states(ours[1], theirs[1])
 
 
+@pytest.mark.parametrize("deferred", [True, False], ids=["bucket", "tensor_at_a_time"])
+@pytest.mark.parametrize("variant", ["plain", "nesterov", "clipped"])
+def test_dense_momentum_steps_equal_momentum_step_tensor_by_tensor(device, variant, deferred):
+    """DGC's dense route (SampledPacks.momentum_step): a bucket of every dtype and size, over two
+    steps, the gradients written in place and the momenta carried, as ops.momentum_step gives."""
+    gen = torch.Generator().manual_seed(12)
+    ours, theirs = ([torch.zeros(n, device=device) for n, _, _ in MIXED] for _ in range(2))
+    packs = SampledPacks()
+    for _ in range(2):
+        gs = [torch.randn(n, generator=gen).to(dtype).to(device) for n, dtype, _ in MIXED]
+        want = [g.clone() for g in gs]
+        scales = [
+            torch.tensor([0.5 + 0.1 * p], device=device) if variant == "clipped" else None for p in range(len(gs))
+        ]
+        kw = dict(momentum_factor=0.9, nesterov=variant == "nesterov")
+        with packs.deferred() if deferred else contextlib.nullcontext():
+            got = [packs.momentum_step(g, m, grad_scale=s, **kw) for g, m, s in zip(gs, ours, scales)]
+            assert all((p._values is None) == deferred for p in got)  # queued in a bucket, made at once else
+        for g, m, s in zip(want, theirs, scales):
+            ops.momentum_step(g, m, grad_scale=s, **kw)
+        for p, g, w in zip(got, gs, want):
+            assert p.values is g and p.index is None
+            assert_same(g, w)
+        assert_same_states(ours, theirs)
+
+
+def test_momentum_steps_of_the_wrong_length_or_strided_are_refused(device):
+    g, m = torch.randn(10, device=device), torch.zeros(10, device=device)
+    with pytest.raises(RuntimeError, match=r"momenta and grad_scales should hold one entry per grad \(1\), got 2"):
+        ops.momentum_step_many([g], [m, m], 0.9)
+    strided = torch.randn(10, 2, device=device)[:, 0]
+    with pytest.raises(RuntimeError, match="grads should be contiguous .* grad 1 is not"):
+        ops.momentum_step_many([g, strided], [m, m], 0.9)
+
+
+def test_the_momentum_steps_pass_opcheck():
+    torch.library.opcheck(
+        torch.ops.sparsecomm.momentum_step_many.default,
+        ([torch.randn(5), torch.randn(3)], [torch.zeros(5), torch.zeros(3)], 0.9, [None, None], False),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
+
+
 def test_arguments_of_the_wrong_length_are_refused(device):
     g = torch.randn(10, device=device)
     with pytest.raises(RuntimeError, match="residuals, momenta, grad_scales and ratios should hold one entry per grad"):
@@ -279,3 +322,19 @@ ON_THE_EMULATION = pytest.mark.parametrize("device", ["cuda-emulated"], indirect
 def test_a_bucket_launches_the_same_kernels_whatever_its_number_of_tensors(method, device):
     """One tensor, 4 and ResNet-50's 161 (docs/kernels.md, "Launches")."""
     assert [bucket_launches(method, tensors) for tensors in (1, 4, 161)] == [LAUNCHES_PER_BUCKET[method]] * 3
+
+
+def dense_launches(tensors):
+    """The kernels a bucket of `tensors` gradients of 512 elements on DGC's dense route launches."""
+    launched = torch.ops.sparsecomm_cuda_emulation.launches
+    gs, momenta = [torch.randn(512) for _ in range(tensors)], [torch.zeros(512) for _ in range(tensors)]
+    packs, before = SampledPacks(), launched()
+    with packs.deferred():
+        for g, m in zip(gs, momenta):
+            packs.momentum_step(g, m, momentum_factor=0.9)
+    return launched() - before
+
+
+@ON_THE_EMULATION
+def test_a_bucket_of_dense_momentum_steps_is_one_launch(device):
+    assert [dense_launches(tensors) for tensors in (1, 4, 161)] == [1, 1, 1]
