@@ -113,6 +113,8 @@ struct Segment {
   int64_t sample_at = 0;  // where its sample starts in the bucket's samples
   int64_t block_at = 0;   // its first block of the sample's digit counts
   int64_t tile_at = 0;    // its first candidate tile
+  int64_t room_at = -1;   // fixed capacity: where its candidates go (-1: in the scan's order)
+  int64_t room = 0;       // fixed capacity: the most it holds (more: none is written)
 };
 constexpr int64_t kDigitBlockItems = 256 * 16;  // samples per block of digit counts
 inline int64_t digit_blocks(int64_t samples) { return (samples + kDigitBlockItems - 1) / kDigitBlockItems; }
@@ -127,10 +129,11 @@ void count_segments(const Segment* segments, int64_t n, int64_t tiles, const flo
 // totals[s] = segment s's candidates, from the inclusive scan of the tile counts.
 void segment_totals(const Segment* segments, int64_t n, const int64_t* inclusive, int64_t* totals, cudaStream_t stream);
 // compact_candidates over every segment's tiles, the candidates of segment s from the scan's
-// offset of its first tile on, its acc read back from its residual, momentum or gradient.
+// offset of its first tile on (or from room_at, if totals[s] fits its room), its acc read back
+// from its residual, momentum or gradient.
 void compact_segments(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
-                      const int32_t* tile_counts, const int64_t* inclusive, float* acc, int32_t* index,
-                      cudaStream_t stream);
+                      const int32_t* tile_counts, const int64_t* inclusive, const int64_t* totals, float* acc,
+                      int32_t* index, cudaStream_t stream);
 
 // A bucket's exact top k of the candidates of each tensor that has too many (cpu::select_top's:
 // the min(count, k) of largest magnitude, ties to the lower position, in input order). A block a
@@ -145,12 +148,30 @@ struct TopSegment {
 };
 void top_segments(const TopSegment* tops, int64_t n, cudaStream_t stream);
 
+// A bucket's selections at fixed capacity, each tensor's band decided on the device from its count
+// of candidates (totals[s]), so that the host reads nothing: inside its band [too_few, too_many]
+// the candidates as they are; above it, the top k of the candidates (of every element where more
+// came than its room holds: the same k); below it, the top k of every element. counts[s]: what
+// was selected. A block a tensor.
+struct FixedTop {
+  const float* acc = nullptr;  // its candidates (room of them at most)
+  const int32_t* index = nullptr;
+  int64_t room = 0, k = 0, too_few = 0, too_many = 0;
+  const void* every = nullptr;  // every element's acc: its float32 state, or its gradient
+  FloatType every_type = FloatType::kFloat32;
+  int64_t numel = 0;
+  float* acc_top = nullptr;  // max(k, too_many) of room each
+  int32_t* index_top = nullptr;
+};
+void fixed_tops(const FixedTop* tops, int64_t n, const int64_t* totals, int64_t* counts, cudaStream_t stream);
+
 // A bucket's sends: send_selected of each, `total` elements in all.
 struct SendSegment {
   const float* acc = nullptr;
   const int32_t* index = nullptr;
-  int64_t count = 0, at = 0;  // its elements, and where they start among all the sends'
-  Feedback fb;                // its state (send_state)
+  int64_t count = 0, at = 0;       // its elements (or room), and where they start among all the sends'
+  const int64_t* limit = nullptr;  // fixed capacity: its count on the device (the first of `count`)
+  Feedback fb;                     // its state (send_state)
   void* values = nullptr;
   FloatType value_type = FloatType::kFloat32;
 };
@@ -170,9 +191,11 @@ void momentum_segments(const MomentumSegment* grads, int64_t n, int64_t total, c
 struct WireSegment {
   const void* values = nullptr;
   const int32_t* index = nullptr;
-  int64_t value_bytes = 4, count = 0;
+  int64_t value_bytes = 4, count = 0, buckets = 0;  // buckets: its markers, one a bucket of [0, length)
   int64_t at = 0;  // its first row among all the sends' rows (its own: count + its buckets' markers)
   uint8_t* rows = nullptr;
+  const int64_t* limit = nullptr;  // fixed capacity: its count on the device (count: its room)
+  int64_t* rows_count = nullptr;   // fixed capacity: where its number of rows is written
 };
 void wire_segments(const WireSegment* sends, int64_t n, int64_t total, cudaStream_t stream);
 

@@ -108,12 +108,17 @@ __global__ void segment_totals_kernel(const Segment* segments, int64_t n, const 
 
 // acc is read back from the tensor that now holds it (feedback.h): residual, momentum or grad.
 __global__ void compact_segments_kernel(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
-                                        const int32_t* tile_counts, const int64_t* inclusive, float* acc,
-                                        int32_t* index) {
+                                        const int32_t* tile_counts, const int64_t* inclusive, const int64_t* totals,
+                                        float* acc, int32_t* index) {
   for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same t for the whole block)
     int64_t s;
     const Segment& g = tile_segment(segments, n, t, &s);
-    const int64_t first = (t - g.tile_at) * kCandidateTile, written = inclusive[t] - tile_counts[t];
+    const int64_t first = (t - g.tile_at) * kCandidateTile;
+    int64_t written = inclusive[t] - tile_counts[t];
+    if (g.room_at >= 0) {  // fixed capacity: its own room, if they fit
+      if (totals[s] > g.room) continue;
+      written = g.room_at + written - candidates_before(inclusive, g.tile_at);
+    }
     const float* state = g.fb.residual_out ? g.fb.residual_out : g.fb.momentum_out;
     if (state) {
       compact_tile(first, g.numel, thresholds[s], written, [&](int64_t i) { return state[i]; }, acc, index);
@@ -125,14 +130,22 @@ __global__ void compact_segments_kernel(const Segment* segments, int64_t n, int6
   }
 }
 
-// t's min(count, k) candidates of largest magnitude in input order: the magnitude v of the k-th
-// largest (its bits: the select's prefix), then every one above v and the first `remaining` at v.
-__device__ void top_of(const TopSegment& t, SelectState* state) {
-  const auto bits = [&](int64_t j) { return float_bits(magnitude(t.acc[j])) & 0x7fffffffu; };
-  start_select(state, t.k);
+// The min(count, k) of largest magnitude of acc(j), j < count, in input order, written to
+// acc_top and index_top (index(j) each): the magnitude v of the k-th largest (its bits: the
+// select's prefix), then every one above v and the first `remaining` at v. Returns how many.
+template <typename Acc, typename Index>
+__device__ int64_t top_of(int64_t count, int64_t k, Acc acc, Index index, float* acc_top, int32_t* index_top,
+                          SelectState* state) {
+  if (k >= count) {
+    for (int64_t j = threadIdx.x; j < count; j += kThreads) acc_top[j] = acc(j), index_top[j] = index(j);
+    return count;
+  }
+  if (k <= 0) return 0;
+  const auto bits = [&](int64_t j) { return float_bits(magnitude(acc(j))) & 0x7fffffffu; };
+  start_select(state, k);
   __syncthreads();
   for (int shift = 24; shift >= 0; shift -= 8) {
-    add_digits(0, t.count, kThreads, shift, state, [&](int64_t j) { return magnitude(t.acc[j]); });
+    add_digits(0, count, kThreads, shift, state, [&](int64_t j) { return magnitude(acc(j)); });
     __syncthreads();
     float unused;
     if (threadIdx.x == 0) choose_digit(shift, state, &unused);
@@ -140,36 +153,64 @@ __device__ void top_of(const TopSegment& t, SelectState* state) {
   }
   const uint32_t v = state->prefix;
   const int64_t at_v = state->remaining;  // (the first at_v equal to v are in the top k)
+  __syncthreads();                        // (read by every thread before the next segment's start)
   int64_t seen_at_v = 0, written = 0;
-  for (int64_t row = 0; row < t.count; row += kThreads) {
+  for (int64_t row = 0; row < count; row += kThreads) {
     const int64_t j = row + threadIdx.x;
-    const uint32_t b = j < t.count ? bits(j) : 0u;
+    const uint32_t b = j < count ? bits(j) : 0u;
     int row_at_v, row_taken;
-    const bool equal = j < t.count && b == v;
+    const bool equal = j < count && b == v;
     const int64_t before_at_v = seen_at_v + ordered_offset(equal, &row_at_v);
-    const bool take = j < t.count && (b > v || (equal && before_at_v < at_v));
+    const bool take = j < count && (b > v || (equal && before_at_v < at_v));
     const int before = ordered_offset(take, &row_taken);
     if (take) {
-      t.acc_top[written + before] = t.acc[j];
-      t.index_top[written + before] = t.index[j];
+      acc_top[written + before] = acc(j);
+      index_top[written + before] = index(j);
     }
     seen_at_v += row_at_v;
     written += row_taken;
   }
+  return k;
 }
 
 __global__ void top_segments_kernel(const TopSegment* tops, int64_t n) {
   __shared__ SelectState state;
   for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {  // (the same s for the whole block)
     const TopSegment& t = tops[s];
-    if (t.k < t.count) {
-      if (t.k > 0) top_of(t, &state);
-      continue;
+    top_of(
+        t.count, t.k, [&](int64_t j) { return t.acc[j]; }, [&](int64_t j) { return t.index[j]; }, t.acc_top,
+        t.index_top, &state);
+  }
+}
+
+// f called with an accessor of t's every element's acc (float).
+template <typename F>
+__device__ void with_every(const FixedTop& t, F f) {
+  on_type(t.every_type, [&](auto tag) {
+    const auto* every = static_cast<const Storage<decltype(tag)>*>(t.every);
+    f([=](int64_t i) { return to_float(every[i]); });
+  });
+}
+
+__global__ void fixed_tops_kernel(const FixedTop* tops, int64_t n, const int64_t* totals, int64_t* counts) {
+  __shared__ SelectState state;
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {  // (the same s for the whole block)
+    const FixedTop& t = tops[s];
+    const int64_t count = totals[s];
+    const auto position = [](int64_t i) { return int32_t(i); };
+    int64_t selected;
+    if (count > t.too_many && count <= t.room) {  // above its band: the candidates' top k
+      selected = top_of(
+          count, t.k, [&](int64_t j) { return t.acc[j]; }, [&](int64_t j) { return t.index[j]; }, t.acc_top,
+          t.index_top, &state);
+    } else if (count > t.too_many || count < t.too_few) {  // more than its room, or below: every element's
+      with_every(t, [&](auto acc) { selected = top_of(t.numel, t.k, acc, position, t.acc_top, t.index_top, &state); });
+    } else {  // inside its band: the candidates as they are
+      selected = top_of(
+          count, count, [&](int64_t j) { return t.acc[j]; }, [&](int64_t j) { return t.index[j]; }, t.acc_top,
+          t.index_top, &state);
     }
-    for (int64_t j = threadIdx.x; j < t.count; j += kThreads) {  // every candidate
-      t.acc_top[j] = t.acc[j];
-      t.index_top[j] = t.index[j];
-    }
+    if (threadIdx.x == 0) counts[s] = selected;
   }
 }
 
@@ -177,6 +218,7 @@ __global__ void send_segments_kernel(const SendSegment* sends, int64_t n, int64_
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < total; j += int64_t(gridDim.x) * blockDim.x) {
     const SendSegment& d = sends[segment_of(sends, n, j, [](const SendSegment& g) { return g.at; })];
     const int64_t e = j - d.at;
+    if (d.limit && e >= *d.limit) continue;  // (past a fixed capacity's count)
     on_type(d.value_type, [&](auto tag) {
       using T = Storage<decltype(tag)>;
       static_cast<T*>(d.values)[e] = send<T>(d.fb, d.index[e], d.acc[e]);
@@ -229,11 +271,11 @@ void segment_totals(const Segment* segments, int64_t n, const int64_t* inclusive
 }
 
 void compact_segments(const Segment* segments, int64_t n, int64_t tiles, const float* thresholds,
-                      const int32_t* tile_counts, const int64_t* inclusive, float* acc, int32_t* index,
-                      cudaStream_t stream) {
+                      const int32_t* tile_counts, const int64_t* inclusive, const int64_t* totals, float* acc,
+                      int32_t* index, cudaStream_t stream) {
   if (tiles == 0) return;
   compact_segments_kernel<<<grid_for(tiles, 1), kThreads, 0, stream>>>(segments, n, tiles, thresholds, tile_counts,
-                                                                       inclusive, acc, index);
+                                                                       inclusive, totals, acc, index);
   check_launch("compact_segments_kernel");
 }
 
@@ -241,6 +283,12 @@ void top_segments(const TopSegment* tops, int64_t n, cudaStream_t stream) {
   if (n == 0) return;
   top_segments_kernel<<<grid_for(n, 1), kThreads, 0, stream>>>(tops, n);
   check_launch("top_segments_kernel");
+}
+
+void fixed_tops(const FixedTop* tops, int64_t n, const int64_t* totals, int64_t* counts, cudaStream_t stream) {
+  if (n == 0) return;
+  fixed_tops_kernel<<<grid_for(n, 1), kThreads, 0, stream>>>(tops, n, totals, counts);
+  check_launch("fixed_tops_kernel");
 }
 
 void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStream_t stream) {

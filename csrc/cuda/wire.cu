@@ -49,15 +49,20 @@ __global__ void wire_rows_kernel(const uint8_t* values, const int32_t* index, in
     write_wire_row<kValueBytes>(values, index, count, first, t, rows);
 }
 
-// A bucket's sends (of [0, length): their first bucket is 0), row t of all their rows.
+// A bucket's sends (of [0, length): their first bucket is 0), row t of all their rows. A send of
+// fixed capacity (limit) has room for count elements' rows and its markers'; its first row's
+// thread writes its number of rows.
 __global__ void wire_segments_kernel(const WireSegment* sends, int64_t n, int64_t total) {
   for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < total; t += int64_t(gridDim.x) * blockDim.x) {
     const WireSegment& w = sends[segment_of(sends, n, t, [](const WireSegment& g) { return g.at; })];
     const auto* values = static_cast<const uint8_t*>(w.values);
+    const int64_t count = w.limit ? *w.limit : w.count, row = t - w.at;
+    if (w.rows_count && row == 0) *w.rows_count = count + w.buckets;
+    if (row >= count + w.buckets) continue;  // (a fixed capacity's room past its rows)
     if (w.value_bytes == 2)
-      write_wire_row<2>(values, w.index, w.count, 0, t - w.at, w.rows);
+      write_wire_row<2>(values, w.index, count, 0, row, w.rows);
     else
-      write_wire_row<4>(values, w.index, w.count, 0, t - w.at, w.rows);
+      write_wire_row<4>(values, w.index, count, 0, row, w.rows);
   }
 }
 

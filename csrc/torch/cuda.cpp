@@ -92,7 +92,7 @@ struct CudaDevice : CudaBucketPhases {
     segment.narrow(0, 0, sizeof(count)).view(at::kLong).fill_(count);
   }
   static int64_t read_count(const at::Tensor& gathered, int64_t at) {
-    const at::Tensor bytes = gathered.narrow(0, at, sizeof(int64_t)).to(at::kCPU);
+    const at::Tensor bytes = read_back(gathered.narrow(0, at, sizeof(int64_t)));
     int64_t count;
     std::memcpy(&count, bytes.data_ptr<uint8_t>(), sizeof(count));
     return count;
@@ -136,6 +136,7 @@ struct CudaDevice : CudaBucketPhases {
                        values.data_ptr(), index.data_ptr<int32_t>(), stream());
     if (!exact) return {values, index};
     const at::Tensor keep = marks.lt(0);
+    ++host_reads;  // (masked_select reads its count back)
     return {values.masked_select(keep), index.masked_select(keep)};
   }
 
@@ -160,7 +161,7 @@ struct CudaDevice : CudaBucketPhases {
     cuda::accumulate_count<T>(data_as<T>(a.grad), a.fb, numel, threshold.data_ptr<float>(), counts.data_ptr<int32_t>(),
                               stream());
     const at::Tensor inclusive = counts.cumsum(0, at::kLong), offsets = inclusive - counts;
-    const int64_t total = tiles ? inclusive[tiles - 1].item<int64_t>() : 0;
+    const int64_t total = tiles ? read_back(inclusive[tiles - 1]).item<int64_t>() : 0;
     at::Tensor acc = at::empty({total}, a.grad.options().dtype(at::kFloat));
     at::Tensor index = at::empty({total}, a.grad.options().dtype(at::kInt));
     const float* t = threshold.data_ptr<float>();

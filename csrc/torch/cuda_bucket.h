@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <vector>
 
@@ -16,6 +17,14 @@ namespace sparsecomm {
 namespace torch_binding {
 
 inline cudaStream_t stream() { return c10::cuda::getCurrentCUDAStream(); }
+
+// The binding's copies of device data to the host (on a GPU each waits for the stream to drain),
+// counted: the emulated device's tests say which paths make none (docs/kernels.md).
+inline std::atomic<int64_t> host_reads{0};
+inline at::Tensor read_back(const at::Tensor& t) {
+  ++host_reads;
+  return t.to(at::kCPU);
+}
 
 // A table of POD rows (csrc/cuda/launchers.h's segments) copied to the device without waiting
 // (pinned memory; the copy is ordered before the kernels that read it on the stream).
@@ -47,11 +56,16 @@ struct CudaBucketPhases {
     at::Tensor table, thresholds, tile_counts, inclusive, totals;
     int64_t tiles = 0;
   };
-  static Bucket count_bucket(const std::vector<SampledTensor>& tensors) {
+  static Bucket count_bucket(const std::vector<SampledTensor>& tensors) { return counted(tensors, {}); }
+
+  // The first phase over a table of segments; at fixed capacity, rooms[p] candidates of tensor p
+  // at most are compacted, into a room of their own.
+  static Bucket counted(const std::vector<SampledTensor>& tensors, const std::vector<int64_t>& rooms) {
     std::vector<cuda::Segment> segments;
-    int64_t samples = 0, blocks = 0, tiles = 0;
+    int64_t samples = 0, blocks = 0, tiles = 0, room_at = 0;
     for (const SampledTensor& t : tensors) {
       cuda::Segment s;
+      if (!rooms.empty()) s.room_at = room_at, s.room = rooms[segments.size()], room_at += s.room;
       s.grad = t.args.grad.data_ptr();
       s.grad_type = float_type(t.args.grad.scalar_type());
       s.fb = t.args.fb;
@@ -78,7 +92,7 @@ struct CudaBucketPhases {
     return b;
   }
   static std::vector<int64_t> bucket_totals(const Bucket& b) {
-    const at::Tensor host = b.totals.cpu();  // the one synchronisation: the candidates' sizes
+    const at::Tensor host = read_back(b.totals);  // the one synchronisation: the candidates' sizes
     return std::vector<int64_t>(host.data_ptr<int64_t>(), host.data_ptr<int64_t>() + host.numel());
   }
   static std::vector<std::tuple<at::Tensor, at::Tensor>> bucket_candidates(const Bucket& b,
@@ -90,7 +104,8 @@ struct CudaBucketPhases {
     at::Tensor acc = at::empty({total}, on.dtype(at::kFloat)), index = at::empty({total}, on.dtype(at::kInt));
     cuda::compact_segments(static_cast<const cuda::Segment*>(b.table.data_ptr()), int64_t(tensors.size()), b.tiles,
                            b.thresholds.data_ptr<float>(), b.tile_counts.data_ptr<int32_t>(),
-                           b.inclusive.data_ptr<int64_t>(), acc.data_ptr<float>(), index.data_ptr<int32_t>(), stream());
+                           b.inclusive.data_ptr<int64_t>(), b.totals.data_ptr<int64_t>(), acc.data_ptr<float>(),
+                           index.data_ptr<int32_t>(), stream());
     std::vector<std::tuple<at::Tensor, at::Tensor>> candidates;
     int64_t offset = 0;
     for (const int64_t count : counts) {
@@ -162,13 +177,74 @@ struct CudaBucketPhases {
       w.values = s.values.data_ptr();
       w.index = s.index.data_ptr<int32_t>();
       w.value_bytes = s.values.element_size();
-      w.count = s.index.numel();
-      w.at = total, total += w.count + wire_buckets(0, s.length);
+      w.count = s.index.numel(), w.buckets = wire_buckets(0, s.length);
+      w.at = total, total += w.count + w.buckets;
       w.rows = s.rows.data_ptr<uint8_t>();
+      if (s.count.defined()) {  // fixed capacity: the count read on the device
+        w.limit = s.count.data_ptr<int64_t>();
+        w.rows_count = static_cast<int64_t*>(s.rows_count.data_ptr());
+      }
       table.push_back(w);
     }
     const at::Tensor rows = upload(table, sends[0].rows.device());
     cuda::wire_segments(static_cast<const cuda::WireSegment*>(rows.data_ptr()), int64_t(table.size()), total, stream());
+  }
+
+  // The bucket at fixed capacity, nothing read on the host: the first phase, each tensor's
+  // candidates compacted into a room of twice its capacity (and a tile), its band and top k decided
+  // on the device (fixed_tops), the sends up to the counts that decided.
+  static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking) {
+    std::vector<int64_t> rooms;
+    for (const SampledTensor& t : tensors)
+      rooms.push_back(std::min(t.args.grad.numel(), 2 * capacity_of(t) + cuda::kCandidateTile));
+    const Bucket b = counted(tensors, rooms);
+    int64_t room_total = 0, total = 0;
+    for (size_t p = 0; p < tensors.size(); ++p) room_total += rooms[p], total += capacity_of(tensors[p]);
+    const at::TensorOptions on = tensors[0].args.grad.options();
+    at::Tensor acc = at::empty({room_total}, on.dtype(at::kFloat)), index = at::empty({room_total}, on.dtype(at::kInt));
+    const int64_t n = int64_t(tensors.size());
+    cuda::compact_segments(static_cast<const cuda::Segment*>(b.table.data_ptr()), n, b.tiles,
+                           b.thresholds.data_ptr<float>(), b.tile_counts.data_ptr<int32_t>(),
+                           b.inclusive.data_ptr<int64_t>(), b.totals.data_ptr<int64_t>(), acc.data_ptr<float>(),
+                           index.data_ptr<int32_t>(), stream());
+    PackedFixed fixed;
+    at::Tensor acc_top = at::empty({total}, on.dtype(at::kFloat)), index_top = at::empty({total}, on.dtype(at::kInt));
+    fixed.counts = at::empty({n}, on.dtype(at::kLong));
+    std::vector<cuda::FixedTop> tops;
+    std::vector<cuda::SendSegment> sends;
+    int64_t room_at = 0, at = 0;
+    for (size_t p = 0; p < tensors.size(); ++p) {
+      const SampledTensor& t = tensors[p];
+      const int64_t capacity = capacity_of(t);
+      tops.push_back(fixed_top(t, acc.data_ptr<float>() + room_at, index.data_ptr<int32_t>() + room_at, rooms[p]));
+      tops.back().acc_top = acc_top.data_ptr<float>() + at, tops.back().index_top = index_top.data_ptr<int32_t>() + at;
+      fixed.indices.push_back(index_top.narrow(0, at, capacity));
+      fixed.values.push_back(at::empty({capacity}, on.dtype(t.value_dtype)));
+      cuda::SendSegment s;
+      s.acc = tops.back().acc_top, s.index = tops.back().index_top;
+      s.count = capacity, s.at = at, s.limit = fixed.counts.data_ptr<int64_t>() + p;
+      s.fb = send_state("pack_sampled_fixed", t.residual, t.momentum, masking);
+      s.values = fixed.values.back().data_ptr(), s.value_type = float_type(t.value_dtype);
+      sends.push_back(s);
+      room_at += rooms[p], at += capacity;
+    }
+    const at::Tensor top_table = upload(tops, on.device()), send_table = upload(sends, on.device());
+    cuda::fixed_tops(static_cast<const cuda::FixedTop*>(top_table.data_ptr()), n, b.totals.data_ptr<int64_t>(),
+                     fixed.counts.data_ptr<int64_t>(), stream());
+    cuda::send_segments(static_cast<const cuda::SendSegment*>(send_table.data_ptr()), n, total, stream());
+    return fixed;
+  }
+  // t's row of fixed_tops' table, but where its selection goes: its candidates (room of them)
+  // and every element's acc (its state, or its gradient).
+  static cuda::FixedTop fixed_top(const SampledTensor& t, const float* acc, const int32_t* index, int64_t room) {
+    cuda::FixedTop top;
+    top.acc = acc, top.index = index, top.room = room;
+    top.k = t.plan[0], top.too_few = t.plan[2], top.too_many = t.plan[3];
+    const c10::optional<at::Tensor>& state = t.residual ? t.residual : t.momentum;
+    top.every = state ? state->data_ptr() : t.args.grad.data_ptr();
+    top.every_type = state ? cuda::FloatType::kFloat32 : float_type(t.args.grad.scalar_type());
+    top.numel = t.args.grad.numel();
+    return top;
   }
 
   // Every gradient's momentum step in one kernel, a thread per element over a table of them.

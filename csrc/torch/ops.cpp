@@ -121,6 +121,16 @@ SC_TORCH_LIBRARY {
       "pack_sampled_many(Tensor[] grads, Tensor(a!)?[] residuals, Tensor(b!)?[] momenta, float momentum_factor, "
       "Tensor?[] grad_scales, bool nesterov, bool masking, float[] ratios, int[] plans, int seed, "
       "ScalarType? value_dtype) -> (Tensor[], Tensor[])");
+  // pack_sampled_many at fixed capacity (select.h's pack_sampled_fixed): (values, index, counts), tensor
+  // p's selection the first counts[p] of its values and index, each of room min(numel, max(k,
+  // too_many)); on a GPU the host reads nothing.
+  m.def(
+      "pack_sampled_fixed(Tensor[] grads, Tensor(a!)?[] residuals, Tensor(b!)?[] momenta, float momentum_factor, "
+      "Tensor?[] grad_scales, bool nesterov, bool masking, float[] ratios, int[] plans, int seed, "
+      "ScalarType? value_dtype) -> (Tensor[], Tensor[], Tensor)");
+  // wire_rows_many_into of sends of fixed capacity: send p's first counts[p] elements, its number of
+  // rows written as an int64 at byte places[3p], its rows at places[3p + 1] (of [0, places[3p + 2])).
+  m.def("wire_rows_fixed_into(Tensor[] values, Tensor[] index, Tensor counts, int[] places, Tensor(a!) out) -> ()");
 }
 
 }  // namespace sparsecomm

@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <cmath>
+#include <cstring>
 
 #include "common.h"
 
@@ -212,11 +213,14 @@ void wire_rows_into(const at::Tensor& values, const at::Tensor& index, int64_t s
   Device::wire_rows(values.contiguous(), index.contiguous(), start, length, out);
 }
 
-// A send of [0, length) and the bytes its rows go to (wire_rows_many_into's).
+// A send of [0, length) and the bytes its rows go to (wire_rows_many_into's). At fixed capacity
+// (wire_rows_fixed_into's), `count` (a 1-element int64 tensor) says how many of values it sends,
+// and its number of rows goes to `rows_count` (8 bytes).
 struct WireSend {
   at::Tensor values, index;
   int64_t length;
   at::Tensor rows;
+  at::Tensor count = {}, rows_count = {};
 };
 
 // wire_rows_into of many whole sends, written into one chunk: send p (of [0, places[2p + 1]))
@@ -242,6 +246,42 @@ void wire_rows_many_into(at::TensorList values, at::TensorList index, at::IntArr
     TORCH_CHECK(offset >= 0 && offset + bytes <= out.numel(), op, ": send ", p, "'s ", bytes, " bytes at ", offset,
                 " do not fit out's ", out.numel());
     sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.narrow(0, offset, bytes)});
+  }
+  Device::wire_rows_many(sends);
+}
+
+// wire_rows_many_into of sends of fixed capacity: send p sends the first counts[p] of its values
+// and index; places[3p..3p+2] = (the byte offset of its number of rows, written as an int64; of
+// its rows, which have room for every element's; length). Nothing is read on the host.
+template <typename Device>
+void wire_rows_fixed_into(at::TensorList values, at::TensorList index, const at::Tensor& counts, at::IntArrayRef places,
+                          const at::Tensor& out) {
+  constexpr const char* op = "wire_rows_fixed_into";
+  const size_t n = values.size();
+  TORCH_CHECK(index.size() == n && places.size() == 3 * n && counts.numel() == int64_t(n), op,
+              ": index and counts should hold one entry and places three numbers (count slot, byte offset, length) ",
+              "per values, got ", n, " values, ", index.size(), " index, ", counts.numel(), " counts and ",
+              places.size(), " places");
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(), op,
+              ": out should be a contiguous 1-D uint8 tensor, got ", out.dim(), "-D ", out.scalar_type());
+  TORCH_CHECK(counts.scalar_type() == at::kLong && counts.dim() == 1 && counts.device() == out.device(), op,
+              ": counts should be a 1-D int64 tensor on out's device, got ", counts.dim(), "-D ", counts.scalar_type(),
+              " on ", counts.device());
+  const typename Device::Guard guard(out.device());
+  const at::Tensor all = counts.contiguous();
+  std::vector<WireSend> sends;
+  for (size_t p = 0; p < n; ++p) {
+    const int64_t slot = places[3 * p], offset = places[3 * p + 1], length = places[3 * p + 2];
+    check_send(op, values[p], index[p], 0, length);  // (its room: every element's rows fit)
+    TORCH_CHECK(values[p].device() == out.device(), op, ": values should be on out's device, got ", values[p].device(),
+                " and ", out.device());
+    const auto shape = rows_shape(values[p], index[p], 0, length);
+    const int64_t bytes = shape[0] * shape[1], count_bytes = int64_t(sizeof(int64_t));
+    TORCH_CHECK(slot >= 0 && slot % count_bytes == 0 && slot + count_bytes <= offset && offset + bytes <= out.numel(),
+                op, ": send ", p, "'s count slot at ", slot, " (8-byte aligned) and ", bytes, " bytes at ", offset,
+                " should fit out's ", out.numel(), " in that order");
+    sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.narrow(0, offset, bytes),
+                     all.narrow(0, int64_t(p), 1), out.narrow(0, slot, count_bytes)});
   }
   Device::wire_rows_many(sends);
 }
@@ -367,6 +407,11 @@ inline Band band_of(const SampledTensor& t, int64_t count) {
   return count > t.plan[3] ? Band::kAbove : count >= t.plan[2] ? Band::kInside : Band::kBelow;
 }
 
+// The most a tensor's selection holds, whatever its count: k, or its band's top (pack_sampled_fixed).
+inline int64_t capacity_of(const SampledTensor& t) {
+  return std::min(t.args.grad.numel(), std::max(t.plan[0], t.plan[3]));
+}
+
 // The top k of every element's acc, in a second, read-only pass (a tensor below its band).
 template <typename Device>
 std::tuple<at::Tensor, at::Tensor> every_element_top(const SampledTensor& t) {
@@ -399,6 +444,31 @@ std::vector<std::tuple<at::Tensor, at::Tensor>> banded(const std::vector<Sampled
   const auto tops = Device::select_top_many(above);
   for (size_t j = 0; j < above_at.size(); ++j) candidates[above_at[j]] = tops[j];
   return candidates;
+}
+
+// A bucket's selections at fixed capacity (pack_sampled_fixed): each tensor's values and index
+// have the room of its capacity_of, and counts (int64, on their device) says how many are sent.
+struct PackedFixed {
+  std::vector<at::Tensor> values, indices;
+  at::Tensor counts;
+};
+
+// The bucket's phases, each over all its tensors (Device::count_bucket, bucket_totals,
+// bucket_candidates, select_top_many, send_bucket; on CUDA, each a fixed number of launches): the
+// thresholds and the state pass with the candidates counted, one read of all the counts (on CUDA,
+// the only synchronisation but a too-few tensor's second pass), the candidates, each tensor's
+// band, the sends.
+template <typename Device>
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_tensors(const std::vector<SampledTensor>& tensors,
+                                                                          bool masking) {
+  const typename Device::Bucket bucket = Device::count_bucket(tensors);
+  const std::vector<int64_t> counts = Device::bucket_totals(bucket);
+  std::vector<at::Tensor> accs, indices;
+  for (auto& [acc, index] : banded<Device>(tensors, Device::bucket_candidates(bucket, tensors, counts), counts)) {
+    accs.push_back(acc);
+    indices.push_back(index);
+  }
+  return {Device::send_bucket(tensors, accs, indices, masking), indices};
 }
 
 // A bucket's phases tensor by tensor (the CPU policy's, by inheritance: CpuDevice): each tensor's
@@ -440,7 +510,36 @@ struct TensorByTensor {
     return values;
   }
   static void wire_rows_many(const std::vector<WireSend>& sends) {
-    for (const WireSend& s : sends) Device::wire_rows(s.values, s.index, 0, s.length, s.rows);
+    for (const WireSend& s : sends) {
+      if (!s.count.defined()) {
+        Device::wire_rows(s.values, s.index, 0, s.length, s.rows);
+        continue;
+      }
+      const int64_t count = s.count.item<int64_t>(), rows = count + wire_buckets(0, s.length);  // (host memory)
+      TORCH_CHECK(count >= 0 && count <= s.values.numel(), "wire_rows_fixed_into: a count of ", count,
+                  " should lie in [0, ", s.values.numel(), "], its send's room");
+      const int64_t width = kWireOffsetBytes + int64_t(s.values.element_size());
+      Device::wire_rows(s.values.narrow(0, 0, count), s.index.narrow(0, 0, count), 0, s.length,
+                        s.rows.narrow(0, 0, rows * width));
+      std::memcpy(s.rows_count.data_ptr(), &rows, sizeof(rows));
+    }
+  }
+  // The bucket at fixed capacity: its packs as pack_tensors makes them, each in the room of its
+  // capacity (capacity_of), and their counts.
+  static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking) {
+    auto [values, indices] = pack_tensors<Device>(tensors, masking);
+    PackedFixed fixed;
+    std::vector<int64_t> counts;
+    for (size_t p = 0; p < tensors.size(); ++p) {
+      const int64_t room = capacity_of(tensors[p]), count = indices[p].numel();
+      fixed.values.push_back(at::zeros({room}, values[p].options()));
+      fixed.indices.push_back(at::zeros({room}, indices[p].options()));
+      fixed.values.back().narrow(0, 0, count).copy_(values[p]);
+      fixed.indices.back().narrow(0, 0, count).copy_(indices[p]);
+      counts.push_back(count);
+    }
+    fixed.counts = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
+    return fixed;
   }
   static void momentum_many(const std::vector<FeedbackArgs>& grads) {
     for (const FeedbackArgs& a : grads)
@@ -451,17 +550,14 @@ struct TensorByTensor {
   }
 };
 
-// The bucket's phases, each over all its tensors (Device::count_bucket, bucket_totals,
-// bucket_candidates, select_top_many, send_bucket; on CUDA, each a fixed number of launches): the
-// thresholds and the state pass with the candidates counted, one read of all the counts (on CUDA,
-// the only synchronisation but a too-few tensor's second pass), the candidates, each tensor's
-// band, the sends.
-template <typename Device>
-std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
-    at::TensorList grads, const c10::List<c10::optional<at::Tensor>>& residuals,
-    const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
-    const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
-    at::IntArrayRef plans, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
+// pack_sampled_many's and pack_sampled_fixed's arguments, checked, as SampledTensors.
+inline std::vector<SampledTensor> sampled_tensors(at::TensorList grads,
+                                                  const c10::List<c10::optional<at::Tensor>>& residuals,
+                                                  const c10::List<c10::optional<at::Tensor>>& momenta,
+                                                  double momentum_factor,
+                                                  const c10::List<c10::optional<at::Tensor>>& grad_scales,
+                                                  bool nesterov, at::ArrayRef<double> ratios, at::IntArrayRef plans,
+                                                  int64_t seed, c10::optional<at::ScalarType> value_dtype) {
   const size_t n = grads.size();
   TORCH_CHECK(residuals.size() == n && momenta.size() == n && grad_scales.size() == n && ratios.size() == n,
               "pack_sampled_many: residuals, momenta, grad_scales and ratios should hold one entry per grad (", n,
@@ -469,23 +565,44 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
   TORCH_CHECK(int64_t(plans.size()) == kPackPlan * int64_t(n), "pack_sampled_many: plans should hold ", kPackPlan,
               " numbers (k, sample_count, too_few, too_many, tensor_id, step) per grad, got ", plans.size(), " for ", n,
               " grads");
-  if (n == 0) return {};
-  for (const at::Tensor& grad : grads)
-    TORCH_CHECK(grad.device() == grads[0].device(), "pack_sampled_many: grads should all be on one device, got ",
-                grads[0].device(), " and ", grad.device());
-  const typename Device::Guard guard(grads[0].device());
   std::vector<SampledTensor> tensors;
-  for (size_t p = 0; p < n; ++p)
+  for (size_t p = 0; p < n; ++p) {
+    TORCH_CHECK(grads[p].device() == grads[0].device(), "pack_sampled_many: grads should all be on one device, got ",
+                grads[0].device(), " and ", grads[p].device());
     tensors.push_back(sampled_tensor(grads[p], residuals[p], momenta[p], momentum_factor, grad_scales[p], nesterov,
                                      ratios[p], plans.data() + kPackPlan * p, seed, value_dtype));
-  const typename Device::Bucket bucket = Device::count_bucket(tensors);
-  const std::vector<int64_t> counts = Device::bucket_totals(bucket);
-  std::vector<at::Tensor> accs, indices;
-  for (auto& [acc, index] : banded<Device>(tensors, Device::bucket_candidates(bucket, tensors, counts), counts)) {
-    accs.push_back(acc);
-    indices.push_back(index);
   }
-  return {Device::send_bucket(tensors, accs, indices, masking), indices};
+  return tensors;
+}
+
+template <typename Device>
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
+    at::TensorList grads, const c10::List<c10::optional<at::Tensor>>& residuals,
+    const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
+    const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
+    at::IntArrayRef plans, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
+  if (grads.empty()) return {};
+  const typename Device::Guard guard(grads[0].device());
+  return pack_tensors<Device>(sampled_tensors(grads, residuals, momenta, momentum_factor, grad_scales, nesterov, ratios,
+                                              plans, seed, value_dtype),
+                              masking);
+}
+
+// pack_sampled_many at fixed capacity: (values, index, counts), tensor p's selection the first
+// counts[p] of its values and index (each capacity_of long; what lies past them is unspecified).
+// On CUDA the host reads nothing (Device::pack_fixed).
+template <typename Device>
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor> pack_sampled_fixed(
+    at::TensorList grads, const c10::List<c10::optional<at::Tensor>>& residuals,
+    const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
+    const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
+    at::IntArrayRef plans, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
+  const std::vector<SampledTensor> tensors = sampled_tensors(grads, residuals, momenta, momentum_factor, grad_scales,
+                                                             nesterov, ratios, plans, seed, value_dtype);
+  if (tensors.empty()) return {{}, {}, at::empty({0}, at::kLong)};
+  const typename Device::Guard guard(grads[0].device());
+  PackedFixed fixed = Device::pack_fixed(tensors, masking);
+  return {std::move(fixed.values), std::move(fixed.indices), fixed.counts.to(grads[0].device())};
 }
 
 template <typename Device>
@@ -508,6 +625,8 @@ void register_select_ops(torch::Library& m) {
   m.impl("sparse_unpack_rows_into", &sparse_unpack_rows_into<Device>);
   m.impl("sparse_unpack_gathered_rows_into", &sparse_unpack_gathered_rows_into<Device>);
   m.impl("pack_sampled_many", &pack_sampled_many<Device>);
+  m.impl("pack_sampled_fixed", &pack_sampled_fixed<Device>);
+  m.impl("wire_rows_fixed_into", &wire_rows_fixed_into<Device>);
 }
 
 }  // namespace torch_binding

@@ -139,6 +139,22 @@ def _wire_rows_into(values, index, start, length, out):
     return None
 
 
+@_fake("pack_sampled_fixed")
+def _pack_sampled_fixed(
+    grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
+):
+    rooms = [min(g.numel(), max(plans[6 * p], plans[6 * p + 3])) for p, g in enumerate(grads)]
+    values = [g.new_empty(room, dtype=value_dtype or g.dtype) for g, room in zip(grads, rooms)]
+    indices = [g.new_empty(room, dtype=torch.int32) for g, room in zip(grads, rooms)]
+    device = grads[0].device if grads else "cpu"
+    return values, indices, torch.empty(len(grads), dtype=torch.int64, device=device)
+
+
+@_fake("wire_rows_fixed_into")
+def _wire_rows_fixed_into(values, index, counts, places, out):
+    return None
+
+
 @_fake("wire_rows_many_into")
 def _wire_rows_many_into(values, index, places, out):
     return None

@@ -203,6 +203,15 @@ def wire_rows_many_into(values, indices, places, *, out):
     return out
 
 
+def wire_rows_fixed_into(values, indices, counts, places, *, out):
+    """wire_rows_many_into of sends of fixed capacity (pack_sampled_fixed's): send p's first
+    counts[p] elements (counts: int64 on out's device, not read by the host), its number of rows
+    written as an int64 at byte places[p][0] of out, its rows at places[p][1] (of [0,
+    places[p][2])). Returns out."""
+    _ops.wire_rows_fixed_into(values, indices, counts, [number for place in places for number in place], out)
+    return out
+
+
 def wire_columns(rows, value_dtype):
     """(values, index int32) of wire rows whose values are `value_dtype` (any sends, one after
     the other), in order: the marker rows dropped."""
@@ -235,6 +244,17 @@ def pack_sampled_many(
     """The sampled packs of many tensors in one op (sparsecomm.torch.sampled_packs builds the
     arguments from each tensor's core.packing.Plan): ([values], [index]), the states updated."""
     return _ops.pack_sampled_many(
+        grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
+    )
+
+
+def pack_sampled_fixed(
+    grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
+):
+    """pack_sampled_many at fixed capacity: ([values], [index], counts), tensor p's selection the
+    first counts[p] (int64, on the gradients' device) of its values and index, each of room
+    min(numel, max(k, too_many)). On a GPU the host reads nothing."""
+    return _ops.pack_sampled_fixed(
         grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, value_dtype
     )
 

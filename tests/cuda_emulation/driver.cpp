@@ -511,7 +511,7 @@ void check_segments() {
   const int64_t all = tiles ? inclusive.back() : 0;
   std::vector<float> acc(static_cast<size_t>(all));
   std::vector<int32_t> index(static_cast<size_t>(all));
-  sc::cuda::compact_segments(segments.data(), n, tiles, thresholds.data(), tile_counts.data(), inclusive.data(),
+  sc::cuda::compact_segments(segments.data(), n, tiles, thresholds.data(), tile_counts.data(), inclusive.data(), totals.data(),
                              acc.data(), index.data(), nullptr);
   std::vector<sc::cuda::SendSegment> sends;
   std::vector<sc::cuda::WireSegment> wires;
@@ -528,6 +528,7 @@ void check_segments() {
     sends.push_back(d);
     sc::cuda::WireSegment w;
     w.values = values[p].data(), w.index = d.index, w.value_bytes = bytes, w.count = count;
+    w.buckets = sc::wire_buckets(0, tensors[p].numel);
     w.at = written, w.rows = rows[p].data();
     wires.push_back(w);
     at += count, sent += count, written += count + sc::wire_buckets(0, tensors[p].numel);

@@ -11,7 +11,9 @@
 #include "../../csrc/torch/cuda.cpp"
 
 // The emulation's own, in a namespace apart from the ops' (whose schemas match the real build's):
-// the kernels launched so far, for the tests that count a step's launches.
+// the kernels launched so far, and the binding's reads of device data on the host, for the tests
+// that count a step's launches and reads.
 TORCH_LIBRARY(sparsecomm_cuda_emulation, m) {
   m.def("launches() -> int", []() -> int64_t { return sc_emu::launches.load(); });
+  m.def("host_reads() -> int", []() -> int64_t { return sparsecomm::torch_binding::host_reads.load(); });
 }

@@ -338,3 +338,117 @@ def dense_launches(tensors):
 @ON_THE_EMULATION
 def test_a_bucket_of_dense_momentum_steps_is_one_launch(device):
     assert [dense_launches(tensors) for tensors in (1, 4, 161)] == [1, 1, 1]
+
+
+# --- fixed capacity (pack_sampled_fixed): the same selections in rooms of a fixed size ---
+
+FIXED_BRANCHES = {  # (numel, plan of it): each of the device's four decisions
+    "inside": (5_000, lambda plan: Plan(plan.ratio, plan.sample_count, plan.k, 0, 10**9)),
+    "above": (5_000, lambda plan: Plan(plan.ratio, plan.sample_count, plan.k, 0, -1)),
+    "above_its_room": (20_000, lambda plan: Plan(0.5, plan.sample_count, 10, 0, -1)),  # 10,000 of a room of 4,116
+    "below": (5_000, lambda plan: Plan(plan.ratio, plan.sample_count, plan.k, 10**9, 10**9)),
+    "as_planned": (5_000, lambda plan: plan),
+}
+
+
+def flat_plans(plans, first_id=0):
+    return [
+        x
+        for p, plan in enumerate(plans)
+        for x in (plan.k, plan.sample_count, plan.too_few, plan.too_many, first_id + p, 0)
+    ]
+
+
+def fixed_and_many(gs, plans, momentum, dtype=None):
+    """pack_sampled_fixed and pack_sampled_many of the same bucket, each on its own copy of the state:
+    (fixed's (values, index, counts, residuals, momenta), many's (values, index, residuals, momenta))."""
+    out = []
+    for op in (ops.pack_sampled_fixed, ops.pack_sampled_many):
+        residuals = [torch.zeros(g.numel(), device=g.device) for g in gs]
+        momenta = [torch.zeros(g.numel(), device=g.device) if momentum else None for g in gs]
+        made = op(
+            gs,
+            residuals,
+            momenta,
+            0.9 if momentum else 0.0,
+            [None] * len(gs),
+            False,
+            True,
+            [plan.ratio for plan in plans],
+            flat_plans(plans),
+            0,
+            dtype,
+        )
+        out.append((*made, residuals, momenta))
+    return out
+
+
+@pytest.mark.parametrize("branch", list(FIXED_BRANCHES))
+@pytest.mark.parametrize("momentum", [False, True])
+def test_fixed_capacity_packs_equal_pack_sampled_many(device, branch, momentum):
+    numel, plan_of = FIXED_BRANCHES[branch]
+    gen = torch.Generator().manual_seed(21)
+    gs = [torch.randn(n, generator=gen).to(device) for n in (numel, 0, 7)]
+    plans = [plan_of(Plan.sampled(g.numel(), 0.05, 0.01)) for g in gs]
+    (values, indices, counts, *fixed_states), (want_values, want_indices, *states) = fixed_and_many(gs, plans, momentum)
+    assert counts.dtype == torch.int64 and counts.tolist() == [i.numel() for i in want_indices]
+    for g, plan, v, i, c, wv, wi in zip(gs, plans, values, indices, counts.tolist(), want_values, want_indices):
+        assert v.numel() == i.numel() == min(g.numel(), max(plan.k, plan.too_many))
+        assert_same(v[:c], wv)
+        assert_same(i[:c], wi)
+    for ours, theirs in zip(fixed_states, states):
+        assert_same_states(ours, theirs)
+
+
+def test_fixed_capacity_topk_and_mixed_dtypes_equal_pack_sampled_many(device):
+    gen = torch.Generator().manual_seed(22)
+    gs = [torch.randn(n, generator=gen).to(dtype).to(device) for n, dtype, _ in MIXED]
+    plans = [Plan.top(g.numel(), max(1, g.numel() // 50), 0.01) for g in gs]
+    for value_dtype in (None, torch.float16):
+        (values, indices, counts, *_), (want_values, want_indices, *_) = fixed_and_many(gs, plans, False, value_dtype)
+        for v, i, c, wv, wi in zip(values, indices, counts.tolist(), want_values, want_indices):
+            assert_same(v[:c], wv)
+            assert_same(i[:c], wi)
+
+
+def test_fixed_capacity_rows_equal_the_rows_of_the_counts(device):
+    """wire_rows_fixed_into writes each send's rows and its number of rows, as wire_rows_many_into
+    writes the rows of the sends cut to their counts."""
+    gen = torch.Generator().manual_seed(23)
+    gs = [torch.randn(n, generator=gen).to(device) for n in (max(numels()), 0, 300)]
+    plans = [Plan.sampled(g.numel(), 0.05, 0.01) for g in gs]
+    (values, indices, counts, *_), _ = fixed_and_many(gs, plans, False)
+    width = 2 + 4
+    sizes = [(v.numel() + -(-g.numel() // 65536)) * width for v, g in zip(values, gs)]
+    places, at = [], 8 * len(gs)
+    for p, size in enumerate(sizes):
+        places.append((8 * p, at, gs[p].numel()))
+        at += size
+    fixed = ops.wire_rows_fixed_into(
+        values, indices, counts, places, out=torch.zeros(at, dtype=torch.uint8, device=device)
+    )
+    cut = [c for c in counts.tolist()]
+    want = ops.wire_rows_many_into(
+        [v[:c] for v, c in zip(values, cut)],
+        [i[:c] for i, c in zip(indices, cut)],
+        [(offset, length) for _, offset, length in places],
+        out=torch.zeros(at, dtype=torch.uint8, device=device),
+    )
+    rows = [c + -(-g.numel() // 65536) for c, g in zip(cut, gs)]
+    assert fixed[: 8 * len(gs)].view(torch.int64).tolist() == rows
+    assert_same(fixed[8 * len(gs) :], want[8 * len(gs) :])
+
+
+@ON_THE_EMULATION
+def test_a_fixed_capacity_bucket_reads_nothing_on_the_host(device):
+    """pack_sampled_fixed and wire_rows_fixed_into: no read of device data by the binding
+    (pack_sampled_many's one read of the bucket's counts is the counter's control)."""
+    reads = torch.ops.sparsecomm_cuda_emulation.host_reads
+    gs = [torch.randn(4096, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+    plans = [Plan.sampled(4096, 0.01, 0.01) for _ in gs]
+    before = reads()
+    (values, indices, counts, *_), _ = fixed_and_many(gs, plans, True)
+    after_packs = reads()
+    places = [(8 * p, 32 + p * 4096 * 6, 4096) for p in range(4)]
+    ops.wire_rows_fixed_into(values, indices, counts, places, out=torch.zeros(32 + 4 * 4096 * 6, dtype=torch.uint8))
+    assert (after_packs - before, reads() - after_packs) == (1, 0)  # the 1: pack_sampled_many's, run second
