@@ -53,12 +53,14 @@ def _bytes(tensor):
 @dataclasses.dataclass
 class Send:
     """A send whose wire rows are still to be written: its values, int32 indices, the tensor's
-    numel and the rows' bytes."""
+    numel and the rows' bytes (at most). At fixed capacity, `count` (a 1-element int64 tensor on
+    the device) says how many of values it sends."""
 
     values: torch.Tensor
     index: torch.Tensor
     length: int
     nbytes: int
+    count: torch.Tensor | None = None
 
 
 class BucketPart(abc.ABC):
@@ -132,15 +134,19 @@ class Gathered(BucketPart):
         self.everyone = None
 
     def add(self, grad, name, packed, capacity):
-        """A parameter's Packed (values or codes, with indices), at most `capacity` elements."""
+        """A parameter's Packed (values or codes, with indices), at most `capacity` elements. A
+        fixed-capacity one's count stays on the device: its rows' count is written there, and its
+        sent elements are counted there (Counters.account_on_device)."""
         if packed.bits is None:  # its rows are written at start, straight into the chunk
-            values, index = packed.values, packed.index
-            numel, value_bytes, count = grad.numel(), values.element_size(), index.numel()
-            send = Send(values, index, numel, wire.rows_bytes(count, value_bytes, 0, numel))
+            fixed = getattr(packed, "fixed", None)
+            values, index, count = fixed if fixed is not None else (packed.values, packed.index, None)
+            numel, value_bytes, room = grad.numel(), values.element_size(), index.numel()
+            send = Send(values, index, numel, wire.rows_bytes(room, value_bytes, 0, numel), count)
             reader = ("rows", values.dtype, wire.INDEX_BYTES + value_bytes)
             capacity_bytes = _aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
-            _, sent, received = self._add(grad, name, count + wire.buckets(0, numel), send, capacity_bytes, reader)
-            return count, sent, received  # elements, not rows
+            rows = 0 if fixed is not None else room + wire.buckets(0, numel)  # (fixed: written by the op)
+            _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
+            return (0 if fixed is not None else room), sent, received  # elements, not rows
         blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
         segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
         return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits, grad.numel()))
@@ -169,20 +175,34 @@ class Gathered(BucketPart):
         offset = COUNT * len(self.items)
         mine = torch.zeros(offset + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device)
         mine[:offset] = _header([count for _, _, count, _, _ in self.items], device)
-        sends = []  # (Send, its byte offset): every parameter's rows written by one op
-        for blob, (*_, capacity, _) in zip(self.blobs, self.items):
+        sends = []  # (Send, its byte offset, its item): every parameter's rows written by one op
+        for i, (blob, (*_, capacity, _)) in enumerate(zip(self.blobs, self.items)):
             if isinstance(blob, Send):
-                sends.append((blob, offset))
+                sends.append((blob, offset, i))
             else:
                 mine[offset : offset + blob.nbytes].copy_(_bytes(blob))
             offset += capacity
-        if sends:
-            values, indices = [s.values for s, _ in sends], [s.index for s, _ in sends]
-            ops.wire_rows_many_into(values, indices, [(at, s.length) for s, at in sends], out=mine)
+        self._write_rows(mine, sends)
         ranks = self.ways.size()
         self.everyone = torch.empty(ranks * mine.numel(), dtype=torch.uint8, device=device)
         work = collectives.all_gather_into(self.everyone, mine, self.ways.group, async_op=True)
         return [work.get_future()]
+
+    def _write_rows(self, mine, sends):
+        """The sends' rows into this rank's chunk, by one op for those whose counts the host knows
+        and one for those of fixed capacity (their counts and rows' counts stay on the device)."""
+        for fixed in (False, True):
+            chosen = [(s, at, i) for s, at, i in sends if (s.count is not None) == fixed]
+            if not chosen:
+                continue
+            values, indices = [s.values for s, _, _ in chosen], [s.index for s, _, _ in chosen]
+            if not fixed:
+                ops.wire_rows_many_into(values, indices, [(at, s.length) for s, at, _ in chosen], out=mine)
+                continue
+            counts = torch.cat([s.count for s, _, _ in chosen])
+            places = [(COUNT * i, at, s.length) for s, at, i in chosen]
+            ops.wire_rows_fixed_into(values, indices, counts, places, out=mine)
+            self.counters.account_on_device([self.items[i][1] for _, _, i in chosen], counts)
 
     def finish(self):
         if not self.items:

@@ -31,12 +31,15 @@ class Shared:
 
 
 def _made(field):
-    """A Packed field that runs the queued packs when it is read before they have run."""
+    """A Packed field that runs the queued packs when it is read before they have run (and cuts a
+    fixed-capacity one to its count)."""
     slot = "_" + field
 
     def read(self):
         if getattr(self, slot) is None:
             self._packs.run()
+        if getattr(self, slot) is None and self._cut is not None:
+            self._cut()
         return getattr(self, slot)
 
     return property(read, lambda self, value: setattr(self, slot, value))
@@ -45,14 +48,30 @@ def _made(field):
 class QueuedPack(Packed):
     """A Packed whose values and index its SampledPacks fills: reading either first runs the
     packs still queued, so no reader (an exchange, the loss scaler's overflow mark, the network
-    calibration's own pack) can see a pack not made yet."""
+    calibration's own pack) can see a pack not made yet. At fixed capacity the pack is `fixed`
+    (values, index, count: its selection is their first `count`, a 1-element int64 tensor on their
+    device); values and index are cut to the counts when first read (one host read a bucket)."""
 
     values = _made("values")
     index = _made("index")
 
     def __init__(self, packs):
         self._packs = packs
+        self.fixed = None
+        self._cut = None
         super().__init__()
+
+
+class _Cut:
+    """Cuts the fixed-capacity packs of one op to their counts, read on the host once for all."""
+
+    def __init__(self, packs, counts):
+        self.packs, self.counts = packs, counts
+
+    def __call__(self):
+        for q, count in zip(self.packs, self.counts.tolist()):
+            values, index, _ = q.packed.fixed
+            q.packed.values, q.packed.index, q.packed._cut = values[:count], index[:count], None
 
 
 @dataclass
@@ -77,6 +96,7 @@ class SampledPacks:
         self._queue = {}  # Shared -> [Queued]
         self._steps = {}  # (momentum_factor, nesterov) -> [(Packed, grad, momentum, grad_scale)]
         self._deferring = False
+        self._fixed = False  # the deferred packs at fixed capacity (QueuedPack.fixed)
 
     def sampled(
         self, grad, residual, ratio, *, sample_ratio, tensor_id, step, momentum=None, grad_scale=None, **settings
@@ -99,22 +119,24 @@ class SampledPacks:
         return self._queued(packed)
 
     @contextlib.contextmanager
-    def deferred(self):
+    def deferred(self, fixed=False):
         """Queues the packs made inside the block; runs them when it ends (also on an error: the
-        state of a queued tensor is never left half-updated)."""
-        self._deferring = True
+        state of a queued tensor is never left half-updated). `fixed`: they are made at fixed
+        capacity (pack_sampled_fixed: on a GPU, the host reads nothing)."""
+        self._deferring, self._fixed = True, fixed
         try:
             yield self
         finally:
             self._deferring = False
             self.run()
+            self._fixed = False
 
     def run(self):
         """Runs every queued pack and momentum step: fills their Packeds and updates their states."""
         queue, self._queue = self._queue, {}
         steps, self._steps = self._steps, {}
         for shared, packs in queue.items():
-            _run(shared, packs)
+            _run(shared, packs, self._fixed)
         for (momentum_factor, nesterov), queued in steps.items():
             packeds, grads, momenta, scales = zip(*queued)
             ops.momentum_step_many(
@@ -135,11 +157,11 @@ class SampledPacks:
         return packed
 
 
-def _run(shared, packs):
+def _run(shared, packs, fixed):
     plans = [
         number for q in packs for number in (q.plan.k, q.plan.sample_count, q.plan.too_few, q.plan.too_many, *q.stream)
     ]
-    values, indices = ops.pack_sampled_many(
+    made = (ops.pack_sampled_fixed if fixed else ops.pack_sampled_many)(
         [q.grad for q in packs],
         [q.residual for q in packs],
         [q.momentum for q in packs],
@@ -152,5 +174,11 @@ def _run(shared, packs):
         0,  # the selection stream's seed: 0 for Threshold's, DGC's and TopK's packs, as ops' composites
         shared.value_dtype,
     )
-    for q, value, index in zip(packs, values, indices):
-        q.packed.values, q.packed.index = value, index
+    if not fixed:
+        for q, value, index in zip(packs, *made):
+            q.packed.values, q.packed.index = value, index
+        return
+    values, indices, counts = made
+    cut = _Cut(packs, counts)
+    for p, (q, value, index) in enumerate(zip(packs, values, indices)):
+        q.packed.fixed, q.packed._cut = (value, index, counts[p : p + 1]), cut

@@ -113,6 +113,7 @@ class Counters:
     def __init__(self):
         self.restored = dict.fromkeys(self.KEYS, 0)  # the totals of a loaded state_dict, before its counters
         self.tensors: dict[str, dict] = {}
+        self._on_device = {}  # (names) -> their sent elements still on the device, summed there
 
     def account(self, name, numel, dense_bytes, sent_elements, sent_bytes, received_bytes, seconds):
         """One compress of a tensor of `numel` elements: what a dense allreduce would have been
@@ -126,6 +127,22 @@ class Counters:
         per["sent_bytes"] += sent_bytes
         per["received_bytes"] += received_bytes
         per["compress_seconds"] += seconds
+
+    def account_on_device(self, names, sent_elements):
+        """Sent elements that stay on the device (a DDP bucket's fixed-capacity counts, int64, one a
+        name): added up there, one op a call, and read on the host when stats() is."""
+        key = tuple(names)
+        held = self._on_device.get(key)
+        if held is None:
+            self._on_device[key] = sent_elements.clone()
+        else:
+            held.add_(sent_elements)
+
+    def _read_on_device(self):
+        held, self._on_device = self._on_device, {}
+        for names, counts in held.items():
+            for name, count in zip(names, counts.tolist()):
+                self.tensors[name]["sent_elements"] += count
 
     def account_later(self, name, sent_bytes, received_bytes):
         """Bytes known only in decompress (what the gathers brought, a second phase's payload)."""
@@ -144,6 +161,7 @@ class Counters:
         self.restored = {key: self.restored[key] + totals.get(key, counted[key]) - counted[key] for key in self.KEYS}
 
     def stats(self, choices):
+        self._read_on_device()
         tensors = {
             name: report.tensor_stats({k: v for k, v in per.items() if k != "numel"}, per["numel"], choices.get(name))
             for name, per in self.tensors.items()

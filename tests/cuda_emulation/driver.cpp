@@ -590,6 +590,69 @@ void check_top_segments() {
   }
 }
 
+// A bucket's selections at fixed capacity (fixed_tops, a block a tensor), each band decision
+// against cpu::select_top of what it should select from: the candidates as they are (inside), their
+// top k (above), every element's top k (below, or more candidates than the room holds).
+struct FixedCase {
+  const char* decision;
+  int64_t numel, count, room, k, too_few, too_many;
+  bool from_every;
+};
+constexpr FixedCase kFixedCases[] = {
+    {"inside", 1000, 50, 120, 50, 40, 65, false},       {"above", 1000, 100, 200, 30, 24, 39, false},
+    {"past its room", 1000, 300, 200, 30, 24, 39, true}, {"below", 1000, 10, 120, 30, 24, 39, true},
+    {"k = 0", 1000, 7, 120, 0, 0, -1, false},           {"empty", 0, 0, 0, 0, 0, -1, false},
+    {"ties, NaN, +-0 below", 12, 0, 12, 5, 4, 6, true},
+};
+
+void check_fixed_tops() {
+  Rng r{778};
+  const size_t n = std::size(kFixedCases);
+  std::vector<std::vector<float>> everys, accs, acc_tops(n);
+  std::vector<std::vector<int32_t>> indices, index_tops(n);
+  std::vector<int64_t> totals, counts(n, -1);
+  std::vector<sc::cuda::FixedTop> tops;
+  for (const FixedCase& c : kFixedCases) {
+    everys.push_back(c.numel == 12 ? std::vector<float>{1.0f, -1.0f, NAN, INFINITY, -0.0f, 0.0f, -INFINITY, 1.0f, 2.0f,
+                                                        -1.0f, NAN, 0.0f}
+                                   : random_floats(c.numel, r));
+    const int64_t written = std::min(c.count, c.room);
+    accs.push_back(random_floats(written, r));
+    indices.push_back(distinct_sorted(written, c.numel, r));
+    totals.push_back(c.count);
+  }
+  for (size_t p = 0; p < n; ++p) {
+    const FixedCase& c = kFixedCases[p];
+    acc_tops[p].assign(size_t(std::max(c.k, c.too_many)), -1.0f);
+    index_tops[p].assign(acc_tops[p].size(), -1);
+    sc::cuda::FixedTop t;
+    t.acc = accs[p].data(), t.index = indices[p].data(), t.room = c.room;
+    t.k = c.k, t.too_few = c.too_few, t.too_many = c.too_many;
+    t.every = everys[p].data(), t.numel = c.numel;
+    t.acc_top = acc_tops[p].data(), t.index_top = index_tops[p].data();
+    tops.push_back(t);
+  }
+  sc::cuda::fixed_tops(tops.data(), int64_t(n), totals.data(), counts.data(), nullptr);
+  for (size_t p = 0; p < n; ++p) {
+    const FixedCase& c = kFixedCases[p];
+    set_case("fixed_tops: %s (numel=%lld, %lld candidates, k=%lld)", c.decision, (long long)c.numel,
+             (long long)c.count, (long long)c.k);
+    std::vector<float> acc = c.from_every ? everys[p] : accs[p];
+    std::vector<int32_t> index(acc.size());
+    if (c.from_every)
+      std::iota(index.begin(), index.end(), 0);
+    else
+      index = indices[p];
+    const bool inside = !c.from_every && c.count <= c.too_many;
+    const int64_t kept = sc::cpu::select_top(acc.data(), index.data(), int64_t(acc.size()), inside ? c.count : c.k);
+    acc.resize(size_t(kept));
+    index.resize(size_t(kept));
+    same("count", std::vector<int64_t>{counts[p]}, std::vector<int64_t>{kept});
+    same("acc", std::vector<float>(acc_tops[p].begin(), acc_tops[p].begin() + kept), acc);
+    same("index", std::vector<int32_t>(index_tops[p].begin(), index_tops[p].begin() + kept), index);
+  }
+}
+
 // The send-side state: residual_out and momentum_out of the tensor, each present or not. Both
 // sides start equal: only the sent elements may change.
 struct SendState {
@@ -936,6 +999,7 @@ constexpr Group kGroups[] = {
     {"candidates", check_candidates},
     {"segments", check_segments},
     {"top_segments", check_top_segments},
+    {"fixed_tops", check_fixed_tops},
     {"send_selected", check_send_selected},
     {"accumulate", check_accumulate},
     {"momentum_step", check_momentum_step},

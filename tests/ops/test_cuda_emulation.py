@@ -47,6 +47,7 @@ GROUPS = [
     "candidates",
     "segments",
     "top_segments",
+    "fixed_tops",
     "send_selected",
     "accumulate",
     "momentum_step",

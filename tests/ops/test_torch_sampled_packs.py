@@ -289,16 +289,19 @@ def test_a_pack_read_inside_a_deferred_block_is_made_first(device):
 # digits of 2 launches each, the state pass, the totals, the compaction, the sends; TopK's exact
 # top k of its candidates one more) and the wire rows' 1, whatever the number of tensors.
 LAUNCHES_PER_BUCKET = {"dgc": 15, "threshold": 15, "topk": 16}
+# At fixed capacity (pack_sampled_fixed, DDP's): the same first phase and sends, the compaction into
+# each tensor's room, then one kernel that decides each band and selects (fixed_tops), for every method.
+FIXED_LAUNCHES_PER_BUCKET = {"dgc": 16, "threshold": 16, "topk": 16}
 
 
-def bucket_launches(method, tensors):
+def bucket_launches(method, tensors, fixed):
     """The kernels a bucket of `tensors` gradients of 4,096 elements launches for its packs and rows
-    (ops routed to the emulated binding)."""
+    (ops routed to the emulated binding), at fixed capacity (DDP's) or not."""
     launched = torch.ops.sparsecomm_cuda_emulation.launches
     gs = [torch.randn(4096, generator=torch.Generator().manual_seed(i)) for i in range(tensors)]
     residuals, momenta = [torch.zeros(4096) for _ in gs], [torch.zeros(4096) if method == "dgc" else None for _ in gs]
     packs, before = SampledPacks(), launched()
-    with packs.deferred():
+    with packs.deferred(fixed):
         if method == "topk":
             made = [packs.topk(g, r, 41, tensor_id=i, step=0) for i, (g, r) in enumerate(zip(gs, residuals))]
         else:
@@ -307,9 +310,14 @@ def bucket_launches(method, tensors):
                 packs.sampled(g, r, 0.01, sample_ratio=0.01, tensor_id=i, step=0, momentum=m, **feedback)
                 for i, (g, r, m) in enumerate(zip(gs, residuals, momenta))
             ]
-    places = [(i * 4096 * 8, 4096) for i in range(tensors)]  # room for every element's row
-    chunk = torch.zeros(tensors * 4096 * 8, dtype=torch.uint8)
-    ops.wire_rows_many_into([p.values for p in made], [p.index for p in made], places, out=chunk)
+    chunk = torch.zeros(tensors * (4096 + 1) * 8, dtype=torch.uint8)  # room for every element's row
+    if fixed:
+        values, indices, counts = zip(*(p.fixed for p in made))
+        places = [(8 * i, 8 * tensors + i * 4096 * 8, 4096) for i in range(tensors)]
+        ops.wire_rows_fixed_into(values, indices, torch.cat(counts), places, out=chunk)
+    else:
+        places = [(i * 4096 * 8, 4096) for i in range(tensors)]
+        ops.wire_rows_many_into([p.values for p in made], [p.index for p in made], places, out=chunk)
     return launched() - before
 
 
@@ -318,10 +326,12 @@ ON_THE_EMULATION = pytest.mark.parametrize("device", ["cuda-emulated"], indirect
 
 
 @ON_THE_EMULATION
+@pytest.mark.parametrize("fixed", [False, True], ids=["counted", "fixed"])
 @pytest.mark.parametrize("method", sorted(LAUNCHES_PER_BUCKET))
-def test_a_bucket_launches_the_same_kernels_whatever_its_number_of_tensors(method, device):
+def test_a_bucket_launches_the_same_kernels_whatever_its_number_of_tensors(method, fixed, device):
     """One tensor, 4 and ResNet-50's 161 (docs/kernels.md, "Launches")."""
-    assert [bucket_launches(method, tensors) for tensors in (1, 4, 161)] == [LAUNCHES_PER_BUCKET[method]] * 3
+    want = (FIXED_LAUNCHES_PER_BUCKET if fixed else LAUNCHES_PER_BUCKET)[method]
+    assert [bucket_launches(method, tensors, fixed) for tensors in (1, 4, 161)] == [want] * 3
 
 
 def dense_launches(tensors):

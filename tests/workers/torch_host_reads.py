@@ -6,35 +6,15 @@ configurations under a GradScaler change its scale between steps, as scaler.upda
 
 import json
 import os
-import traceback
 
 import common
 import horovod.torch as hvd
 import torch
 from common import EVERY
-from torch.overrides import TorchFunctionMode
+from host_reads import HostReads
 
 import sparsecomm.torch
 from sparsecomm.torch import DGC, Threshold
-
-READS = {"item", "tolist", "numpy", "__float__", "__int__", "__bool__", "__index__", "__array__"}
-
-
-class HostReads(TorchFunctionMode):
-    """Records each read of a tensor's data on the host, and where in sparsecomm it came from."""
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        if name in READS:
-            frames = [f for f in traceback.extract_stack() if "/sparsecomm/" in f.filename]
-            where = f"{frames[-1].filename.split('/sparsecomm/')[-1]}:{frames[-1].name}" if frames else "outside"
-            self.reads.append((name, where))
-        return func(*args, **(kwargs or {}))
-
 
 args = common.worker_parser().parse_args()
 hvd.init()
