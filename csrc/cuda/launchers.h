@@ -187,6 +187,18 @@ struct MomentumSegment {
 };
 void momentum_segments(const MomentumSegment* grads, int64_t n, int64_t total, cudaStream_t stream);
 
+// A bucket's clipping factors (DGC's local gradient clipping): each gradient's norm, its sum of
+// squares in squares.h's order (sum_of_squares's bits), and factor = (1 / norm) * limit where the
+// norm is above the limit, else 1, rounded to float32. `tiles` square tiles in all, a double of scratch each.
+struct ClipSegment {
+  const void* grad = nullptr;
+  FloatType grad_type = FloatType::kFloat32;
+  int64_t numel = 0, tile_at = 0;  // its first square tile among all the gradients'
+  double limit = 0.0;
+  float* factor = nullptr;
+};
+void clip_segments(const ClipSegment* grads, int64_t n, int64_t tiles, double* tile_sums, cudaStream_t stream);
+
 // A bucket's wire rows: wire_rows of each send (of [0, length)), `total` rows in all.
 struct WireSegment {
   const void* values = nullptr;

@@ -226,6 +226,35 @@ __global__ void send_segments_kernel(const SendSegment* sends, int64_t n, int64_
   }
 }
 
+// Tile t of every gradient's square tiles (sum_of_squares's tile_squares_kernel, segmented).
+__global__ void square_segments_kernel(const ClipSegment* grads, int64_t n, int64_t tiles, double* tile_sums) {
+  __shared__ double scratch[kSquareLanes];
+  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {  // (the same t for the whole block)
+    const ClipSegment& g = grads[segment_of(grads, n, t, [](const ClipSegment& s) { return s.tile_at; })];
+    const int64_t first = (t - g.tile_at) * kSquareTile;
+    const int64_t end = first + kSquareTile < g.numel ? first + kSquareTile : g.numel;
+    double lane = 0.0;
+    on_type(g.grad_type, [&](auto tag) {
+      const auto* x = static_cast<const Storage<decltype(tag)>*>(g.grad);
+      for (int64_t i = first + threadIdx.x; i < end; i += kSquareLanes) lane += square(to_float(x[i]));
+    });
+    const double total = block_sum(lane, scratch);
+    if (threadIdx.x == 0) tile_sums[t] = total;
+  }
+}
+
+// A block a gradient: its tiles' sums added as sum_tiles_kernel adds them, then its factor.
+__global__ void clip_factors_kernel(const ClipSegment* grads, int64_t n, const double* tile_sums) {
+  __shared__ double scratch[kSquareLanes];
+  for (int64_t s = blockIdx.x; s < n; s += gridDim.x) {  // (the same s for the whole block)
+    const ClipSegment& g = grads[s];
+    double lane = 0.0;
+    for (int64_t t = threadIdx.x; t < square_tiles(g.numel); t += kSquareLanes) lane += tile_sums[g.tile_at + t];
+    const double norm = sqrt(block_sum(lane, scratch));
+    if (threadIdx.x == 0) *g.factor = norm > g.limit ? float((1.0 / norm) * g.limit) : 1.0f;  // (torch's limit / norm)
+  }
+}
+
 __global__ void momentum_segments_kernel(const MomentumSegment* grads, int64_t n, int64_t total) {
   for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < total; j += int64_t(gridDim.x) * blockDim.x) {
     const MomentumSegment& g = grads[segment_of(grads, n, j, [](const MomentumSegment& m) { return m.at; })];
@@ -295,6 +324,16 @@ void send_segments(const SendSegment* sends, int64_t n, int64_t total, cudaStrea
   if (total == 0) return;
   send_segments_kernel<<<grid_for(total), kThreads, 0, stream>>>(sends, n, total);
   check_launch("send_segments_kernel");
+}
+
+void clip_segments(const ClipSegment* grads, int64_t n, int64_t tiles, double* tile_sums, cudaStream_t stream) {
+  if (n == 0) return;
+  if (tiles > 0) {
+    square_segments_kernel<<<grid_for(tiles, 1), kSquareLanes, 0, stream>>>(grads, n, tiles, tile_sums);
+    check_launch("square_segments_kernel");
+  }
+  clip_factors_kernel<<<grid_for(n, 1), kSquareLanes, 0, stream>>>(grads, n, tile_sums);
+  check_launch("clip_factors_kernel");
 }
 
 void momentum_segments(const MomentumSegment* grads, int64_t n, int64_t total, cudaStream_t stream) {

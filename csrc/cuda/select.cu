@@ -75,18 +75,6 @@ __global__ void momentum_step_kernel(const T* grad, Feedback fb, int64_t numel, 
 // One block, fixed reduction order: the scales are the same on every run.
 constexpr int kQuantThreads = 512;
 
-__device__ double block_sum(double v, double* scratch) {
-  scratch[threadIdx.x] = v;
-  __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) scratch[threadIdx.x] += scratch[threadIdx.x + stride];
-    __syncthreads();
-  }
-  const double total = scratch[0];
-  __syncthreads();
-  return total;
-}
-
 // squares.h's order: thread j is lane j (blocks of kSquareLanes threads), block_sum adds the
 // lanes pairwise. Each tile's sum goes to tile_sums[t], whichever block took it.
 template <typename T>

@@ -115,5 +115,19 @@ __device__ void compact_tile(int64_t first, int64_t numel, float t, int64_t writ
   }
 }
 
+// The sum of every thread's v, added pairwise (thread j += thread j + h for h = blockDim / 2, ...,
+// 1): a fixed order, whatever the grid (squares.h's pairwise_lanes for blocks of kSquareLanes).
+__device__ inline double block_sum(double v, double* scratch) {
+  scratch[threadIdx.x] = v;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) scratch[threadIdx.x] += scratch[threadIdx.x + stride];
+    __syncthreads();
+  }
+  const double total = scratch[0];
+  __syncthreads();
+  return total;
+}
+
 }  // namespace cuda
 }  // namespace sparsecomm

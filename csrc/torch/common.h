@@ -17,7 +17,7 @@
 //   a bucket's sampled packs in phases (select.h's pack_sampled_many; CPU: select.h's TensorByTensor,
 //     CUDA: cuda_bucket.h's fixed number of launches): Bucket, count_bucket(tensors), bucket_totals(bucket),
 //     bucket_candidates(bucket, tensors, totals), select_top_many(lists), send_bucket(tensors, accs, indices, masking)
-//     and its dense momentum steps: momentum_many(grads)
+//     and its dense momentum steps and clipping factors: momentum_many(grads), clip_factors(clips)
 //   raw bytes for quantize.h's segments: copy_bytes(from, to), zero_bytes(t), write_count(segment,
 //     count), read_count(gathered, at) (CUDA: a read back), segment_offsets(index, counts, offsets),
 //     segment_index(counts, offsets, index)

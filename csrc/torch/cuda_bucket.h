@@ -247,6 +247,24 @@ struct CudaBucketPhases {
     return top;
   }
 
+  // Every gradient's clipping factor in two kernels (segments.cu's clip_segments).
+  static void clip_factors(const std::vector<ClipTensor>& clips) {
+    std::vector<cuda::ClipSegment> table;
+    int64_t tiles = 0;
+    for (const ClipTensor& c : clips) {
+      cuda::ClipSegment s;
+      s.grad = c.grad.data_ptr(), s.grad_type = float_type(c.grad.scalar_type());
+      s.numel = c.grad.numel(), s.tile_at = tiles, tiles += square_tiles(s.numel);
+      s.limit = c.limit, s.factor = c.factor.data_ptr<float>();
+      table.push_back(s);
+    }
+    const at::TensorOptions on = clips[0].grad.options();
+    const at::Tensor rows = upload(table, on.device());
+    at::Tensor tile_sums = at::empty({tiles}, on.dtype(at::kDouble));
+    cuda::clip_segments(static_cast<const cuda::ClipSegment*>(rows.data_ptr()), int64_t(table.size()), tiles,
+                        tile_sums.data_ptr<double>(), stream());
+  }
+
   // Every gradient's momentum step in one kernel, a thread per element over a table of them.
   static void momentum_many(const std::vector<FeedbackArgs>& grads) {
     std::vector<cuda::MomentumSegment> table;

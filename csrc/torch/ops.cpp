@@ -88,6 +88,9 @@ SC_TORCH_LIBRARY {
   m.def(
       "momentum_step_many(Tensor(a!)[] grads, Tensor(b!)[] momenta, float momentum_factor, Tensor?[] grad_scales, "
       "bool nesterov=False) -> ()");
+  // DGC's clipping factors of many gradients: factors[p] (1-element float32, on grads[p]'s device) =
+  // limits[p] / norm where grads[p]'s norm (sum_of_squares, square-rooted) is above it, else 1.
+  m.def("clip_factors_into(Tensor[] grads, float[] limits, Tensor(a!)[] factors) -> ()");
   // The sum of the squares of x (float32, float16 or bfloat16) as a 0-d float64 tensor on x's
   // device, in one read of x and in a fixed order (csrc/kernels/squares.h): DGC's clipping norm
   // squared, without a float32 copy of a 16-bit gradient.

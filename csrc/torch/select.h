@@ -122,6 +122,13 @@ void momentum_step(const at::Tensor& grad, const at::Tensor& momentum, double mo
   });
 }
 
+// A gradient, its clipping limit and where its factor goes (clip_factors_into's).
+struct ClipTensor {
+  at::Tensor grad;
+  double limit;
+  at::Tensor factor;
+};
+
 // momentum_step of many gradients in one call (Device::momentum_many: on CUDA, one launch).
 template <typename Device>
 void momentum_step_many(at::TensorList grads, at::TensorList momenta, double momentum_factor,
@@ -155,6 +162,31 @@ at::Tensor sum_of_squares(const at::Tensor& x_in) {
                                               out.data_ptr<double>());
   });
   return out;
+}
+
+// DGC's clipping factors of many gradients in one call (Device::clip_factors: on CUDA, two
+// launches): factors[p] (a 1-element float32 tensor on the gradients' device) = (1 / norm) *
+// limits[p] where grads[p]'s norm (sum_of_squares, square-rooted in float64) is above limits[p],
+// else 1 (the bits of torch's `limit / norm`, which multiplies by the reciprocal).
+template <typename Device>
+void clip_factors_into(at::TensorList grads, at::ArrayRef<double> limits, at::TensorList factors) {
+  constexpr const char* op = "clip_factors_into";
+  const size_t n = grads.size();
+  TORCH_CHECK(limits.size() == n && factors.size() == n, op, ": limits and factors should hold one entry per grad (", n,
+              "), got ", limits.size(), " and ", factors.size());
+  if (n == 0) return;
+  const typename Device::Guard guard(grads[0].device());
+  std::vector<ClipTensor> clips;
+  for (size_t p = 0; p < n; ++p) {
+    TORCH_CHECK(grads[p].device() == grads[0].device() && factors[p].device() == grads[0].device(), op,
+                ": grads and factors should all be on one device, got ", grads[p].device(), " and ",
+                factors[p].device());
+    TORCH_CHECK(factors[p].scalar_type() == at::kFloat && factors[p].numel() == 1, op,
+                ": factors should be 1-element float32 tensors, got ", factors[p].numel(), " ",
+                factors[p].scalar_type());
+    clips.push_back({grads[p].contiguous(), limits[p], factors[p]});
+  }
+  Device::clip_factors(clips);
 }
 
 // The wire rows of sparsecomm/core/wire.py (kernels/wire.h): a marker row for each bucket, an
@@ -541,6 +573,13 @@ struct TensorByTensor {
     fixed.counts = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
     return fixed;
   }
+  static void clip_factors(const std::vector<ClipTensor>& clips) {
+    for (const ClipTensor& c : clips) {
+      const at::Tensor norm = sum_of_squares<Device>(c.grad).sqrt();
+      const at::Tensor factor = at::where(norm > c.limit, norm.reciprocal().mul(c.limit), 1.0);
+      c.factor.copy_(factor.to(at::kFloat).reshape(c.factor.sizes()));
+    }
+  }
   static void momentum_many(const std::vector<FeedbackArgs>& grads) {
     for (const FeedbackArgs& a : grads)
       SC_DISPATCH_FLOAT_TYPES(a.grad.scalar_type(), "momentum_step_many", [&] {
@@ -617,6 +656,7 @@ void register_select_ops(torch::Library& m) {
   m.impl("accumulate", &accumulate<Device>);
   m.impl("momentum_step", &momentum_step<Device>);
   m.impl("momentum_step_many", &momentum_step_many<Device>);
+  m.impl("clip_factors_into", &clip_factors_into<Device>);
   m.impl("sum_of_squares", &sum_of_squares<Device>);
   m.impl("wire_rows", &wire_rows<Device>);
   m.impl("wire_rows_into", &wire_rows_into<Device>);

@@ -272,6 +272,7 @@ def _sampled(compressor, tensor, state, density, **feedback):
         return compressor.packs.sampled(
             tensor, residual, density, sample_ratio=method.sample_ratio, value_dtype=value_dtype, **stream, **feedback
         )
+    compressor.packs.run()  # (DGC's clipping factor may wait in the queue)
     values, index = ops.pack_sampled(
         tensor, residual, density, sample_ratio=method.sample_ratio, bits=bits, **stream, **feedback
     )
@@ -314,13 +315,12 @@ class DGC(_PerRank):
         limit) as a 0-d float32 tensor on the gradient's device (no host read), or None without
         clipping. The kernels read the gradient times it, rounded once to its dtype, in the state's
         own pass: no pass that scales the gradient first. Under a loss scaler the limit is times the
-        state's scale, as the gradient is."""
+        state's scale, as the gradient is. The norm reads the gradient once, in float64; a DDP
+        bucket's factors are one op (SampledPacks.clip_factor)."""
         if self.method.clip_norm is None:  # (before reading the ranks: compress calls this for every tensor)
             return None
         scale = (state.loss_scale or 1.0) if self.loss_scaling is not None else 1.0
-        limit = self.method.clip_limit(self._ranks(), scale)
-        norm = ops.sum_of_squares(tensor).sqrt()  # one read, float64, no float32 copy of a 16-bit gradient
-        return torch.where(norm > limit, limit / norm, 1.0).float()
+        return self.packs.clip_factor(tensor, self.method.clip_limit(self._ranks(), scale))
 
     def dense_payload(self, tensor, state):
         """Momentum SGD for a gradient sent dense (policy, or sparse would be larger): u = m u + g,

@@ -107,6 +107,11 @@ def _momentum_step(grad, momentum, momentum_factor, grad_scale=None, nesterov=Fa
     return None
 
 
+@_fake("clip_factors_into")
+def _clip_factors_into(grads, limits, factors):
+    return None
+
+
 @_fake("momentum_step_many")
 def _momentum_step_many(grads, momenta, momentum_factor, grad_scales, nesterov=False):
     return None

@@ -169,6 +169,14 @@ def momentum_step(grad, momentum, momentum_factor, *, grad_scale=None, nesterov=
     _ops.momentum_step(grad, momentum, momentum_factor, grad_scale, nesterov)
 
 
+def clip_factors_into(grads, limits, factors):
+    """DGC's clipping factors of many gradients in one op (on a GPU, two kernels): factors[p] (a
+    1-element float32 tensor on the gradients' device) = limits[p] / norm where grads[p]'s norm
+    (sum_of_squares, square-rooted in float64) is above limits[p], else 1: the bits of
+    ``torch.where(norm > limit, limit / norm, 1.0).float()``. Nothing is read on the host."""
+    _ops.clip_factors_into(grads, limits, factors)
+
+
 def momentum_step_many(grads, momenta, momentum_factor, *, grad_scales=None, nesterov=False):
     """momentum_step of many gradients (contiguous, each its own dtype) in one op: on a GPU, one
     kernel. grad_scales: None, or one grad_scale (or None) per gradient."""

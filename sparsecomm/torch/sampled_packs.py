@@ -2,8 +2,8 @@
 one op for many tensors (``sparsecomm::pack_sampled_many``): a DDP bucket's packs cross from
 Python into C++ once, not four ops per tensor. The op composes each tensor's pack exactly as
 sparsecomm.core.packing does, through the same op bodies: the same bits as ops.pack_sampled and
-ops.pack_topk, tensor by tensor. DGC's dense payloads (ops.momentum_step) queue the same way,
-into one ``momentum_step_many``."""
+ops.pack_topk, tensor by tensor. DGC's dense payloads (ops.momentum_step) and clipping factors
+queue the same way, into one ``momentum_step_many`` and one ``clip_factors_into``."""
 
 import contextlib
 import functools
@@ -95,6 +95,7 @@ class SampledPacks:
     def __init__(self):
         self._queue = {}  # Shared -> [Queued]
         self._steps = {}  # (momentum_factor, nesterov) -> [(Packed, grad, momentum, grad_scale)]
+        self._clips = []  # [(grad, limit, factor)]: run first, the packs and steps read the factors
         self._deferring = False
         self._fixed = False  # the deferred packs at fixed capacity (QueuedPack.fixed)
 
@@ -118,6 +119,14 @@ class SampledPacks:
         self._steps.setdefault((momentum_factor, nesterov), []).append((packed, grad, momentum, grad_scale))
         return self._queued(packed)
 
+    def clip_factor(self, grad, limit):
+        """DGC's clipping factor of `grad` at `limit` (ops.clip_factors_into's), a 0-d float32
+        tensor on its device, written when the queue runs, before the packs and steps that read it
+        (a reader outside the queue runs it first)."""
+        factor = torch.empty((), dtype=torch.float32, device=grad.device)
+        self._clips.append((grad, limit, factor))
+        return self._queued(factor)
+
     @contextlib.contextmanager
     def deferred(self, fixed=False):
         """Queues the packs made inside the block; runs them when it ends (also on an error: the
@@ -135,6 +144,10 @@ class SampledPacks:
         """Runs every queued pack and momentum step: fills their Packeds and updates their states."""
         queue, self._queue = self._queue, {}
         steps, self._steps = self._steps, {}
+        clips, self._clips = self._clips, []
+        if clips:
+            grads, limits, factors = zip(*clips)
+            ops.clip_factors_into(list(grads), list(limits), list(factors))
         for shared, packs in queue.items():
             _run(shared, packs, self._fixed)
         for (momentum_factor, nesterov), queued in steps.items():
@@ -150,11 +163,11 @@ class SampledPacks:
         self._queue.setdefault(shared, []).append(Queued(packed, grad, residual, momentum, grad_scale, plan, stream))
         return self._queued(packed)
 
-    def _queued(self, packed):
-        """`packed`, made at once outside ``deferred()``."""
+    def _queued(self, made):
+        """`made` (a Packed, or a clipping factor), made at once outside ``deferred()``."""
         if not self._deferring:
             self.run()
-        return packed
+        return made
 
 
 def _run(shared, packs, fixed):

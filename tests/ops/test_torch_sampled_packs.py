@@ -462,3 +462,53 @@ def test_a_fixed_capacity_bucket_reads_nothing_on_the_host(device):
     places = [(8 * p, 32 + p * 4096 * 6, 4096) for p in range(4)]
     ops.wire_rows_fixed_into(values, indices, counts, places, out=torch.zeros(32 + 4 * 4096 * 6, dtype=torch.uint8))
     assert (after_packs - before, reads() - after_packs) == (1, 0)  # the 1: pack_sampled_many's, run second
+
+
+# --- DGC's clipping factors, a bucket's in one op ---
+
+CLIP_SIZES = [(6_000, F32), (0, F16), (5, BF16), (4_500, BF16), (1, F32), (70_000, F16)]  # (several square tiles)
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["bucket", "tensor_at_a_time"])
+def test_clipping_factors_equal_the_norm_formula_tensor_by_tensor(device, deferred):
+    """torch.where(norm > limit, limit / norm, 1.0).float() with norm = sum_of_squares(g).sqrt():
+    below, at and above the limit, an empty gradient (norm 0), NaN (factor 1) and inf (0)."""
+    gen = torch.Generator().manual_seed(31)
+    gs = [torch.randn(n, generator=gen).to(dtype).to(device) for n, dtype in CLIP_SIZES]
+    gs[4][0] = float("inf")
+    gs[2][1] = float("nan")
+    limits = [0.5, 1.0, 1.0, 1e9, 0.25, float(ops.sum_of_squares(gs[5]).sqrt())]  # (the last: at its norm)
+    more = [torch.randn(300, generator=gen).to(device) for _ in range(16)]  # clipped: limit / norm's rounding
+    gs, limits = gs + more, limits + [0.1 * (1 + p) for p in range(16)]
+    packs = SampledPacks()
+    with packs.deferred() if deferred else contextlib.nullcontext():
+        got = [packs.clip_factor(g, limit) for g, limit in zip(gs, limits)]
+    for g, limit, factor in zip(gs, limits, got):
+        norm = ops.sum_of_squares(g).sqrt()
+        assert_same(factor.reshape(1), torch.where(norm > limit, limit / norm, 1.0).float().reshape(1))
+    assert [float(f) for f in got[1:6]] == [1.0, 1.0, 1.0, 0.0, 1.0]  # (an inf norm: limit * (1 / inf))
+    assert 0.0 < float(got[0]) < 1.0
+
+
+def test_clipping_factors_refuse_a_wrong_length_and_pass_opcheck(device):
+    g = torch.randn(10, device=device)
+    with pytest.raises(RuntimeError, match=r"limits and factors should hold one entry per grad \(1\), got 2 and 1"):
+        ops.clip_factors_into([g], [1.0, 2.0], [torch.empty((), device=device)])
+    with pytest.raises(RuntimeError, match="factors should be 1-element float32 tensors, got 2 Float"):
+        ops.clip_factors_into([g], [1.0], [torch.empty(2, device=device)])
+    torch.library.opcheck(
+        torch.ops.sparsecomm.clip_factors_into.default,
+        ([torch.randn(5), torch.randn(3)], [0.5, 9.0], [torch.empty(()), torch.empty(())]),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )
+
+
+@ON_THE_EMULATION
+def test_a_bucket_of_clipping_factors_is_two_launches(device):
+    launched = torch.ops.sparsecomm_cuda_emulation.launches
+    for tensors in (1, 4, 161):
+        packs, before = SampledPacks(), launched()
+        with packs.deferred():
+            for _ in range(tensors):
+                packs.clip_factor(torch.randn(512), 1.0)
+        assert launched() - before == 2
