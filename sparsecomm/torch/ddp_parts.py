@@ -138,7 +138,7 @@ class Gathered(BucketPart):
         fixed-capacity one's count stays on the device: its rows' count is written there, and its
         sent elements are counted there (Counters.account_on_device)."""
         if packed.bits is None:  # its rows are written at start, straight into the chunk
-            fixed = getattr(packed, "fixed", None)
+            fixed = packed.fixed
             values, index, count = fixed if fixed is not None else (packed.values, packed.index, None)
             numel, value_bytes, room = grad.numel(), values.element_size(), index.numel()
             send = Send(values, index, numel, wire.rows_bytes(room, value_bytes, 0, numel), count)

@@ -48,16 +48,14 @@ def _made(field):
 class QueuedPack(Packed):
     """A Packed whose values and index its SampledPacks fills: reading either first runs the
     packs still queued, so no reader (an exchange, the loss scaler's overflow mark, the network
-    calibration's own pack) can see a pack not made yet. At fixed capacity the pack is `fixed`
-    (values, index, count: its selection is their first `count`, a 1-element int64 tensor on their
-    device); values and index are cut to the counts when first read (one host read a bucket)."""
+    calibration's own pack) can see a pack not made yet. At fixed capacity (Packed.fixed), values
+    and index are cut to the counts when first read (one host read a bucket)."""
 
     values = _made("values")
     index = _made("index")
 
     def __init__(self, packs):
         self._packs = packs
-        self.fixed = None
         self._cut = None
         super().__init__()
 
