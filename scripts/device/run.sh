@@ -20,6 +20,8 @@
 #               cuda tensors through NCCL whatever the controller, and NCCL refuses two ranks on
 #               one GPU: a failure that says so is recorded as that
 #   hook        python -m sparsecomm.check.hook_step --device cuda (DDP hook vs DDP's allreduce)
+#   syncs       scripts/device/syncs.py: DDP steps with the hook on the allgather route under
+#               torch.cuda.set_sync_debug_mode("error"): a host synchronisation fails its method
 #   sanitizer   compute-sanitizer --tool memcheck over the CUDA op tests (test_torch_select_ops.py,
 #               test_torch_block_ops.py, test_torch_wire_ops.py, test_torch_bucket_ops.py,
 #               test_torch_sampled_packs.py;
@@ -32,7 +34,7 @@
 #
 # Files in $OUT (8 at most come back): summary.txt, run.log (the machine, each step's command),
 # sparsecomm_build.log, horovod_build.log, hvd_cuda.log, hook_step.log, hook_step.json,
-# sanitizer.log.
+# sanitizer.log (syncs.py's lines go to run.log).
 #
 # --rehearse: the same steps on this CPU machine, in /tmp/sparsecomm-rehearse (REHEARSE_DIR):
 # a fresh venv with this machine's python3 and torch 2.13.0 (the local CPU wheel; no other torch
@@ -77,7 +79,7 @@ else
   : >"$OUT/run.log"
 fi
 BUNDLE=$PWD/.device
-STEPS=${STEPS:-bundle sparsecomm horovod hvd1 hvd2 hook sanitizer host}
+STEPS=${STEPS:-bundle sparsecomm horovod hvd1 hvd2 hook syncs sanitizer host}
 SUMMARY=$OUT/summary.txt
 PATH="$(dirname "$PY"):$PATH"
 MAX_JOBS=$(nproc)
@@ -256,6 +258,18 @@ EOF
     [ "$GPU" = 1 ] || detail="$detail (1 timed step: no GPU)"
     record hook PASS "$SECS" "$detail"
   else record hook FAIL "$SECS" "$(why $RC) (hook_step.log)"; fi
+fi
+
+# (e') the hook's host synchronisations: none on the allgather route, DDP's allreduce the control.
+if wanted syncs; then
+  finish_sparsecomm
+  log "== host synchronisations"
+  if [ "$GPU" = 1 ]; then syncs_device=cuda; else syncs_device=cpu; fi
+  run_step 90 "$OUT/run.log" "$PY" scripts/device/syncs.py --device "$syncs_device"
+  detail=$(grep -o '\[syncs\] [0-9]* of [0-9]* methods .*' "$OUT/run.log" | tail -1 | cut -d' ' -f2-)
+  failed=$(grep -o '\[syncs\] [^:]*: .*FAIL: .*' "$OUT/run.log" | head -1 | cut -c9-200)
+  if [ "$RC" = 0 ]; then record syncs PASS "$SECS" "${detail:-no summary line (run.log)}"
+  else record syncs FAIL "$SECS" "$(why $RC); ${detail:-no summary}; first: ${failed:-see run.log}"; fi
 fi
 
 # (f) compute-sanitizer's memcheck over the CUDA op tests (no caching allocator, so that each
