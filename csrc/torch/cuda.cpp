@@ -60,7 +60,7 @@ at::Tensor row_table(const std::vector<int64_t>& slots, const std::vector<int64_
   return table.to(device, /*non_blocking=*/true);
 }
 
-struct CudaDevice : CudaBucketPhases {
+struct CudaDevice : CudaFixedBucket, CudaDenseSteps {
   using Guard = c10::cuda::CUDAGuard;
 
   // Not checked: reading the indices back would need a host synchronisation.

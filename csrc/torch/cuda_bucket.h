@@ -1,7 +1,8 @@
 // The CUDA device policy's bucket phases (csrc/torch/common.h): a DDP bucket's sampled packs
-// (select.h's pack_sampled_many) and wire rows (wire_rows_many_into) in a fixed number of
-// launches over tables of segments (csrc/cuda/segments.cu, wire.cu), whatever its number of
-// tensors. CudaDevice (cuda.cpp) takes them by inheritance.
+// (select.h's pack_sampled_many, pack_sampled_fixed), wire rows (wire_rows_many_into,
+// wire_rows_fixed_into), clipping factors and momentum steps, each in a fixed number of launches
+// over tables of segments (csrc/cuda/segments.cu, wire.cu), whatever its number of tensors.
+// CudaDevice (cuda.cpp) takes them by inheritance.
 #pragma once
 #include <c10/cuda/CUDAStream.h>
 
@@ -189,7 +190,11 @@ struct CudaBucketPhases {
     const at::Tensor rows = upload(table, sends[0].rows.device());
     cuda::wire_segments(static_cast<const cuda::WireSegment*>(rows.data_ptr()), int64_t(table.size()), total, stream());
   }
+};
 
+// A bucket's sampled packs at fixed capacity (select.h's pack_sampled_fixed): the same first
+// phase, then each tensor's band decided on the device, so that the host reads nothing.
+struct CudaFixedBucket : CudaBucketPhases {
   // The bucket at fixed capacity, nothing read on the host: the first phase, each tensor's
   // candidates compacted into a room of twice its capacity (and a tile), its band and top k decided
   // on the device (fixed_tops), the sends up to the counts that decided.
@@ -246,7 +251,11 @@ struct CudaBucketPhases {
     top.numel = t.args.grad.numel();
     return top;
   }
+};
 
+// DGC's dense route and clipping over a bucket: its clipping factors and momentum steps, each a
+// fixed number of launches over a table of the bucket's gradients.
+struct CudaDenseSteps {
   // Every gradient's clipping factor in two kernels (segments.cu's clip_segments).
   static void clip_factors(const std::vector<ClipTensor>& clips) {
     std::vector<cuda::ClipSegment> table;
