@@ -413,12 +413,12 @@ struct SampledTensor {
   at::ScalarType value_dtype;
 };
 
-inline SampledTensor sampled_tensor(const at::Tensor& grad, c10::optional<at::Tensor> residual,
+inline SampledTensor sampled_tensor(const char* op, const at::Tensor& grad, c10::optional<at::Tensor> residual,
                                     c10::optional<at::Tensor> momentum, double momentum_factor,
                                     const c10::optional<at::Tensor>& grad_scale, bool nesterov, double ratio,
                                     const int64_t* plan, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
   const int64_t k = plan[0], sample_count = plan[1];
-  FeedbackArgs a = candidate_args("pack_sampled_many", grad, residual, momentum, momentum_factor, grad_scale, nesterov);
+  FeedbackArgs a = candidate_args(op, grad, residual, momentum, momentum_factor, grad_scale, nesterov);
   const SamplePlan sample = sample_count > 0
                                 ? checked_sample_plan(a.grad.numel(), ratio, sample_count, seed, plan[4], plan[5])
                                 : SamplePlan();
@@ -589,26 +589,31 @@ struct TensorByTensor {
   }
 };
 
-// pack_sampled_many's and pack_sampled_fixed's arguments, checked, as SampledTensors.
-inline std::vector<SampledTensor> sampled_tensors(at::TensorList grads,
+// pack_sampled_many's and pack_sampled_fixed's arguments (op: the name their errors give): their
+// lengths checked first, then, under the grads' device guard, each tensor as a SampledTensor.
+inline void check_sampled_lengths(const char* op, size_t n, const c10::List<c10::optional<at::Tensor>>& residuals,
+                                  const c10::List<c10::optional<at::Tensor>>& momenta,
+                                  const c10::List<c10::optional<at::Tensor>>& grad_scales, at::ArrayRef<double> ratios,
+                                  at::IntArrayRef plans) {
+  TORCH_CHECK(residuals.size() == n && momenta.size() == n && grad_scales.size() == n && ratios.size() == n, op,
+              ": residuals, momenta, grad_scales and ratios should hold one entry per grad (", n, "), got ",
+              residuals.size(), ", ", momenta.size(), ", ", grad_scales.size(), " and ", ratios.size());
+  TORCH_CHECK(int64_t(plans.size()) == kPackPlan * int64_t(n), op, ": plans should hold ", kPackPlan,
+              " numbers (k, sample_count, too_few, too_many, tensor_id, step) per grad, got ", plans.size(), " for ", n,
+              " grads");
+}
+inline std::vector<SampledTensor> sampled_tensors(const char* op, at::TensorList grads,
                                                   const c10::List<c10::optional<at::Tensor>>& residuals,
                                                   const c10::List<c10::optional<at::Tensor>>& momenta,
                                                   double momentum_factor,
                                                   const c10::List<c10::optional<at::Tensor>>& grad_scales,
                                                   bool nesterov, at::ArrayRef<double> ratios, at::IntArrayRef plans,
                                                   int64_t seed, c10::optional<at::ScalarType> value_dtype) {
-  const size_t n = grads.size();
-  TORCH_CHECK(residuals.size() == n && momenta.size() == n && grad_scales.size() == n && ratios.size() == n,
-              "pack_sampled_many: residuals, momenta, grad_scales and ratios should hold one entry per grad (", n,
-              "), got ", residuals.size(), ", ", momenta.size(), ", ", grad_scales.size(), " and ", ratios.size());
-  TORCH_CHECK(int64_t(plans.size()) == kPackPlan * int64_t(n), "pack_sampled_many: plans should hold ", kPackPlan,
-              " numbers (k, sample_count, too_few, too_many, tensor_id, step) per grad, got ", plans.size(), " for ", n,
-              " grads");
   std::vector<SampledTensor> tensors;
-  for (size_t p = 0; p < n; ++p) {
-    TORCH_CHECK(grads[p].device() == grads[0].device(), "pack_sampled_many: grads should all be on one device, got ",
+  for (size_t p = 0; p < grads.size(); ++p) {
+    TORCH_CHECK(grads[p].device() == grads[0].device(), op, ": grads should all be on one device, got ",
                 grads[0].device(), " and ", grads[p].device());
-    tensors.push_back(sampled_tensor(grads[p], residuals[p], momenta[p], momentum_factor, grad_scales[p], nesterov,
+    tensors.push_back(sampled_tensor(op, grads[p], residuals[p], momenta[p], momentum_factor, grad_scales[p], nesterov,
                                      ratios[p], plans.data() + kPackPlan * p, seed, value_dtype));
   }
   return tensors;
@@ -620,10 +625,12 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_sampled_many(
     const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
     const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
     at::IntArrayRef plans, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
+  constexpr const char* op = "pack_sampled_many";
+  check_sampled_lengths(op, grads.size(), residuals, momenta, grad_scales, ratios, plans);
   if (grads.empty()) return {};
   const typename Device::Guard guard(grads[0].device());
-  return pack_tensors<Device>(sampled_tensors(grads, residuals, momenta, momentum_factor, grad_scales, nesterov, ratios,
-                                              plans, seed, value_dtype),
+  return pack_tensors<Device>(sampled_tensors(op, grads, residuals, momenta, momentum_factor, grad_scales, nesterov,
+                                              ratios, plans, seed, value_dtype),
                               masking);
 }
 
@@ -636,11 +643,13 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor> pack_sa
     const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
     const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
     at::IntArrayRef plans, int64_t seed, c10::optional<at::ScalarType> value_dtype) {
-  const std::vector<SampledTensor> tensors = sampled_tensors(grads, residuals, momenta, momentum_factor, grad_scales,
-                                                             nesterov, ratios, plans, seed, value_dtype);
-  if (tensors.empty()) return {{}, {}, at::empty({0}, at::kLong)};
+  constexpr const char* op = "pack_sampled_fixed";
+  check_sampled_lengths(op, grads.size(), residuals, momenta, grad_scales, ratios, plans);
+  if (grads.empty()) return {{}, {}, at::empty({0}, at::kLong)};
   const typename Device::Guard guard(grads[0].device());
-  PackedFixed fixed = Device::pack_fixed(tensors, masking);
+  PackedFixed fixed = Device::pack_fixed(sampled_tensors(op, grads, residuals, momenta, momentum_factor, grad_scales,
+                                                         nesterov, ratios, plans, seed, value_dtype),
+                                         masking);
   return {std::move(fixed.values), std::move(fixed.indices), fixed.counts.to(grads[0].device())};
 }
 

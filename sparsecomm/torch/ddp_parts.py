@@ -191,18 +191,17 @@ class Gathered(BucketPart):
     def _write_rows(self, mine, sends):
         """The sends' rows into this rank's chunk, by one op for those whose counts the host knows
         and one for those of fixed capacity (their counts and rows' counts stay on the device)."""
-        for fixed in (False, True):
-            chosen = [(s, at, i) for s, at, i in sends if (s.count is not None) == fixed]
-            if not chosen:
-                continue
-            values, indices = [s.values for s, _, _ in chosen], [s.index for s, _, _ in chosen]
-            if not fixed:
-                ops.wire_rows_many_into(values, indices, [(at, s.length) for s, at, _ in chosen], out=mine)
-                continue
-            counts = torch.cat([s.count for s, _, _ in chosen])
-            places = [(COUNT * i, at, s.length) for s, at, i in chosen]
+        known = [(s, at) for s, at, _ in sends if s.count is None]
+        if known:
+            values, indices = [s.values for s, _ in known], [s.index for s, _ in known]
+            ops.wire_rows_many_into(values, indices, [(at, s.length) for s, at in known], out=mine)
+        fixed = [(s, at, i) for s, at, i in sends if s.count is not None]
+        if fixed:
+            values, indices = [s.values for s, _, _ in fixed], [s.index for s, _, _ in fixed]
+            counts = torch.cat([s.count for s, _, _ in fixed])
+            places = [(COUNT * i, at, s.length) for s, at, i in fixed]
             ops.wire_rows_fixed_into(values, indices, counts, places, out=mine)
-            self.counters.account_on_device([self.items[i][1] for _, _, i in chosen], counts)
+            self.counters.account_on_device([self.items[i][1] for _, _, i in fixed], counts)
 
     def finish(self):
         if not self.items:

@@ -139,7 +139,8 @@ class SampledPacks:
             self._fixed = False
 
     def run(self):
-        """Runs every queued pack and momentum step: fills their Packeds and updates their states."""
+        """Runs every queued clipping factor, then every pack and momentum step (which read the
+        factors): fills their Packeds and updates their states."""
         queue, self._queue = self._queue, {}
         steps, self._steps = self._steps, {}
         clips, self._clips = self._clips, []

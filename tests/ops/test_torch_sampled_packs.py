@@ -230,6 +230,8 @@ def test_arguments_of_the_wrong_length_are_refused(device):
         ops.pack_sampled_many([g], [None, None], [None], 0.0, [None], False, True, [0.1], [1, 0, 1, 1, 0, 0], 0, None)
     with pytest.raises(RuntimeError, match=r"plans should hold 6 numbers .* got 5 for 1 grads"):
         ops.pack_sampled_many([g], [None], [None], 0.0, [None], False, True, [0.1], [1, 0, 1, 1, 0], 0, None)
+    with pytest.raises(RuntimeError, match=r"^pack_sampled_fixed: residuals, momenta, grad_scales and ratios"):
+        ops.pack_sampled_fixed([g], [None, None], [None], 0.0, [None], False, True, [0.1], [1, 0, 1, 1, 0, 0], 0, None)
 
 
 def test_an_error_in_a_deferred_block_still_runs_the_queued_packs(device):
