@@ -2,15 +2,18 @@
 
     vmstat -t 10 > vmstat.log &            # the cores' idle share, every 10 s
     make test PYTEST_ARGS="--junitxml=junit.xml"
-    python scripts/suite_profile.py junit.xml vmstat.log
+    python scripts/suite_profile.py junit.xml vmstat.log [--top N]
+
+CI (.ci/run) prints the 20 longest files after the suite.
 
 The tests run one after the other (TEST_WORKERS=0), so each test's start is the suite's start
 plus the times of the tests before it. Idle is vmstat's `id` column averaged over a file's
-samples; a file shorter than vmstat's interval may have none (shown as -)."""
+samples; a file shorter than vmstat's interval may have none, and without the log none has (-)."""
 
 import argparse
 import collections
 import datetime
+import os
 import xml.etree.ElementTree as ElementTree
 
 
@@ -58,11 +61,13 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("junit")
     parser.add_argument("vmstat", nargs="?")
+    parser.add_argument("--top", type=int, default=None, help="the N longest files only")
     args = parser.parse_args()
-    files = per_file(test_spans(args.junit), idle_samples(args.vmstat) if args.vmstat else [])
+    sampled = args.vmstat and os.path.exists(args.vmstat)
+    files = per_file(test_spans(args.junit), idle_samples(args.vmstat) if sampled else [])
     total = sum(seconds for seconds, _, _ in files.values())
     print("| test file | seconds | share | tests | cores idle |\n|---|---|---|---|---|")
-    for name, (seconds, tests, idle) in sorted(files.items(), key=lambda item: -item[1][0]):
+    for name, (seconds, tests, idle) in sorted(files.items(), key=lambda item: -item[1][0])[: args.top]:
         shown = f"{sum(idle) / len(idle):.0f}%" if idle else "-"
         print(f"| `{name}` | {seconds:.0f} | {seconds / total:.1%} | {tests} | {shown} |")
     print(f"| all | {total:.0f} | | {sum(tests for _, tests, _ in files.values())} | |")
