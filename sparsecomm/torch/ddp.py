@@ -26,7 +26,8 @@ import time
 import torch
 
 from . import collectives
-from .ddp_parts import Gathered, Reduced, Scattered, future_on
+from .ddp_parts import Gathered, Reduced, future_on
+from .ddp_spardl import Scattered
 from .exchange import Wire
 
 ROUTES = ("dense", "allgather", "spardl")  # what exchange="auto" chooses among under the hook

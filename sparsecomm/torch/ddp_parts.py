@@ -3,7 +3,8 @@ each a BucketPart: the phases of sparsecomm.core.exchange.Exchange over many ten
 
 all_gather and all_to_all want equal sizes on every rank, and a method's count may differ per
 rank: each parameter's rows travel padded to its capacity (Method.most_selected), after a
-header of every parameter's count, so no size exchange comes first.
+header of every parameter's count, so no size exchange comes first. The spardl route's part,
+Scattered, is in sparsecomm.torch.ddp_spardl.
 """
 
 import abc
@@ -12,9 +13,8 @@ import dataclasses
 import torch
 
 from ..core import wire
-from ..core.plan import SparDLLayout
 from . import collectives, ops
-from .exchange import Dense, elements, ints_on, spardl_reduce, spardl_split
+from .exchange import Dense, ints_on
 
 COUNT = torch.empty(0, dtype=torch.int64).element_size()
 
@@ -36,14 +36,9 @@ def _counts(table, params):
     return table[:, : COUNT * params].contiguous().view(torch.int64).tolist()
 
 
-def _aligned(nbytes):
+def aligned(nbytes):
     """A region's bytes rounded up to whole counts, so the next header stays 8-byte aligned."""
     return -(-nbytes // COUNT) * COUNT
-
-
-def _share_bytes(layout, width):
-    """A parameter's region in a SparDL chunk: its most rows (SparDLLayout.most_rows), aligned."""
-    return _aligned(layout.most_rows() * width)
 
 
 def _bytes(tensor):
@@ -123,7 +118,7 @@ class Reduced(BucketPart):
 
 
 class Gathered(BucketPart):
-    """The allgather route (and SparDL's second phase): every rank's rows, or 1-/2-bit segment,
+    """The allgather route: every rank's rows, or 1-/2-bit segment,
     of each parameter in one all_gather, unpacked in rank order and averaged. The rows of all the
     parameters are unpacked by one op, which reads the counts where they lie (on a GPU, no wait)."""
 
@@ -143,19 +138,13 @@ class Gathered(BucketPart):
             numel, value_bytes, room = grad.numel(), values.element_size(), index.numel()
             send = Send(values, index, numel, wire.rows_bytes(room, value_bytes, 0, numel), count)
             reader = ("rows", values.dtype, wire.INDEX_BYTES + value_bytes)
-            capacity_bytes = _aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
+            capacity_bytes = aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
             rows = 0 if fixed is not None else room + wire.buckets(0, numel)  # (fixed: written by the op)
             _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
             return (0 if fixed is not None else room), sent, received  # elements, not rows
         blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
         segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
         return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits, grad.numel()))
-
-    def add_rows(self, grad, name, rows, value_dtype, capacity):
-        """Wire rows, at most `capacity` of them (elements and markers)."""
-        return self._add(
-            grad, name, rows.shape[0], rows, _aligned(capacity * rows.shape[1]), ("rows", value_dtype, rows.shape[1])
-        )
 
     def _add(self, grad, name, count, blob, capacity_bytes, reader):
         """`blob`: the bytes to send, or a Send whose rows are written into the chunk at start."""
@@ -232,77 +221,3 @@ def _segment_bytes(reader, count):
     """The bytes a rank's 1-/2-bit segment of `count` elements takes, of its padded region."""
     bits, numel = reader[1:]
     return wire.Segment(count, wire.scale_count(bits), bits, numel).size
-
-
-class Scattered(BucketPart):
-    """The spardl route (exchange.spardl_split/spardl_reduce, as under Horovod): each block's
-    rows to its owner in one all_to_all, padded to per_rank and the block's markers; the second
-    phase (advance: the owned sums, all-gathered as Gathered rows) starts at the next hook."""
-
-    def __init__(self, ways, counters):
-        self.ways, self.counters, self.rank = ways, counters, ways.rank()
-        self.items = []  # (wire, layout, value dtype, rows for each block's owner)
-        self.second = Gathered(ways, counters)
-        self.done = None  # the second phase's arrival, on the rows' device
-
-    def add(self, wire_, packed):
-        layout = SparDLLayout.of(wire_.shape.numel(), wire_.k, wire_.ranks)
-        rows = spardl_split(packed, layout, self.rank, wire_.residual)
-        self.items.append((wire_, layout, packed.values.dtype, rows))
-        width = rows[0].shape[1]
-        sent = sum(elements(r, *layout.owned(b)) for b, r in enumerate(rows) if b != self.rank)
-        padded = (wire_.ranks - 1) * (COUNT + _share_bytes(layout, width))
-        return sent, padded, padded
-
-    def _chunk_bytes(self):
-        return sum(COUNT + _share_bytes(layout, rows[0].shape[1]) for _, layout, _, rows in self.items)
-
-    def start(self):
-        """Every owner's chunk: each parameter's count, then its rows padded to layout.most_rows()."""
-        if not self.items:
-            return []
-        import torch.distributed as dist
-
-        ranks, chunk, device = self.ways.size(), self._chunk_bytes(), self.items[0][3][0].device
-        sending = torch.zeros(ranks, chunk, dtype=torch.uint8, device=device)
-        for owner in range(ranks):
-            mine = owner == self.rank  # its own rows stay here: a chunk of zeros
-            counts = [0 if mine else rows[owner].shape[0] for *_, rows in self.items]
-            sending[owner, : COUNT * len(self.items)] = _header(counts, device)
-            offset = COUNT * len(self.items)
-            for _, layout, _, rows in self.items:
-                if not mine:
-                    sending[owner, offset : offset + rows[owner].numel()] = _bytes(rows[owner])
-                offset += _share_bytes(layout, rows[owner].shape[1])
-        self.received, self.done = torch.empty_like(sending), future_on(device)
-        self.work = dist.all_to_all_single(self.received, sending, group=self.ways.group, async_op=True)
-        self.ways.scattered.append(self)
-        return [self.done]
-
-    def advance(self):
-        """Waits for the scatter, reduces each owned block (in rank order) and starts the gather."""
-        self.work.wait()
-        rank, params = self.rank, len(self.items)
-        counts = _counts(self.received, params)
-        offset = COUNT * params
-        for i, (wire_, layout, value_dtype, rows) in enumerate(self.items):
-            width = rows[0].shape[1]
-            parts = [
-                rows[rank] if s == rank else self.received[s, offset : offset + counts[s][i] * width].view(-1, width)
-                for s in range(wire_.ranks)
-            ]
-            offset += _share_bytes(layout, width)
-            reduced = spardl_reduce(parts, layout, rank, value_dtype, wire_)
-            sent = self.second.add_rows(wire_.out, wire_.name, reduced, value_dtype, layout.most_rows())
-            self.counters.account_later(wire_.name, sent[1], 0)
-        self.second.start()[0].add_done_callback(self._arrived)
-
-    def _arrived(self, gathered):
-        try:
-            gathered.wait()  # (on a GPU: this stream waits for the gather, then records for `done`)
-            self.done.set_result(gathered.value())
-        except Exception as error:  # the gather's error, raised by the bucket's finish
-            self.done.set_exception(error)
-
-    def finish(self):
-        self.second.finish()

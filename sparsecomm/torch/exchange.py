@@ -223,22 +223,26 @@ def ints_on(values, dtype, device):
     return tensor
 
 
-def spardl_split(packed, layout, rank, residual):
-    """Phase 1 on one rank: its selection's wire rows for each block's owner, in block order.
-    Its own block's rows are kept whole; of every other block, the per_rank largest (the rest to
-    `residual`: global residual collection)."""
-    value_dtype, index = packed.values.dtype, packed.index
-    values = packed.values.float()  # selection and residual in float32; exact back in value_dtype
+def spardl_blocks(values, index, layout, rank, residual):
+    """Phase 1's choice on one rank, block by block: (owner, values, index) of its selection
+    (index int32 ascending). Its own block's are kept whole, as packed; of every other block, the
+    per_rank largest, in the value dtype (the rest to `residual`: global residual collection)."""
+    value_dtype, flat = values.dtype, values.float()  # selection and residual in float32; exact back
     bounds = torch.searchsorted(index, ints_on(layout.bounds(), torch.int32, index.device)).tolist()
-    rows = []
     for b in range(layout.ranks):
-        v, i = values[bounds[b] : bounds[b + 1]], index[bounds[b] : bounds[b + 1]]
+        cut = slice(bounds[b], bounds[b + 1])
         if b == rank:
-            rows.append(ops.wire_rows(packed.values[bounds[b] : bounds[b + 1]], i, *layout.owned(b)))
+            yield b, values[cut], index[cut]
             continue
-        v, i = _keep_largest(v, i, layout.per_rank, residual)
-        rows.append(ops.wire_rows(to_value_dtype(v, value_dtype), i, *layout.owned(b)))
-    return rows
+        v, i = _keep_largest(flat[cut], index[cut], layout.per_rank, residual)
+        yield b, to_value_dtype(v, value_dtype), i
+
+
+def spardl_split(packed, layout, rank, residual):
+    """Phase 1 on one rank: its selection's wire rows for each block's owner, in block order
+    (spardl_blocks' choice)."""
+    blocks = spardl_blocks(packed.values, packed.index, layout, rank, residual)
+    return [ops.wire_rows(v, i, *layout.owned(b)) for b, v, i in blocks]
 
 
 def elements(rows, start, length):
@@ -246,17 +250,23 @@ def elements(rows, start, length):
     return rows.shape[0] - wire_format.buckets(start, length)
 
 
+def owner_keeps(sums, owned, low, per_rank, value_dtype, residual):
+    """Phase 2's choice on the owner of the block from `low`: of its float32 sums at the indices
+    that arrived (`owned`: absolute, int32, unique, ascending), the per_rank largest, rounded to
+    the value dtype, in index order (the rest and the rounding to the residual): (values, owned)."""
+    reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
+    reduced, owned = _keep_largest(reduced, owned, per_rank, residual)
+    return _rounded(reduced, owned, value_dtype, residual), owned
+
+
 def spardl_reduce(parts, layout, rank, value_dtype, wire):
     """Phase 2 on the owner: the wire rows every rank sent for its block (in rank order) summed
-    in float32, the per_rank largest sums kept (the rest to wire.residual) and rounded to the
-    value dtype: the rows to all-gather."""
+    in float32 and owner_keeps' choice of them: the rows to all-gather."""
     values, index = ops.wire_columns(torch.cat(parts), value_dtype)
     low, size = layout.owned(rank)
     sums = ops.sparse_unpack(values.float(), index - low, size, out=_owned_scratch(wire, size))  # in rank order
-    owned = torch.unique(index)
-    reduced = sums[(owned - low).long()] if owned.numel() else sums[:0]
-    reduced, owned = _keep_largest(reduced, owned, layout.per_rank, wire.residual)
-    return ops.wire_rows(_rounded(reduced, owned, value_dtype, wire.residual), owned, low, size)
+    kept, owned = owner_keeps(sums, torch.unique(index), low, layout.per_rank, value_dtype, wire.residual)
+    return ops.wire_rows(kept, owned, low, size)
 
 
 class SparDL(Exchange):

@@ -25,6 +25,12 @@ def _checked_out(op, out, numel):
     return out
 
 
+def reads_wait(device):
+    """Whether reading a tensor's data on the host waits for a device: on CUDA, and under the
+    emulated CUDA binding (the tests' stand-in for a GPU, whose tensors are on the CPU)."""
+    return device.type == "cuda" or _ops is not torch.ops.sparsecomm
+
+
 def random_block_start(seed: int, tensor_id: int, step: int, numel: int) -> int:
     """Start of the cyclic random block of a tensor of ``numel`` elements at ``step``.
 

@@ -126,29 +126,33 @@ def test_a_bucket_of_rows_is_unpacked_without_reading_its_counts_on_the_host(mon
     assert any(s["exchange"] == "allgather" for s in compression.stats()["tensors"].values())
 
 
-ON_THE_ALLGATHER_ROUTE = {
+ON_GATHERED_ROUTES = {
     "Threshold": lambda m: sct.Threshold(ratio=0.05, exchange="allgather", named_parameters=m, **common.EVERY),
     "DGC": lambda m: sct.DGC(ratio=0.05, exchange="allgather", named_parameters=m, **common.EVERY),
     "TopK": lambda m: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=m, **common.EVERY),
     "Threshold_2bit": lambda m: sct.Threshold(
         ratio=0.05, quantize="2bit", exchange="allgather", named_parameters=m, **common.EVERY
     ),
+    "Threshold_spardl": lambda m: sct.Threshold(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
+    "DGC_spardl": lambda m: sct.DGC(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
+    "TopK_spardl": lambda m: sct.TopK(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
 }
 READ = {"Threshold_2bit": [("tolist", "torch/ddp_parts.py:_counts")]}  # (docs/kernels.md), the recorder's control
 
 
 @pytest.mark.usefixtures("group")
 @pytest.mark.parametrize("host_binding", ["cuda-emulated"], indirect=True)
-@pytest.mark.parametrize("method", list(ON_THE_ALLGATHER_ROUTE))
-def test_a_step_on_the_allgather_route_reads_nothing_on_the_host(host_binding, method):
+@pytest.mark.parametrize("method", list(ON_GATHERED_ROUTES))
+def test_a_step_on_the_allgather_and_spardl_routes_reads_nothing_on_the_host(host_binding, method):
     """DDP's backward with the hook on the emulated CUDA binding, after the first step (which
     checks the settings): no read of tensor data by sparsecomm's Python, in any thread, and none
-    by the binding (its packs at fixed capacity, their counts kept on the device). 2-bit segments
-    still read their counts (the recorder's control). stats() reads the counts."""
+    by the binding (its packs at fixed capacity, their counts kept on the device; SparDL's blocks
+    chosen there too). 2-bit segments still read their counts (the recorder's control). stats()
+    reads the counts."""
     from host_reads import patched_reads
 
     model = common.torch_model()
-    compression = ON_THE_ALLGATHER_ROUTE[method](model.named_parameters())
+    compression = ON_GATHERED_ROUTES[method](model.named_parameters())
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     ddp.register_comm_hook(compression, sct.ddp_hook)
     binding_reads, (x, y) = torch.ops.sparsecomm_cuda_emulation.host_reads, common.digits()
@@ -162,7 +166,7 @@ def test_a_step_on_the_allgather_route_reads_nothing_on_the_host(host_binding, m
             assert reads == READ.get(method, [])
             assert (binding_reads() - before > 0) == (method in READ)
     tensors = compression.stats()["tensors"]
-    assert {s["exchange"] for s in tensors.values()} == {"allgather"}
-    if method == "TopK":  # exactly k a step, counted on the device
+    assert {s["exchange"] for s in tensors.values()} == {"spardl" if "spardl" in method else "allgather"}
+    if method == "TopK":  # exactly k a step, counted on the device (on one rank SparDL sends nothing)
         for name, param in model.named_parameters():
             assert tensors[name]["sent_elements"] == 3 * selected_count(0.05, param.numel())

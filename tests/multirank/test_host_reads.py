@@ -21,10 +21,13 @@ BUDGET = {  # per tensor and step: {(read, "file:function"): count}
     "Threshold_2bit": {},  # each rank's count: read inside sparse_unpack_segments (C++)
     "DGC_allgather_clipped": {},  # the clipping factor stays on the device
     "DGC_spardl": {
-        ("tolist", "torch/exchange.py:spardl_split"): 1,  # the blocks' bounds, the alltoall's splits
+        ("tolist", "torch/exchange.py:spardl_blocks"): 1,  # the blocks' bounds, the alltoall's splits
         ("tolist", "torch/exchange.py:spardl_reduced"): 1,
     },  # what arrived from each rank
-    "TopK_spardl": {("tolist", "torch/exchange.py:spardl_split"): 1, ("tolist", "torch/exchange.py:spardl_reduced"): 1},
+    "TopK_spardl": {
+        ("tolist", "torch/exchange.py:spardl_blocks"): 1,
+        ("tolist", "torch/exchange.py:spardl_reduced"): 1,
+    },
 }
 
 
