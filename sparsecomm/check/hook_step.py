@@ -24,6 +24,7 @@ METHODS = {
     "DGC 0.1%": ("DGC", dict(ratio=0.001, momentum=0.9, exchange="allgather")),
     "Threshold 1%": ("Threshold", dict(ratio=0.01, exchange="allgather")),
     "TopK 1%": ("TopK", dict(ratio=0.01, exchange="allgather")),
+    "DGC 0.1% spardl": ("DGC", dict(ratio=0.001, momentum=0.9, exchange="spardl")),
     "RandomBlock 1%": ("RandomBlock", dict(ratio=0.01)),
 }
 WARMUP = 3
