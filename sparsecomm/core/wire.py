@@ -53,16 +53,21 @@ def buckets(start, length):
     return 0 if length <= 0 else (start + length - 1) // BUCKET - start // BUCKET + 1
 
 
+def row_bytes(value_bytes):
+    """A wire row's bytes: its index, then its value."""
+    return INDEX_BYTES + value_bytes
+
+
 def rows_bytes(count, value_bytes, start, length):
     """Bytes of a send of `count` elements covering [start, start + length)."""
-    return (count + buckets(start, length)) * (INDEX_BYTES + value_bytes)
+    return (count + buckets(start, length)) * row_bytes(value_bytes)
 
 
 def send_bytes(count, numel, value_bytes):
     """Bytes of a send of `count` elements of a range of `numel`, for the cost model: wire rows,
     or for 1-/2-bit codes (a value under a byte) a segment's offsets, counts and codes."""
     if value_bytes < 1:
-        return count * (INDEX_BYTES + value_bytes) + INDEX_BYTES * buckets(0, numel)
+        return count * row_bytes(value_bytes) + INDEX_BYTES * buckets(0, numel)
     return rows_bytes(count, value_bytes, 0, numel)
 
 

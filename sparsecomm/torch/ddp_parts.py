@@ -137,7 +137,7 @@ class Gathered(BucketPart):
             values, index, count = fixed if fixed is not None else (packed.values, packed.index, None)
             numel, value_bytes, room = grad.numel(), values.element_size(), index.numel()
             send = Send(values, index, numel, wire.rows_bytes(room, value_bytes, 0, numel), count)
-            reader = ("rows", values.dtype, wire.INDEX_BYTES + value_bytes)
+            reader = ("rows", values.dtype, wire.row_bytes(value_bytes))
             capacity_bytes = aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
             rows = 0 if fixed is not None else room + wire.buckets(0, numel)  # (fixed: written by the op)
             _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)

@@ -25,7 +25,7 @@ from .exchange import ints_on
 
 def _width(value_dtype):
     """The bytes of a wire row with values of `value_dtype`."""
-    return wire.INDEX_BYTES + torch.empty(0, dtype=value_dtype).element_size()
+    return wire.row_bytes(torch.finfo(value_dtype).bits // 8)  # (no tensor made: this runs per parameter)
 
 
 def _share_bytes(layout, width):

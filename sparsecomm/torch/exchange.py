@@ -14,6 +14,7 @@ So `finish` scales the sum of all ranks' contributions by output / M, the optimi
 semantics, without being told the op.
 """
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -223,12 +224,23 @@ def ints_on(values, dtype, device):
     return tensor
 
 
+def layout_ints_on(values, dtype, device):
+    """ints_on for ints a bucket's layout fixes (sizes, offsets): made once and shared by every
+    step, so that a step copies none of them to the device. Never write to the result."""
+    return _layout_ints_on(tuple(values), dtype, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _layout_ints_on(values, dtype, device):
+    return ints_on(values, dtype, device)
+
+
 def spardl_blocks(values, index, layout, rank, residual):
     """Phase 1's choice on one rank, block by block: (owner, values, index) of its selection
     (index int32 ascending). Its own block's are kept whole, as packed; of every other block, the
     per_rank largest, in the value dtype (the rest to `residual`: global residual collection)."""
     value_dtype, flat = values.dtype, values.float()  # selection and residual in float32; exact back
-    bounds = torch.searchsorted(index, ints_on(layout.bounds(), torch.int32, index.device)).tolist()
+    bounds = torch.searchsorted(index, layout_ints_on(layout.bounds(), torch.int32, index.device)).tolist()
     for b in range(layout.ranks):
         cut = slice(bounds[b], bounds[b + 1])
         if b == rank:

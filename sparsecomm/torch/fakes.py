@@ -136,7 +136,7 @@ def _sparse_unpack_segments_into(gathered, bits, ranks, scale, divisor, out):
 @_fake("wire_rows")
 def _wire_rows(values, index, start, length):
     rows = index.numel() + wire.buckets(start, length)
-    return values.new_empty((rows, wire.INDEX_BYTES + values.element_size()), dtype=torch.uint8)
+    return values.new_empty((rows, wire.row_bytes(values.element_size())), dtype=torch.uint8)
 
 
 @_fake("wire_rows_into")

@@ -20,7 +20,7 @@ import torch
 
 from ..core import wire as wire_format
 from . import ops
-from .exchange import ints_on, owner_keeps, spardl_blocks, to_value_dtype
+from .exchange import layout_ints_on, owner_keeps, spardl_blocks, to_value_dtype
 
 _LOW = 0x7FFFFFFF  # a non-negative float32's bits are at most this (+inf, NaN's stand-in, is less)
 
@@ -80,7 +80,7 @@ def compacted(values, index, chosen, group, rooms, room_at):
     counts.scatter_add_(0, torch.where(chosen, group, groups), chosen.long())
     before = torch.cumsum(counts, 0) - counts
     total = sum(rooms)
-    slot = torch.cumsum(chosen, 0) - 1 - before[group] + ints_on([*room_at, total], torch.int64, device)[group]
+    slot = torch.cumsum(chosen, 0) - 1 - before[group] + layout_ints_on([*room_at, total], torch.int64, device)[group]
     slot = torch.where(chosen, slot, total)
     out_values = values.new_empty(total + 1).index_copy_(0, slot, values)
     return out_values, index.new_zeros(total + 1).index_copy_(0, slot, index), counts[:groups]
@@ -102,22 +102,22 @@ def _split_on_device(selections, layouts, rank, residuals):
     """split, for every tensor at once by ops of the whole selection: no count is read."""
     device, ranks, n = selections[0][1].device, layouts[0].ranks, len(selections)
     rooms = [index.numel() for _, index, _ in selections]
-    room_counts = ints_on(rooms, torch.int64, device)
+    room_at, room_counts = offsets_of(rooms), layout_ints_on(rooms, torch.int64, device)
     counts = torch.cat([c if c is not None else room_counts[t : t + 1] for t, (_, _, c) in enumerate(selections)])
     item = torch.repeat_interleave(torch.arange(n, device=device), room_counts, output_size=sum(rooms))
     valid = (
-        torch.arange(item.numel(), device=device) - ints_on(offsets_of(rooms), torch.int64, device)[item] < counts[item]
+        torch.arange(item.numel(), device=device) - layout_ints_on(room_at, torch.int64, device)[item] < counts[item]
     )
     index = torch.where(valid, torch.cat([index for _, index, _ in selections]), 0)
-    block = ints_on([layout.block for layout in layouts], torch.int64, device)[item]
+    block = layout_ints_on([layout.block for layout in layouts], torch.int64, device)[item]
     owner = torch.where(valid, index // block, ranks)
     relative = (index - owner * block).int()
     raw = torch.cat([values for values, _, _ in selections])
     flat, group = raw.float(), item * (ranks + 1) + owner
     own = valid & (owner == rank)
-    per_rank = ints_on([layout.per_rank for layout in layouts], torch.int64, device)[item]
+    per_rank = layout_ints_on([layout.per_rank for layout in layouts], torch.int64, device)[item]
     sent = valid & ~own & (places(group, magnitudes(flat)) < per_rank)
-    spans = [(at, at + room) for at, room in zip(offsets_of(rooms), rooms)]
+    spans = [(at, at + room) for at, room in zip(room_at, rooms)]
     _add_to_residuals(residuals, index, torch.where(valid & ~own & ~sent, flat, -0.0), spans)
     rows = [layout.per_rank if b < ranks else 0 for layout in layouts for b in range(ranks + 1)]
     wired = to_value_dtype(flat, raw.dtype)  # (a NaN as the kernels write it)
@@ -137,7 +137,7 @@ def arrived_index(arrived, sizes):
     the tensor's block size (sizes[t])."""
     rows, device, n = arrived.rows, arrived.rows.device, len(arrived.room)
     row_item = torch.repeat_interleave(
-        torch.arange(n, device=device), ints_on(arrived.room, torch.int64, device), output_size=rows.shape[1]
+        torch.arange(n, device=device), layout_ints_on(arrived.room, torch.int64, device), output_size=rows.shape[1]
     )
     halves = rows.view(torch.int16).int() & 0xFFFF  # (uint16 offset, then a marker's bucket number)
     offset, number = halves[..., 0], halves[..., 1]
@@ -145,8 +145,8 @@ def arrived_index(arrived, sizes):
     position = torch.arange(rows.shape[1], device=device)
     last_marker = torch.cummax(torch.where(marker, position, 0), dim=1).values
     index = torch.gather(number, 1, last_marker).long() * wire_format.BUCKET + offset
-    inside = position - ints_on(arrived.row_at, torch.int64, device)[row_item] < arrived.counts[:, row_item]
-    index = torch.where(inside & ~marker, index, ints_on(sizes, torch.int64, device)[row_item])
+    inside = position - layout_ints_on(arrived.row_at, torch.int64, device)[row_item] < arrived.counts[:, row_item]
+    index = torch.where(inside & ~marker, index, layout_ints_on(sizes, torch.int64, device)[row_item])
     return index.t().reshape(-1), row_item.repeat_interleave(rows.shape[0])
 
 
@@ -159,13 +159,13 @@ def _reduce_on_device(sums, sums_at, rows, layouts, rank, value_dtype, residuals
     arrived, item = arrived_index(rows, sizes)
     device = arrived.device
     spans = [(at * senders, (at + room) * senders) for at, room in zip(rows.row_at, rows.room)]
-    real = arrived < ints_on(sizes, torch.int64, device)[item]
+    real = arrived < layout_ints_on(sizes, torch.int64, device)[item]
     key, order = torch.sort(torch.where(real, item << 32 | arrived, n << 32))
     first = (key != torch.cat([key.new_full((1,), -1), key[:-1]])) & (key < n << 32)
     group, at = key >> 32, key & 0xFFFFFFFF
-    address = ints_on([*sums_at, 0], torch.int64, device)[group] + at
+    address = layout_ints_on([*sums_at, 0], torch.int64, device)[group] + at
     reduced = sums[address.clamp(max=max(sums.numel() - 1, 0))] if sums.numel() else at.float()
-    per_rank = ints_on([layout.per_rank for layout in layouts] + [0], torch.int64, device)[group]
+    per_rank = layout_ints_on([layout.per_rank for layout in layouts] + [0], torch.int64, device)[group]
     kept = first & (places(group, torch.where(first, magnitudes(reduced), -1.0)) < per_rank)
     rounded = to_value_dtype(reduced, value_dtype)
     added = torch.where(first & ~kept, reduced, -0.0)
@@ -173,7 +173,7 @@ def _reduce_on_device(sums, sums_at, rows, layouts, rank, value_dtype, residuals
         error = reduced - rounded.float()
         added = torch.where(kept, torch.where(error.isfinite(), error, 0.0), added)
     unsorted = torch.empty_like(added).index_copy_(0, order, added)
-    lows = ints_on([layout.owned(rank)[0] for layout in layouts], torch.int64, device)
+    lows = layout_ints_on([layout.owned(rank)[0] for layout in layouts], torch.int64, device)
     _add_to_residuals(residuals, torch.where(real, arrived, 0) + lows[item], unsorted, spans)
     rooms = [min(size, layout.per_rank) for size, layout in zip(sizes, layouts)]
     values, index, counts = compacted(rounded, at.int(), kept, group, rooms + [0], offsets_of(rooms) + [sum(rooms)])

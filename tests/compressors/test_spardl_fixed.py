@@ -6,10 +6,11 @@ float16, with ties, NaN, +-inf and -0. One process, no collective."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sparsecomm.core.exchange import Packed
 from sparsecomm.core.plan import SparDLLayout
-from sparsecomm.torch import ops, spardl_fixed
+from sparsecomm.torch import exchange, ops, spardl_fixed
 from sparsecomm.torch.exchange import Wire, spardl_reduce, spardl_split
 
 # (numel, k, selected) of a bucket's tensors: several buckets a block, blocks smaller than
@@ -147,3 +148,40 @@ def test_the_arrived_rows_read_back_to_their_indices_past_markers_and_counts():
             column = mine[:, sender]
             assert torch.equal(column[column < size], expected), (t, sender)
         assert int((mine == size).sum()) == mine.numel() - sum(e.numel() for _, e in want[t])
+
+
+class HostMade(TorchDispatchMode):
+    """Counts the tensors made from host data (torch.tensor's op): on a GPU, each is a copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.made = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.made += func is torch.ops.aten.lift_fresh.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_device_way_makes_a_layouts_tables_once():
+    """A second step of the same layouts makes no tensor from host ints: their sizes and offsets
+    come from the cache (exchange.layout_ints_on), so a GPU's step copies none to the device."""
+    ranks, rank, dtype, gen = 3, 1, torch.float32, torch.Generator().manual_seed(7)
+    layouts = [SparDLLayout.of(numel, k, ranks) for numel, k, _ in TENSORS]
+    chosen = [(*selection(gen, n, s, dtype, "random"), None) for n, _, s in TENSORS]
+    parts_of = [
+        [spardl_split(Packed(*selection(gen, n, s, dtype, "random")), m, r, None)[rank] for r in range(ranks)]
+        for (n, _, s), m in zip(TENSORS, layouts)
+    ]
+    arrived = arrived_rows(gen, parts_of, layouts, rank, dtype)
+    sizes = [m.owned(rank)[1] for m in layouts]
+    sums, residuals = torch.randn(sum(sizes), generator=gen), [torch.zeros(n) for n, _, _ in TENSORS]
+    made = []
+    exchange._layout_ints_on.cache_clear()
+    for _ in range(2):
+        with HostMade() as counter:
+            spardl_fixed._split_on_device(chosen, layouts, rank, residuals)
+            spardl_fixed._reduce_on_device(
+                sums, spardl_fixed.offsets_of(sizes), arrived, layouts, rank, dtype, residuals
+            )
+        made.append(counter.made)
+    assert made[0] > 0 and made[1] == 0, made
