@@ -23,6 +23,7 @@ METHODS = {  # name -> (class, settings); None: DDP's own allreduce
     "DGC 0.1%": ("DGC", dict(ratio=0.001, momentum=0.9, exchange="allgather")),
     "DGC 0.1%, clip_norm": ("DGC", dict(ratio=0.001, momentum=0.9, clip_norm=1.0, exchange="allgather")),
     "TopK 1%": ("TopK", dict(ratio=0.01, exchange="allgather")),
+    "RTopK 1% of 2%": ("RTopK", dict(ratio=0.01, r=0.02, exchange="allgather")),
     "DGC 0.1%, spardl": ("DGC", dict(ratio=0.001, momentum=0.9, exchange="spardl")),
     "TopK 1%, spardl": ("TopK", dict(ratio=0.01, exchange="spardl")),
 }

@@ -250,16 +250,11 @@ class RTopK(_PerRank):
 
     def pack(self, tensor, state, density):
         numel, method = tensor.numel(), self.method
-        return Packed(
-            *ops.pack_rtopk(
-                tensor,
-                self._residual_of(state, tensor),
-                selected_count(method.r, numel),
-                selected_count(density, numel),
-                seed=method.seed_of(self.collectives.rank()),
-                **stream_of(state),
-            )
-        )
+        args = (self._residual_of(state, tensor), selected_count(method.r, numel), selected_count(density, numel))
+        stream = dict(seed=method.seed_of(self.collectives.rank()), **stream_of(state))
+        if ops.reads_wait(tensor.device):  # (no read: the top r at fixed capacity, with the bucket's packs)
+            return self.packs.rtopk(tensor, *args, **stream)
+        return Packed(*ops.pack_rtopk(tensor, *args, **stream))
 
 
 def _sampled(compressor, tensor, state, density, **feedback):

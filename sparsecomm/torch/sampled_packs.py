@@ -3,7 +3,8 @@ one op for many tensors (``sparsecomm::pack_sampled_many``): a DDP bucket's pack
 Python into C++ once, not four ops per tensor. The op composes each tensor's pack exactly as
 sparsecomm.core.packing does, through the same op bodies: the same bits as ops.pack_sampled and
 ops.pack_topk, tensor by tensor. DGC's dense payloads (ops.momentum_step) and clipping factors
-queue the same way, into one ``momentum_step_many`` and one ``clip_factors_into``."""
+queue the same way, into one ``momentum_step_many`` and one ``clip_factors_into``; rTop-k's top r
+(where a read waits) into one ``pack_sampled_fixed``."""
 
 import contextlib
 import functools
@@ -85,6 +86,27 @@ class Queued:
     stream: tuple  # (tensor_id, step)
 
 
+@dataclass
+class Draw:
+    """rTop-k's draw of k among a top pack's first `top` entries (their number known), and its send."""
+
+    packed: Packed
+    top_pack: Packed
+    top: int
+    k: int
+    residual: torch.Tensor | None
+    dtype: torch.dtype
+    stream: tuple  # (seed, tensor_id, step)
+
+    def run(self):
+        values, index, _ = self.top_pack.fixed
+        acc, index = values[: self.top], index[: self.top]
+        seed, tensor_id, step = self.stream
+        pick = ops.random_k_indices(acc, self.k, seed=seed, tensor_id=tensor_id, step=step)
+        self.packed.index = index[pick]
+        self.packed.values = ops.send_selected(acc[pick].float(), self.packed.index, self.residual, self.dtype)
+
+
 class SampledPacks:
     """A compressor's sampled packs and dense momentum steps. Each returns its Packed at once,
     filled by the op at once; inside ``deferred()`` they queue, and one op per Shared (per
@@ -94,6 +116,8 @@ class SampledPacks:
         self._queue = {}  # Shared -> [Queued]
         self._steps = {}  # (momentum_factor, nesterov) -> [(Packed, grad, momentum, grad_scale)]
         self._clips = []  # [(grad, limit, factor)]: run first, the packs and steps read the factors
+        self._tops = []  # [Queued]: rTop-k's top r of acc, at fixed capacity
+        self._draws = []  # [Draw]: rTop-k's draws among them, and the sends
         self._deferring = False
         self._fixed = False  # the deferred packs at fixed capacity (QueuedPack.fixed)
 
@@ -109,6 +133,21 @@ class SampledPacks:
         """ops.pack_topk's pack (seed 0, no momentum), as a Packed of values and index."""
         plan = _top_plan(grad.numel(), k, sample_ratio)
         return self._add(Shared(), grad, residual, None, None, plan, (tensor_id, step))
+
+    def rtopk(self, grad, residual, r, k, *, seed, tensor_id, step, sample_ratio=0.01):
+        """ops.pack_rtopk's pack with no host read (its top_candidates reads its candidates'
+        count): the state pass now; the exact top max(r, k) of acc at fixed capacity, whose count
+        is known (the top plan keeps exactly that many); the k drawn among them and their send."""
+        if residual is not None:
+            ops.accumulate(grad, residual)
+        plan = _top_plan(grad.numel(), max(r, k), sample_ratio)
+        top, packed = QueuedPack(self), QueuedPack(self)
+        # (seed 0: the top is exact whatever the sample that aims its threshold)
+        self._tops.append(
+            Queued(top, residual if residual is not None else grad, None, None, None, plan, (tensor_id, step))
+        )
+        self._draws.append(Draw(packed, top, plan.k, min(k, plan.k), residual, grad.dtype, (seed, tensor_id, step)))
+        return self._queued(packed)
 
     def momentum_step(self, grad, momentum, *, momentum_factor, grad_scale=None, nesterov=False):
         """ops.momentum_step's dense payload (DGC's dense route), as a Packed of `grad` (contiguous),
@@ -149,6 +188,12 @@ class SampledPacks:
             ops.clip_factors_into(list(grads), list(limits), list(factors))
         for shared, packs in queue.items():
             _run(shared, packs, self._fixed)
+        tops, self._tops = self._tops, []
+        draws, self._draws = self._draws, []
+        if tops:
+            _run(Shared(), tops, True)
+        for draw in draws:
+            draw.run()
         for (momentum_factor, nesterov), queued in steps.items():
             packeds, grads, momenta, scales = zip(*queued)
             ops.momentum_step_many(

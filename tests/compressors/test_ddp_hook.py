@@ -133,9 +133,11 @@ ON_GATHERED_ROUTES = {
     "Threshold_2bit": lambda m: sct.Threshold(
         ratio=0.05, quantize="2bit", exchange="allgather", named_parameters=m, **common.EVERY
     ),
+    "RTopK": lambda m: sct.RTopK(ratio=0.05, r=0.2, exchange="allgather", named_parameters=m, **common.EVERY),
     "Threshold_spardl": lambda m: sct.Threshold(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
     "DGC_spardl": lambda m: sct.DGC(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
     "TopK_spardl": lambda m: sct.TopK(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
+    "RTopK_spardl": lambda m: sct.RTopK(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
 }
 READ = {"Threshold_2bit": [("tolist", "torch/ddp_parts.py:_counts")]}  # (docs/kernels.md), the recorder's control
 
@@ -146,9 +148,9 @@ READ = {"Threshold_2bit": [("tolist", "torch/ddp_parts.py:_counts")]}  # (docs/k
 def test_a_step_on_the_allgather_and_spardl_routes_reads_nothing_on_the_host(host_binding, method):
     """DDP's backward with the hook on the emulated CUDA binding, after the first step (which
     checks the settings): no read of tensor data by sparsecomm's Python, in any thread, and none
-    by the binding (its packs at fixed capacity, their counts kept on the device; SparDL's blocks
-    chosen there too). 2-bit segments still read their counts (the recorder's control). stats()
-    reads the counts."""
+    by the binding (its packs at fixed capacity, their counts kept on the device, rTop-k's top r
+    too; SparDL's blocks chosen there). 2-bit segments still read their counts (the recorder's
+    control). stats() reads the counts."""
     from host_reads import patched_reads
 
     model = common.torch_model()

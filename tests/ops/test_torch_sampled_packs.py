@@ -514,3 +514,47 @@ def test_a_bucket_of_clipping_factors_is_two_launches(device):
             for _ in range(tensors):
                 packs.clip_factor(torch.randn(512), 1.0)
         assert launched() - before == 2
+
+
+# --- rTop-k where a read waits: the state pass, then the exact top r at fixed capacity ---
+
+RTOPK = {  # numel -> (r, k) of each step: r above k, r equal to k, r and k past every element
+    n: [(max(1, n // 10), max(1, n // 100)), (max(1, n // 50), max(1, n // 50)), (n + 3, n + 1)] for n in NUMELS[:-1]
+}
+
+
+@pytest.mark.parametrize("deferred", [True, False], ids=["bucket", "tensor_at_a_time"])
+@pytest.mark.parametrize("error_feedback", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rtopk_packs_equal_pack_rtopk(device, dtype, error_feedback, deferred):
+    """SampledPacks.rtopk (a bucket of every size at once, or a tensor at a time): values, indices
+    and residuals bit for bit as ops.pack_rtopk's, over three steps that carry the residual."""
+    gen, packs, sizes = torch.Generator().manual_seed(5), SampledPacks(), list(RTOPK)
+    ours, theirs = ([torch.zeros(n, device=device) for n in sizes] for _ in range(2))
+    if not error_feedback:
+        ours = theirs = [None] * len(sizes)
+    for step in range(3):
+        gs = [torch.randn(n, generator=gen).to(dtype).to(device) for n in sizes]
+        streams = [dict(seed=2**63 + 7, tensor_id=n, step=step) for n in sizes]
+        with packs.deferred() if deferred else contextlib.nullcontext():
+            got = [packs.rtopk(g, o, *RTOPK[n][step], **s) for g, o, n, s in zip(gs, ours, sizes, streams)]
+        for g, t, n, s, packed in zip(gs, theirs, sizes, streams, got):
+            values, index = ops.pack_rtopk(g, t, *RTOPK[n][step], **s)
+            assert_same(packed.values, values)
+            assert_same(packed.index, index)
+        assert_same_states(ours, theirs)
+
+
+@ON_THE_EMULATION
+def test_a_bucket_of_rtopk_packs_reads_nothing_on_the_host(device):
+    """SampledPacks.rtopk reads nothing back; ops.pack_rtopk (its top's count) is the control."""
+    reads, packs = torch.ops.sparsecomm_cuda_emulation.host_reads, SampledPacks()
+    gs = [torch.randn(4096, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    stream = dict(seed=1, tensor_id=0, step=0)
+    before = reads()
+    with packs.deferred():
+        for g in gs:
+            packs.rtopk(g, torch.zeros(4096), 400, 40, **stream)
+    between = reads()
+    ops.pack_rtopk(gs[0], torch.zeros(4096), 400, 40, **stream)
+    assert (between - before, reads() - between > 0) == (0, True)
