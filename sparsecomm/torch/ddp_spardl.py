@@ -72,13 +72,15 @@ class Scattered(BucketPart):
         self.offsets, chunk = _chunk(self.shares)
         sending = torch.zeros(ranks, chunk, dtype=torch.uint8, device=self.split.counts.device)
         others = [b for b in range(ranks) if b != self.rank]
+        rooms = [layout.per_rank for layout in self.layouts for _ in range(ranks)]  # (each owner's, in turn)
+        values, index = (spardl_fixed.parts_of(t, rooms) for t in (self.split.send_values, self.split.send_index))
         sends = []  # (values, index, place) of every parameter's send to every other owner
-        for p, (layout, at) in enumerate(zip(self.layouts, self.split.send_at)):
+        for p, layout in enumerate(self.layouts):
             for owner in others:
                 size = layout.owned(owner)[1]
-                cut = slice(at + owner * layout.per_rank, at + owner * layout.per_rank + min(layout.per_rank, size))
                 place = (owner * chunk + COUNT * p, owner * chunk + self.offsets[p], size)
-                sends.append((self.split.send_values[cut], self.split.send_index[cut], place))
+                v, i = values[p * ranks + owner], index[p * ranks + owner]
+                sends.append((v, i, place) if size >= layout.per_rank else (v[:size], i[:size], place))
         _write_rows(sends, self.split.counts[:, others].reshape(-1), sending)
         self.counters.account_on_device([wire_.name for wire_ in self.wires], self.split.counts.sum(1))
         self.received, self.done = torch.empty_like(sending), future_on(sending.device)
@@ -92,14 +94,14 @@ class Scattered(BucketPart):
         table = OwnerTable(self.received, self.offsets, self.layouts, self.split, self.rank, _width(self.value_dtype))
         sums, sums_at = _owned_sums(self.wires, self.layouts, self.value_dtype, table, self.rank)
         residuals = [wire_.residual for wire_ in self.wires]
-        values, index, counts, room_at = spardl_fixed.reduce(
+        values, index, counts, _ = spardl_fixed.reduce(  # (rooms one after the other: cut by parts_of)
             sums, sums_at, table.arrived(), self.layouts, self.rank, self.value_dtype, residuals
         )
+        sizes = [layout.owned(self.rank)[1] for layout in self.layouts]
+        rooms = [min(size, layout.per_rank) for size, layout in zip(sizes, self.layouts)]
         sends = []
-        for p, (layout, at) in enumerate(zip(self.layouts, room_at)):
-            size = layout.owned(self.rank)[1]
-            room = min(size, layout.per_rank)
-            sends.append((values[at : at + room], index[at : at + room], (COUNT * p, self.offsets[p], size)))
+        for p, (v, i) in enumerate(zip(spardl_fixed.parts_of(values, rooms), spardl_fixed.parts_of(index, rooms))):
+            sends.append((v, i, (COUNT * p, self.offsets[p], sizes[p])))
             self.counters.account_later(self.wires[p].name, self.shares[p] + COUNT, 0)
         mine = torch.zeros(self.received.shape[1], dtype=torch.uint8, device=self.received.device)
         _write_rows(sends, counts, mine)
@@ -154,10 +156,11 @@ class OwnerTable:
         self.table = torch.empty(received.shape[0], chunk, dtype=torch.uint8, device=received.device)
         self.table[:, : COUNT * n] = received[:, : COUNT * n]
         _copy_regions(received, self.table, tuple(zip(offsets, at, [m.most_rows() * width for m in layouts])))
+        values, index = (spardl_fixed.parts_of(t, split.own_rooms) for t in (split.own_values, split.own_index))
         sends = []
-        for p, (layout, own_at, room) in enumerate(zip(layouts, split.own_at, split.own_rooms)):
+        for p, layout in enumerate(layouts):
             place = (rank * chunk + COUNT * p, rank * chunk + at[p], layout.owned(rank)[1])
-            sends.append((split.own_values[own_at : own_at + room], split.own_index[own_at : own_at + room], place))
+            sends.append((values[p], index[p], place))
         _write_rows(sends, split.own_counts, self.table)
 
     def arrived(self):

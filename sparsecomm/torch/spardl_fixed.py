@@ -45,7 +45,8 @@ class Split:
 @dataclass
 class Arrived:
     """The rows an owner has for phase 2: rows, uint8 [senders, rows, width], tensor t's region
-    of each sender rows[:, row_at[t] : row_at[t] + room[t]], the first counts[s, t] of them sent
+    of each sender rows[:, row_at[t] : row_at[t] + room[t]] (the regions one after the other,
+    filling the rows), the first counts[s, t] of them sent
     (int64 [senders, n] on the device, markers included; sparsecomm.core.wire's rows, relative
     to the block)."""
 
@@ -86,16 +87,23 @@ def compacted(values, index, chosen, group, rooms, room_at):
     return out_values, index.new_zeros(total + 1).index_copy_(0, slot, index), counts[:groups]
 
 
+def parts_of(tensor, sizes):
+    """The front of `tensor` cut into parts of `sizes`, one after the other: views made by one
+    split (a slice each costs a call to the dispatcher: a bucket has hundreds)."""
+    return tensor[: sum(sizes)].split(sizes)
+
+
 def offsets_of(sizes):
     """Where each of `sizes` starts, laid one after the other."""
     return list(itertools.accumulate(sizes, initial=0))[:-1]
 
 
-def _add_to_residuals(residuals, index, added, spans):
-    """added[span t] into residuals[t] at index[span t]: one op a tensor."""
-    for residual, (start, stop) in zip(residuals, spans):
+def _add_to_residuals(residuals, index, added, sizes):
+    """Tensor t's part of `added` into residuals[t] at its part of `index`, the parts of `sizes`
+    one after the other: one op a tensor (the parts cut by one split, not a slice each)."""
+    for residual, at, value in zip(residuals, index.split(sizes), added.split(sizes)):
         if residual is not None:
-            residual.index_add_(0, index[start:stop], added[start:stop])
+            residual.index_add_(0, at, value)
 
 
 def _split_on_device(selections, layouts, rank, residuals):
@@ -117,8 +125,7 @@ def _split_on_device(selections, layouts, rank, residuals):
     own = valid & (owner == rank)
     per_rank = layout_ints_on([layout.per_rank for layout in layouts], torch.int64, device)[item]
     sent = valid & ~own & (places(group, magnitudes(flat)) < per_rank)
-    spans = [(at, at + room) for at, room in zip(room_at, rooms)]
-    _add_to_residuals(residuals, index, torch.where(valid & ~own & ~sent, flat, -0.0), spans)
+    _add_to_residuals(residuals, index, torch.where(valid & ~own & ~sent, flat, -0.0), rooms)
     rows = [layout.per_rank if b < ranks else 0 for layout in layouts for b in range(ranks + 1)]
     wired = to_value_dtype(flat, raw.dtype)  # (a NaN as the kernels write it)
     send_values, send_index, sent_counts = compacted(wired, relative, sent, group, rows, offsets_of(rows))
@@ -147,7 +154,7 @@ def arrived_index(arrived, sizes):
     index = torch.gather(number, 1, last_marker).long() * wire_format.BUCKET + offset
     inside = position - layout_ints_on(arrived.row_at, torch.int64, device)[row_item] < arrived.counts[:, row_item]
     index = torch.where(inside & ~marker, index, layout_ints_on(sizes, torch.int64, device)[row_item])
-    return index.t().reshape(-1), row_item.repeat_interleave(rows.shape[0])
+    return index.t().reshape(-1), row_item.repeat_interleave(rows.shape[0])  # (tensor t's: room[t] * senders)
 
 
 def _reduce_on_device(sums, sums_at, rows, layouts, rank, value_dtype, residuals):
@@ -158,7 +165,6 @@ def _reduce_on_device(sums, sums_at, rows, layouts, rank, value_dtype, residuals
     sizes = [layout.owned(rank)[1] for layout in layouts]
     arrived, item = arrived_index(rows, sizes)
     device = arrived.device
-    spans = [(at * senders, (at + room) * senders) for at, room in zip(rows.row_at, rows.room)]
     real = arrived < layout_ints_on(sizes, torch.int64, device)[item]
     key, order = torch.sort(torch.where(real, item << 32 | arrived, n << 32))
     first = (key != torch.cat([key.new_full((1,), -1), key[:-1]])) & (key < n << 32)
@@ -174,7 +180,7 @@ def _reduce_on_device(sums, sums_at, rows, layouts, rank, value_dtype, residuals
         added = torch.where(kept, torch.where(error.isfinite(), error, 0.0), added)
     unsorted = torch.empty_like(added).index_copy_(0, order, added)
     lows = layout_ints_on([layout.owned(rank)[0] for layout in layouts], torch.int64, device)
-    _add_to_residuals(residuals, torch.where(real, arrived, 0) + lows[item], unsorted, spans)
+    _add_to_residuals(residuals, torch.where(real, arrived, 0) + lows[item], unsorted, [r * senders for r in rows.room])
     rooms = [min(size, layout.per_rank) for size, layout in zip(sizes, layouts)]
     values, index, counts = compacted(rounded, at.int(), kept, group, rooms + [0], offsets_of(rooms) + [sum(rooms)])
     return values, index, counts[:n], offsets_of(rooms)
@@ -192,7 +198,8 @@ def reduce(sums, sums_at, rows, layouts, rank, value_dtype, residuals):
     """Phase 2 of n tensors: the owner's float32 sums (tensor t's block at sums_at[t] of `sums`)
     at the indices of the rows that arrived (an Arrived, its own included). Returns (values, int32
     relative indices, counts int64 [n], room_at): tensor t's per_rank largest sums at room_at[t],
-    rounded to value_dtype, in index order; the rest, and the rounding, to the residuals."""
+    rounded to value_dtype, in index order (the rooms, min(owned size, per_rank) each, one after
+    the other); the rest, and the rounding, to the residuals."""
     on = _reduce_on_device if ops.reads_wait(rows.rows.device) else _reduce_on_host
     return on(sums, sums_at, rows, layouts, rank, value_dtype, residuals)
 
