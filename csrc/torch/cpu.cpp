@@ -68,10 +68,26 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
 
   static void wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
                         const at::Tensor& rows) {
-    TORCH_CHECK(cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), index.numel(),
-                               start, length, rows.data_ptr<uint8_t>()),
-                "wire_rows: index should be strictly ascending and inside [start, start + length) = [", start, ", ",
-                start + length, ")");
+    write_rows(values, index, index.numel(), start, length, rows.data_ptr<uint8_t>());
+  }
+  // Each send's rows straight into their place in the chunk; a fixed capacity's count is in host
+  // memory already.
+  static void wire_rows_many(const std::vector<WireSend>& sends, const at::Device&) {
+    for (const WireSend& s : sends) {
+      const int64_t count = s.count ? *s.count : s.index.numel();
+      TORCH_CHECK(count >= 0 && count <= s.values.numel(), "wire_rows_fixed_into: a count of ", count,
+                  " should lie in [0, ", s.values.numel(), "], its send's room");
+      write_rows(s.values, s.index, count, 0, s.length, s.rows);
+      const int64_t rows = count + wire_buckets(0, s.length);
+      if (s.rows_count) std::memcpy(s.rows_count, &rows, sizeof(rows));  // (the chunk's bytes: maybe unaligned)
+    }
+  }
+  static void write_rows(const at::Tensor& values, const at::Tensor& index, int64_t count, int64_t start,
+                         int64_t length, uint8_t* rows) {
+    TORCH_CHECK(
+        cpu::wire_rows(values.data_ptr(), values.element_size(), index.data_ptr<int32_t>(), count, start, length, rows),
+        "wire_rows: index should be strictly ascending and inside [start, start + length) = [", start, ", ",
+        start + length, ")");
   }
   // The marker rows are dropped in the pass (exact or not).
   static std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype, bool) {
@@ -84,21 +100,40 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
   }
 
   // Tensor by tensor, each one's rows of every rank (in rank order) unpacked as
-  // sparse_unpack_rows_into does: the counts are in host memory already.
+  // sparse_unpack_rows_into does: the counts are in host memory already. Each rank's rows are
+  // read in place into this thread's reused columns, with no tensor per rank or per parameter.
   static void unpack_gathered_rows(const at::Tensor& gathered, at::IntArrayRef regions, int64_t width,
                                    at::ScalarType value_dtype, UnpackScale scale, at::TensorList outs) {
+    static thread_local std::vector<uint8_t> values;
+    static thread_local std::vector<int32_t> index;
+    const int64_t ranks = gathered.size(0), chunk = gathered.size(1), value_bytes = width - kWireOffsetBytes;
+    const uint8_t* all = gathered.data_ptr<uint8_t>();
     for (size_t p = 0; p < outs.size(); ++p) {
-      std::vector<at::Tensor> parts;
-      for (int64_t r = 0; r < gathered.size(0); ++r) {
-        const at::Tensor chunk = gathered.select(0, r);
-        const int64_t count = read_count(chunk, regions[3 * p] * int64_t(sizeof(int64_t)));
-        TORCH_CHECK(count >= 0 && count * width <= regions[3 * p + 2], "sparse_unpack_gathered_rows: rank ", r, " has ",
-                    count, " rows of ", width, " bytes for out ", p, ", whose region has ", regions[3 * p + 2],
-                    " bytes");
-        parts.push_back(chunk.narrow(0, regions[3 * p + 1], count * width).view({count, width}));
+      int64_t total = 0;
+      for (int64_t r = 0; r < ranks; ++r) total += gathered_count(all + r * chunk, regions, p, r, width);
+      values.resize(size_t(std::max<int64_t>(total, 1) * value_bytes));  // (at least one: never a null pointer)
+      index.resize(size_t(std::max<int64_t>(total, 1)));
+      int64_t n = 0;
+      for (int64_t r = 0; r < ranks; ++r) {
+        const uint8_t* rows = all + r * chunk + regions[3 * p + 1];
+        const int64_t written = cpu::wire_columns(rows, gathered_count(all + r * chunk, regions, p, r, width),
+                                                  value_bytes, values.data() + n * value_bytes, index.data() + n);
+        TORCH_CHECK(written >= 0, "wire rows: an element comes before its bucket's marker row, or past 2^31 - 1");
+        n += written;
       }
-      unpack_rows<CpuDevice>(at::cat(parts), value_dtype, scale, outs[p]);
+      const at::Tensor v = at::from_blob(values.data(), {n}, at::TensorOptions().dtype(value_dtype));
+      unpack_into<CpuDevice>(v.to(outs[p].scalar_type()), at::from_blob(index.data(), {n}, at::kInt), scale, outs[p]);
     }
+    cpu::kept_capacity(values);
+    cpu::kept_capacity(index);
+  }
+  // Rank r's number of rows of out p (in r's chunk), checked against its region.
+  static int64_t gathered_count(const uint8_t* chunk, at::IntArrayRef regions, size_t p, int64_t r, int64_t width) {
+    int64_t count;
+    std::memcpy(&count, chunk + regions[3 * p] * int64_t(sizeof(int64_t)), sizeof(count));
+    TORCH_CHECK(count >= 0 && count * width <= regions[3 * p + 2], "sparse_unpack_gathered_rows: rank ", r, " has ",
+                count, " rows of ", width, " bytes for out ", p, ", whose region has ", regions[3 * p + 2], " bytes");
+    return count;
   }
 
   // The threshold is computed on the host: a float, not a device tensor.

@@ -169,7 +169,7 @@ struct CudaBucketPhases {
   }
 
   // A bucket's rows in one kernel, a thread per row over a table of its sends.
-  static void wire_rows_many(const std::vector<WireSend>& sends) {
+  static void wire_rows_many(const std::vector<WireSend>& sends, const at::Device& device) {
     if (sends.empty()) return;
     std::vector<cuda::WireSegment> table;
     int64_t total = 0;
@@ -180,14 +180,11 @@ struct CudaBucketPhases {
       w.value_bytes = s.values.element_size();
       w.count = s.index.numel(), w.buckets = wire_buckets(0, s.length);
       w.at = total, total += w.count + w.buckets;
-      w.rows = s.rows.data_ptr<uint8_t>();
-      if (s.count.defined()) {  // fixed capacity: the count read on the device
-        w.limit = s.count.data_ptr<int64_t>();
-        w.rows_count = static_cast<int64_t*>(s.rows_count.data_ptr());
-      }
+      w.rows = s.rows;
+      w.limit = s.count, w.rows_count = s.rows_count;  // (fixed capacity: the count read on the device)
       table.push_back(w);
     }
-    const at::Tensor rows = upload(table, sends[0].rows.device());
+    const at::Tensor rows = upload(table, device);
     cuda::wire_segments(static_cast<const cuda::WireSegment*>(rows.data_ptr()), int64_t(table.size()), total, stream());
   }
 };

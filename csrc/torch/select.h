@@ -59,19 +59,25 @@ std::tuple<at::Tensor, at::Tensor> select_top(const at::Tensor& acc, const at::T
   return Device::select_top(acc, index, k);
 }
 
+// The sends of acc's candidates into the first acc.numel() of `values` (contiguous, their dtype).
 template <typename Device>
-at::Tensor send_selected(const at::Tensor& acc_in, const at::Tensor& index_in,
-                         const c10::optional<at::Tensor>& residual, const c10::optional<at::Tensor>& momentum,
-                         bool masking, at::ScalarType dtype) {
+void send_selected_into(const at::Tensor& acc_in, const at::Tensor& index_in, const c10::optional<at::Tensor>& residual,
+                        const c10::optional<at::Tensor>& momentum, bool masking, const at::Tensor& values) {
   const typename Device::Guard guard(acc_in.device());
   check_candidates("send_selected", acc_in, index_in);
   const at::Tensor acc = acc_in.contiguous(), index = index_in.contiguous();
   const Feedback fb = send_feedback<Device>("send_selected", index, residual, momentum, masking);
-  at::Tensor values = at::empty({acc.numel()}, acc.options().dtype(dtype));
-  SC_DISPATCH_FLOAT_TYPES(dtype, "send_selected", [&] {
+  SC_DISPATCH_FLOAT_TYPES(values.scalar_type(), "send_selected", [&] {
     Device::template send_selected<scalar_t>(acc.data_ptr<float>(), index.data_ptr<int32_t>(), acc.numel(), fb,
                                              data_as<scalar_t>(values));
   });
+}
+
+template <typename Device>
+at::Tensor send_selected(const at::Tensor& acc, const at::Tensor& index, const c10::optional<at::Tensor>& residual,
+                         const c10::optional<at::Tensor>& momentum, bool masking, at::ScalarType dtype) {
+  at::Tensor values = at::empty({acc.numel()}, acc.options().dtype(dtype));
+  send_selected_into<Device>(acc, index, residual, momentum, masking, values);
   return values;
 }
 
@@ -245,14 +251,16 @@ void wire_rows_into(const at::Tensor& values, const at::Tensor& index, int64_t s
   Device::wire_rows(values.contiguous(), index.contiguous(), start, length, out);
 }
 
-// A send of [0, length) and the bytes its rows go to (wire_rows_many_into's). At fixed capacity
-// (wire_rows_fixed_into's), `count` (a 1-element int64 tensor) says how many of values it sends,
-// and its number of rows goes to `rows_count` (8 bytes).
+// A send of [0, length) and where its rows go (wire_rows_many_into's), as pointers into the out
+// chunk: a DDP bucket's sends are cut from it by arithmetic, not by a tensor op each. At fixed
+// capacity (wire_rows_fixed_into's), `count` (an int64 on the chunk's device) says how many of
+// values it sends, and its number of rows goes to `rows_count`.
 struct WireSend {
   at::Tensor values, index;
   int64_t length;
-  at::Tensor rows;
-  at::Tensor count = {}, rows_count = {};
+  uint8_t* rows;
+  const int64_t* count = nullptr;
+  int64_t* rows_count = nullptr;
 };
 
 // wire_rows_into of many whole sends, written into one chunk: send p (of [0, places[2p + 1]))
@@ -277,9 +285,9 @@ void wire_rows_many_into(at::TensorList values, at::TensorList index, at::IntArr
     const int64_t bytes = shape[0] * shape[1];
     TORCH_CHECK(offset >= 0 && offset + bytes <= out.numel(), op, ": send ", p, "'s ", bytes, " bytes at ", offset,
                 " do not fit out's ", out.numel());
-    sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.narrow(0, offset, bytes)});
+    sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.data_ptr<uint8_t>() + offset});
   }
-  Device::wire_rows_many(sends);
+  Device::wire_rows_many(sends, out.device());
 }
 
 // wire_rows_many_into of sends of fixed capacity: send p sends the first counts[p] of its values
@@ -312,10 +320,10 @@ void wire_rows_fixed_into(at::TensorList values, at::TensorList index, const at:
     TORCH_CHECK(slot >= 0 && slot % count_bytes == 0 && slot + count_bytes <= offset && offset + bytes <= out.numel(),
                 op, ": send ", p, "'s count slot at ", slot, " (8-byte aligned) and ", bytes, " bytes at ", offset,
                 " should fit out's ", out.numel(), " in that order");
-    sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.narrow(0, offset, bytes),
-                     all.narrow(0, int64_t(p), 1), out.narrow(0, slot, count_bytes)});
+    sends.push_back({values[p].contiguous(), index[p].contiguous(), length, out.data_ptr<uint8_t>() + offset,
+                     all.data_ptr<int64_t>() + p, reinterpret_cast<int64_t*>(out.data_ptr<uint8_t>() + slot)});
   }
-  Device::wire_rows_many(sends);
+  Device::wire_rows_many(sends, out.device());
 }
 
 inline void check_wire_rows(const char* op, const at::Tensor& rows, at::ScalarType value_dtype) {
@@ -491,12 +499,16 @@ struct PackedFixed {
 // the only synchronisation but a too-few tensor's second pass), the candidates, each tensor's
 // band, the sends.
 template <typename Device>
-std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_tensors(const std::vector<SampledTensor>& tensors,
-                                                                          bool masking) {
+std::vector<std::tuple<at::Tensor, at::Tensor>> selections(const std::vector<SampledTensor>& tensors) {
   const typename Device::Bucket bucket = Device::count_bucket(tensors);
   const std::vector<int64_t> counts = Device::bucket_totals(bucket);
+  return banded<Device>(tensors, Device::bucket_candidates(bucket, tensors, counts), counts);
+}
+template <typename Device>
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> pack_tensors(const std::vector<SampledTensor>& tensors,
+                                                                          bool masking) {
   std::vector<at::Tensor> accs, indices;
-  for (auto& [acc, index] : banded<Device>(tensors, Device::bucket_candidates(bucket, tensors, counts), counts)) {
+  for (auto& [acc, index] : selections<Device>(tensors)) {
     accs.push_back(acc);
     indices.push_back(index);
   }
@@ -541,33 +553,22 @@ struct TensorByTensor {
                                              tensors[p].value_dtype));
     return values;
   }
-  static void wire_rows_many(const std::vector<WireSend>& sends) {
-    for (const WireSend& s : sends) {
-      if (!s.count.defined()) {
-        Device::wire_rows(s.values, s.index, 0, s.length, s.rows);
-        continue;
-      }
-      const int64_t count = s.count.item<int64_t>(), rows = count + wire_buckets(0, s.length);  // (host memory)
-      TORCH_CHECK(count >= 0 && count <= s.values.numel(), "wire_rows_fixed_into: a count of ", count,
-                  " should lie in [0, ", s.values.numel(), "], its send's room");
-      const int64_t width = kWireOffsetBytes + int64_t(s.values.element_size());
-      Device::wire_rows(s.values.narrow(0, 0, count), s.index.narrow(0, 0, count), 0, s.length,
-                        s.rows.narrow(0, 0, rows * width));
-      std::memcpy(s.rows_count.data_ptr(), &rows, sizeof(rows));
-    }
-  }
-  // The bucket at fixed capacity: its packs as pack_tensors makes them, each in the room of its
-  // capacity (capacity_of), and their counts.
+  // The bucket at fixed capacity: its packs as pack_tensors makes them, each sent straight into
+  // the room of its capacity (capacity_of), and their counts.
   static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking) {
-    auto [values, indices] = pack_tensors<Device>(tensors, masking);
+    const auto chosen = selections<Device>(tensors);
     PackedFixed fixed;
     std::vector<int64_t> counts;
     for (size_t p = 0; p < tensors.size(); ++p) {
-      const int64_t room = capacity_of(tensors[p]), count = indices[p].numel();
-      fixed.values.push_back(at::zeros({room}, values[p].options()));
-      fixed.indices.push_back(at::zeros({room}, indices[p].options()));
-      fixed.values.back().narrow(0, 0, count).copy_(values[p]);
-      fixed.indices.back().narrow(0, 0, count).copy_(indices[p]);
+      const SampledTensor& t = tensors[p];
+      const auto& [acc, index] = chosen[p];
+      const int64_t room = capacity_of(t), count = index.numel();
+      TORCH_CHECK(count <= room, "pack_sampled_fixed: ", count, " selected, past the capacity of ", room);
+      fixed.values.push_back(at::empty({room}, t.args.grad.options().dtype(t.value_dtype)));
+      fixed.indices.push_back(at::empty({room}, index.options()));
+      if (count > 0)
+        std::memcpy(fixed.indices.back().data_ptr(), index.contiguous().data_ptr(), count * sizeof(int32_t));
+      send_selected_into<Device>(acc, index, t.residual, t.momentum, masking, fixed.values.back());
       counts.push_back(count);
     }
     fixed.counts = at::tensor(counts, at::TensorOptions().dtype(at::kLong));
