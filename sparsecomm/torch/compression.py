@@ -91,16 +91,22 @@ class Compressor(_OverCollectives, Settings):
             self.planner.auto.backward.note_handoff(state.name, time.perf_counter())
         return handed, ctx
 
-    def prepare(self, tensor: torch.Tensor, state: ParameterState):
+    def routing(self, device: torch.device):
+        """(ranks, the ranks to route for) of the next gradients on `device`: the settings check
+        and auto's measurement where they are due. Once a tensor (Horovod) or a bucket (DDP)."""
+        ranks = self._check_world()
+        return ranks, self._prepare_routing(ranks, measure=True, device=device)
+
+    def prepare(self, tensor: torch.Tensor, state: ParameterState, routing=None):
         """What both ways in do before an exchange: the settings check, the route, the method's
-        pack (or the dense payload) and the step. Returns (state, route, payload, k, ranks)."""
+        pack (or the dense payload) and the step. `routing`: routing()'s, where the caller made
+        it for several tensors. Returns (state, route, payload, k, ranks)."""
         name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
         self.planner.check_indexable(name, numel, ndim, element_size)
-        ranks = self._check_world()
+        ranks, ranks_to_route = routing or self.routing(tensor.device)
         if self.loss_scaling is not None:  # before the density: a rollback restores the step
             self.loss_scaling.follow(state, self.loss_scaling.scale())
         density = self.method.density(state.step)
-        ranks_to_route = self._prepare_routing(ranks, measure=True, device=tensor.device)
         route = self.planner.route(name, numel, ndim, element_size, density, ranks_to_route)
         if self.loss_scaling is not None:
             payload = self.loss_scaling.back_up_and_pack(self, tensor, state, route, density)

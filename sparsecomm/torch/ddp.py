@@ -140,8 +140,10 @@ class BucketExchange:
         called before the future completes."""
         self.ways.advance_scattered()  # earlier buckets' second phase, before this bucket's collectives
         started = time.perf_counter()
-        with self.compressor.packs.deferred(fixed=True):  # the bucket's sampled packs: one op, no host read
-            prepared = [(grad, *self.compressor.prepare(grad, self._state_of(param))) for param, grad in gradients]
+        compressor = self.compressor
+        routing = compressor.routing(buffer.device) if gradients else None  # (once a bucket, not per parameter)
+        with compressor.packs.deferred(fixed=True):  # the bucket's sampled packs: one op, no host read
+            prepared = [(grad, *compressor.prepare(grad, self._state_of(param), routing)) for param, grad in gradients]
         traffics = [self._add(route, grad, state, payload, k) for grad, state, route, payload, k, _ in prepared]
         seconds = (time.perf_counter() - started) / max(1, len(prepared))  # (stats: the bucket's time, shared)
         for (grad, state, *_), traffic in zip(prepared, traffics):

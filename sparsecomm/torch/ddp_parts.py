@@ -9,6 +9,7 @@ Scattered, is in sparsecomm.torch.ddp_spardl.
 
 import abc
 import dataclasses
+import functools
 
 import torch
 
@@ -136,9 +137,9 @@ class Gathered(BucketPart):
             fixed = packed.fixed
             values, index, count = fixed if fixed is not None else (packed.values, packed.index, None)
             numel, value_bytes, room = grad.numel(), values.element_size(), index.numel()
-            send = Send(values, index, numel, wire.rows_bytes(room, value_bytes, 0, numel), count)
+            send_bytes, capacity_bytes = _rows_bytes(room, capacity, value_bytes, numel)
+            send = Send(values, index, numel, send_bytes, count)
             reader = ("rows", values.dtype, wire.row_bytes(value_bytes))
-            capacity_bytes = aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
             rows = 0 if fixed is not None else room + wire.buckets(0, numel)  # (fixed: written by the op)
             _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
             return (0 if fixed is not None else room), sent, received  # elements, not rows
@@ -215,6 +216,13 @@ class Gathered(BucketPart):
             grad, (start, capacity), reader = self.items[i][0], regions[i], self.items[i][4]
             blobs = [everyone[r, start : start + _segment_bytes(reader, counts[r][i])] for r in range(ranks)]
             ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=grad.view(-1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rows_bytes(room, capacity, value_bytes, numel):
+    """The bytes of a send's rows with `room` elements, and of its region (`capacity`'s, aligned):
+    a function of the parameter's shape and density, computed once, not per step."""
+    return wire.rows_bytes(room, value_bytes, 0, numel), aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
 
 
 def _segment_bytes(reader, count):

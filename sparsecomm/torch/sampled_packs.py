@@ -31,6 +31,9 @@ class Shared:
     value_dtype: torch.dtype | None = None  # None: each gradient's own
 
 
+_shared = functools.lru_cache(maxsize=64)(Shared)  # (a compressor's few settings: made once, not per tensor)
+
+
 def _made(field):
     """A Packed field that runs the queued packs when it is read before they have run (and cuts a
     fixed-capacity one to its count)."""
@@ -56,9 +59,8 @@ class QueuedPack(Packed):
     index = _made("index")
 
     def __init__(self, packs):
-        self._packs = packs
-        self._cut = None
-        super().__init__()
+        # Packed's other fields keep their class defaults (None): this runs per tensor and step
+        self._packs, self._cut, self._values, self._index = packs, None, None, None
 
 
 class _Cut:
@@ -127,12 +129,12 @@ class SampledPacks:
         """ops.pack_sampled's pack (without bits), as a Packed of values and index. `settings`:
         Shared's (momentum_factor, nesterov, masking, value_dtype)."""
         plan = _sampled_plan(grad.numel(), ratio, sample_ratio)
-        return self._add(Shared(**settings), grad, residual, momentum, grad_scale, plan, (tensor_id, step))
+        return self._add(_shared(**settings), grad, residual, momentum, grad_scale, plan, (tensor_id, step))
 
     def topk(self, grad, residual, k, *, tensor_id, step, sample_ratio=0.01):
         """ops.pack_topk's pack (seed 0, no momentum), as a Packed of values and index."""
         plan = _top_plan(grad.numel(), k, sample_ratio)
-        return self._add(Shared(), grad, residual, None, None, plan, (tensor_id, step))
+        return self._add(_shared(), grad, residual, None, None, plan, (tensor_id, step))
 
     def rtopk(self, grad, residual, r, k, *, seed, tensor_id, step, sample_ratio=0.01):
         """ops.pack_rtopk's pack with no host read (its top_candidates reads its candidates'
@@ -191,7 +193,7 @@ class SampledPacks:
         tops, self._tops = self._tops, []
         draws, self._draws = self._draws, []
         if tops:
-            _run(Shared(), tops, True)
+            _run(_shared(), tops, True)
         for draw in draws:
             draw.run()
         for (momentum_factor, nesterov), queued in steps.items():
@@ -237,5 +239,5 @@ def _run(shared, packs, fixed):
         return
     values, indices, counts = made
     cut = _Cut(packs, counts)
-    for p, (q, value, index) in enumerate(zip(packs, values, indices)):
-        q.packed.fixed, q.packed._cut = (value, index, counts[p : p + 1]), cut
+    for q, value, index, count in zip(packs, values, indices, counts.split(1)):  # (views cut by one op)
+        q.packed.fixed, q.packed._cut = (value, index, count), cut
