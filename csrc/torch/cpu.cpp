@@ -169,6 +169,17 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
     return {acc.narrow(0, 0, kept), index.narrow(0, 0, kept)};
   }
 
+  // A bucket's tops (select.h's banded), in place: its candidate lists are the pack's own.
+  static std::vector<std::tuple<at::Tensor, at::Tensor>> select_top_many(const std::vector<TopOf>& lists) {
+    std::vector<std::tuple<at::Tensor, at::Tensor>> tops;
+    for (const TopOf& list : lists) {
+      const int64_t kept =
+          cpu::select_top(list.acc.data_ptr<float>(), list.index.data_ptr<int32_t>(), list.acc.numel(), list.k);
+      tops.emplace_back(list.acc.narrow(0, 0, kept), list.index.narrow(0, 0, kept));
+    }
+    return tops;
+  }
+
   // Sums duplicates in input order directly (CUDA sorts the indices first).
   template <typename T>
   static void sparse_unpack(const at::Tensor& values, const at::Tensor& index, UnpackScale scale,

@@ -539,11 +539,6 @@ struct TensorByTensor {
                                          const std::vector<int64_t>&) {
     return bucket;
   }
-  static std::vector<std::tuple<at::Tensor, at::Tensor>> select_top_many(const std::vector<TopOf>& lists) {
-    std::vector<std::tuple<at::Tensor, at::Tensor>> tops;
-    for (const TopOf& list : lists) tops.push_back(Device::select_top(list.acc, list.index, list.k));
-    return tops;
-  }
   static std::vector<at::Tensor> send_bucket(const std::vector<SampledTensor>& tensors,
                                              const std::vector<at::Tensor>& accs,
                                              const std::vector<at::Tensor>& indices, bool masking) {

@@ -1,9 +1,11 @@
-"""python -m sparsecomm.check.hook_step [--device cpu|cuda] [--steps N] [--json PATH]: what the
-DDP hook costs a step, and what each more tensor costs.
+"""python -m sparsecomm.check.hook_step [--device cpu|cuda] [--steps N] [--layout resnet50|small]
+[--json PATH]: what the DDP hook costs a step, and what each more tensor costs.
 
 One rank (a process group of one: no network), ResNet-50's 161 parameter shapes and the same
 25,557,032 elements as 16 equal tensors, a linear loss (each gradient is a fixed random tensor:
-the step is the backward's copies, DDP and the hook). Each hook's step is set against DDP's own
+the step is the backward's copies, DDP and the hook). `--layout small`: 161 matrices of 64x64
+against 16 of the same elements, where what a tensor costs is the hook's own, not its kernels'
+passes over memory (matrices: the default policy sends 1-D tensors dense). Each hook's step is set against DDP's own
 allreduce step on the same tensors, measured in the same run, and the hook's cost per tensor is
 its extra time over DDP's at 161 tensors less that at 16, over the 145 more tensors."""
 
@@ -30,8 +32,11 @@ METHODS = {
 WARMUP = 3
 
 
-def layouts():
-    """{name: shapes}: ResNet-50's, and the same elements in 16 tensors."""
+def layouts(layout="resnet50"):
+    """{name: shapes}: 161 tensors (ResNet-50's shapes, or `small` ones), and the same elements
+    in 16 tensors."""
+    if layout == "small":
+        return {"161 tensors": [(64, 64)] * 161, "16 tensors": [(16, 161 * 4096 // 256)] * 16}
     shapes = kernels.resnet50_shapes()
     total = sum(torch.Size(s).numel() for s in shapes)
     return {"161 tensors": shapes, "16 tensors": [(total // 16,)] * 15 + [(total - 15 * (total // 16),)]}
@@ -75,12 +80,12 @@ def ddp_step(shapes, method, device):
     return step
 
 
-def measure(device, steps):
+def measure(device, steps, layout="resnet50"):
     """A record per method and layout: step_ms (the median; the methods' steps interleaved, so
     that the machine's drift falls on all alike), vs_allreduce, extra_ms (the median of each
     round's step less DDP's allreduce step of the same round); per method, us_per_tensor."""
     records = []
-    for name, shapes in layouts().items():
+    for name, shapes in layouts(layout).items():
         runs = {method: ddp_step(shapes, spec, device) for method, spec in METHODS.items()}
         times = {method: [] for method in METHODS}
         for round_ in range(WARMUP + steps):
@@ -134,15 +139,18 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m sparsecomm.check.hook_step", description=__doc__)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--steps", type=int, default=10, help="timed steps per row, after 3 warm-up steps")
+    parser.add_argument("--layout", default="resnet50", choices=("resnet50", "small"), help="the tensors' shapes")
     parser.add_argument("--json", metavar="PATH", help="also write the records here")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     _group(device)
-    records = measure(device, args.steps)
+    records = measure(device, args.steps, args.layout)
     print(table(records), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": args.device, "steps": args.steps, "records": records}, f, indent=1)
+            json.dump(
+                {"device": args.device, "steps": args.steps, "layout": args.layout, "records": records}, f, indent=1
+            )
     import sparsecomm.torch as sct
 
     sct.destroy_process_group()
