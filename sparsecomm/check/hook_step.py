@@ -5,9 +5,10 @@ One rank (a process group of one: no network), ResNet-50's 161 parameter shapes 
 25,557,032 elements as 16 equal tensors, a linear loss (each gradient is a fixed random tensor:
 the step is the backward's copies, DDP and the hook). `--layout small`: 161 matrices of 64x64
 against 16 of the same elements, where what a tensor costs is the hook's own, not its kernels'
-passes over memory (matrices: the default policy sends 1-D tensors dense). Each hook's step is set against DDP's own
-allreduce step on the same tensors, measured in the same run, and the hook's cost per tensor is
-its extra time over DDP's at 161 tensors less that at 16, over the 145 more tensors."""
+passes over memory (matrices: the default policy sends 1-D tensors dense). Each hook's step is
+set against DDP's own allreduce step on the same tensors, measured in the same run, and the
+hook's cost per tensor is its extra time over DDP's at 161 tensors less that at 16, over the
+145 more tensors."""
 
 import argparse
 import json
