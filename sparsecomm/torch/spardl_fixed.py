@@ -9,8 +9,10 @@ nothing: per block the per_rank largest |value| (NaN as +inf, -0 as 0, ties to t
 in index order, by sorting keys of (tensor and owner, magnitude); instead of dropping entries the
 ops mask them (a masked entry adds -0.0 to a residual, which changes no value). Each tensor's
 residual takes one op a phase: they are separate tensors. On a CPU, where a read costs nothing,
-the host-sized functions make the same choices tensor by tensor, in less time (docs/kernels.md).
-tests/compressors/test_spardl_fixed.py checks that both give the same bits.
+the host-sized functions make the same choices tensor by tensor, in less time where the tensors
+select many elements each; where they select few, the device's way, whose ops are per bucket,
+is faster there too (docs/kernels.md). tests/compressors/test_spardl_fixed.py checks that both
+give the same bits.
 """
 
 import itertools
@@ -23,6 +25,9 @@ from . import ops
 from .exchange import layout_ints_on, owner_keeps, spardl_blocks, to_value_dtype
 
 _LOW = 0x7FFFFFFF  # a non-negative float32's bits are at most this (+inf, NaN's stand-in, is less)
+# On a CPU, the device's way below this many sent rows a tensor (about k): its sorts over the
+# bucket cost less than the host-sized functions' ops per tensor there (docs/kernels.md).
+FEW_ROWS = 96
 
 
 @dataclass
@@ -190,7 +195,7 @@ def split(selections, layouts, rank, residuals):
     """Phase 1 of n selections (values of one dtype, index int32 ascending, count: a 1-element
     int64 tensor, the entries past it ignored, or None for all), each with its SparDLLayout and
     residual: a Split. What is neither sent nor owned goes to the residual."""
-    on = _split_on_device if ops.reads_wait(selections[0][1].device) else _split_on_host
+    on = _split_on_device if _by_device(selections[0][1].device, layouts) else _split_on_host
     return on(selections, layouts, rank, residuals)
 
 
@@ -200,8 +205,15 @@ def reduce(sums, sums_at, rows, layouts, rank, value_dtype, residuals):
     relative indices, counts int64 [n], room_at): tensor t's per_rank largest sums at room_at[t],
     rounded to value_dtype, in index order (the rooms, min(owned size, per_rank) each, one after
     the other); the rest, and the rounding, to the residuals."""
-    on = _reduce_on_device if ops.reads_wait(rows.rows.device) else _reduce_on_host
+    on = _reduce_on_device if _by_device(rows.rows.device, layouts) else _reduce_on_host
     return on(sums, sums_at, rows, layouts, rank, value_dtype, residuals)
+
+
+def _by_device(device, layouts):
+    """Whether the device's way makes the choices: where a read waits, and on a CPU where the
+    tensors send few rows each (FEW_ROWS)."""
+    rows = sum(layout.ranks * layout.per_rank for layout in layouts)
+    return ops.reads_wait(device) or rows <= FEW_ROWS * len(layouts)
 
 
 def _split_on_host(selections, layouts, rank, residuals):

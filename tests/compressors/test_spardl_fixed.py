@@ -185,3 +185,36 @@ def test_the_device_way_makes_a_layouts_tables_once():
             )
         made.append(counter.made)
     assert made[0] > 0 and made[1] == 0, made
+
+
+class Ops(TorchDispatchMode):
+    """Counts every op the dispatcher sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def split_ops(tensors, ranks=2, rank=0):
+    """The ops of spardl_fixed.split of a bucket of `tensors` (numel, k), a step after the first."""
+    gen = torch.Generator().manual_seed(3)
+    layouts = [SparDLLayout.of(numel, k, ranks) for numel, k in tensors]
+    chosen = [(*selection(gen, numel, k, torch.float32, "random"), None) for numel, k in tensors]
+    residuals = [torch.zeros(numel) for numel, _ in tensors]
+    spardl_fixed.split(chosen, layouts, rank, residuals)
+    with Ops() as counter:
+        spardl_fixed.split(chosen, layouts, rank, residuals)
+    return counter.n
+
+
+@pytest.mark.parametrize("k, way", [(8, "device"), (2 * spardl_fixed.FEW_ROWS, "host")])
+def test_a_cpu_takes_the_device_way_where_the_tensors_send_few_rows(k, way):
+    """On a CPU, where reads cost nothing, a bucket whose tensors send few rows each still takes
+    the device's way (ops per bucket: a tensor adds about two), and one whose tensors send many
+    the host-sized way (ops per tensor), whichever is faster there (docs/kernels.md)."""
+    per_tensor = (split_ops([(20_000, k)] * 32) - split_ops([(20_000, k)] * 8)) / 24
+    assert (per_tensor < 6) == (way == "device"), per_tensor
