@@ -12,8 +12,8 @@
 //     send_quantized, dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T>, select_top, sparse_unpack<T>, random_k_indices,
-//     wire_rows(values, index, start, length, rows), wire_rows_many(sends, device), wire_columns(rows, value_dtype,
-//     exact) unpack_gathered_rows(gathered, regions, width, value_dtype, scale, outs)
+//     wire_rows(values, index, start, length, rows), wire_rows_many(sends, device),
+//     wire_columns(rows, value_dtype, exact), unpack_gathered_rows(gathered, regions, width, value_dtype, scale, outs)
 //   a bucket's sampled packs in phases (select.h's pack_sampled_many; CPU: select.h's TensorByTensor,
 //     CUDA: cuda_bucket.h's fixed number of launches): Bucket, count_bucket(tensors), bucket_totals(bucket),
 //     bucket_candidates(bucket, tensors, totals), select_top_many(lists), send_bucket(tensors, accs, indices, masking)

@@ -51,9 +51,8 @@ class Split:
 class Arrived:
     """The rows an owner has for phase 2: rows, uint8 [senders, rows, width], tensor t's region
     of each sender rows[:, row_at[t] : row_at[t] + room[t]] (the regions one after the other,
-    filling the rows), the first counts[s, t] of them sent
-    (int64 [senders, n] on the device, markers included; sparsecomm.core.wire's rows, relative
-    to the block)."""
+    filling the rows), the first counts[s, t] of them sent (int64 [senders, n] on the device,
+    markers included; sparsecomm.core.wire's rows, relative to the block)."""
 
     rows: torch.Tensor
     counts: torch.Tensor
