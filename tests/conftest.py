@@ -36,20 +36,11 @@ def cuda_emulated_ops():
     return build_torch_binding.load()
 
 
-def pytest_configure(config):
-    config.addinivalue_line(
-        "markers", "slow_under_emulation(why): skipped on the cuda-emulated device unless SPARSECOMM_EMULATION_SLOW=1"
-    )
-
-
 def _route(request, binding):
     """The device to put tensors on for `binding`. For the emulated CUDA binding that is the CPU,
     and sparsecomm.torch.ops calls torch.ops.sparsecomm_cuda_emulated until the test ends."""
     if binding != EMULATED:
         return binding
-    slow = request.node.get_closest_marker("slow_under_emulation")
-    if slow and os.environ.get("SPARSECOMM_EMULATION_SLOW") != "1":
-        pytest.skip(f"{EMULATED}: {slow.args[0]} (SPARSECOMM_EMULATION_SLOW=1 runs it)")
     from sparsecomm.torch import ops
 
     request.getfixturevalue("monkeypatch").setattr(ops, "_ops", request.getfixturevalue("cuda_emulated_ops"))

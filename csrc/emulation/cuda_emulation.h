@@ -5,7 +5,9 @@
 // Model:
 //   - every CUDA thread of a block is a real OS thread (pooled std::threads), so that
 //     ThreadSanitizer sees the intra-block races a GPU could have (fibers or lanes run in
-//     order would hide them);
+//     order would hide them). With -DSC_EMU_FIBERS (x86-64; the unsanitized torch binding, which
+//     checks bits, not races) they are fibers on the launching thread instead, round-robin
+//     between barriers: no OS thread switch at every barrier;
 //   - blocks run one after another, so a `static` variable is the block's shared memory
 //     (each block in turn gets the one instance); inter-block races are NOT modelled;
 //   - __syncthreads and __ballot_sync are strict barriers: every thread of the block (warp)
@@ -36,6 +38,9 @@
 #include <source_location>
 #include <thread>
 #include <vector>
+#ifdef SC_EMU_FIBERS
+#include <memory>
+#endif
 
 #define __global__
 #define __device__
@@ -122,6 +127,82 @@ struct Unobserved {
   std::abort();
 }
 
+#ifdef SC_EMU_FIBERS
+// Saves the callee-saved registers on this stack, stores its pointer in *from, and continues on
+// the stack `to` (saved the same way). Not ucontext's swapcontext: it also saves the signal mask,
+// a system call at every switch, which cost more than the kernels themselves.
+extern "C" inline __attribute__((naked)) void sc_emu_switch(void** /*from*/, void* /*to*/) {
+  asm("pushq %rbp\n pushq %rbx\n pushq %r12\n pushq %r13\n pushq %r14\n pushq %r15\n"
+      "movq %rsp, (%rdi)\n movq %rsi, %rsp\n"
+      "popq %r15\n popq %r14\n popq %r13\n popq %r12\n popq %rbx\n popq %rbp\n ret");
+}
+
+// A block's threads as fibers on the launching OS thread, resumed round-robin: a thread runs
+// until it waits at a barrier (yield) or ends. Fiber t plays thread t of every block. The
+// thread_local built-ins are the OS thread's, so a fiber keeps its own threadIdx across a switch.
+class Fibers {
+ public:
+  static Fibers& instance() {
+    thread_local Fibers fibers;
+    return fibers;
+  }
+
+  void run(unsigned count, const std::function<void(unsigned)>& body) {
+    while (lanes_.size() < count) lanes_.push_back(std::make_unique<Lane>());
+    body_ = &body;
+    for (unsigned t = 0; t < count; ++t) lanes_[t]->done = false;
+    for (unsigned left = count; left > 0;)
+      for (unsigned t = 0; t < count; ++t)
+        if (!lanes_[t]->done) {
+          current_ = t;
+          sc_emu_switch(&scheduler_, lanes_[t]->sp);
+          left -= lanes_[t]->done;
+        }
+  }
+
+  // From a fiber: let the others run; back here with this fiber's threadIdx.
+  void yield() {
+    const uint3 mine = threadIdx;
+    sc_emu_switch(&lanes_[current_]->sp, scheduler_);
+    threadIdx = mine;
+  }
+
+ private:
+  // A fiber's stack starts as if sc_emu_switch had saved it: six registers, then `start` as the
+  // return address, at a 16-byte boundary so that `start` begins with the ABI's alignment.
+  struct Lane {
+    Lane() {
+      auto top = reinterpret_cast<uintptr_t>(stack.get() + kStack) & ~uintptr_t(15);
+      void** frame = reinterpret_cast<void**>(top) - 2;
+      frame[0] = reinterpret_cast<void*>(&Fibers::start);
+      frame[1] = nullptr;  // no caller
+      sp = frame - 6;
+      std::fill(frame - 6, frame, nullptr);
+    }
+    static constexpr size_t kStack = 1 << 17;
+    std::unique_ptr<char[]> stack{new char[kStack]};  // not zeroed: pages stay untouched until used
+    void* sp = nullptr;
+    bool done = true;
+  };
+
+  [[noreturn]] static void start() {
+    Fibers& self = instance();
+    for (;;) {
+      const unsigned t = self.current_;
+      (*self.body_)(t);
+      self.lanes_[t]->done = true;
+      sc_emu_switch(&self.lanes_[t]->sp, self.scheduler_);
+    }
+  }
+
+  std::vector<std::unique_ptr<Lane>> lanes_;
+  const std::function<void(unsigned)>* body_ = nullptr;
+  void* scheduler_ = nullptr;
+  unsigned current_ = 0;
+};
+using Executor = Fibers;
+#endif
+
 // A reusable barrier for a fixed group of threads that also enforces the CUDA rules a GPU would
 // not forgive: every member waits at the same call site, and no member exits while others wait
 // for it. Arrivals and exits are counted in one atomic word, so a phase completes either by the
@@ -146,7 +227,13 @@ class Barrier {
       phase_.notify_all();
       return;
     }
-    while (phase_.load(std::memory_order_acquire) == phase) phase_.wait(phase, std::memory_order_relaxed);
+    while (phase_.load(std::memory_order_acquire) == phase) {
+#ifdef SC_EMU_FIBERS
+      Fibers::instance().yield();
+#else
+      phase_.wait(phase, std::memory_order_relaxed);
+#endif
+    }
   }
 
   void exit_thread() {
@@ -232,6 +319,10 @@ class Workers {
   bool stop_ = false;
 };
 
+#ifndef SC_EMU_FIBERS
+using Executor = Workers;
+#endif
+
 inline bool valid(const dim3& grid, const dim3& threads) {
   const uint64_t per_block = uint64_t(threads.x) * threads.y * threads.z;
   return grid.x >= 1 && grid.x <= 0x7fffffffu && grid.y >= 1 && grid.y <= 65535 && grid.z >= 1 && grid.z <= 65535 &&
@@ -263,7 +354,7 @@ class Launch {
       for (unsigned by = 0; by < grid_.y; ++by)
         for (unsigned bx = 0; bx < grid_.x; ++bx) {  // blocks one after another
           Block shared(count);
-          Workers::instance().run(count, [&](unsigned t) {
+          Executor::instance().run(count, [&](unsigned t) {
             blockIdx = uint3{bx, by, bz};
             blockDim = threads_;
             gridDim = grid_;

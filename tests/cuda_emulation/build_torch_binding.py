@@ -4,7 +4,8 @@ test-only op library: torch.ops.sparsecomm_cuda_emulated, with the schemas of
 csrc/torch/ops.cpp, registered on the CPU key (tests/cuda_emulation/torch_binding.cpp).
 
 The launchers are build_driver.py's copies of csrc/cuda/*.cu (launches rewritten), compiled
-with the same -ffp-contract=off and -DSC_MAX_BLOCKS=3 as the driver. No sanitizer: a sanitized
+with the same -ffp-contract=off and -DSC_MAX_BLOCKS=3 as the driver, their CUDA threads fibers
+(-DSC_EMU_FIBERS) where the driver's are OS threads. No sanitizer: a sanitized
 torch extension would need the runtime preloaded into a second Python process, and
 ThreadSanitizer cannot see the synchronisation inside torch's uninstrumented thread pools (false
 races); the driver
@@ -19,6 +20,7 @@ By hand:  python tests/cuda_emulation/build_torch_binding.py [BUILD_DIR]
 
 import fcntl
 import os
+import platform
 import sys
 
 import build_driver
@@ -29,6 +31,10 @@ SOURCE = os.path.join(HERE, "torch_binding.cpp")
 STUBS_INCLUDE = os.path.join(HERE, "include")  # c10/cuda/CUDAGuard.h, CUDAStream.h stand-ins
 DEFAULT_BUILD_DIR = os.path.join(build_driver.ROOT, "build", "cuda_emulation_torch")
 FLAGS = ["-O1", "-ffp-contract=off", "-DSC_MAX_BLOCKS=3", "-pthread", "-iquote", build_driver.CUDA_DIR]
+# CUDA's threads as fibers on the launching thread (the emulation's switch is x86-64 code): no
+# sanitizer watches this library, so OS threads would only add a thread switch at every barrier.
+if platform.machine() == "x86_64":
+    FLAGS.append("-DSC_EMU_FIBERS")
 
 
 def load(build_dir=DEFAULT_BUILD_DIR, verbose=False):

@@ -92,7 +92,6 @@ def _inputs(kind, numel, gen):
     raise ValueError(kind)
 
 
-@pytest.mark.slow_under_emulation("5 packs of 1M elements: about 1 min a case, a thread per CUDA thread on 2 cores")
 @pytest.mark.parametrize("kind", ["normal", "heavy-tailed", "many-ties", "mostly-zero"])
 @pytest.mark.parametrize("ratio", [0.001, 0.01])
 def test_pack_sampled_counts_land_in_the_band(device, kind, ratio):
