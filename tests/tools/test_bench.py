@@ -97,17 +97,28 @@ def test_kernel_benchmark_runs_without_horovod_and_e2e_says_it_needs_it(tmp_path
     assert proc.returncode == 2 and "e2e: the end-to-end benchmark needs Horovod" in proc.stderr
 
 
+def refused(monkeypatch, capsys, *argv):
+    """`python -m benchmarks *argv`, run in this process up to its refusal: (exit code, stderr).
+    In this process, since the refusal comes before anything runs (a launch costs 1.7 s)."""
+    from benchmarks import __main__ as cli
+    from benchmarks import report
+
+    def accepted():
+        raise AssertionError(f"benchmarks {' '.join(argv)}: not refused")
+
+    monkeypatch.setattr(sys, "argv", ["benchmarks", *argv])
+    monkeypatch.setattr(cli.signal, "signal", lambda *_: None)  # the CLI's SIGTERM handler, not pytest's
+    monkeypatch.setattr(report, "code_version", accepted)  # the first step after the checks
+    with pytest.raises(SystemExit) as stopped:
+        cli.main()
+    return stopped.value.code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("layout", ["2x1", "1x2", "2by2", "x"])
-def test_a_host_layout_needs_two_hosts_of_two_ranks_or_more(layout):
+def test_a_host_layout_needs_two_hosts_of_two_ranks_or_more(layout, monkeypatch, capsys):
     """`bench all --host-layouts` takes HxR; anything else is refused before anything runs."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks", "all", "--host-layouts", layout],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, proc.stderr[-2000:]
-    assert f"a layout should be HxR (hosts x ranks a host, both >= 2), got {layout!r}" in proc.stderr
+    code, said = refused(monkeypatch, capsys, "all", "--host-layouts", layout)
+    assert code == 2 and f"a layout should be HxR (hosts x ranks a host, both >= 2), got {layout!r}" in said, said
 
 
 def _check_the_tiny_page(out, text, results):
@@ -788,7 +799,7 @@ def _host_bytes(out):
     return rate, seconds, flat, hierarchical
 
 
-def test_a_layout_of_several_ranks_per_host_needs_the_per_host_model():
+def test_a_layout_of_several_ranks_per_host_needs_the_per_host_model(monkeypatch, capsys):
     from benchmarks import network
 
     with pytest.raises(ValueError, match="ranks_per_host=2: needs the per-host model.*shared model"):
@@ -799,9 +810,10 @@ def test_a_layout_of_several_ranks_per_host_needs_the_per_host_model():
             pass
     with pytest.raises(ValueError, match="ranks_per_host should be 1 to 64, got 0"):
         network.PerHostNics(2, None, ranks_per_host=0)
-    command = [sys.executable, "-m", "benchmarks", "e2e", "--network-model", "shared"]
-    proc = subprocess.run(command + ["--ranks", "4", "--ranks-per-host", "2"], capture_output=True, text=True)
-    assert proc.returncode == 2 and "--ranks-per-host 2: needs the per-host network model, not shared" in proc.stderr
+    code, said = refused(
+        monkeypatch, capsys, "e2e", "--network-model", "shared", "--ranks", "4", "--ranks-per-host", "2"
+    )
+    assert code == 2 and "--ranks-per-host 2: needs the per-host network model, not shared" in said, said
 
 
 def test_ratios_against_dense_and_floor_of_the_same_run():
