@@ -94,11 +94,10 @@ class Scattered(BucketPart):
         table = OwnerTable(self.received, self.offsets, self.layouts, self.split, self.rank, _width(self.value_dtype))
         sums, sums_at = _owned_sums(self.wires, self.layouts, self.value_dtype, table, self.rank)
         residuals = [wire_.residual for wire_ in self.wires]
-        values, index, counts, _ = spardl_fixed.reduce(  # (rooms one after the other: cut by parts_of)
+        values, index, counts, rooms = spardl_fixed.reduce(
             sums, sums_at, table.arrived(), self.layouts, self.rank, self.value_dtype, residuals
         )
         sizes = [layout.owned(self.rank)[1] for layout in self.layouts]
-        rooms = [min(size, layout.per_rank) for size, layout in zip(sizes, self.layouts)]
         sends = []
         for p, (v, i) in enumerate(zip(spardl_fixed.parts_of(values, rooms), spardl_fixed.parts_of(index, rooms))):
             sends.append((v, i, (COUNT * p, self.offsets[p], sizes[p])))

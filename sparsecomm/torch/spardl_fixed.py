@@ -185,9 +185,9 @@ def _reduce_on_device(sums, sums_at, rows, layouts, rank, value_dtype, residuals
     unsorted = torch.empty_like(added).index_copy_(0, order, added)
     lows = layout_ints_on([layout.owned(rank)[0] for layout in layouts], torch.int64, device)
     _add_to_residuals(residuals, torch.where(real, arrived, 0) + lows[item], unsorted, [r * senders for r in rows.room])
-    rooms = [min(size, layout.per_rank) for size, layout in zip(sizes, layouts)]
+    rooms = owner_rooms(layouts, rank)
     values, index, counts = compacted(rounded, at.int(), kept, group, rooms + [0], offsets_of(rooms) + [sum(rooms)])
-    return values, index, counts[:n], offsets_of(rooms)
+    return values, index, counts[:n], rooms
 
 
 def split(selections, layouts, rank, residuals):
@@ -201,11 +201,16 @@ def split(selections, layouts, rank, residuals):
 def reduce(sums, sums_at, rows, layouts, rank, value_dtype, residuals):
     """Phase 2 of n tensors: the owner's float32 sums (tensor t's block at sums_at[t] of `sums`)
     at the indices of the rows that arrived (an Arrived, its own included). Returns (values, int32
-    relative indices, counts int64 [n], room_at): tensor t's per_rank largest sums at room_at[t],
-    rounded to value_dtype, in index order (the rooms, min(owned size, per_rank) each, one after
-    the other); the rest, and the rounding, to the residuals."""
+    relative indices, counts int64 [n], rooms): tensor t's per_rank largest sums at the front of
+    its room, rounded to value_dtype, in index order (the rooms, owner_rooms' sizes, one after the
+    other); the rest, and the rounding, to the residuals."""
     on = _reduce_on_device if _by_device(rows.rows.device, layouts) else _reduce_on_host
     return on(sums, sums_at, rows, layouts, rank, value_dtype, residuals)
+
+
+def owner_rooms(layouts, rank):
+    """How many sums `rank` keeps of each tensor at most: per_rank, or its whole block if smaller."""
+    return [min(layout.owned(rank)[1], layout.per_rank) for layout in layouts]
 
 
 def _by_device(device, layouts):
@@ -240,7 +245,7 @@ def _split_on_host(selections, layouts, rank, residuals):
 def _reduce_on_host(sums, sums_at, rows, layouts, rank, value_dtype, residuals):
     """reduce, tensor by tensor with owner_keeps: each one's rows cut to their counts (read) and
     read back by wire_columns, their indices made unique by torch.unique."""
-    rooms = [min(layout.owned(rank)[1], layout.per_rank) for layout in layouts]
+    rooms = owner_rooms(layouts, rank)
     room_at = offsets_of(rooms)
     values = sums.new_empty(sum(rooms) + 1, dtype=value_dtype)
     index, kept_counts = torch.zeros(sum(rooms) + 1, dtype=torch.int32, device=sums.device), []
@@ -256,4 +261,4 @@ def _reduce_on_host(sums, sums_at, rows, layouts, rank, value_dtype, residuals):
         at = room_at[t]
         values[at : at + kept.numel()], index[at : at + kept.numel()] = kept, owned - low
         kept_counts.append(kept.numel())
-    return values, index, torch.tensor(kept_counts, dtype=torch.int64, device=sums.device), room_at
+    return values, index, torch.tensor(kept_counts, dtype=torch.int64, device=sums.device), rooms

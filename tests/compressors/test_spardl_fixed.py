@@ -120,7 +120,8 @@ def test_the_owner_keeps_the_host_sized_sums(way, ranks, dtype, kind):
         arrived = arrived_rows(gen, parts_of, layouts, rank, dtype)
         sums_at = spardl_fixed.offsets_of([s.numel() for s in sums])
         got = getattr(spardl_fixed, way)(torch.cat(sums), sums_at, arrived, layouts, rank, dtype, on_ours)
-        values, index, counts, room_at = got
+        values, index, counts, rooms = got
+        room_at = spardl_fixed.offsets_of(rooms)
         for t, layout in enumerate(layouts):
             assert torch.equal(bits(on_ours[t]), bits(residuals[t])), f"rank {rank}, tensor {t}: the residual"
             rows = rows_of(values[room_at[t] :], index[room_at[t] :], int(counts[t]), layout, rank)
