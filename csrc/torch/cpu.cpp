@@ -93,10 +93,15 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
   static std::tuple<at::Tensor, at::Tensor> wire_columns(const at::Tensor& rows, at::ScalarType value_dtype, bool) {
     at::Tensor values = at::empty({rows.size(0)}, rows.options().dtype(value_dtype));
     at::Tensor index = at::empty({rows.size(0)}, rows.options().dtype(at::kInt));
-    const int64_t n = cpu::wire_columns(rows.data_ptr<uint8_t>(), rows.size(0), values.element_size(),
-                                        values.data_ptr(), index.data_ptr<int32_t>());
-    TORCH_CHECK(n >= 0, "wire rows: an element comes before its bucket's marker row, or past 2^31 - 1");
+    const int64_t n = decode_rows(rows.data_ptr<uint8_t>(), rows.size(0), values.element_size(), values.data_ptr(),
+                                  index.data_ptr<int32_t>());
     return {values.narrow(0, 0, n), index.narrow(0, 0, n)};
+  }
+  // `count` rows' values and indices into the columns: how many elements they held.
+  static int64_t decode_rows(const uint8_t* rows, int64_t count, int64_t value_bytes, void* values, int32_t* index) {
+    const int64_t n = cpu::wire_columns(rows, count, value_bytes, values, index);
+    TORCH_CHECK(n >= 0, "wire rows: an element comes before its bucket's marker row, or past 2^31 - 1");
+    return n;
   }
 
   // Tensor by tensor, each one's rows of every rank (in rank order) unpacked as
@@ -106,21 +111,22 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
                                    at::ScalarType value_dtype, UnpackScale scale, at::TensorList outs) {
     static thread_local std::vector<uint8_t> values;
     static thread_local std::vector<int32_t> index;
+    static thread_local std::vector<int64_t> counts;  // each rank's rows of the out at hand
     const int64_t ranks = gathered.size(0), chunk = gathered.size(1), value_bytes = width - kWireOffsetBytes;
     const uint8_t* all = gathered.data_ptr<uint8_t>();
+    counts.resize(size_t(ranks));
     for (size_t p = 0; p < outs.size(); ++p) {
       int64_t total = 0;
-      for (int64_t r = 0; r < ranks; ++r) total += gathered_count(all + r * chunk, regions, p, r, width);
+      for (int64_t r = 0; r < ranks; ++r) {
+        counts[r] = gathered_count(all + r * chunk, regions, p, r, width);
+        total += counts[r];
+      }
       values.resize(size_t(std::max<int64_t>(total, 1) * value_bytes));  // (at least one: never a null pointer)
       index.resize(size_t(std::max<int64_t>(total, 1)));
       int64_t n = 0;
-      for (int64_t r = 0; r < ranks; ++r) {
-        const uint8_t* rows = all + r * chunk + regions[3 * p + 1];
-        const int64_t written = cpu::wire_columns(rows, gathered_count(all + r * chunk, regions, p, r, width),
-                                                  value_bytes, values.data() + n * value_bytes, index.data() + n);
-        TORCH_CHECK(written >= 0, "wire rows: an element comes before its bucket's marker row, or past 2^31 - 1");
-        n += written;
-      }
+      for (int64_t r = 0; r < ranks; ++r)
+        n += decode_rows(all + r * chunk + regions[3 * p + 1], counts[r], value_bytes, values.data() + n * value_bytes,
+                         index.data() + n);
       const at::Tensor v = at::from_blob(values.data(), {n}, at::TensorOptions().dtype(value_dtype));
       unpack_into<CpuDevice>(v.to(outs[p].scalar_type()), at::from_blob(index.data(), {n}, at::kInt), scale, outs[p]);
     }

@@ -25,8 +25,9 @@ class Bucket:
         for t, numel in enumerate(numels):
             per_rank = max(1, numel // 50)
             values, index = gathered_selections(numel, per_rank, ranks, value_dtype, seed=seed + t)
+            sent = [max(1, per_rank - r) for r in range(ranks)]  # (ranks send different counts, as Threshold's do)
             self.sends.append(
-                [(values[r * per_rank :][:per_rank], index[r * per_rank :][:per_rank]) for r in range(ranks)]
+                [(values[r * per_rank :][: sent[r]], index[r * per_rank :][: sent[r]]) for r in range(ranks)]
             )
         rows = [[ops.wire_rows(v, i, 0, numel) for v, i in sends] for numel, sends in zip(numels, self.sends)]
         self.rows = rows
