@@ -170,20 +170,20 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
   // An in-place selection on copies of the candidates (CUDA uses torch's sort instead).
   static std::tuple<at::Tensor, at::Tensor> select_top(const at::Tensor& acc_in, const at::Tensor& index_in,
                                                        int64_t k) {
-    at::Tensor acc = acc_in.contiguous().clone(), index = index_in.contiguous().clone();
-    const int64_t kept = cpu::select_top(acc.data_ptr<float>(), index.data_ptr<int32_t>(), acc.numel(), k);
-    return {acc.narrow(0, 0, kept), index.narrow(0, 0, kept)};
+    return select_top_in_place(acc_in.contiguous().clone(), index_in.contiguous().clone(), k);
   }
 
   // A bucket's tops (select.h's banded), in place: its candidate lists are the pack's own.
   static std::vector<std::tuple<at::Tensor, at::Tensor>> select_top_many(const std::vector<TopOf>& lists) {
     std::vector<std::tuple<at::Tensor, at::Tensor>> tops;
-    for (const TopOf& list : lists) {
-      const int64_t kept =
-          cpu::select_top(list.acc.data_ptr<float>(), list.index.data_ptr<int32_t>(), list.acc.numel(), list.k);
-      tops.emplace_back(list.acc.narrow(0, 0, kept), list.index.narrow(0, 0, kept));
-    }
+    for (const TopOf& list : lists) tops.push_back(select_top_in_place(list.acc, list.index, list.k));
     return tops;
+  }
+  // The k largest of contiguous candidates, selected where they lie: views of their front.
+  static std::tuple<at::Tensor, at::Tensor> select_top_in_place(const at::Tensor& acc, const at::Tensor& index,
+                                                                int64_t k) {
+    const int64_t kept = cpu::select_top(acc.data_ptr<float>(), index.data_ptr<int32_t>(), acc.numel(), k);
+    return {acc.narrow(0, 0, kept), index.narrow(0, 0, kept)};
   }
 
   // Sums duplicates in input order directly (CUDA sorts the indices first).
