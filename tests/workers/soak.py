@@ -1,9 +1,12 @@
-"""Worker: a soak run. For each compressor in turn, the ranks train their own copy of the MLP on
-digits for --steps steps (torch: hvd.DistributedOptimizer; TF: hvd.DistributedGradientTape in
-tf.function) and sample, at step --warmup and every --every steps after it, this process's
-resident set size, its live tensors (torch.Tensor; TF: tf.Variable and EagerTensor, counted
-through gc) and, for TF, how many times the step was traced. Prints one line per compressor:
-"soak <framework> <compressor> rank <r> <json: samples, seconds, routes>".
+"""Worker: a soak run. The compressors train side by side, each its own copy of the MLP on digits
+(torch: hvd.DistributedOptimizer; TF: hvd.DistributedGradientTape, all of them in one
+tf.function), every step of each in one loop turn, so that Horovod's cycles carry all their
+collectives together. Each compressor's parameters are named after it (its collectives' names
+must differ from the others'). At step --warmup and every --every steps after it, the worker
+samples this process's resident set size, its live tensors (torch.Tensor; TF: tf.Variable and
+EagerTensor, counted through gc) and, for TF, how many times the step was traced. Prints one line
+per rank: "soak <framework> rank <r> <json: samples, seconds, routes per compressor>". A growth
+is the process's: `--only NAME` reruns one compressor to see which grows.
 
 --leak (the check that the test can fail): "tensors": the first compressor keeps every gradient
 it compresses in a list (TF: by a py_function in the graph, so at every step, not once per
@@ -39,10 +42,11 @@ except (OSError, AttributeError):
 
 def compressors(sc, bind):
     """name -> compressor maker, from sparsecomm.torch or sparsecomm.tensorflow; `bind` gives
-    the binding keyword argument for a model. exchange="auto" settles on dense for this model
-    on one machine (its trial runs the sparse exchanges in the warm-up only), and a dense route
-    skips the methods' packs: TopK_auto soaks auto, the others pin "allgather" (RandomK and
-    RandomBlock have no choice: Horovod's allreduce of shared coordinates)."""
+    the binding keyword argument for a list of (name, parameter) pairs. exchange="auto" settles
+    on dense for this model on one machine (its trial runs the sparse exchanges in the warm-up
+    only), and a dense route skips the methods' packs: TopK_auto soaks auto, the others pin
+    "allgather" (RandomK and RandomBlock have no choice: Horovod's allreduce of shared
+    coordinates)."""
     gather = dict(EVERY, exchange="allgather")
     makers = {
         "TopK_auto": lambda m: sc.TopK(ratio=RATIO, **EVERY, **bind(m)),
@@ -102,10 +106,11 @@ def sample(step, types, **extra):
     return dict(step=step, tensors=tensors, rss=rss_bytes(), **extra)
 
 
-def report(framework, name, rank, samples, started, compression):
-    routes = {n: t.get("exchange", "shared") for n, t in compression.stats()["tensors"].items()}
+def report(framework, rank, samples, started, runs):
+    """The rank's line: its samples, the seconds of the run, and each compressor's routes."""
+    routes = {name: sorted({t.get("exchange", "shared") for t in c.stats()["tensors"].values()}) for name, c in runs}
     line = dict(samples=samples, seconds=round(time.monotonic() - started, 1), routes=routes)
-    print(f"soak {framework} {name} rank {rank} {json.dumps(line)}", flush=True)
+    print(f"soak {framework} rank {rank} {json.dumps(line)}", flush=True)
 
 
 def run_torch():
@@ -120,54 +125,59 @@ def run_torch():
     # Horovod sometimes still holds the last collective's tensors when a step returns, until its
     # next operation: this in-place allreduce before each sample lets it drop them
     sync = torch.zeros(1)
-    makers = compressors(sc, lambda m: dict(named_parameters=m.named_parameters()))
-    for number, (name, make) in enumerate(makers.items()):
-        started = time.monotonic()
+    started, runs = time.monotonic(), []
+    for number, (name, make) in enumerate(compressors(sc, lambda named: dict(named_parameters=named)).items()):
         model = common.torch_model()
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-        compression = make(model)
+        named = [(f"{name}.{n}", p) for n, p in model.named_parameters()]
+        compression = make(named)
         if args.leak and number == 0:
             break_on_purpose(compression, keeper(torch.clone))
         opt = hvd.DistributedOptimizer(
-            torch.optim.SGD(model.parameters(), lr=args.lr),
-            named_parameters=model.named_parameters(),
-            compression=compression,
+            torch.optim.SGD(model.parameters(), lr=args.lr), named_parameters=named, compression=compression
         )
-        samples = []
-        for step in range(args.steps + 1):
-            if sampled(step):
-                hvd.allreduce_(sync, name="soak.sync")
-                samples.append(sample(step, torch.Tensor))
-            if step < args.steps:
-                idx = torch.from_numpy(common.rows(step, hvd.rank(), hvd.size(), len(y_all)))
+        runs.append((name, model, compression, opt))
+    samples = []
+    for step in range(args.steps + 1):
+        if sampled(step):
+            hvd.allreduce_(sync, name="soak.sync")
+            samples.append(sample(step, torch.Tensor))
+        if step < args.steps:
+            idx = torch.from_numpy(common.rows(step, hvd.rank(), hvd.size(), len(y_all)))
+            for _, model, _, opt in runs:  # every backward's collectives start before any step waits
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(x_all[idx]), y_all[idx]).backward()
+            for *_, opt in runs:
                 opt.step()
-        report("torch", name, hvd.rank(), samples, started, compression)
-        del opt, model, compression
+    report("torch", hvd.rank(), samples, started, [(name, c) for name, _, c, _ in runs])
 
 
-def tf_model(tf):
+def tf_model(tf, prefix):
     """The MLP 64-32-10 as (name, variable) pairs, the same initial weights on every rank."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     shapes = {"0.weight": (64, 32), "0.bias": (32,), "2.weight": (32, 10), "2.bias": (10,)}
-    return [(name, tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32))) for name, shape in shapes.items()]
+    return [
+        (f"{prefix}.{name}", tf.Variable(rng.uniform(-0.2, 0.2, shape).astype(np.float32)))
+        for name, shape in shapes.items()
+    ]
 
 
-def tf_step(tf, hvd, model, compression):
-    variables = [v for _, v in model]
+def tf_step(tf, hvd, runs):
+    """One tf.function that steps every (model, compression) of `runs` on the same batch."""
 
     @tf.function
     def step(x, y):
-        with tf.GradientTape() as tape:
-            w0, b0, w2, b2 = variables
-            logits = tf.matmul(tf.nn.relu(tf.matmul(x, w0) + b0), w2) + b2
-            loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
-        grads = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
-        for v, g in zip(variables, grads):
-            v.assign_sub(args.lr * g)
+        for model, compression in runs:
+            variables = [v for _, v in model]
+            with tf.GradientTape() as tape:
+                w0, b0, w2, b2 = variables
+                logits = tf.matmul(tf.nn.relu(tf.matmul(x, w0) + b0), w2) + b2
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=logits))
+            grads = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, variables)
+            for v, g in zip(variables, grads):
+                v.assign_sub(args.lr * g)
 
     return step
 
@@ -187,24 +197,22 @@ def run_tf():
     hvd.init()
     x_all, y_all = common.digits()
     kinds = (tf.Variable, type(tf.constant(0.0)))  # EagerTensor has no public name
+    started, runs = time.monotonic(), []
     for number, (name, make) in enumerate(compressors(sc, lambda m: dict(variables=m)).items()):
-        started = time.monotonic()
-        model = tf_model(tf)
+        model = tf_model(tf, name)
         compression = make(model)
         if args.leak and number == 0:
             break_on_purpose(compression, tf_keeper(tf))
-        step_fn = tf_step(tf, hvd, model, compression)
-        samples = []
-        for step in range(args.steps + 1):
-            if sampled(step):
-                samples.append(sample(step, kinds, traces=step_fn.experimental_get_tracing_count()))
-            if step < args.steps:
-                idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
-                step_fn(tf.constant(x_all[idx]), tf.constant(y_all[idx]))
-        report("tf", name, hvd.rank(), samples, started, compression)
-        # Horovod's TF module caches one gradient function per compression object, for good
-        # (horovod.tensorflow.util._cache): this model and compressor stay alive after here
-        del step_fn, model, compression
+        runs.append((name, model, compression))
+    step_fn = tf_step(tf, hvd, [(model, compression) for _, model, compression in runs])
+    samples = []
+    for step in range(args.steps + 1):
+        if sampled(step):
+            samples.append(sample(step, kinds, traces=step_fn.experimental_get_tracing_count()))
+        if step < args.steps:
+            idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all))
+            step_fn(tf.constant(x_all[idx]), tf.constant(y_all[idx]))
+    report("tf", hvd.rank(), samples, started, [(name, c) for name, _, c in runs])
 
 
 if __name__ == "__main__":
