@@ -62,7 +62,7 @@ def test_quick_check_on_this_machine(tmp_path):
     assert "x a memcpy" in result["kernel benchmark (cpu)"]["detail"] or torch.cuda.is_available()
     hook = result["DDP hook step (cpu)"]["detail"]
     assert (
-        re.match(r"161 tensors, 1 rank, against DDP's allreduce step: DGC 0.1% \d+\.\d\dx", hook)
+        re.match(r"161 tensors of 64x64, 1 rank, against DDP's allreduce step: DGC 0.1% \d+\.\d\dx", hook)
         or torch.cuda.is_available()
     )
     training = result["2-rank training (cpu)"]
