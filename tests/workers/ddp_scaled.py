@@ -6,9 +6,10 @@ scale(loss).backward(), step, update); at step OVERFLOW rank 1 sets one element 
 gradient to inf, so the scaler skips that step and halves its scale.
 
   --mode straight   STEPS scaled steps ("scaled"), and the same compressor and steps without
-                    a scaler and without step OVERFLOW ("reference"): they must agree bit for bit
-  --mode stop       the scaled steps up to OVERFLOW (a rollback pending), then a checkpoint of
-                    each rank (model, optimizer, compressor, scaler) in --out, and exit
+                    a scaler and without step OVERFLOW ("reference"): they must agree bit for bit;
+                    then a third run of the scaled steps up to OVERFLOW (a rollback pending),
+                    stopped there: a checkpoint of each rank (model, optimizer, compressor,
+                    scaler) in --out
   --mode resume     a fresh process loads its rank's checkpoint and runs the remaining steps
 """
 
@@ -24,7 +25,7 @@ from sparsecomm.torch import ddp_hook, destroy_process_group
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
-parser.add_argument("--mode", choices=["straight", "stop", "resume"], required=True)
+parser.add_argument("--mode", choices=["straight", "resume"], required=True)
 args = parser.parse_args()
 dist.init_process_group("gloo")
 torch.set_num_threads(1)
@@ -84,18 +85,19 @@ class Run:
 
 
 checkpoints = os.path.join(args.out, f"checkpoint{rank}.pt")
-results = {}
+results, stopped = {}, {}
 for config, make in CONFIGS.items():
     if args.mode == "straight":
         results[config] = Run(make, scaled=True).train(range(STEPS)).record()
         reference = Run(make, scaled=False).train(s for s in range(STEPS) if s != OVERFLOW)
         results[config]["reference"] = reference.record()
-    elif args.mode == "stop":
-        results[config] = Run(make, scaled=True).train(range(OVERFLOW + 1)).checkpoint()
+        stopped[config] = Run(make, scaled=True).train(range(OVERFLOW + 1)).checkpoint()
     else:
         run = Run(make, scaled=True)
         run.restore(torch.load(checkpoints)[config])
         results[config] = run.train(range(OVERFLOW + 1, STEPS)).record()
-torch.save(results, checkpoints if args.mode == "stop" else os.path.join(args.out, f"{args.mode}{rank}.pt"))
+if stopped:
+    torch.save(stopped, checkpoints)
+torch.save(results, os.path.join(args.out, f"{args.mode}{rank}.pt"))
 print(f"rank {rank}/{size}: {args.mode}, {len(results)} configs")
 destroy_process_group()
