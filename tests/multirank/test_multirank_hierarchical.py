@@ -183,11 +183,11 @@ def test_a_host_done_first_waits_at_exit_for_a_host_still_gathering(framework):
 
 
 def test_a_rank_waits_at_exit_only_so_long():
-    """Where host 0 comes later than the wait (2 s of a 20 s delay), host 1 exits without it and
+    """Where host 0 comes later than the wait (2 s of a 10 s delay), host 1 exits without it and
     host 0's gather fails as Horovod's collectives do once a rank has exited: an error on ranks 0
     and 1, not a hang."""
     hosts = ",".join(f"{host}:2" for host in LAYOUT_HOSTS)
-    args = ("--framework", "torch", "--late", 20, "--wait", 2)
+    args = ("--framework", "torch", "--late", 10, "--wait", 2)
     code, output, _ = horovodrun_outcome(4, "hierarchical_end.py", *args, hosts=hosts, timeout=180)
     assert code != 0 and "gathered late" not in output, output[-3000:]
     assert len(re.findall(r"rank [23]: exits", output)) == 2, output[-3000:]
