@@ -9,8 +9,9 @@ import re
 from launch import horovodrun
 
 COMPRESSORS = ("TopK_auto", "TopK", "RTopK", "RandomK", "RandomBlock", "Threshold", "DGC", "Threshold_2bit")
-# Resident growth allowed from the warm-up sample to the last: five times the largest growth
-# measured (docs/testing.md, "Soak"); a leak of about 260 bytes a step (torch) or 520 (TF) reaches it.
+# Resident growth allowed from the warm-up sample to the last: about four times the largest growth
+# measured side by side (docs/testing.md, "Soak"); a leak of about 260 bytes a step (torch) or 520
+# (TF) reaches it.
 RSS_BOUND = 1 << 19
 STEPS = {"torch": 2500, "tf": 1500}
 WARMUP, EVERY = 500, 500
