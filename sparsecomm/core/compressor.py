@@ -6,6 +6,7 @@ model's parameters, state tensors, kernels and collectives (Settings' abstract m
 method's compressor class declares its hooks (sparsecomm/<framework>/compression.py), both
 returning a sparsecomm.core.exchange.Packed:
     pack(tensor, state, density)  the method's kernels -> what the exchange sends
+    pack_many(tensors, states, density)  the same of several tensors (default: pack each)
     dense_payload(tensor, state)  what a tensor routed dense sends (default: itself)
 """
 
@@ -28,6 +29,11 @@ class Hooks(abc.ABC):
     @abc.abstractmethod
     def pack(self, tensor, state, density: float) -> Packed:
         """The method's pack of a gradient at `density`, with error feedback: what the exchange sends."""
+
+    def pack_many(self, tensors, states, density: float) -> list:
+        """The method's packs of several gradients at one density (a DDP bucket's): each one's pack.
+        A class whose kernels batch writes its rule here instead, and packs a tensor as a bucket of one."""
+        return [self.pack(tensor, state, density) for tensor, state in zip(tensors, states)]
 
     def dense_payload(self, tensor, state) -> Packed:
         """What a gradient routed dense sends: itself (DGC: its momentum)."""

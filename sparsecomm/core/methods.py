@@ -174,7 +174,11 @@ class DGC(Method):
     def momentum_args(self, grad_scale):
         """The momentum keywords of DGC's ops (momentum_step; pack_sampled, with the masking),
         given the clipping factor (None: no clipping)."""
-        return dict(momentum_factor=self.momentum, grad_scale=grad_scale, nesterov=self.nesterov)
+        return dict(self.momentum_settings(), grad_scale=grad_scale)
+
+    def momentum_settings(self):
+        """The momentum keywords every tensor of a batched op shares (momentum_args less the factor)."""
+        return dict(momentum_factor=self.momentum, nesterov=self.nesterov)
 
     def clip_limit(self, ranks, loss_scale=1.0):
         """Local gradient clipping: the threshold scaled by 1/sqrt(N) (the paper's rule), or None.

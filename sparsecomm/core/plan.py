@@ -119,6 +119,9 @@ class Planner:
                 self.auto = AutoRouter(method, self.network)
         self.choices = {}  # name -> {"exchange", "predicted_seconds"?, "hidden_seconds"?}: what stats() shows
         self._final = {}  # name -> ((numel, ndim, element size, density, ranks), route) once routes are final
+        self.epoch = (
+            0  # moves whenever final routes are dropped: a bucket's kept routes (core.bucket) stand while it does not
+        )
 
     def settings(self):
         if self.shared:
@@ -142,12 +145,12 @@ class Planner:
         measures (and watches) again."""
         if self.auto is not None:
             self.auto.forget_measurement()
-        self._final.clear()
+        self._drop_final_routes()
 
     def use_measurement(self, network, local, windows=None, hosts=None, watched_step=None):
         """What the adapter measured for auto (AutoRouter.use_measurement); routes are chosen anew."""
         self.auto.use_measurement(network, local, windows, hosts, watched_step)
-        self._final.clear()
+        self._drop_final_routes()
 
     def saved_decision(self):
         """{SAVED_KEY: auto's decision} for a checkpoint ({} without exchange="auto")."""
@@ -165,7 +168,15 @@ class Planner:
     def adopt_kept_decision(self, ranks, host_layout):
         """Where auto holds a kept decision (AutoRouter.adopt_kept): routes are chosen anew."""
         self.auto.adopt_kept(ranks, host_layout)
+        self._drop_final_routes()
+
+    def _drop_final_routes(self):
         self._final.clear()
+        self.epoch += 1
+
+    def routes_final(self):
+        """Whether a route decided now stands for the same inputs (not while auto watches or tries)."""
+        return self.auto is None or self.auto.routes_final()
 
     def always_dense(self, name, numel, ndim, element_size):
         """Whether the per-layer policy or the dense fallback send this tensor dense at every
@@ -196,7 +207,7 @@ class Planner:
         if final is not None and final[0] == inputs:
             return final[1]
         route = self._decide(name, numel, ndim, element_size, density, ranks, record)
-        if record and (self.auto is None or self.auto.routes_final()):
+        if record and self.routes_final():
             self._final[name] = (inputs, route)
         return route
 

@@ -58,6 +58,11 @@ def stream_of(state):
     return dict(tensor_id=state.tensor_id, step=state.step)
 
 
+def streams_of(states):
+    """The selection streams of several tensors at their states' steps, as the batched packs' keywords."""
+    return dict(ids=[state.tensor_id for state in states], steps=[state.step for state in states])
+
+
 RANK_STRIDE = 0x9E3779B97F4A7C15  # 2**64 / golden ratio: consecutive ranks' seeds far apart
 
 

@@ -12,15 +12,16 @@ them to parameters, keeps per-parameter state and runs the kernels (ops) and the
 """
 
 import copy
-import time
 
 import torch
 
 from ..core import arguments, methods
 from ..core.compressor import Settings
 from ..core.exchange import Packed
-from ..core.selection import selected_count, stream_of
+from ..core.selection import selected_count, stream_of, streams_of
 from . import calibration, collectives, elastic, exchange, ops
+from .bucket import Bucket
+from .horovod_hooks import Grouping, HorovodHooks
 from .loss_scaling import LossScaling
 from .sampled_packs import SampledPacks
 from .state import CompressorState, ParameterState
@@ -48,7 +49,7 @@ class _OverCollectives:
         return self.collectives.mean_over_ranks(values, f"sparsecomm.{name}.{self._instance}")
 
 
-class Compressor(_OverCollectives, Settings):
+class Compressor(HorovodHooks, _OverCollectives, Settings):
     """The compress/decompress template every compressor shares: state -> route (policy, dense
     fallback, exchange) -> pack -> count the step -> exchange -> account. Hooks (declared by the
     core's Settings): ``pack(tensor, state, density) -> Packed`` (required),
@@ -67,29 +68,12 @@ class Compressor(_OverCollectives, Settings):
         self.loss_scaling = LossScaling.of(self._name, given.loss_scaler)  # None: gradients are not loss-scaled
         self.state = CompressorState(self._name, given.binding)
         self.packs = SampledPacks()  # the sampled packs, run one tensor or one DDP bucket at a time
+        self._buckets = {}  # a bucket's key (its parameters', or a tensor's name and shape) -> Bucket
         self._in_flight = exchange.InFlight()
+        self._grouping = Grouping()  # Horovod's tensors prepared in groups (HorovodHooks)
         if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
             self.planner.auto.watch_backward()
         elastic.register_handlers(Compressor)
-
-    # -- Horovod's hooks ---------------------------------------------------------------------
-
-    def compress(self, tensor: torch.Tensor):
-        """Horovod's hook: (what to allreduce, context for decompress)."""
-        started = time.perf_counter()
-        if self.planner.timing_steps():
-            self.planner.auto.steps.note_compress()
-        state, route, payload, k, ranks = self.prepare(tensor, self.state.for_gradient(tensor))
-        handed, ctx, traffic = self._in_flight.start(
-            route, payload, tensor, state, k, self.collectives.process_set(), ranks
-        )
-        numel = tensor.numel()
-        self.state.counters.account(
-            state.name, numel, numel * tensor.element_size(), *traffic, time.perf_counter() - started
-        )
-        if self.planner.watching():
-            self.planner.auto.backward.note_handoff(state.name, time.perf_counter())
-        return handed, ctx
 
     def routing(self, device: torch.device):
         """(ranks, the ranks to route for) of the next gradients on `device`: the settings check
@@ -98,32 +82,34 @@ class Compressor(_OverCollectives, Settings):
         return ranks, self._prepare_routing(ranks, measure=True, device=device)
 
     def prepare(self, tensor: torch.Tensor, state: ParameterState, routing=None):
-        """What both ways in do before an exchange: the settings check, the route, the method's
-        pack (or the dense payload) and the step. `routing`: routing()'s, where the caller made
-        it for several tensors. Returns (state, route, payload, k, ranks)."""
-        name, numel, ndim, element_size = state.name, tensor.numel(), tensor.dim(), tensor.element_size()
-        self.planner.check_indexable(name, numel, ndim, element_size)
-        ranks, ranks_to_route = routing or self.routing(tensor.device)
-        if self.loss_scaling is not None:  # before the density: a rollback restores the step
-            self.loss_scaling.follow(state, self.loss_scaling.scale())
-        density = self.method.density(state.step)
-        route = self.planner.route(name, numel, ndim, element_size, density, ranks_to_route)
-        if self.loss_scaling is not None:
-            payload = self.loss_scaling.back_up_and_pack(self, tensor, state, route, density)
-        else:
-            payload = self.dense_payload(tensor, state) if route == "dense" else self.pack(tensor, state, density)
-        if route != "dense" or self.method.counts_dense_steps:
-            state.step += 1
-        return state, route, payload, selected_count(density, numel), ranks
+        """What both ways in do before an exchange, for one tensor: the settings check, the route,
+        the method's pack (or the dense payload) and the step (a bucket of one: prepare_bucket).
+        `routing`: routing()'s, where the caller made it. Returns (state, route, payload, k, ranks)."""
+        key = (state.name, tensor.numel(), tensor.dim(), tensor.element_size())
+        bucket = self._buckets.get(key)
+        if bucket is None or bucket.states[0] is not state:  # (its shape checked before any collective)
+            bucket = self._buckets[key] = Bucket(self, [state], [tensor])
+        routing = routing or self.routing(tensor.device)
+        routes, payloads = bucket.prepare(self, [tensor], routing)
+        return state, routes.routes[0], payloads[0], routes.ks[0], routing[0]
 
-    def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
-        """Horovod's hook: the dense gradient from what the allreduce returned."""
-        if self.planner.watching():
-            self.planner.auto.backward.note_decompress()
-        result = self._in_flight.finish(tensor, ctx, self.state.counters.account_later)
-        if self.planner.timing_steps():  # after the unpack, and the wait for a gather inside it
-            self.planner.auto.steps.note_decompress(time.perf_counter())
-        return result
+    def bucket_of(self, params, tensors) -> Bucket:
+        """The Bucket of a hook's parameters and their gradients (made on first use: each parameter
+        must be bound)."""
+        key = tuple(map(id, params))
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = Bucket(self, [self.state.of_parameter(p) for p in params], tensors)
+        return bucket
+
+    def payloads(self, route, tensors, states, density):
+        """What gradients on one route at one density send (Packeds): the method's packs (one
+        pack_many), the dense payloads, or under a loss scaler each one backed up and packed."""
+        if self.loss_scaling is not None:
+            return [self.loss_scaling.back_up_and_pack(self, t, s, route, density) for t, s in zip(tensors, states)]
+        if route == "dense":
+            return [self.dense_payload(tensor, state) for tensor, state in zip(tensors, states)]
+        return self.pack_many(tensors, states, density)
 
     # -- routes, ranks and what the core's Settings asks of an adapter ------------------------------
 
@@ -162,6 +148,7 @@ class Compressor(_OverCollectives, Settings):
         """Restores a state_dict() as if training had not stopped (auto's routes too, on a world of
         the same shape). Load on every rank, each its own: the next compress compares the ranks."""
         self.state.load_state_dict(state)
+        self._buckets.clear()  # (they hold the states replaced)
         self.planner.keep_decision(state)
         self._check_state_again()
 
@@ -172,11 +159,13 @@ class Compressor(_OverCollectives, Settings):
     def elastic_restore(self, snapshot: dict) -> None:
         """Back to a snapshot (TorchState's restore after a failure; the snapshot is copied, not taken)."""
         self._in_flight.drop()
+        self._grouping = Grouping()
         self.load_state_dict(snapshot)
 
     def elastic_sync(self) -> None:
         """After a reset (no collective here): the next compress adopts rank 0's steps, collectively."""
         self._in_flight.drop()
+        self._grouping = Grouping()
         self._forget_world()
 
     def stats(self) -> dict:
@@ -233,7 +222,15 @@ class _PerRank(Compressor):
     payload (k wire rows) would not be smaller than the dense tensor goes dense."""
 
 
-class TopK(_PerRank):
+class _Batched:
+    """A method whose pack is written over several gradients at one density (pack_many: a DDP
+    bucket's in one op): a tensor is a bucket of one."""
+
+    def pack(self, tensor, state, density):
+        return self.pack_many([tensor], [state], density)[0]
+
+
+class TopK(_Batched, _PerRank):
     """Exact top-k sparsification with error feedback: each rank sends the
     ``k = max(1, round(ratio * numel))`` entries of largest magnitude of (residual + gradient).
     Coordinates differ per rank: values and indices travel by the exchange (``exchange``);
@@ -241,9 +238,10 @@ class TopK(_PerRank):
 
     method_type = methods.TopK
 
-    def pack(self, tensor, state, density):
-        k = selected_count(density, tensor.numel())
-        return self.packs.topk(tensor, self._residual_of(state, tensor), k, **stream_of(state))
+    def pack_many(self, tensors, states, density):
+        ks = [selected_count(density, tensor.numel()) for tensor in tensors]
+        residuals = [self._residual_of(state, tensor) for tensor, state in zip(tensors, states)]
+        return self.packs.topk_many(tensors, residuals, ks, **streams_of(states))
 
 
 class RTopK(_PerRank):
@@ -263,35 +261,62 @@ class RTopK(_PerRank):
         return Packed(*ops.pack_rtopk(tensor, *args, **stream))
 
 
-def _sampled(compressor, tensor, state, density, **feedback):
-    """The sampled-threshold pack of Threshold and DGC (values quantized as the method says);
-    `feedback`: DGC's momentum arguments of pack_sampled."""
+def _sampled_many(compressor, tensors, states, density, momenta=None, grad_scales=None, **feedback):
+    """The sampled-threshold packs of Threshold and DGC (values quantized as the method says), one op
+    for all but 1-/2-bit codes; `feedback`: DGC's momentum settings of pack_sampled, with each
+    tensor's momentum and clipping factor."""
     method = compressor.method
     value_dtype, bits = method.value_dtype and getattr(torch, method.value_dtype), method.bits
-    residual, stream = compressor._residual_of(state, tensor), stream_of(state)
+    residuals = [compressor._residual_of(state, tensor) for tensor, state in zip(tensors, states)]
+    nones = [None] * len(tensors)
+    momenta, grad_scales = momenta or nones, grad_scales or nones
     if bits is None:  # (one op with the bucket's other packs, under DDP)
-        return compressor.packs.sampled(
-            tensor, residual, density, sample_ratio=method.sample_ratio, value_dtype=value_dtype, **stream, **feedback
+        return compressor.packs.sampled_many(
+            tensors,
+            residuals,
+            density,
+            sample_ratio=method.sample_ratio,
+            **streams_of(states),
+            momenta=momenta,
+            grad_scales=grad_scales,
+            value_dtype=value_dtype,
+            **feedback,
         )
-    compressor.packs.run()  # (DGC's clipping factor may wait in the queue)
+    compressor.packs.run()  # (DGC's clipping factors may wait in the queue)
+    return [
+        _quantized(method, tensor, residual, density, stream_of(state), momentum, grad_scale, feedback)
+        for tensor, residual, state, momentum, grad_scale in zip(tensors, residuals, states, momenta, grad_scales)
+    ]
+
+
+def _quantized(method, tensor, residual, density, stream, momentum, grad_scale, feedback):
+    """One tensor's 1-/2-bit sampled pack."""
     values, index = ops.pack_sampled(
-        tensor, residual, density, sample_ratio=method.sample_ratio, bits=bits, **stream, **feedback
+        tensor,
+        residual,
+        density,
+        sample_ratio=method.sample_ratio,
+        bits=method.bits,
+        **stream,
+        momentum=momentum,
+        grad_scale=grad_scale,
+        **feedback,
     )
-    return Packed(index=index, codes=values[0], scales=values[1], bits=bits)
+    return Packed(index=index, codes=values[0], scales=values[1], bits=method.bits)
 
 
-class Threshold(_PerRank):
+class Threshold(_Batched, _PerRank):
     """Gradient dropping (Aji & Heafield 2017), with error feedback: each rank sends the entries
     of (residual + gradient) whose magnitude reaches a threshold estimated from a sample, about
     ``ratio`` of each tensor (always within [0.8 k, 1.3 k]); the rest stays in the residual."""
 
     method_type = methods.Threshold
 
-    def pack(self, tensor, state, density):
-        return _sampled(self, tensor, state, density)
+    def pack_many(self, tensors, states, density):
+        return _sampled_many(self, tensors, states, density)
 
 
-class DGC(_PerRank):
+class DGC(_Batched, _PerRank):
     """Deep Gradient Compression (Lin et al. 2017): sampled-threshold sparsification of the
     momentum-corrected accumulation, per parameter and rank:
 
@@ -332,7 +357,8 @@ class DGC(_PerRank):
         # one pass, u into the gradient that is reduced (with a DDP bucket's others: one op)
         return self.packs.momentum_step(grad, momentum, **self.method.momentum_args(self._clip_factor(tensor, state)))
 
-    def pack(self, tensor, state, density):
-        momentum, masking = state.momentum_for(tensor), self.method.momentum_masking
-        feedback = self.method.momentum_args(self._clip_factor(tensor, state))
-        return _sampled(self, tensor, state, density, momentum=momentum, masking=masking, **feedback)
+    def pack_many(self, tensors, states, density):
+        momenta = [state.momentum_for(tensor) for tensor, state in zip(tensors, states)]
+        scales = [self._clip_factor(tensor, state) for tensor, state in zip(tensors, states)]
+        feedback = dict(self.method.momentum_settings(), masking=self.method.momentum_masking)
+        return _sampled_many(self, tensors, states, density, momenta, scales, **feedback)

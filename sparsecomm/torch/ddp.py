@@ -26,7 +26,7 @@ import time
 import torch
 
 from . import collectives
-from .ddp_parts import Gathered, Reduced, future_on
+from .ddp_parts import Gathered, GatherLayout, Reduced, future_on
 from .ddp_spardl import Scattered
 from .exchange import Wire
 
@@ -65,9 +65,8 @@ def ddp_hook(compressor, bucket):
     # bucket's view, as gradient_as_bucket_view=True wants it (DDP copies a used one there).
     unused = [(param, grad) for param, grad in zip(params, grads) if param.grad is None]
     ways = _attach_once(compressor)
-    return BucketExchange(compressor, ways).start(
-        list(zip(params, grads)), bucket.buffer(), bucket.is_last(), lambda: _set_unused(unused)
-    )
+    then = (lambda: _set_unused(unused)) if unused else None
+    return BucketExchange(compressor, ways).start(params, grads, bucket.buffer(), bucket.is_last(), then)
 
 
 def _set_unused(unused):
@@ -133,23 +132,22 @@ class BucketExchange:
         self.scattered = Scattered(ways, compressor.state.counters)
         self.parts = (self.reduced, self.gathered, self.scattered)
 
-    def start(self, gradients, buffer, is_last, then=None):
-        """Starts the exchange of `gradients`, (parameter, gradient view into `buffer`) pairs, and
+    def start(self, params, grads, buffer, is_last, then=None):
+        """Starts the exchange of `grads`, the gradients of `params` (views into `buffer`), and
         returns a future of `buffer` that holds their average over the ranks once it completes.
         `is_last`: no later bucket of this backward pass will start SparDL's second phase. `then`:
         called before the future completes."""
         self.ways.advance_scattered()  # earlier buckets' second phase, before this bucket's collectives
         started = time.perf_counter()
         compressor = self.compressor
-        routing = compressor.routing(buffer.device) if gradients else None  # (once a bucket, not per parameter)
-        with compressor.packs.deferred(fixed=True):  # the bucket's sampled packs: one op, no host read
-            prepared = [(grad, *compressor.prepare(grad, self._state_of(param), routing)) for param, grad in gradients]
-        traffics = [self._add(route, grad, state, payload, k) for grad, state, route, payload, k, _ in prepared]
-        seconds = (time.perf_counter() - started) / max(1, len(prepared))  # (stats: the bucket's time, shared)
-        for (grad, state, *_), traffic in zip(prepared, traffics):
-            self.compressor.state.counters.account(
-                state.name, grad.numel(), grad.numel() * grad.element_size(), *traffic, seconds
-            )
+        if grads:
+            bucket = compressor.bucket_of(params, grads)  # (its shapes checked before any collective)
+            routing = compressor.routing(buffer.device)  # (once a bucket, not per parameter)
+            with compressor.packs.deferred(fixed=True):  # the bucket's sampled packs: one op, no host read
+                routes, payloads = bucket.prepare(compressor, grads, routing)
+            traffic = self._add(bucket, routes, grads, payloads)
+            rows = [(*shape[:2], shape[1] * shape[3], *moved) for shape, moved in zip(bucket.shapes, traffic)]
+            compressor.state.counters.account_bucket(id(bucket), rows, time.perf_counter() - started)
         futures = [future for part in self.parts for future in part.start()]
         if is_last:
             self.ways.advance_scattered()
@@ -157,26 +155,39 @@ class BucketExchange:
         torch.futures.collect_all(futures).add_done_callback(lambda done: self._finish(done, buffer, then, result))
         return result
 
-    def _state_of(self, param):
-        binding = self.compressor.state.binding
-        name = binding.names.get(id(param)) if binding is not None else None
-        if name is None:
-            raise LookupError(
-                f"{self.compressor.method.owner}: a parameter of shape {list(param.shape)} is not among the "
-                f"named_parameters= the compressor was given: pass the same model's named_parameters() (under "
-                f"FSDP, after fully_shard)"
-            )
-        return self.compressor.state.named(name)
+    def _add(self, bucket, routes, grads, payloads):
+        """Each gradient to the part of its route; this rank's traffic of each (sent elements, sent
+        bytes, received bytes), as stats() counts it."""
+        traffic = [None] * len(grads)
+        for route, positions in routes.on.items():
+            if route == "allgather":
+                layout = self._gather_layout(bucket, routes, positions, payloads)
+                moved = self.gathered.add_all(layout, [grads[i] for i in positions], [payloads[i] for i in positions])
+                for position, each in zip(positions, moved):
+                    traffic[position] = each
+                continue
+            for position in positions:
+                grad, payload, state = grads[position], payloads[position], bucket.states[position]
+                if route in ("dense", "shared"):
+                    traffic[position] = self.reduced.add(grad, payload.values, payload if route == "shared" else None)
+                else:
+                    k = routes.ks[position]
+                    wire = Wire(state.name, grad.shape, grad.dtype, None, self.ranks, k, state.residual, grad)
+                    traffic[position] = self.scattered.add(wire, payload)
+        return traffic
 
-    def _add(self, route, grad, state, payload, k):
-        """The gradient to the part of its route; this rank's traffic as stats() counts it."""
-        if route in ("dense", "shared"):
-            return self.reduced.add(grad, payload.values, payload if route == "shared" else None)
-        capacity = self.compressor.method.most_selected(k, grad.numel())
-        if route == "allgather":
-            return self.gathered.add(grad, state.name, payload, capacity)
-        wire = Wire(state.name, grad.shape, grad.dtype, None, self.ranks, k, state.residual, grad)
-        return self.scattered.add(wire, payload)
+    def _gather_layout(self, bucket, routes, positions, payloads):
+        """The allgather route's GatherLayout of these routes, worked out on their first step and
+        kept on the bucket while they stand."""
+        kept = bucket.kept
+        if kept is not None and kept[0] is routes and kept[1] == self.ranks:
+            return kept[2]
+        method, shapes = self.compressor.method, bucket.shapes
+        names, numels = [shapes[i][0] for i in positions], [shapes[i][1] for i in positions]
+        capacities = [method.most_selected(routes.ks[i], shapes[i][1]) for i in positions]
+        layout = GatherLayout(names, numels, capacities, [payloads[i] for i in positions], self.ranks)
+        bucket.kept = (routes, self.ranks, layout)
+        return layout
 
     def _finish(self, done, buffer, then, result):
         try:

@@ -8,14 +8,15 @@ Scattered, is in sparsecomm.torch.ddp_spardl.
 """
 
 import abc
-import dataclasses
 import functools
+import itertools
 
 import torch
 
 from ..core import wire
 from . import collectives, ops
 from .exchange import Dense, ints_on
+from .sampled_packs import Fixed
 
 COUNT = torch.empty(0, dtype=torch.int64).element_size()
 
@@ -44,19 +45,6 @@ def aligned(nbytes):
 
 def _bytes(tensor):
     return tensor.contiguous().view(-1).view(torch.uint8)
-
-
-@dataclasses.dataclass
-class Send:
-    """A send whose wire rows are still to be written: its values, int32 indices, the tensor's
-    numel and the rows' bytes (at most). At fixed capacity, `count` (a 1-element int64 tensor on
-    the device) says how many of values it sends."""
-
-    values: torch.Tensor
-    index: torch.Tensor
-    length: int
-    nbytes: int
-    count: torch.Tensor | None = None
 
 
 class BucketPart(abc.ABC):
@@ -118,104 +106,135 @@ class Reduced(BucketPart):
                     ops.sparse_unpack(mean, packed.index, grad.numel(), out=grad.view(-1))
 
 
+class GatherLayout:
+    """Where a bucket's parameters on the allgather route lie in each rank's chunk: after a header of
+    their counts, each one's region of its capacity's bytes, in order. Worked out once per routes
+    (kept on the Bucket while they stand), from one step's Packeds: which are at fixed capacity (their
+    counts written by the op), which have counts the host knows, which are 1-/2-bit segments."""
+
+    def __init__(self, names, numels, capacities, packeds, ranks):
+        self.names, self.numels, n = names, numels, len(names)
+        self.readers, self.kinds, self.sizes = [], [], []  # each parameter's reader, kind and region bytes
+        for numel, capacity, packed in zip(numels, capacities, packeds):
+            if packed.bits is not None:
+                segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, numel)
+                self.kinds.append("segments")
+                self.readers.append(("segments", packed.bits, numel))
+                self.sizes.append(segment.size)
+                continue
+            values = packed.fixed.values if packed.fixed is not None else packed.values
+            self.kinds.append("fixed" if packed.fixed is not None else "known")
+            self.readers.append(("rows", values.dtype, wire.row_bytes(values.element_size())))
+            self.sizes.append(_rows_bytes(0, capacity, values.element_size(), numel)[1])
+        self.regions = list(zip(itertools.accumulate([COUNT * n, *self.sizes[:-1]]), self.sizes))
+        self.chunk = COUNT * n + sum(self.sizes)
+        self.fixed = [i for i, kind in enumerate(self.kinds) if kind == "fixed"]
+        self.fixed_places = [(COUNT * i, self.regions[i][0], numels[i]) for i in self.fixed]
+        self.fixed_names = [names[i] for i in self.fixed]
+        self.known = [i for i, kind in enumerate(self.kinds) if kind == "known"]
+        self.segments = [i for i, kind in enumerate(self.kinds) if kind == "segments"]
+        self.rows = {}  # value dtype -> (the positions whose rows one unpack reads, their (slot, offset, bytes))
+        for i, reader in enumerate(self.readers):
+            if reader[0] == "rows":
+                positions, places = self.rows.setdefault(reader[1], ([], []))
+                positions.append(i)
+                places.append((i, *self.regions[i]))
+        # what travels a step, padding included: every region and its count, sent and received
+        self.traffic = [(size + COUNT, (ranks - 1) * (size + COUNT)) for size in self.sizes]
+
+
 class Gathered(BucketPart):
-    """The allgather route: every rank's rows, or 1-/2-bit segment,
-    of each parameter in one all_gather, unpacked in rank order and averaged. The rows of all the
-    parameters are unpacked by one op, which reads the counts where they lie (on a GPU, no wait)."""
+    """The allgather route: every rank's rows, or 1-/2-bit segment, of each parameter in one
+    all_gather, unpacked in rank order and averaged. The rows of all the parameters are unpacked by
+    one op, which reads the counts where they lie (on a GPU, no wait). Its parameters come together
+    (add_all), in the order of their GatherLayout."""
 
     def __init__(self, ways, counters):
         self.ways, self.counters = ways, counters
-        self.items = []  # (gradient view, name, count, capacity in bytes, reader)
-        self.blobs = []  # this rank's bytes of each parameter
+        self.layout, self.grads, self.packeds = None, [], []
         self.everyone = None
 
     def add(self, grad, name, packed, capacity):
-        """A parameter's Packed (values or codes, with indices), at most `capacity` elements. A
-        fixed-capacity one's count stays on the device: its rows' count is written there, and its
-        sent elements are counted there (Counters.account_on_device)."""
-        if packed.bits is None:  # its rows are written at start, straight into the chunk
-            fixed = packed.fixed
-            values, index, count = fixed if fixed is not None else (packed.values, packed.index, None)
-            numel, value_bytes, room = grad.numel(), values.element_size(), index.numel()
-            send_bytes, capacity_bytes = _rows_bytes(room, capacity, value_bytes, numel)
-            send = Send(values, index, numel, send_bytes, count)
-            reader = ("rows", values.dtype, wire.row_bytes(value_bytes))
-            rows = 0 if fixed is not None else room + wire.buckets(0, numel)  # (fixed: written by the op)
-            _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
-            return (0 if fixed is not None else room), sent, received  # elements, not rows
-        blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
-        segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
-        return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits, grad.numel()))
+        """One parameter alone (see add_all)."""
+        layout = GatherLayout([name], [grad.numel()], [capacity], [packed], self.ways.size())
+        return self.add_all(layout, [grad], [packed])[0]
 
-    def _add(self, grad, name, count, blob, capacity_bytes, reader):
-        """`blob`: the bytes to send, or a Send whose rows are written into the chunk at start."""
-        if blob.nbytes > capacity_bytes:
-            raise RuntimeError(
-                f"sparsecomm ddp_hook: {count} elements of {name!r} ({blob.nbytes} bytes) exceed its "
-                f"capacity ({capacity_bytes} bytes)"
-            )
-        self.items.append((grad, name, count, capacity_bytes, reader))
-        self.blobs.append(blob)
-        return count, capacity_bytes + COUNT, 0  # what travels, padding included
+    def add_all(self, layout, grads, packeds):
+        """The bucket's gradients on this route and their Packeds (values or codes, with indices), in
+        `layout`'s order. A fixed-capacity one's count stays on the device: its rows' count is written
+        there, and its sent elements are counted there (Counters.account_on_device). Returns each
+        one's traffic (sent elements, sent bytes, received bytes)."""
+        self.layout, self.grads, self.packeds = layout, grads, packeds
+        traffic = [(0, *moved) for moved in layout.traffic]
+        for i in layout.known:
+            traffic[i] = (packeds[i].index.numel(), *layout.traffic[i])
+        for i in layout.segments:
+            traffic[i] = (packeds[i].index.numel(), *layout.traffic[i])
+        return traffic
 
     def start(self):
-        if not self.items:
+        layout = self.layout
+        if layout is None:
             return []
-        device = self.items[0][0].device
-        offset = COUNT * len(self.items)
-        mine = torch.zeros(offset + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device)
-        mine[:offset] = _header([count for _, _, count, _, _ in self.items], device)
-        sends = []  # (Send, its byte offset, its item): every parameter's rows written by one op
-        for i, (blob, (*_, capacity, _)) in enumerate(zip(self.blobs, self.items)):
-            if isinstance(blob, Send):
-                sends.append((blob, offset, i))
-            else:
-                mine[offset : offset + blob.nbytes].copy_(_bytes(blob))
-            offset += capacity
-        self._write_rows(mine, sends)
-        ranks = self.ways.size()
-        self.everyone = torch.empty(ranks * mine.numel(), dtype=torch.uint8, device=device)
+        device = self.grads[0].device
+        mine = torch.zeros(layout.chunk, dtype=torch.uint8, device=device)
+        if layout.fixed:
+            values, indices, counts = Fixed.lists_of([self.packeds[i].fixed for i in layout.fixed])
+            ops.wire_rows_fixed_into(values, indices, counts, layout.fixed_places, out=mine)
+            self.counters.account_on_device(layout.fixed_names, counts)
+        if layout.known or layout.segments:
+            self._write_counted(mine, layout)
+        self.everyone = torch.empty(self.ways.size() * layout.chunk, dtype=torch.uint8, device=device)
         work = collectives.all_gather_into(self.everyone, mine, self.ways.group, async_op=True)
         return [work.get_future()]
 
-    def _write_rows(self, mine, sends):
-        """The sends' rows into this rank's chunk, by one op for those whose counts the host knows
-        and one for those of fixed capacity (their counts and rows' counts stay on the device)."""
-        known = [(s, at) for s, at, _ in sends if s.count is None]
-        if known:
-            values, indices = [s.values for s, _ in known], [s.index for s, _ in known]
-            ops.wire_rows_many_into(values, indices, [(at, s.length) for s, at in known], out=mine)
-        fixed = [(s, at, i) for s, at, i in sends if s.count is not None]
-        if fixed:
-            values, indices = [s.values for s, _, _ in fixed], [s.index for s, _, _ in fixed]
-            counts = torch.cat([s.count for s, _, _ in fixed])
-            places = [(COUNT * i, at, s.length) for s, at, i in fixed]
-            ops.wire_rows_fixed_into(values, indices, counts, places, out=mine)
-            self.counters.account_on_device([self.items[i][1] for _, _, i in fixed], counts)
+    def _write_counted(self, mine, layout):
+        """The rows and segments whose counts the host knows, with their counts in the header."""
+        header = [0] * len(layout.names)
+        for i in layout.known:
+            header[i] = self.packeds[i].index.numel() + wire.buckets(0, layout.numels[i])
+        for i in layout.segments:
+            header[i] = self.packeds[i].index.numel()
+        mine[: COUNT * len(header)] = _header(header, mine.device)
+        if layout.known:
+            packeds = [self.packeds[i] for i in layout.known]
+            places = [(layout.regions[i][0], layout.numels[i]) for i in layout.known]
+            _check_rooms(
+                layout,
+                layout.known,
+                [wire.rows_bytes(p.index.numel(), p.values.element_size(), 0, n) for p, (_, n) in zip(packeds, places)],
+            )
+            ops.wire_rows_many_into([p.values for p in packeds], [p.index for p in packeds], places, out=mine)
+        for i in layout.segments:
+            packed, at = self.packeds[i], layout.regions[i][0]
+            blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, layout.numels[i])
+            _check_rooms(layout, [i], [blob.nbytes])
+            mine[at : at + blob.nbytes].copy_(blob)
 
     def finish(self):
-        if not self.items:
+        layout = self.layout
+        if layout is None:
             return
-        ranks, offset, regions = self.ways.size(), COUNT * len(self.items), []
-        for _, name, _, capacity, _ in self.items:
-            regions.append((offset, capacity))
-            offset += capacity
-            self.counters.account_later(name, 0, (ranks - 1) * (capacity + COUNT))
+        ranks = self.ways.size()
         everyone = self.everyone.view(ranks, -1)
-        rows = {}  # value dtype: the items whose rows are unpacked together, counts read where they lie
-        for i, (*_, reader) in enumerate(self.items):
-            if reader[0] == "rows":
-                rows.setdefault(reader[1], []).append(i)
-        for value_dtype, chosen in rows.items():
-            outs = [self.items[i][0].view(-1) for i in chosen]
-            places = [(i, *regions[i]) for i in chosen]
+        for value_dtype, (positions, places) in layout.rows.items():
+            outs = [self.grads[i] for i in positions]  # (contiguous views: the op reads their elements, not shape)
             ops.sparse_unpack_gathered_rows(everyone, places, value_dtype, 1.0, ranks, outs=outs)
-        segments = [i for i, item in enumerate(self.items) if item[4][0] == "segments"]
-        counts = _counts(everyone, len(self.items)) if segments else None
-        for i in segments:
-            grad, (start, capacity), reader = self.items[i][0], regions[i], self.items[i][4]
+        counts = _counts(everyone, len(layout.names)) if layout.segments else None
+        for i in layout.segments:
+            grad, (start, _), reader = self.grads[i], layout.regions[i], layout.readers[i]
             blobs = [everyone[r, start : start + _segment_bytes(reader, counts[r][i])] for r in range(ranks)]
             ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=grad.view(-1))
+
+
+def _check_rooms(layout, positions, nbytes):
+    """Refuses a send past its region (a capacity too small: a bug, never the user's)."""
+    for i, size in zip(positions, nbytes):
+        if size > layout.regions[i][1]:
+            raise RuntimeError(
+                f"sparsecomm ddp_hook: {size} bytes of {layout.names[i]!r} exceed its capacity "
+                f"({layout.regions[i][1]} bytes)"
+            )
 
 
 @functools.lru_cache(maxsize=4096)

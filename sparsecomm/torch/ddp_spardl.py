@@ -50,7 +50,7 @@ class Scattered(BucketPart):
 
     def add(self, wire_, packed):
         layout = SparDLLayout.of(wire_.shape.numel(), wire_.k, wire_.ranks)
-        selection = packed.fixed if packed.fixed is not None else (packed.values, packed.index, None)
+        selection = tuple(packed.fixed) if packed.fixed is not None else (packed.values, packed.index, None)
         self.wires.append(wire_)
         self.layouts.append(layout)
         self.selections.append(selection)

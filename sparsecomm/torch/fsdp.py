@@ -132,18 +132,20 @@ class ShardExchange:
         """Averages `reduce_output` (this rank's shards, padded) over the replicas, in place."""
         exchange = BucketExchange(self.compressor, self.ways)
         # FSDP reads the shards back once the hook returns: the exchange completes here.
-        exchange.start(self.shards(reduce_output), reduce_output, is_last=True).wait()
+        params, shards = self.shards(reduce_output)
+        exchange.start(params, shards, reduce_output, is_last=True).wait()
 
     def shards(self, reduce_output):
-        """(parameter, view of its shard) for each trainable parameter with a shard on this rank."""
-        shards, offset = [], 0
+        """The trainable parameters with a shard on this rank, and a view of each one's shard."""
+        params, shards, offset = [], [], 0
         for fsdp_param in self.param_group.fsdp_params:
             if not fsdp_param.sharded_param.requires_grad:  # frozen: not in the output
                 continue
             numel = fsdp_param.sharded_size.numel()
             if numel:  # (a rank past the last row of a small parameter holds none of it)
                 view = reduce_output.narrow(0, offset, numel).view(fsdp_param.sharded_size)
-                shards.append((fsdp_param.sharded_param, view))
+                params.append(fsdp_param.sharded_param)
+                shards.append(view)
             offset += fsdp_param.padded_sharded_param_size.numel()
         if offset != reduce_output.numel():
             raise RuntimeError(
@@ -151,7 +153,7 @@ class ShardExchange:
                 f"the module's trainable parameters' padded shards {offset}: was set_reduce_scatter_unused_params "
                 "turned off after register_fsdp_hook?"
             )
-        return shards
+        return params, shards
 
 
 class PerRankState:

@@ -34,6 +34,38 @@ class Shared:
 _shared = functools.lru_cache(maxsize=64)(Shared)  # (a compressor's few settings: made once, not per tensor)
 
 
+class Fixed:
+    """A pack made at fixed capacity: its values and index (each its capacity long) and its count,
+    entry `at` of the op's int64 counts on the device (the first `count` are sent); `made`: the op's
+    (values, indices, counts). Iterates as (values, index, count)."""
+
+    __slots__ = ("made", "at")
+
+    def __init__(self, made, at):
+        self.made, self.at = made, at
+
+    values = property(lambda self: self.made[0][self.at])
+    index = property(lambda self: self.made[1][self.at])
+    counts = property(lambda self: self.made[2])
+
+    @property
+    def count(self):
+        """This pack's count, a 1-element int64 tensor (a view of the op's counts)."""
+        return self.made[2][self.at : self.at + 1]
+
+    def __iter__(self):
+        return iter((self.values, self.index, self.count))
+
+    @staticmethod
+    def lists_of(fixed):
+        """(values, indices, counts) of `fixed` packs in order, counts one int64 tensor: the op's own
+        lists where they are all of its packs in its order (a DDP bucket's), else gathered."""
+        made = fixed[0].made
+        if len(fixed) == len(made[0]) and all(f.made is made and f.at == i for i, f in enumerate(fixed)):
+            return made
+        return [f.values for f in fixed], [f.index for f in fixed], torch.cat([f.count for f in fixed])
+
+
 def _made(field):
     """A Packed field that runs the queued packs when it is read before they have run (and cuts a
     fixed-capacity one to its count)."""
@@ -60,7 +92,12 @@ class QueuedPack(Packed):
 
     def __init__(self, packs):
         # Packed's other fields keep their class defaults (None): this runs per tensor and step
-        self._packs, self._cut, self._values, self._index = packs, None, None, None
+        self._packs, self._cut, self._values, self._index, self._fixed = packs, None, None, None, None
+
+    @property
+    def fixed(self):
+        made = self._fixed
+        return made if made is None or isinstance(made, Fixed) else Fixed(*made)  # (made when read)
 
 
 class _Cut:
@@ -70,22 +107,25 @@ class _Cut:
         self.packs, self.counts = packs, counts
 
     def __call__(self):
-        for q, count in zip(self.packs, self.counts.tolist()):
-            values, index, _ = q.packed.fixed
-            q.packed.values, q.packed.index, q.packed._cut = values[:count], index[:count], None
+        for packed, count in zip(self.packs, self.counts.tolist()):
+            fixed = packed.fixed
+            values, index = fixed.values, fixed.index
+            packed.values, packed.index, packed._cut = values[:count], index[:count], None
 
 
 @dataclass
-class Queued:
-    """One tensor's pack, waiting: its op arguments and the Packed it fills."""
+class Batch:
+    """Packs of one op waiting: their Packeds and the op's arguments, a list each (one entry a
+    tensor; None where a tensor has no such state), and their plans."""
 
-    packed: Packed
-    grad: torch.Tensor
-    residual: torch.Tensor | None
-    momentum: torch.Tensor | None
-    grad_scale: torch.Tensor | None
-    plan: Plan
-    stream: tuple  # (tensor_id, step)
+    packeds: list
+    grads: list
+    residuals: list
+    momenta: list
+    grad_scales: list
+    plans: tuple  # (each tensor's Plan, the op's plan numbers, its ratios): _op_plans'
+    ids: list  # the selection streams' tensor ids
+    steps: list
 
 
 @dataclass
@@ -101,8 +141,8 @@ class Draw:
     stream: tuple  # (seed, tensor_id, step)
 
     def run(self):
-        values, index, _ = self.top_pack.fixed
-        acc, index = values[: self.top], index[: self.top]
+        fixed = self.top_pack.fixed
+        acc, index = fixed.values[: self.top], fixed.index[: self.top]
         seed, tensor_id, step = self.stream
         pick = ops.random_k_indices(acc, self.k, seed=seed, tensor_id=tensor_id, step=step)
         self.packed.index = index[pick]
@@ -115,26 +155,35 @@ class SampledPacks:
     momentum setting) fills them when the block ends, or earlier when one of them is read."""
 
     def __init__(self):
-        self._queue = {}  # Shared -> [Queued]
+        self._queue = {}  # Shared -> [Batch]
         self._steps = {}  # (momentum_factor, nesterov) -> [(Packed, grad, momentum, grad_scale)]
         self._clips = []  # [(grad, limit, factor)]: run first, the packs and steps read the factors
-        self._tops = []  # [Queued]: rTop-k's top r of acc, at fixed capacity
+        self._tops = []  # [Batch]: rTop-k's top r of acc, at fixed capacity
         self._draws = []  # [Draw]: rTop-k's draws among them, and the sends
         self._deferring = False
         self._fixed = False  # the deferred packs at fixed capacity (QueuedPack.fixed)
 
-    def sampled(
-        self, grad, residual, ratio, *, sample_ratio, tensor_id, step, momentum=None, grad_scale=None, **settings
-    ):
-        """ops.pack_sampled's pack (without bits), as a Packed of values and index. `settings`:
-        Shared's (momentum_factor, nesterov, masking, value_dtype)."""
-        plan = _sampled_plan(grad.numel(), ratio, sample_ratio)
-        return self._add(_shared(**settings), grad, residual, momentum, grad_scale, plan, (tensor_id, step))
+    def sampled_many(self, grads, residuals, ratio, *, sample_ratio, ids, steps, momenta, grad_scales, **settings):
+        """ops.pack_sampled's packs (without bits) of gradients at one density, as Packeds of values and
+        index; per gradient its residual, momentum, clipping factor (None where absent) and selection
+        stream (ids, steps). `settings`: Shared's (momentum_factor, nesterov, masking, value_dtype)."""
+        plans = _sampled_plans(tuple(g.numel() for g in grads), ratio, sample_ratio)
+        return self._add(_shared(**settings), Batch(None, grads, residuals, momenta, grad_scales, plans, ids, steps))
+
+    def sampled(self, grad, residual, ratio, *, tensor_id, step, momentum=None, grad_scale=None, **settings):
+        """sampled_many of one gradient."""
+        streams = dict(ids=[tensor_id], steps=[step], momenta=[momentum], grad_scales=[grad_scale])
+        return self.sampled_many([grad], [residual], ratio, **streams, **settings)[0]
+
+    def topk_many(self, grads, residuals, ks, *, ids, steps, sample_ratio=0.01):
+        """ops.pack_topk's packs (seed 0, no momentum) of gradients, as Packeds of values and index."""
+        plans = _top_plans(tuple(g.numel() for g in grads), tuple(ks), sample_ratio)
+        nones = [None] * len(grads)
+        return self._add(_shared(), Batch(None, grads, residuals, nones, nones, plans, ids, steps))
 
     def topk(self, grad, residual, k, *, tensor_id, step, sample_ratio=0.01):
-        """ops.pack_topk's pack (seed 0, no momentum), as a Packed of values and index."""
-        plan = _top_plan(grad.numel(), k, sample_ratio)
-        return self._add(_shared(), grad, residual, None, None, plan, (tensor_id, step))
+        """topk_many of one gradient."""
+        return self.topk_many([grad], [residual], [k], ids=[tensor_id], steps=[step], sample_ratio=sample_ratio)[0]
 
     def rtopk(self, grad, residual, r, k, *, seed, tensor_id, step, sample_ratio=0.01):
         """ops.pack_rtopk's pack with no host read (its top_candidates reads its candidates'
@@ -142,13 +191,12 @@ class SampledPacks:
         is known (the top plan keeps exactly that many); the k drawn among them and their send."""
         if residual is not None:
             ops.accumulate(grad, residual)
-        plan = _top_plan(grad.numel(), max(r, k), sample_ratio)
-        top, packed = QueuedPack(self), QueuedPack(self)
+        plans = _top_plans((grad.numel(),), (max(r, k),), sample_ratio)
+        top, packed, top_k = QueuedPack(self), QueuedPack(self), plans[0][0].k
         # (seed 0: the top is exact whatever the sample that aims its threshold)
-        self._tops.append(
-            Queued(top, residual if residual is not None else grad, None, None, None, plan, (tensor_id, step))
-        )
-        self._draws.append(Draw(packed, top, plan.k, min(k, plan.k), residual, grad.dtype, (seed, tensor_id, step)))
+        acc = residual if residual is not None else grad
+        self._tops.append(Batch([top], [acc], [None], [None], [None], plans, [tensor_id], [step]))
+        self._draws.append(Draw(packed, top, top_k, min(k, top_k), residual, grad.dtype, (seed, tensor_id, step)))
         return self._queued(packed)
 
     def momentum_step(self, grad, momentum, *, momentum_factor, grad_scale=None, nesterov=False):
@@ -204,10 +252,11 @@ class SampledPacks:
             for packed, grad in zip(packeds, grads):
                 packed.values, packed.index = grad, None
 
-    def _add(self, shared, grad, residual, momentum, grad_scale, plan, stream):
-        packed = QueuedPack(self)
-        self._queue.setdefault(shared, []).append(Queued(packed, grad, residual, momentum, grad_scale, plan, stream))
-        return self._queued(packed)
+    def _add(self, shared, batch):
+        batch.packeds = [QueuedPack(self) for _ in batch.grads]
+        self._queue.setdefault(shared, []).append(batch)
+        self._queued(None)
+        return batch.packeds
 
     def _queued(self, made):
         """`made` (a Packed, or a clipping factor), made at once outside ``deferred()``."""
@@ -216,28 +265,52 @@ class SampledPacks:
         return made
 
 
-def _run(shared, packs, fixed):
-    plans = [
-        number for q in packs for number in (q.plan.k, q.plan.sample_count, q.plan.too_few, q.plan.too_many, *q.stream)
-    ]
+@functools.lru_cache(maxsize=256)
+def _sampled_plans(numels, ratio, sample_ratio):
+    """(each tensor's Plan.sampled, the op's plan numbers): made once per shapes and density."""
+    return _op_plans(tuple(_sampled_plan(numel, ratio, sample_ratio) for numel in numels))
+
+
+@functools.lru_cache(maxsize=256)
+def _top_plans(numels, ks, sample_ratio):
+    """(each tensor's Plan.top, the op's plan numbers): made once per shapes and k."""
+    return _op_plans(tuple(_top_plan(numel, k, sample_ratio) for numel, k in zip(numels, ks)))
+
+
+def _op_plans(plans):
+    """(the plans, the op's plan numbers, its ratios): kPackPlan numbers a tensor (k, sample_count,
+    too_few, too_many, then the stream's tensor_id and step, left 0 here to be set each step)."""
+    numbers = [number for plan in plans for number in (plan.k, plan.sample_count, plan.too_few, plan.too_many, 0, 0)]
+    return plans, numbers, [plan.ratio for plan in plans]
+
+
+def _joined(batches, field):
+    lists = [getattr(batch, field) for batch in batches]
+    return lists[0] if len(lists) == 1 else [item for items in lists for item in items]
+
+
+def _run(shared, batches, fixed):
+    """One op for every queued batch of `shared`: fills their Packeds."""
+    numbers = [number for batch in batches for number in batch.plans[1]]
+    numbers[4::6], numbers[5::6] = _joined(batches, "ids"), _joined(batches, "steps")
     made = (ops.pack_sampled_fixed if fixed else ops.pack_sampled_many)(
-        [q.grad for q in packs],
-        [q.residual for q in packs],
-        [q.momentum for q in packs],
+        _joined(batches, "grads"),
+        _joined(batches, "residuals"),
+        _joined(batches, "momenta"),
         shared.momentum_factor,
-        [q.grad_scale for q in packs],
+        _joined(batches, "grad_scales"),
         shared.nesterov,
         shared.masking,
-        [q.plan.ratio for q in packs],
-        plans,
+        [ratio for batch in batches for ratio in batch.plans[2]],
+        numbers,
         0,  # the selection stream's seed: 0 for Threshold's, DGC's and TopK's packs, as ops' composites
         shared.value_dtype,
     )
+    packeds = _joined(batches, "packeds")
     if not fixed:
-        for q, value, index in zip(packs, *made):
-            q.packed.values, q.packed.index = value, index
+        for packed, value, index in zip(packeds, *made):
+            packed.values, packed.index = value, index
         return
-    values, indices, counts = made
-    cut = _Cut(packs, counts)
-    for q, value, index, count in zip(packs, values, indices, counts.split(1)):  # (views cut by one op)
-        q.packed.fixed, q.packed._cut = (value, index, count), cut
+    cut = _Cut(packeds, made[2])
+    for at, packed in enumerate(packeds):
+        packed._fixed, packed._cut = (made, at), cut

@@ -114,6 +114,7 @@ class Counters:
         self.restored = dict.fromkeys(self.KEYS, 0)  # the totals of a loaded state_dict, before its counters
         self.tensors: dict[str, dict] = {}
         self._on_device = {}  # (names) -> their sent elements still on the device, summed there
+        self._repeated = {}  # a bucket's key -> [its rows, how many steps sent them, their seconds], not added yet
 
     def account(self, name, numel, dense_bytes, sent_elements, sent_bytes, received_bytes, seconds):
         """One compress of a tensor of `numel` elements: what a dense allreduce would have been
@@ -128,6 +129,36 @@ class Counters:
         per["received_bytes"] += received_bytes
         per["compress_seconds"] += seconds
 
+    def account_bucket(self, key, rows, seconds):
+        """One compress of a bucket's tensors (`key` names the bucket): rows of (name, numel, dense_bytes,
+        sent_elements, sent_bytes, received_bytes), the seconds shared among them. Rows equal to the
+        bucket's last ones (a training's steady state) are only counted, and added when read."""
+        held = self._repeated.get(key)
+        if held is not None and held[0] == rows:
+            held[1] += 1
+            held[2] += seconds
+            return
+        if held is not None:
+            self._add_repeated(*held)
+        self._repeated[key] = [rows, 1, seconds]
+
+    def _add_repeated(self, rows, steps, seconds):
+        share = seconds / max(1, len(rows))
+        for name, numel, dense_bytes, sent_elements, sent_bytes, received_bytes in rows:
+            self.account(name, numel, 0, 0, 0, 0, share)
+            per = self.tensors[name]
+            per["calls"] += steps - 1
+            per["dense_bytes"] += steps * dense_bytes
+            per["sent_elements"] += steps * sent_elements
+            per["sent_bytes"] += steps * sent_bytes
+            per["received_bytes"] += steps * received_bytes
+
+    def _settle(self):
+        """Every count held back (account_bucket's repeated rows, account_on_device's sums) added."""
+        held, self._repeated = self._repeated, {}
+        for rows, steps, seconds in held.values():
+            self._add_repeated(rows, steps, seconds)
+
     def account_on_device(self, names, sent_elements):
         """Sent elements that stay on the device (a DDP bucket's fixed-capacity counts, int64, one a
         name): added up there, one op a call, and read on the host when stats() is."""
@@ -139,6 +170,7 @@ class Counters:
             held.add_(sent_elements)
 
     def _read_on_device(self):
+        self._settle()
         held, self._on_device = self._on_device, {}
         for names, counts in held.items():
             for name, count in zip(names, counts.tolist()):
@@ -146,12 +178,16 @@ class Counters:
 
     def account_later(self, name, sent_bytes, received_bytes):
         """Bytes known only in decompress (what the gathers brought, a second phase's payload)."""
-        per = self.tensors[name]
+        per = self.tensors.get(name)
+        if per is None:
+            self._settle()
+            per = self.tensors[name]
         per["sent_bytes"] += sent_bytes
         per["received_bytes"] += received_bytes
 
     @property
     def totals(self):
+        self._settle()
         counted = report.totals(self.tensors, self.KEYS)
         return {key: self.restored[key] + counted[key] for key in self.KEYS}
 
@@ -326,6 +362,16 @@ class CompressorState:
         if state is None:
             state = self.parameters[name] = ParameterState.fresh(name)
         return state
+
+    def of_parameter(self, param: torch.Tensor) -> ParameterState:
+        """The state of a bound parameter, found by identity (a hook's parameters)."""
+        name = self.binding.names.get(id(param)) if self.binding is not None else None
+        if name is None:
+            raise LookupError(
+                f"{self.owner}: a parameter of shape {list(param.shape)} is not among the named_parameters= the "
+                f"compressor was given: pass the same model's named_parameters() (under FSDP, after fully_shard)"
+            )
+        return self.named(name)
 
     def step_of(self, name: str) -> int:
         state = self.parameters.get(name)
