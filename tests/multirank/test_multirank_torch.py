@@ -18,6 +18,16 @@ def test_every_rank_equals_the_simulation(run, config):
     assert_ranks_close([r[config] for r in ranks], simulated(size, config), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("config", common.ONE_BY_ONE)
+def test_tensors_prepared_in_groups_train_as_one_by_one(run, config):
+    """From the second step the compressor prepares the MLP's 4 tensors as one group (one pack op):
+    the same parameters at every step, bit for bit, as with each tensor prepared alone."""
+    _, ranks = run
+    for rank in ranks:
+        assert (rank[f"grouped/{config}"], rank[f"grouped/{config}_one_by_one"]) == (4, 1)
+        assert_history_close(rank[config], rank[f"{config}_one_by_one"], rtol=0, atol=0)
+
+
 def test_sparse_training_actually_moved_every_parameter(run):
     """Guards against a vacuous pass: the compressed run updates parameters, and differs from dense."""
     _, ranks = run

@@ -15,6 +15,9 @@ BATCH = 16
 # Compressor policy for tests that compress every tensor, however small (the default policy
 # sends small and 1-D tensors dense; it has tests of its own).
 EVERY = dict(min_numel=0, dense_1d=False)
+# torch_train.py's configs also run with each tensor prepared alone (the compressor's grouping of
+# Horovod's tensors off: the per-tensor path), which must train bit for bit alike
+ONE_BY_ONE = ("topk_0.1", "threshold_0.1", "dgc_0.1", "dgc_0.05_warmup_clip", "rtopk_0.1", "threshold_0.1_2bit")
 
 
 def worker_parser(steps=None, lr=None):

@@ -20,6 +20,17 @@ def named(config):
     return lambda model: TRAINED[config](dict(named_parameters=model.named_parameters()))
 
 
+def one_by_one(config):
+    """TRAINED[config] with each tensor prepared alone: the compressor's grouping off (common.ONE_BY_ONE)."""
+
+    def make(model):
+        compression = named(config)(model)
+        compression._grouping.ready = lambda: False
+        return compression
+
+    return make
+
+
 # name -> (compression for the model, extra hvd.DistributedOptimizer arguments[, SGD arguments])
 CONFIGS = {
     "dense": (lambda model: hvd.Compression.none, {}),
@@ -29,6 +40,7 @@ CONFIGS = {
     "topk_0.1_sum": (named("topk_0.1"), {"op": hvd.Sum}),
     "topk_0.1_predivide": (named("topk_0.1"), {"gradient_predivide_factor": 2.0}),
     "dense_momentum": (lambda model: hvd.Compression.none, {}, {"momentum": 0.9}),
+    **{f"{config}_one_by_one": (one_by_one(config), {}) for config in common.ONE_BY_ONE},
 }
 results = {}
 for config, (make_compression, options, *sgd_options) in CONFIGS.items():
@@ -52,5 +64,6 @@ for config, (make_compression, options, *sgd_options) in CONFIGS.items():
     results[config] = history
     if hasattr(compression, "stats"):
         results[f"stats/{config}"] = compression.stats()
+        results[f"grouped/{config}"] = max(len(bucket.states) for bucket in compression._buckets.values())
 torch.save(results, os.path.join(args.out, f"rank{hvd.rank()}.pt"))
 print(f"rank {hvd.rank()}/{hvd.size()}: {len(results)} configs x {args.steps} steps done")
