@@ -124,18 +124,18 @@ struct CudaWire {
                                    at::ScalarType value_dtype, UnpackScale scale, at::TensorList outs) {
     const int64_t ranks = gathered.size(0), params = int64_t(outs.size());
     const Places places("sparse_unpack_gathered_rows", outs);
-    std::vector<at::Tensor> parts;
+    std::vector<at::Tensor> parts;  // each out's rows of every rank: [ranks, its rows' bytes]
     std::vector<int64_t> slots(params), rows_of(params);
-    for (int64_t p = 0; p < params; ++p) slots[p] = regions[3 * p], rows_of[p] = regions[3 * p + 2] / width;
-    for (int64_t r = 0; r < ranks; ++r)
-      for (int64_t p = 0; p < params; ++p)
-        parts.push_back(
-            gathered.select(0, r).narrow(0, regions[3 * p + 1], rows_of[p] * width).view({rows_of[p], width}));
+    for (int64_t p = 0; p < params; ++p) {
+      slots[p] = regions[3 * p], rows_of[p] = regions[3 * p + 2] / width;
+      parts.push_back(gathered.narrow(1, regions[3 * p + 1], rows_of[p] * width));
+    }
     const at::Tensor table = row_table(slots, rows_of, places.of, gathered.device());  // [3, rows]: slot, row, place
     const int64_t header = (*std::max_element(slots.begin(), slots.end()) + 1) * int64_t(sizeof(int64_t));
     const at::Tensor counts = gathered.narrow(1, 0, header).contiguous().view(at::kLong);
     const at::Tensor valid = table[1].unsqueeze(0).lt(counts.index_select(1, table[0])).reshape(-1);
-    const auto [values, index] = wire_columns(at::cat(parts), value_dtype, /*exact=*/false);
+    // (rank by rank, each rank's outs in order: as the table's rows repeat)
+    const auto [values, index] = wire_columns(at::cat(parts, 1).view({-1, width}), value_dtype, /*exact=*/false);
     const at::Tensor first = table[2].repeat({ranks});
     const at::Tensor place = at::where(valid, index.to(at::kLong) + first, first).to(at::kInt);
     const at::Tensor kept = at::where(valid, values, at::scalar_tensor(-0.0, values.options()));
