@@ -172,3 +172,46 @@ def test_a_step_on_the_allgather_and_spardl_routes_reads_nothing_on_the_host(hos
     if method == "TopK":  # exactly k a step, counted on the device (on one rank SparDL sends nothing)
         for name, param in model.named_parameters():
             assert tensors[name]["sent_elements"] == 3 * selected_count(0.05, param.numel())
+
+
+class Matrices(torch.nn.Module):
+    """`count` parameters of 64x64 and a linear loss: each gradient is a fixed random matrix."""
+
+    def __init__(self, count):
+        super().__init__()
+        gen = torch.Generator().manual_seed(count)
+        self.weights = torch.nn.ParameterList(
+            torch.nn.Parameter(torch.randn(64, 64, generator=gen)) for _ in range(count)
+        )
+        self.factors = [torch.randn(64, 64, generator=gen) for _ in range(count)]
+
+    def forward(self):
+        return sum((w * f).sum() for w, f in zip(self.weights, self.factors))
+
+
+def hook_launches(make, count):
+    """The CUDA kernels one DDP step launches through the emulated binding, its `count` gradients in
+    one bucket, after a first step (which checks the settings and builds DDP's buckets)."""
+    launched = torch.ops.sparsecomm_cuda_emulation.launches
+    model = Matrices(count)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=64, gradient_as_bucket_view=True)
+    ddp.register_comm_hook(make(model.named_parameters()), sct.ddp_hook)
+    for _ in range(2):
+        before = launched()
+        ddp().backward()
+    return launched() - before
+
+
+# A bucket's kernels (docs/kernels.md, "Launches"): the packs at fixed capacity (16, their wire rows
+# included) and the rows' unpack (3), whatever the number of tensors
+HOOK_LAUNCHES = {"Threshold": 19, "DGC": 19, "TopK": 19}
+
+
+@pytest.mark.usefixtures("group")
+@pytest.mark.parametrize("host_binding", ["cuda-emulated"], indirect=True)
+@pytest.mark.parametrize("method", list(HOOK_LAUNCHES))
+def test_a_bucket_of_4_or_161_tensors_launches_the_same_kernels(host_binding, method):
+    """The whole hook of a step on the allgather route, at most 24 kernels a bucket (issue 58's bound)."""
+    make = lambda m: ON_GATHERED_ROUTES[method](m)  # noqa: E731
+    counts = [hook_launches(make, count) for count in (4, 161)]
+    assert counts == [HOOK_LAUNCHES[method]] * 2 and counts[0] <= 24
