@@ -14,8 +14,10 @@ class BucketRoutes:
 
     def __init__(self, planner, shapes, densities, ranks_to_route):
         self.key = (ranks_to_route, densities, planner.epoch)
-        self.stands = planner.routes_final()  # (False while auto watches or tries: decided anew each step)
         self.routes = [planner.route(*shape, density, ranks_to_route) for shape, density in zip(shapes, densities)]
+        # (after the routes: the first route auto chooses may start its trial; while it watches or
+        # tries, the routes are decided anew each step)
+        self.stands = planner.routes_final()
         self.ks = [selected_count(density, shape[1]) for shape, density in zip(shapes, densities)]
         self.groups = {}
         for position, route_and_density in enumerate(zip(self.routes, densities)):

@@ -88,12 +88,15 @@ class HorovodHooks:
         if self.planner.timing_steps():
             self.planner.auto.steps.note_compress()
         state = self.state.for_gradient(tensor)
-        nbytes = tensor.numel() * tensor.element_size()
-        deferred = self._waits(tensor, state)
-        if deferred is not None:
-            self._grouping.arrive(self._start_group, state.name, nbytes, deferred)
-            return torch.ones(1, dtype=torch.float32, device=tensor.device), deferred
-        state, route, payload, k, ranks = self.prepare(tensor, state)
+        nbytes, routing = tensor.numel() * tensor.element_size(), None
+        if self._may_wait():
+            routing = self.routing(tensor.device)
+            route = self._route_now(tensor, state, routing)
+            if route in SPARSE_ROUTES:
+                deferred = Deferred(tensor, state, route, routing)
+                self._grouping.arrive(self._start_group, state.name, nbytes, deferred)
+                return torch.ones(1, dtype=torch.float32, device=tensor.device), deferred
+        state, route, payload, k, ranks = self.prepare(tensor, state, routing)
         handed, ctx, traffic = self._in_flight.start(
             route, payload, tensor, state, k, self.collectives.process_set(), ranks
         )
@@ -115,18 +118,19 @@ class HorovodHooks:
             self.planner.auto.steps.note_decompress(time.perf_counter())
         return result
 
-    def _waits(self, tensor, state):
-        """A Deferred where the tensor may wait for its group (a sparse route, routes final), else None."""
+    def _may_wait(self):
+        """Whether a tensor may wait for its group: an order to group by, routes that stand, no loss
+        scaler, and auto not timing the steps."""
         planner = self.planner
         if not self._grouping.ready() or self.loss_scaling is not None or not planner.routes_final():
-            return None
-        if planner.timing_steps() or planner.watching():
-            return None
-        routing = self.routing(tensor.device)
+            return False
+        return not (planner.timing_steps() or planner.watching())
+
+    def _route_now(self, tensor, state, routing):
+        """The tensor's route at its step (as its Bucket will decide it), its shape checked first."""
         shape = (state.name, tensor.numel(), tensor.dim(), tensor.element_size())
-        planner.check_indexable(*shape)
-        route = planner.route(*shape, self.method.density(state.step), routing[1])
-        return Deferred(tensor, state, route, routing) if route in SPARSE_ROUTES else None
+        self.planner.check_indexable(*shape)
+        return self.planner.route(*shape, self.method.density(state.step), routing[1])
 
     def _start_group(self, waiting):
         """The waiting tensors prepared as one bucket (kept by their names), their exchanges started."""
