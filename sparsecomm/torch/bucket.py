@@ -41,3 +41,8 @@ class Bucket:
         for position in routes.stepping:
             self.states[position].step += 1
         return routes, payloads
+
+    def stats_rows(self, traffic):
+        """Counters.account_bucket's rows: each tensor's name, numel and dense bytes, and its
+        traffic (sent elements, sent bytes, received bytes)."""
+        return [(name, numel, numel * size, *moved) for (name, numel, _, size), moved in zip(self.shapes, traffic)]

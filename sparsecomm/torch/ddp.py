@@ -145,8 +145,7 @@ class BucketExchange:
             routing = compressor.routing(buffer.device)  # (once a bucket, not per parameter)
             with compressor.packs.deferred(fixed=True):  # the bucket's sampled packs: one op, no host read
                 routes, payloads = bucket.prepare(compressor, grads, routing)
-            traffic = self._add(bucket, routes, grads, payloads)
-            rows = [(*shape[:2], shape[1] * shape[3], *moved) for shape, moved in zip(bucket.shapes, traffic)]
+            rows = bucket.stats_rows(self._add(bucket, routes, grads, payloads))
             compressor.state.counters.account_bucket(id(bucket), rows, time.perf_counter() - started)
         futures = [future for part in self.parts for future in part.start()]
         if is_last:

@@ -142,10 +142,10 @@ class HorovodHooks:
             bucket = self._buckets[key] = Bucket(self, states, tensors)
         with self.packs.deferred():  # (one pack op for the group)
             routes, payloads = bucket.prepare(self, tensors, waiting[0].routing)
-        process_set, ranks, rows = self.collectives.process_set(), waiting[0].routing[0], []
-        for w, route, payload, k, shape in zip(waiting, routes.routes, payloads, routes.ks, bucket.shapes):
+        process_set, ranks, traffic = self.collectives.process_set(), waiting[0].routing[0], []
+        for w, route, payload, k in zip(waiting, routes.routes, payloads, routes.ks):
             if route != w.route:
                 raise RuntimeError(f"sparsecomm: {w.state.name!r} was routed {w.route!r} at compress, then {route!r}")
-            _, w.ctx, traffic = self._in_flight.start(route, payload, w.tensor, w.state, k, process_set, ranks)
-            rows.append((*shape[:2], shape[1] * shape[3], *traffic))
-        self.state.counters.account_bucket(id(bucket), rows, time.perf_counter() - started)
+            _, w.ctx, moved = self._in_flight.start(route, payload, w.tensor, w.state, k, process_set, ranks)
+            traffic.append(moved)
+        self.state.counters.account_bucket(id(bucket), bucket.stats_rows(traffic), time.perf_counter() - started)
