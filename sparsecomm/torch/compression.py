@@ -267,17 +267,12 @@ def _sampled(compressor, tensor, state, density, **feedback):
     """The sampled-threshold pack of Threshold and DGC (values quantized as the method says);
     `feedback`: DGC's momentum arguments of pack_sampled."""
     method = compressor.method
-    value_dtype, bits = method.value_dtype and getattr(torch, method.value_dtype), method.bits
+    values = dict(value_dtype=method.value_dtype and getattr(torch, method.value_dtype), bits=method.bits)
     residual, stream = compressor._residual_of(state, tensor), stream_of(state)
-    if bits is None:  # (one op with the bucket's other packs, under DDP)
-        return compressor.packs.sampled(
-            tensor, residual, density, sample_ratio=method.sample_ratio, value_dtype=value_dtype, **stream, **feedback
-        )
-    compressor.packs.run()  # (DGC's clipping factor may wait in the queue)
-    values, index = ops.pack_sampled(
-        tensor, residual, density, sample_ratio=method.sample_ratio, bits=bits, **stream, **feedback
+    # (under DDP, one op with the bucket's other packs at fixed capacity, 1-/2-bit ones too)
+    return compressor.packs.sampled(
+        tensor, residual, density, sample_ratio=method.sample_ratio, **values, **stream, **feedback
     )
-    return Packed(index=index, codes=values[0], scales=values[1], bits=bits)
 
 
 class Threshold(_PerRank):

@@ -31,19 +31,9 @@ def _header(counts, device):
     return ints_on(counts, torch.int64, device).view(torch.uint8)
 
 
-def _counts(table, params):
-    """Each rank's row of `table` (uint8) starts with the header of `params` counts: them, per
-    rank, read on the host (on a GPU: one read per table)."""
-    return table[:, : COUNT * params].contiguous().view(torch.int64).tolist()
-
-
 def aligned(nbytes):
     """A region's bytes rounded up to whole counts, so the next header stays 8-byte aligned."""
     return -(-nbytes // COUNT) * COUNT
-
-
-def _bytes(tensor):
-    return tensor.contiguous().view(-1).view(torch.uint8)
 
 
 @dataclasses.dataclass
@@ -57,6 +47,21 @@ class Send:
     length: int
     nbytes: int
     count: torch.Tensor | None = None
+
+
+@dataclasses.dataclass
+class Quantized:
+    """A 1-/2-bit pack at fixed capacity whose segment is still to be written: its codes, scales and
+    int32 indices (room of them), its count (a 1-element int64 tensor on the device), the tensor's
+    numel, the bits and the segment's bytes (laid out for the room, whatever the count)."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    index: torch.Tensor
+    count: torch.Tensor
+    numel: int
+    bits: int
+    nbytes: int
 
 
 class BucketPart(abc.ABC):
@@ -119,9 +124,9 @@ class Reduced(BucketPart):
 
 
 class Gathered(BucketPart):
-    """The allgather route: every rank's rows, or 1-/2-bit segment,
-    of each parameter in one all_gather, unpacked in rank order and averaged. The rows of all the
-    parameters are unpacked by one op, which reads the counts where they lie (on a GPU, no wait)."""
+    """The allgather route: every rank's rows, or 1-/2-bit segment, of each parameter in one
+    all_gather, unpacked in rank order and averaged. The rows of all the parameters are unpacked by
+    one op, their segments by another, each reading the counts where they lie (on a GPU, no wait)."""
 
     def __init__(self, ways, counters):
         self.ways, self.counters = ways, counters
@@ -143,12 +148,13 @@ class Gathered(BucketPart):
             rows = 0 if fixed is not None else room + wire.buckets(0, numel)  # (fixed: written by the op)
             _, sent, received = self._add(grad, name, rows, send, capacity_bytes, reader)
             return (0 if fixed is not None else room), sent, received  # elements, not rows
-        blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, grad.numel())
-        segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, grad.numel())
-        return self._add(grad, name, packed.index.numel(), blob, segment.size, ("segments", packed.bits, grad.numel()))
+        codes, scales, index, count = packed.fixed  # (a bucket's 1-/2-bit packs are made at fixed capacity)
+        numel, room, bits = grad.numel(), index.numel(), packed.bits
+        send = Quantized(codes, scales, index, count, numel, bits, _segment_bytes(room, bits, numel))
+        return self._add(grad, name, 0, send, _segment_bytes(capacity, bits, numel), ("segments", bits, room))
 
     def _add(self, grad, name, count, blob, capacity_bytes, reader):
-        """`blob`: the bytes to send, or a Send whose rows are written into the chunk at start."""
+        """`blob`: a Send whose rows, or a Quantized whose segment, are written into the chunk at start."""
         if blob.nbytes > capacity_bytes:
             raise RuntimeError(
                 f"sparsecomm ddp_hook: {count} elements of {name!r} ({blob.nbytes} bytes) exceed its "
@@ -165,14 +171,12 @@ class Gathered(BucketPart):
         offset = COUNT * len(self.items)
         mine = torch.zeros(offset + sum(c for *_, c, _ in self.items), dtype=torch.uint8, device=device)
         mine[:offset] = _header([count for _, _, count, _, _ in self.items], device)
-        sends = []  # (Send, its byte offset, its item): every parameter's rows written by one op
+        sends, segments = [], []  # (Send or Quantized, its byte offset, its item): each kind by one op
         for i, (blob, (*_, capacity, _)) in enumerate(zip(self.blobs, self.items)):
-            if isinstance(blob, Send):
-                sends.append((blob, offset, i))
-            else:
-                mine[offset : offset + blob.nbytes].copy_(_bytes(blob))
+            (sends if isinstance(blob, Send) else segments).append((blob, offset, i))
             offset += capacity
         self._write_rows(mine, sends)
+        self._write_segments(mine, segments)
         ranks = self.ways.size()
         self.everyone = torch.empty(ranks * mine.numel(), dtype=torch.uint8, device=device)
         work = collectives.all_gather_into(self.everyone, mine, self.ways.group, async_op=True)
@@ -193,6 +197,17 @@ class Gathered(BucketPart):
             ops.wire_rows_fixed_into(values, indices, counts, places, out=mine)
             self.counters.account_on_device([self.items[i][1] for _, _, i in fixed], counts)
 
+    def _write_segments(self, mine, segments):
+        """The 1-/2-bit packs' fixed segments into this rank's chunk, by one op (their counts, and the
+        header's copies of them, written on the device)."""
+        for bits in {s.bits for s, _, _ in segments}:  # (one: a compressor's)
+            chosen = [(s, at, i) for s, at, i in segments if s.bits == bits]
+            codes, scales, indices = ([getattr(s, part) for s, _, _ in chosen] for part in ("codes", "scales", "index"))
+            counts = torch.cat([s.count for s, _, _ in chosen])
+            places = [(COUNT * i, at, s.numel) for s, at, i in chosen]
+            ops.quantized_segments_fixed_into(codes, scales, indices, counts, bits, places, out=mine)
+            self.counters.account_on_device([self.items[i][1] for _, _, i in chosen], counts)
+
     def finish(self):
         if not self.items:
             return
@@ -202,20 +217,16 @@ class Gathered(BucketPart):
             offset += capacity
             self.counters.account_later(name, 0, (ranks - 1) * (capacity + COUNT))
         everyone = self.everyone.view(ranks, -1)
-        rows = {}  # value dtype: the items whose rows are unpacked together, counts read where they lie
+        kinds = {}  # (kind, value dtype or bits): the items unpacked together, counts read where they lie
         for i, (*_, reader) in enumerate(self.items):
-            if reader[0] == "rows":
-                rows.setdefault(reader[1], []).append(i)
-        for value_dtype, chosen in rows.items():
+            kinds.setdefault(reader[:2], []).append(i)
+        for (kind, of), chosen in kinds.items():
             outs = [self.items[i][0].view(-1) for i in chosen]
-            places = [(i, *regions[i]) for i in chosen]
-            ops.sparse_unpack_gathered_rows(everyone, places, value_dtype, 1.0, ranks, outs=outs)
-        segments = [i for i, item in enumerate(self.items) if item[4][0] == "segments"]
-        counts = _counts(everyone, len(self.items)) if segments else None
-        for i in segments:
-            grad, (start, capacity), reader = self.items[i][0], regions[i], self.items[i][4]
-            blobs = [everyone[r, start : start + _segment_bytes(reader, counts[r][i])] for r in range(ranks)]
-            ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=grad.view(-1))
+            if kind == "rows":
+                ops.sparse_unpack_gathered_rows(everyone, [(i, *regions[i]) for i in chosen], of, 1.0, ranks, outs=outs)
+            else:  # (each segment laid out for its room: reader[2])
+                places = [(regions[i][0], self.items[i][4][2]) for i in chosen]
+                ops.sparse_unpack_gathered_segments(everyone, places, of, 1.0, ranks, outs=outs)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -225,7 +236,8 @@ def _rows_bytes(room, capacity, value_bytes, numel):
     return wire.rows_bytes(room, value_bytes, 0, numel), aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
 
 
-def _segment_bytes(reader, count):
-    """The bytes a rank's 1-/2-bit segment of `count` elements takes, of its padded region."""
-    bits, numel = reader[1:]
-    return wire.Segment(count, wire.scale_count(bits), bits, numel).size
+@functools.lru_cache(maxsize=4096)
+def _segment_bytes(room, bits, numel):
+    """The bytes of a 1-/2-bit segment laid out for `room` elements (a multiple of 8, as a region's):
+    a function of the parameter's shape and density, computed once, not per step."""
+    return wire.Segment(room, wire.scale_count(bits), bits, numel).size

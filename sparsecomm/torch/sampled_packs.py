@@ -4,7 +4,8 @@ Python into C++ once, not four ops per tensor. The op composes each tensor's pac
 sparsecomm.core.packing does, through the same op bodies: the same bits as ops.pack_sampled and
 ops.pack_topk, tensor by tensor. DGC's dense payloads (ops.momentum_step) and clipping factors
 queue the same way, into one ``momentum_step_many`` and one ``clip_factors_into``; rTop-k's top r
-(where a read waits) into one ``pack_sampled_fixed``."""
+(where a read waits) into one ``pack_sampled_fixed``; a DDP bucket's 1-/2-bit packs into one
+``pack_quantized_fixed``."""
 
 import contextlib
 import functools
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core import wire
 from ..core.exchange import Packed
 from ..core.packing import Plan
 from . import ops
@@ -29,6 +31,7 @@ class Shared:
     nesterov: bool = False
     masking: bool = True
     value_dtype: torch.dtype | None = None  # None: each gradient's own
+    bits: int | None = None  # 1 or 2: quantized sends (pack_quantized_fixed)
 
 
 _shared = functools.lru_cache(maxsize=64)(Shared)  # (a compressor's few settings: made once, not per tensor)
@@ -50,17 +53,21 @@ def _made(field):
 
 
 class QueuedPack(Packed):
-    """A Packed whose values and index its SampledPacks fills: reading either first runs the
-    packs still queued, so no reader (an exchange, the loss scaler's overflow mark, the network
-    calibration's own pack) can see a pack not made yet. At fixed capacity (Packed.fixed), values
-    and index are cut to the counts when first read (one host read a bucket)."""
+    """A Packed whose values (or codes and scales) and index its SampledPacks fills: reading one
+    first runs the packs still queued, so no reader (an exchange, the loss scaler's overflow mark,
+    the network calibration's own pack) can see a pack not made yet. At fixed capacity
+    (Packed.fixed), values, codes and index are cut to the counts when first read (one host read a
+    bucket); a quantized pack's scales need no cut."""
 
     values = _made("values")
     index = _made("index")
+    codes = _made("codes")
+    scales = _made("scales")
 
-    def __init__(self, packs):
+    def __init__(self, packs, bits=None):
         # Packed's other fields keep their class defaults (None): this runs per tensor and step
-        self._packs, self._cut, self._values, self._index = packs, None, None, None
+        self._packs, self._cut, self._values, self._index, self.bits = packs, None, None, None, bits
+        self._codes = self._scales = None
 
 
 class _Cut:
@@ -71,8 +78,14 @@ class _Cut:
 
     def __call__(self):
         for q, count in zip(self.packs, self.counts.tolist()):
-            values, index, _ = q.packed.fixed
-            q.packed.values, q.packed.index, q.packed._cut = values[:count], index[:count], None
+            packed = q.packed
+            if packed.bits is None:
+                values, index, _ = packed.fixed
+                packed.values, packed.index = values[:count], index[:count]
+            else:
+                codes, _, index, _ = packed.fixed
+                packed.codes, packed.index = codes[: wire.code_bytes(count, packed.bits)], index[:count]
+            packed._cut = None
 
 
 @dataclass
@@ -126,8 +139,18 @@ class SampledPacks:
     def sampled(
         self, grad, residual, ratio, *, sample_ratio, tensor_id, step, momentum=None, grad_scale=None, **settings
     ):
-        """ops.pack_sampled's pack (without bits), as a Packed of values and index. `settings`:
-        Shared's (momentum_factor, nesterov, masking, value_dtype)."""
+        """ops.pack_sampled's pack, as a Packed of values and index (with bits, of codes, scales and
+        index). `settings`: Shared's (momentum_factor, nesterov, masking, value_dtype, bits). With
+        bits it queues at fixed capacity only (a DDP bucket's); else it is made at once, by the
+        composite: Horovod's variable-size segments need no fixed capacity."""
+        bits = settings.get("bits")
+        if bits is not None and not (self._deferring and self._fixed):
+            self.run()  # (DGC's clipping factor may wait in the queue)
+            stream = dict(sample_ratio=sample_ratio, tensor_id=tensor_id, step=step)
+            (codes, scales), index = ops.pack_sampled(
+                grad, residual, ratio, momentum=momentum, grad_scale=grad_scale, **stream, **settings
+            )
+            return Packed(index=index, codes=codes, scales=scales, bits=bits)
         plan = _sampled_plan(grad.numel(), ratio, sample_ratio)
         return self._add(_shared(**settings), grad, residual, momentum, grad_scale, plan, (tensor_id, step))
 
@@ -205,7 +228,7 @@ class SampledPacks:
                 packed.values, packed.index = grad, None
 
     def _add(self, shared, grad, residual, momentum, grad_scale, plan, stream):
-        packed = QueuedPack(self)
+        packed = QueuedPack(self, shared.bits)
         self._queue.setdefault(shared, []).append(Queued(packed, grad, residual, momentum, grad_scale, plan, stream))
         return self._queued(packed)
 
@@ -220,7 +243,7 @@ def _run(shared, packs, fixed):
     plans = [
         number for q in packs for number in (q.plan.k, q.plan.sample_count, q.plan.too_few, q.plan.too_many, *q.stream)
     ]
-    made = (ops.pack_sampled_fixed if fixed else ops.pack_sampled_many)(
+    args = (
         [q.grad for q in packs],
         [q.residual for q in packs],
         [q.momentum for q in packs],
@@ -231,8 +254,14 @@ def _run(shared, packs, fixed):
         [q.plan.ratio for q in packs],
         plans,
         0,  # the selection stream's seed: 0 for Threshold's, DGC's and TopK's packs, as ops' composites
-        shared.value_dtype,
     )
+    if shared.bits is not None:  # (queued at fixed capacity only: SampledPacks.sampled)
+        codes, scales, indices, counts = ops.pack_quantized_fixed(*args, shared.bits)
+        cut = _Cut(packs, counts)
+        for q, code, scale, index, count in zip(packs, codes, scales, indices, counts.split(1)):
+            q.packed.fixed, q.packed.scales, q.packed._cut = (code, scale, index, count), scale, cut
+        return
+    made = (ops.pack_sampled_fixed if fixed else ops.pack_sampled_many)(*args, shared.value_dtype)
     if not fixed:
         for q, value, index in zip(packs, *made):
             q.packed.values, q.packed.index = value, index
