@@ -216,6 +216,40 @@ def quantize(acc, bits):
     return packed, scales, scales[code]
 
 
+WIRE_BUCKET = 65535  # elements a bucket of the wire (sparsecomm/core/wire.py)
+
+
+def quantized_segment(codes, scales, index, numel):
+    """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
+    little-endian), the scales' bytes, each 65,535-element bucket's count and each index's offset
+    in its bucket (uint16), the codes, zeros to a multiple of 8."""
+    counts = np.bincount(index // WIRE_BUCKET, minlength=-(-numel // WIRE_BUCKET))
+    parts = [
+        np.array([index.size], "<i8").view(np.uint8),
+        scales.astype("<f4").view(np.uint8),
+        counts.astype("<u2").view(np.uint8),
+        (index % WIRE_BUCKET).astype("<u2").view(np.uint8),
+        codes,
+    ]
+    data = np.concatenate(parts)
+    return np.concatenate([data, np.zeros(-data.size % 8, np.uint8)])
+
+
+def quantized_ranks(numel, counts, bits, seed):
+    """Each rank's (codes, scales, decoded, index) from quantize() of random values at sorted
+    distinct indices."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    ranks = []
+    for count in counts:
+        acc = torch.randn(count, generator=gen)
+        codes, scales, decoded = quantize(acc, bits)
+        index = torch.randperm(numel, generator=gen)[:count].sort().values.int().numpy()
+        ranks.append((codes, scales, decoded, index))
+    return ranks
+
+
 def sample_count(numel, ratio, sample_ratio=0.01, min_hits=256):
     return max(1, min(numel, max(math.ceil(sample_ratio * numel), math.ceil(min_hits / ratio))))
 

@@ -106,5 +106,10 @@ void dequantize(const uint8_t* codes, const float* scales, int64_t count, int bi
 bool segment_offsets(const int32_t* index, int64_t count, int64_t buckets, uint8_t* counts, uint8_t* offsets);
 bool segment_index(const uint8_t* counts, int64_t buckets, const uint8_t* offsets, int64_t count, int32_t* index);
 
+// A bucket's fixed segments (quantize.h's write_fixed_segment_item, every item of each in turn).
+// Returns -1, or the first send whose count lies outside [0, room] or whose indices up to it are
+// not strictly ascending inside its buckets (it and those after it not written).
+int64_t fixed_segments(const FixedSegmentSend* sends, int64_t n);
+
 }  // namespace cpu
 }  // namespace sparsecomm

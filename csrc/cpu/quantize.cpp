@@ -70,5 +70,17 @@ bool segment_index(const uint8_t* counts, int64_t buckets, const uint8_t* offset
   return j == count;
 }
 
+int64_t fixed_segments(const FixedSegmentSend* sends, int64_t n) {
+  for (int64_t p = 0; p < n; ++p) {
+    const FixedSegmentSend& s = sends[p];
+    const int64_t count = *s.count, end = s.buckets * kWireBucket;
+    if (count < 0 || count > s.room) return p;
+    for (int64_t j = 0; j < count; ++j)
+      if (s.index[j] < (j ? int64_t(s.index[j - 1]) + 1 : 0) || s.index[j] >= end) return p;
+    for (int64_t t = 0; t < fixed_segment_items(s); ++t) write_fixed_segment_item(s, t);
+  }
+  return -1;
+}
+
 }  // namespace cpu
 }  // namespace sparsecomm

@@ -8,6 +8,7 @@
 
 #include "../kernels/feedback.h"
 #include "../kernels/permutation.h"
+#include "../kernels/quantize.h"
 #include "../kernels/sample.h"
 #include "../kernels/squares.h"
 
@@ -210,6 +211,41 @@ struct WireSegment {
   int64_t* rows_count = nullptr;   // fixed capacity: where its number of rows is written
 };
 void wire_segments(const WireSegment* sends, int64_t n, int64_t total, cudaStream_t stream);
+
+// ---- quantized.cu: a bucket's 1-/2-bit sends and the fixed segments of the DDP and FSDP wire
+// (kernels/quantize.h), each in a fixed number of launches whatever its number of tensors.
+
+// A bucket's quantized sends at fixed capacity: send_quantized of each tensor's first *limit
+// selected (tiles.cuh's quantize_block: its bits), a block a tensor.
+struct QuantizeSegment {
+  const float* acc = nullptr;
+  const int32_t* index = nullptr;
+  const int64_t* limit = nullptr;  // its count, on the device
+  Feedback fb;                     // its state (send_state)
+  uint8_t* codes = nullptr;
+  float* scales = nullptr;
+};
+void quantize_segments(const QuantizeSegment* sends, int64_t n, int bits, cudaStream_t stream);
+
+// A bucket's fixed segments: every item of each (write_fixed_segment_item), `total` in all.
+void fixed_segments(const FixedSegmentSend* sends, int64_t n, int64_t total, cudaStream_t stream);
+
+// One rank's fixed segment of one tensor, among the gathered ones of a bucket.
+struct SegmentRead {
+  const uint8_t* segment = nullptr;
+  int64_t room = 0, buckets = 0;
+  int64_t bucket_at = 0;  // its first bucket among all the reads' buckets
+  int64_t at = 0;         // its first entry among all the reads' entries (room each)
+  int64_t place = 0;      // its tensor's first element in the outs' shared allocation
+};
+// starts[bucket_at + b] = the first entry of bucket b of each read (the exclusive sum of its bucket
+// counts), a thread a read.
+void segment_starts(const SegmentRead* reads, int64_t n, int bits, int64_t* starts, cudaStream_t stream);
+// Entry e of all the reads' (`total`): values[e] its code's scale, places[e] its tensor's place plus
+// its index; an entry at or past its segment's count (read on the device) -0.0 at its tensor's first
+// place, which adds nothing to a sum.
+void segment_entries(const SegmentRead* reads, int64_t n, int64_t total, int bits, const int64_t* starts, float* values,
+                     int32_t* places, cudaStream_t stream);
 
 // ---- sort.cu: the scan and sorts that csrc/torch/cuda.cpp takes from torch (cumsum, sort),
 // for the TF binding. Each needs `scratch` device memory and returns how many bytes (at least

@@ -1,6 +1,5 @@
 // CUDA launchers for selection with error feedback (feedback.h, sample.h, permutation.h, squares.h,
 // quantize.h). Everything runs on the caller's stream; nothing here synchronises with the host.
-#include "../kernels/quantize.h"
 #include "grid.cuh"
 #include "launchers.h"
 #include "tiles.cuh"
@@ -72,9 +71,6 @@ __global__ void momentum_step_kernel(const T* grad, Feedback fb, int64_t numel, 
     momentum_element(grad, fb, i, out);
 }
 
-// One block, fixed reduction order: the scales are the same on every run.
-constexpr int kQuantThreads = 512;
-
 // squares.h's order: thread j is lane j (blocks of kSquareLanes threads), block_sum adds the
 // lanes pairwise. Each tile's sum goes to tile_sums[t], whichever block took it.
 template <typename T>
@@ -97,38 +93,12 @@ __global__ void sum_tiles_kernel(const double* tile_sums, int64_t tiles, double*
   if (threadIdx.x == 0) *out = total;
 }
 
+// One block (tiles.cuh's quantize_block): the scales are the same on every run.
 __global__ void send_quantized_kernel(const float* acc, const int32_t* index, int64_t count, Feedback fb, int bits,
                                       uint8_t* codes, float* scales) {
   __shared__ double scratch[kQuantThreads];
   __shared__ float scale[4];
-  double abs_sum = 0.0;
-  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) abs_sum += fabs(acc[j]);
-  const double total_abs = block_sum(abs_sum, scratch);
-  const float split = count ? float(total_abs / double(count)) : 0.0f;
-  for (int c = 0; c < quantized_scales(bits); ++c) {
-    double sum = 0.0, n = 0.0;
-    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
-      if (quantize_code(acc[j], bits, split) == uint32_t(c)) {
-        sum += acc[j];
-        n += 1.0;
-      }
-    const double class_sum = block_sum(sum, scratch), class_n = block_sum(n, scratch);
-    if (threadIdx.x == 0) scale[c] = class_n > 0.0 ? float(class_sum / class_n) : 0.0f;
-  }
-  __syncthreads();
-  if (threadIdx.x < quantized_scales(bits)) scales[threadIdx.x] = scale[threadIdx.x];
-  const int64_t per_byte = 8 / bits;
-  for (int64_t b = threadIdx.x; b < quantized_bytes(count, bits); b += blockDim.x) {
-    uint32_t byte = 0;
-    for (int64_t j = b * per_byte; j < count && j < (b + 1) * per_byte; ++j) {
-      const uint32_t code = quantize_code(acc[j], bits, split);
-      byte |= code << ((j * bits) & 7);
-      const float left = acc[j] - scale[code];
-      if (fb.residual_out) fb.residual_out[index[j]] = finite_or_zero(left);
-      if (fb.momentum_out && fb.masking) fb.momentum_out[index[j]] = 0.0f;
-    }
-    codes[b] = uint8_t(byte);
-  }
+  quantize_block(acc, index, count, fb, bits, codes, scales, scratch, scale);
 }
 
 __global__ void dequantize_kernel(const uint8_t* codes, const float* scales, int64_t count, int bits, float* values) {

@@ -3,6 +3,7 @@
 // ordered compaction, and the digits of the radix select. Device functions only: no launches.
 #pragma once
 #include "../kernels/feedback.h"
+#include "../kernels/quantize.h"
 #include "grid.cuh"
 #include "launchers.h"
 
@@ -127,6 +128,43 @@ __device__ inline double block_sum(double v, double* scratch) {
   const double total = scratch[0];
   __syncthreads();
   return total;
+}
+
+// send_quantized by one block of kQuantThreads threads, in a fixed order of addition (the same
+// scales on every run, for one tensor at a time or a bucket's): the mean |v| that splits the 2-bit
+// classes, each class's mean, then the codes and the state. scratch: kQuantThreads doubles of
+// shared memory, scale: 4 floats of it.
+constexpr int kQuantThreads = 512;
+__device__ inline void quantize_block(const float* acc, const int32_t* index, int64_t count, const Feedback& fb,
+                                      int bits, uint8_t* codes, float* scales, double* scratch, float* scale) {
+  double abs_sum = 0.0;
+  for (int64_t j = threadIdx.x; j < count; j += blockDim.x) abs_sum += fabs(acc[j]);
+  const double total_abs = block_sum(abs_sum, scratch);
+  const float split = count ? float(total_abs / double(count)) : 0.0f;
+  for (int c = 0; c < quantized_scales(bits); ++c) {
+    double sum = 0.0, n = 0.0;
+    for (int64_t j = threadIdx.x; j < count; j += blockDim.x)
+      if (quantize_code(acc[j], bits, split) == uint32_t(c)) {
+        sum += acc[j];
+        n += 1.0;
+      }
+    const double class_sum = block_sum(sum, scratch), class_n = block_sum(n, scratch);
+    if (threadIdx.x == 0) scale[c] = class_n > 0.0 ? float(class_sum / class_n) : 0.0f;
+  }
+  __syncthreads();
+  if (threadIdx.x < quantized_scales(bits)) scales[threadIdx.x] = scale[threadIdx.x];
+  const int64_t per_byte = 8 / bits;
+  for (int64_t b = threadIdx.x; b < quantized_bytes(count, bits); b += blockDim.x) {
+    uint32_t byte = 0;
+    for (int64_t j = b * per_byte; j < count && j < (b + 1) * per_byte; ++j) {
+      const uint32_t code = quantize_code(acc[j], bits, split);
+      byte |= code << ((j * bits) & 7);
+      const float left = acc[j] - scale[code];
+      if (fb.residual_out) fb.residual_out[index[j]] = finite_or_zero(left);
+      if (fb.momentum_out && fb.masking) fb.momentum_out[index[j]] = 0.0f;
+    }
+    codes[b] = uint8_t(byte);
+  }
 }
 
 }  // namespace cuda

@@ -26,15 +26,8 @@ __device__ void write_wire_row(const uint8_t* values, const int32_t* index, int6
     memcpy(row + kWireOffsetBytes, values + t * kValueBytes, kValueBytes);
     return;
   }
-  const int64_t m = t - count, number = first + m, bucket_start = number * kWireBucket;
-  int64_t before = 0, end = count;  // the first index at or past the bucket's start
-  while (before < end) {
-    const int64_t mid = (before + end) / 2;
-    if (index[mid] < bucket_start)
-      before = mid + 1;
-    else
-      end = mid;
-  }
+  const int64_t m = t - count, number = first + m;
+  const int64_t before = first_at_or_past(index, count, number * kWireBucket);
   const uint16_t marker[2] = {kWireMarker, uint16_t(number)};
   uint8_t* row = rows + (m + before) * kWidth;
   memcpy(row, marker, sizeof(marker));

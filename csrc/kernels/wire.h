@@ -5,6 +5,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common.h"
+
 namespace sparsecomm {
 
 constexpr int64_t kWireBucket = 65535;
@@ -14,6 +16,19 @@ constexpr int64_t kWireOffsetBytes = sizeof(uint16_t);
 // Marker rows in a send of [start, start + length).
 inline int64_t wire_buckets(int64_t start, int64_t length) {
   return length <= 0 ? 0 : (start + length - 1) / kWireBucket - start / kWireBucket + 1;
+}
+
+// The first of index[0, count) (ascending) at or past `value`: where a bucket's elements start.
+SC_HOST_DEVICE int64_t first_at_or_past(const int32_t* index, int64_t count, int64_t value) {
+  int64_t lo = 0, hi = count;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (index[mid] < value)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
 }
 
 }  // namespace sparsecomm

@@ -20,7 +20,8 @@
 //     and its dense momentum steps and clipping factors: momentum_many(grads), clip_factors(clips)
 //   raw bytes for quantize.h's segments: copy_bytes(from, to), zero_bytes(t), write_count(segment,
 //     count), read_count(gathered, at) (CUDA: a read back), segment_offsets(index, counts, offsets),
-//     segment_index(counts, offsets, index)
+//     segment_index(counts, offsets, index); at fixed capacity (DDP's), pack_fixed(tensors, masking, bits),
+//     write_fixed_segments(sends, items, device), unpack_gathered_segments(gathered, regions, bits, scale, outs)
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/library.h>

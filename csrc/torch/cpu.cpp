@@ -66,6 +66,49 @@ struct CpuDevice : TensorByTensor<CpuDevice> {
                 "sparse_unpack_segments: a segment's bucket counts do not add up to its count, ", index.numel());
   }
 
+  // Each fixed segment's items in turn, its count and indices checked first: they are in host memory.
+  static void write_fixed_segments(const std::vector<FixedSegmentSend>& sends, int64_t, const at::Device&) {
+    const int64_t p = cpu::fixed_segments(sends.data(), int64_t(sends.size()));
+    if (p < 0) return;
+    const int64_t count = *sends[p].count, room = sends[p].room;
+    TORCH_CHECK(count >= 0 && count <= room, "quantized_segments_fixed_into: send ", p, "'s count should lie in [0, ",
+                room, "], its room, got ", count);
+    TORCH_CHECK(false, "quantized_segments_fixed_into: send ", p,
+                "'s index should be strictly ascending and below its numel up to its count, ", count);
+  }
+  // Tensor by tensor, each rank's fixed segment decoded in place (its count in host memory already)
+  // into this thread's reused columns, then one unpack, as sparse_unpack_segments_into does.
+  static void unpack_gathered_segments(const at::Tensor& gathered, const std::vector<SegmentRegion>& regions, int bits,
+                                       UnpackScale scale, at::TensorList outs) {
+    static thread_local std::vector<float> values;
+    static thread_local std::vector<int32_t> index;
+    const int64_t ranks = gathered.size(0), chunk = gathered.size(1);
+    for (size_t p = 0; p < outs.size(); ++p) {
+      const QuantizedSegment layout(regions[p].room, bits, regions[p].buckets);
+      values.resize(size_t(std::max<int64_t>(ranks * layout.room, 1)));  // (at least one: never a null pointer)
+      index.resize(values.size());
+      int64_t n = 0;
+      for (int64_t r = 0; r < ranks; ++r) {
+        const uint8_t* segment = gathered.data_ptr<uint8_t>() + r * chunk + regions[p].offset;
+        int64_t count;
+        std::memcpy(&count, segment, sizeof(count));
+        TORCH_CHECK(count >= 0 && count <= layout.room, "sparse_unpack_gathered_segments: rank ", r, " has a count of ",
+                    count, " for out ", p, ", whose segment has room for ", layout.room);
+        dequantize(segment + layout.codes_at, reinterpret_cast<const float*>(segment + layout.scales_at), count, bits,
+                   values.data() + n);
+        TORCH_CHECK(cpu::segment_index(segment + layout.counts_at, layout.buckets, segment + layout.offsets_at, count,
+                                       index.data() + n),
+                    "sparse_unpack_gathered_segments: rank ", r, "'s bucket counts for out ", p,
+                    " do not add up to its count, ", count);
+        n += count;
+      }
+      const at::Tensor v = at::from_blob(values.data(), {n}, at::kFloat);
+      unpack_into<CpuDevice>(v.to(outs[p].scalar_type()), at::from_blob(index.data(), {n}, at::kInt), scale, outs[p]);
+    }
+    cpu::kept_capacity(values);
+    cpu::kept_capacity(index);
+  }
+
   static void wire_rows(const at::Tensor& values, const at::Tensor& index, int64_t start, int64_t length,
                         const at::Tensor& rows) {
     write_rows(values, index, index.numel(), start, length, rows.data_ptr<uint8_t>());

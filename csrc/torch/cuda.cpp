@@ -2,7 +2,8 @@
 // (on torch's current stream), and the op bodies of block.h, select.h and quantize.h
 // instantiated with it. Compiled only into CUDA builds (setup.py); syntax-checked without a
 // GPU by the tests. Host synchronisation happens only where a size is needed (the candidate
-// count, to allocate the output; each rank's count in gathered 1-/2-bit segments). The bucket
+// count, to allocate the output; each rank's count in Horovod's gathered 1-/2-bit segments); a DDP
+// bucket's fixed-capacity ops read none. The bucket
 // phases come from cuda_bucket.h, the wire and segment phases from cuda_wire.h.
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>

@@ -194,8 +194,9 @@ struct CudaBucketPhases {
 struct CudaFixedBucket : CudaBucketPhases {
   // The bucket at fixed capacity, nothing read on the host: the first phase, each tensor's
   // candidates compacted into a room of twice its capacity (and a tile), its band and top k decided
-  // on the device (fixed_tops), the sends up to the counts that decided.
-  static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking) {
+  // on the device (fixed_tops), the sends up to the counts that decided (bits 1 or 2: quantized, a
+  // block a tensor).
+  static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking, int bits = 0) {
     std::vector<int64_t> rooms;
     for (const SampledTensor& t : tensors)
       rooms.push_back(std::min(t.args.grad.numel(), 2 * capacity_of(t) + cuda::kCandidateTile));
@@ -213,28 +214,71 @@ struct CudaFixedBucket : CudaBucketPhases {
     at::Tensor acc_top = at::empty({total}, on.dtype(at::kFloat)), index_top = at::empty({total}, on.dtype(at::kInt));
     fixed.counts = at::empty({n}, on.dtype(at::kLong));
     std::vector<cuda::FixedTop> tops;
-    std::vector<cuda::SendSegment> sends;
     int64_t room_at = 0, at = 0;
+    for (size_t p = 0; p < tensors.size(); ++p) {
+      const int64_t capacity = capacity_of(tensors[p]);
+      tops.push_back(
+          fixed_top(tensors[p], acc.data_ptr<float>() + room_at, index.data_ptr<int32_t>() + room_at, rooms[p]));
+      tops.back().acc_top = acc_top.data_ptr<float>() + at, tops.back().index_top = index_top.data_ptr<int32_t>() + at;
+      fixed.indices.push_back(index_top.narrow(0, at, capacity));
+      room_at += rooms[p], at += capacity;
+    }
+    const at::Tensor top_table = upload(tops, on.device());
+    cuda::fixed_tops(static_cast<const cuda::FixedTop*>(top_table.data_ptr()), n, b.totals.data_ptr<int64_t>(),
+                     fixed.counts.data_ptr<int64_t>(), stream());
+    if (bits > 0)
+      send_quantized_fixed(tensors, tops, masking, bits, fixed);
+    else
+      send_fixed(tensors, tops, masking, total, fixed);
+    return fixed;
+  }
+  // Each tensor's selection (tops[p]'s) sent up to its count, in its value dtype, by one kernel.
+  static void send_fixed(const std::vector<SampledTensor>& tensors, const std::vector<cuda::FixedTop>& tops,
+                         bool masking, int64_t total, PackedFixed& fixed) {
+    std::vector<cuda::SendSegment> sends;
+    const at::TensorOptions on = tensors[0].args.grad.options();
+    int64_t at = 0;
     for (size_t p = 0; p < tensors.size(); ++p) {
       const SampledTensor& t = tensors[p];
       const int64_t capacity = capacity_of(t);
-      tops.push_back(fixed_top(t, acc.data_ptr<float>() + room_at, index.data_ptr<int32_t>() + room_at, rooms[p]));
-      tops.back().acc_top = acc_top.data_ptr<float>() + at, tops.back().index_top = index_top.data_ptr<int32_t>() + at;
-      fixed.indices.push_back(index_top.narrow(0, at, capacity));
       fixed.values.push_back(at::empty({capacity}, on.dtype(t.value_dtype)));
       cuda::SendSegment s;
-      s.acc = tops.back().acc_top, s.index = tops.back().index_top;
+      s.acc = tops[p].acc_top, s.index = tops[p].index_top;
       s.count = capacity, s.at = at, s.limit = fixed.counts.data_ptr<int64_t>() + p;
       s.fb = send_state("pack_sampled_fixed", t.residual, t.momentum, masking);
       s.values = fixed.values.back().data_ptr(), s.value_type = float_type(t.value_dtype);
       sends.push_back(s);
-      room_at += rooms[p], at += capacity;
+      at += capacity;
     }
-    const at::Tensor top_table = upload(tops, on.device()), send_table = upload(sends, on.device());
-    cuda::fixed_tops(static_cast<const cuda::FixedTop*>(top_table.data_ptr()), n, b.totals.data_ptr<int64_t>(),
-                     fixed.counts.data_ptr<int64_t>(), stream());
-    cuda::send_segments(static_cast<const cuda::SendSegment*>(send_table.data_ptr()), n, total, stream());
-    return fixed;
+    const at::Tensor table = upload(sends, on.device());
+    cuda::send_segments(static_cast<const cuda::SendSegment*>(table.data_ptr()), int64_t(sends.size()), total,
+                        stream());
+  }
+  // The same, quantized to `bits`: each tensor's codes (its room's bytes) and scales, a block a tensor.
+  static void send_quantized_fixed(const std::vector<SampledTensor>& tensors, const std::vector<cuda::FixedTop>& tops,
+                                   bool masking, int bits, PackedFixed& fixed) {
+    std::vector<cuda::QuantizeSegment> sends;
+    const at::TensorOptions on = tensors[0].args.grad.options();
+    const int64_t n = int64_t(tensors.size()), scale_count = quantized_scales(bits);
+    int64_t code_bytes = 0;
+    for (const SampledTensor& t : tensors) code_bytes += quantized_bytes(capacity_of(t), bits);
+    at::Tensor codes = at::empty({code_bytes}, on.dtype(at::kByte)),
+               scales = at::empty({n, scale_count}, on.dtype(at::kFloat));
+    int64_t at = 0;
+    for (int64_t p = 0; p < n; ++p) {
+      const SampledTensor& t = tensors[p];
+      const int64_t bytes = quantized_bytes(capacity_of(t), bits);
+      fixed.values.push_back(codes.narrow(0, at, bytes));
+      fixed.scales.push_back(scales.select(0, p));
+      cuda::QuantizeSegment q;
+      q.acc = tops[p].acc_top, q.index = tops[p].index_top, q.limit = fixed.counts.data_ptr<int64_t>() + p;
+      q.fb = send_state("pack_quantized_fixed", t.residual, t.momentum, masking);
+      q.codes = codes.data_ptr<uint8_t>() + at, q.scales = scales.data_ptr<float>() + p * scale_count;
+      sends.push_back(q);
+      at += bytes;
+    }
+    const at::Tensor table = upload(sends, on.device());
+    cuda::quantize_segments(static_cast<const cuda::QuantizeSegment*>(table.data_ptr()), n, bits, stream());
   }
   // t's row of fixed_tops' table, but where its selection goes: its candidates (room of them)
   // and every element's acc (its state, or its gradient).

@@ -18,17 +18,23 @@ namespace sparsecomm {
 namespace torch_binding {
 
 // Where each of `outs` starts, in elements from the lowest of them: one kernel writes them all
-// through that one's pointer, so they must share an allocation (a DDP bucket's gradients do).
+// through that one's pointer, so they must share an allocation (a DDP bucket's gradients do). An
+// empty one (whose data pointer may be null) receives nothing: its place is 0.
 struct Places {
   size_t lowest = 0;
   std::vector<int64_t> of;
 
   Places(const char* op, at::TensorList outs) {
     for (size_t p = 1; p < outs.size(); ++p)
-      if (outs[p].data_ptr() < outs[lowest].data_ptr()) lowest = p;
+      if (outs[p].numel() > 0 && (outs[lowest].numel() == 0 || outs[p].data_ptr() < outs[lowest].data_ptr()))
+        lowest = p;
     const auto* base = static_cast<const char*>(outs[lowest].data_ptr());
     const int64_t size = int64_t(outs[lowest].element_size());
     for (const at::Tensor& out : outs) {
+      if (out.numel() == 0) {
+        of.push_back(0);
+        continue;
+      }
       const int64_t bytes = static_cast<const char*>(out.data_ptr()) - base;
       TORCH_CHECK(out.storage().is_alias_of(outs[lowest].storage()) && bytes % size == 0, op,
                   ": on CUDA, outs should be views of one allocation (a DDP bucket's gradients)");
@@ -139,14 +145,62 @@ struct CudaWire {
     const at::Tensor first = table[2].repeat({ranks});
     const at::Tensor place = at::where(valid, index.to(at::kLong) + first, first).to(at::kInt);
     const at::Tensor kept = at::where(valid, values, at::scalar_tensor(-0.0, values.options()));
+    sum_at_places("sparse_unpack_gathered_rows", kept, place, scale, outs, places);
+  }
+
+  // The outs zeroed, then values[e] (cast to their dtype) added at place[e] of their shared
+  // allocation: one stable sort keeps each element's contributions in the order they come, as
+  // sparse_unpack does tensor by tensor.
+  static void sum_at_places(const char* op, const at::Tensor& values, const at::Tensor& place, UnpackScale scale,
+                            at::TensorList outs, const Places& places) {
     at::_foreach_zero_(outs);
     const auto [sorted_place, order] = place.sort(/*stable=*/true, /*dim=*/0, /*descending=*/false);
-    SC_DISPATCH_FLOAT_TYPES(outs[0].scalar_type(), "sparse_unpack_gathered_rows", [&] {
-      const at::Tensor cast = kept.to(outs[0].scalar_type());
+    SC_DISPATCH_FLOAT_TYPES(outs[0].scalar_type(), op, [&] {
+      const at::Tensor cast = values.to(outs[0].scalar_type());
       cuda::sparse_unpack_sorted<scalar_t>(data_as<scalar_t>(cast), sorted_place.data_ptr<int32_t>(),
                                            order.data_ptr<int64_t>(), cast.numel(), scale,
                                            data_as<scalar_t>(outs[places.lowest]), stream());
     });
+  }
+
+  // A bucket's fixed segments in one kernel, a thread per item (kernels/quantize.h). Not checked (it
+  // would need a synchronisation).
+  static void write_fixed_segments(const std::vector<FixedSegmentSend>& sends, int64_t items,
+                                   const at::Device& device) {
+    const at::Tensor table = upload(sends, device);
+    cuda::fixed_segments(static_cast<const FixedSegmentSend*>(table.data_ptr()), int64_t(sends.size()), items,
+                         stream());
+  }
+
+  // Every rank's fixed segment of every tensor, rank after rank, as one set of entries: each
+  // bucket's first entry (segment_starts), then each entry's value and place (segment_entries); an
+  // entry at or past its rank's count (read on the device) adds -0.0 at its tensor's first element,
+  // which changes no sum. Then one sum at the places, as the rows' unpack does.
+  static void unpack_gathered_segments(const at::Tensor& gathered, const std::vector<SegmentRegion>& regions, int bits,
+                                       UnpackScale scale, at::TensorList outs) {
+    const Places places("sparse_unpack_gathered_segments", outs);
+    const int64_t ranks = gathered.size(0), chunk = gathered.size(1);
+    std::vector<cuda::SegmentRead> reads;
+    int64_t buckets = 0, entries = 0;
+    for (int64_t r = 0; r < ranks; ++r)
+      for (size_t p = 0; p < outs.size(); ++p) {
+        cuda::SegmentRead s;
+        s.segment = gathered.data_ptr<uint8_t>() + r * chunk + regions[p].offset;
+        s.room = regions[p].room, s.buckets = regions[p].buckets, s.place = places.of[p];
+        s.bucket_at = buckets, s.at = entries;
+        buckets += s.buckets, entries += s.room;
+        reads.push_back(s);
+      }
+    const at::TensorOptions on = gathered.options();
+    const at::Tensor table = upload(reads, gathered.device());
+    at::Tensor starts = at::empty({buckets}, on.dtype(at::kLong));
+    at::Tensor values = at::empty({entries}, on.dtype(at::kFloat)), place = at::empty({entries}, on.dtype(at::kInt));
+    const auto* rows = static_cast<const cuda::SegmentRead*>(table.data_ptr());
+    const int64_t n = int64_t(reads.size());
+    cuda::segment_starts(rows, n, bits, starts.data_ptr<int64_t>(), stream());
+    cuda::segment_entries(rows, n, entries, bits, starts.data_ptr<int64_t>(), values.data_ptr<float>(),
+                          place.data_ptr<int32_t>(), stream());
+    sum_at_places("sparse_unpack_gathered_segments", values, place, scale, outs, places);
   }
 };
 

@@ -134,6 +134,25 @@ SC_TORCH_LIBRARY {
   // wire_rows_many_into of sends of fixed capacity: send p's first counts[p] elements, its number of
   // rows written as an int64 at byte places[3p], its rows at places[3p + 1] (of [0, places[3p + 2])).
   m.def("wire_rows_fixed_into(Tensor[] values, Tensor[] index, Tensor counts, int[] places, Tensor(a!) out) -> ()");
+  // pack_sampled_fixed's selections sent by send_quantized (quantize.h's pack_quantized_fixed):
+  // (codes, scales, index, counts), tensor p's codes and index of the room of its capacity, its first
+  // counts[p] sent; on a GPU the host reads nothing.
+  m.def(
+      "pack_quantized_fixed(Tensor[] grads, Tensor(a!)?[] residuals, Tensor(b!)?[] momenta, float momentum_factor, "
+      "Tensor?[] grad_scales, bool nesterov, bool masking, float[] ratios, int[] plans, int seed, int bits) "
+      "-> (Tensor[], Tensor[], Tensor[], Tensor)");
+  // The fixed-layout 1-/2-bit segments of pack_quantized_fixed's packs into one uint8 chunk: send p's
+  // count copied to byte places[3p], its segment (laid out for its room) at places[3p + 1], of a tensor
+  // of places[3p + 2] elements.
+  m.def(
+      "quantized_segments_fixed_into(Tensor[] codes, Tensor[] scales, Tensor[] index, Tensor counts, int bits, "
+      "int[] places, Tensor(a!) out) -> ()");
+  // sparse_unpack_segments_into of many tensors' fixed segments, each row of `gathered` a rank's chunk,
+  // out p's segment at byte regions[2p] laid out for regions[2p + 1] entries; the counts are read on
+  // gathered's device (on a GPU the host reads nothing).
+  m.def(
+      "sparse_unpack_gathered_segments_into(Tensor gathered, int[] regions, int bits, Tensor scale, int divisor, "
+      "Tensor(a!)[] outs) -> ()");
 }
 
 }  // namespace sparsecomm

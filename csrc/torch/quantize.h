@@ -36,24 +36,6 @@ at::Tensor dequantize(const at::Tensor& codes_in, const at::Tensor& scales_in, i
   return values;
 }
 
-// One rank's 1-/2-bit segment of sparsecomm/core/wire.py (whose Segment TF's graph ops build
-// from): count int64, the scales float32, each bucket's count (uint16), each index's offset in its
-// bucket (uint16), the codes, then zeros to a multiple of 8 bytes (the next rank's count stays
-// aligned). Byte offsets from the segment's start.
-struct QuantizedSegment {
-  static constexpr int64_t kCountBytes = 8;
-  int64_t count, buckets, scales_at, counts_at, offsets_at, codes_at, codes_end, size;
-  QuantizedSegment(int64_t count, int bits, int64_t buckets)
-      : count(count),
-        buckets(buckets),
-        scales_at(kCountBytes),
-        counts_at(kCountBytes + int64_t(sizeof(float)) * quantized_scales(bits)),
-        offsets_at(counts_at + kWireOffsetBytes * buckets),
-        codes_at(offsets_at + kWireOffsetBytes * count),
-        codes_end(codes_at + quantized_bytes(count, bits)),
-        size((codes_end + kCountBytes - 1) / kCountBytes * kCountBytes) {}
-};
-
 // This rank's segment of a tensor of `numel` elements, built by one op (it took 5 Python-level
 // torch calls, about 25 us a tensor on a CPU).
 template <typename Device>
@@ -71,7 +53,7 @@ at::Tensor quantized_segment(const at::Tensor& codes_in, const at::Tensor& scale
   const at::Tensor codes = codes_in.contiguous(), scales = scales_in.contiguous(), index = index_in.contiguous();
   const QuantizedSegment s(index.numel(), int(bits), wire_buckets(0, numel));
   at::Tensor segment = at::empty({s.size}, codes.options());
-  Device::write_count(segment, s.count);
+  Device::write_count(segment, s.room);
   Device::copy_bytes(scales, segment.narrow(0, s.scales_at, scales.nbytes()));
   Device::segment_offsets(index, segment.narrow(0, s.counts_at, s.offsets_at - s.counts_at),
                           segment.narrow(0, s.offsets_at, s.codes_at - s.offsets_at));
@@ -118,14 +100,133 @@ void sparse_unpack_segments_into(const at::Tensor& gathered_in, int64_t bits, in
   for (size_t r = 0; r < segments.size(); ++r) {
     const QuantizedSegment& s = segments[r];
     const uint8_t* segment = base + starts[r];
-    Device::dequantize(segment + s.codes_at, reinterpret_cast<const float*>(segment + s.scales_at), s.count, int(bits),
+    Device::dequantize(segment + s.codes_at, reinterpret_cast<const float*>(segment + s.scales_at), s.room, int(bits),
                        values.data_ptr<float>() + filled);
     Device::segment_index(gathered.narrow(0, starts[r] + s.counts_at, s.offsets_at - s.counts_at),
                           gathered.narrow(0, starts[r] + s.offsets_at, s.codes_at - s.offsets_at),
-                          index.narrow(0, filled, s.count));
-    filled += s.count;
+                          index.narrow(0, filled, s.room));
+    filled += s.room;
   }
   unpack_into<Device>(values.to(out.scalar_type()), index, factor, out);
+}
+
+// The quantized sampled packs of a bucket at fixed capacity (DDP's and FSDP's): pack_sampled_fixed's
+// selections, each sent by send_quantized (the bits of pack_sampled with bits, tensor by tensor):
+// (codes, scales, index, counts), tensor p's codes and index of the room of its capacity_of, its
+// first counts[p] (int64, on the gradients' device) sent. On CUDA the host reads nothing.
+template <typename Device>
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Tensor>, at::Tensor> pack_quantized_fixed(
+    at::TensorList grads, const c10::List<c10::optional<at::Tensor>>& residuals,
+    const c10::List<c10::optional<at::Tensor>>& momenta, double momentum_factor,
+    const c10::List<c10::optional<at::Tensor>>& grad_scales, bool nesterov, bool masking, at::ArrayRef<double> ratios,
+    at::IntArrayRef plans, int64_t seed, int64_t bits) {
+  constexpr const char* op = "pack_quantized_fixed";
+  check_bits(op, bits);
+  check_sampled_lengths(op, grads.size(), residuals, momenta, grad_scales, ratios, plans);
+  if (grads.empty()) return {{}, {}, {}, at::empty({0}, at::kLong)};
+  const typename Device::Guard guard(grads[0].device());
+  PackedFixed fixed = Device::pack_fixed(sampled_tensors(op, grads, residuals, momenta, momentum_factor, grad_scales,
+                                                         nesterov, ratios, plans, seed, c10::nullopt),
+                                         masking, int(bits));
+  return {std::move(fixed.values), std::move(fixed.scales), std::move(fixed.indices),
+          fixed.counts.to(grads[0].device())};
+}
+
+// Send p of quantized_segments_fixed_into, checked: its codes, scales and index (its room: index's
+// length), its count, and where its segment (laid out for the room) and its count's copy go in out.
+inline FixedSegmentSend fixed_segment_send(const char* op, size_t p, const at::Tensor& codes, const at::Tensor& scales,
+                                           const at::Tensor& index, int64_t bits, at::IntArrayRef places,
+                                           const at::Tensor& out) {
+  TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 1, op, ": index should be 1-D int32 tensors, got ",
+              index.dim(), "-D ", index.scalar_type(), " for send ", p);
+  const int64_t room = index.numel(), slot = places[3 * p], offset = places[3 * p + 1], numel = places[3 * p + 2];
+  check_quantized(op, codes, scales, room, bits);
+  TORCH_CHECK(codes.is_contiguous() && scales.is_contiguous() && index.is_contiguous(), op,
+              ": codes, scales and index should be contiguous; send ", p, "'s are not");
+  TORCH_CHECK(codes.device() == out.device() && scales.device() == out.device() && index.device() == out.device(), op,
+              ": codes, scales and index should be on out's device (", out.device(), "); send ", p, "'s are not");
+  TORCH_CHECK(numel >= room && numel < (int64_t(1) << 31), op, ": send ", p, "'s numel should be in [its room ", room,
+              ", 2^31), got ", numel);
+  const QuantizedSegment layout(room, int(bits), wire_buckets(0, numel));
+  const int64_t align = QuantizedSegment::kCountBytes;
+  TORCH_CHECK(slot >= 0 && slot % align == 0 && slot + align <= offset && offset % align == 0 &&
+                  offset + layout.size <= out.numel(),
+              op, ": send ", p, "'s count slot at ", slot, " and segment of ", layout.size, " bytes at ", offset,
+              " (both 8-byte aligned) should fit out's ", out.numel(), " bytes in that order");
+  FixedSegmentSend s;
+  s.codes = codes.data_ptr<uint8_t>(), s.scales = scales.data_ptr<float>(), s.index = index.data_ptr<int32_t>();
+  s.room = room, s.buckets = layout.buckets, s.bits = int(bits);
+  s.segment = out.data_ptr<uint8_t>() + offset, s.header = out.data_ptr<uint8_t>() + slot;
+  return s;
+}
+
+// The fixed segments of a bucket's quantized packs (pack_quantized_fixed's) written into its chunk,
+// where they travel: send p's first counts[p] (int64 on out's device) sent, its segment laid out for
+// its room whatever its count; places[3p..3p+2] = (the byte offset of its count's copy in the chunk's
+// header, of its segment, its tensor's numel). Nothing is read on the host (on CUDA, one kernel).
+template <typename Device>
+void quantized_segments_fixed_into(at::TensorList codes, at::TensorList scales, at::TensorList index,
+                                   const at::Tensor& counts, int64_t bits, at::IntArrayRef places,
+                                   const at::Tensor& out) {
+  constexpr const char* op = "quantized_segments_fixed_into";
+  const size_t n = codes.size();
+  check_bits(op, bits);
+  TORCH_CHECK(scales.size() == n && index.size() == n && counts.numel() == int64_t(n) && places.size() == 3 * n, op,
+              ": scales, index and counts should hold one entry and places three numbers (count slot, byte offset, ",
+              "numel) per codes, got ", n, " codes, ", scales.size(), " scales, ", index.size(), " index, ",
+              counts.numel(), " counts and ", places.size(), " places");
+  check_fixed_chunk(op, counts, out);
+  const typename Device::Guard guard(out.device());
+  const at::Tensor all = counts.contiguous();
+  std::vector<FixedSegmentSend> sends;
+  int64_t items = 0;
+  for (size_t p = 0; p < n; ++p) {
+    sends.push_back(fixed_segment_send(op, p, codes[p], scales[p], index[p], bits, places, out));
+    sends.back().count = all.data_ptr<int64_t>() + p, sends.back().at = items;
+    items += fixed_segment_items(sends.back());
+  }
+  Device::write_fixed_segments(sends, items, out.device());
+}
+
+// Where out p's fixed segment lies in each rank's chunk, and its layout's room and buckets.
+struct SegmentRegion {
+  int64_t offset, room, buckets;
+};
+
+// sparse_unpack_segments_into of many tensors' fixed segments gathered from every rank in one
+// collective (a DDP bucket's): each row of `gathered` is a rank's chunk, out p's segment at byte
+// regions[2p], laid out for regions[2p + 1] entries (its room). Each rank's count is read from its
+// segment where the op runs (on CUDA, on the device: the host reads nothing); the sums in rank
+// order, scaled by scale / divisor, cast to the outs' dtype.
+template <typename Device>
+void sparse_unpack_gathered_segments_into(const at::Tensor& gathered, at::IntArrayRef regions, int64_t bits,
+                                          const at::Tensor& scale, int64_t divisor, at::TensorList outs) {
+  constexpr const char* op = "sparse_unpack_gathered_segments";
+  check_bits(op, bits);
+  if (outs.empty()) return;
+  const UnpackScale factor = unpack_scale(op, scale, divisor, outs[0]);
+  const typename Device::Guard guard(gathered.device());
+  TORCH_CHECK(gathered.scalar_type() == at::kByte && gathered.dim() == 2, op,
+              ": gathered should be a 2-D uint8 tensor (a rank's chunk per row), got ", gathered.dim(), "-D ",
+              gathered.scalar_type());
+  const int64_t params = int64_t(outs.size()), chunk = gathered.size(1), align = QuantizedSegment::kCountBytes;
+  TORCH_CHECK(int64_t(regions.size()) == 2 * params, op, ": regions should hold 2 numbers (byte offset, room) for ",
+              "each of the ", params, " outs, got ", regions.size());
+  std::vector<SegmentRegion> where;
+  for (int64_t p = 0; p < params; ++p) {
+    const at::Tensor& out = outs[p];
+    TORCH_CHECK(out.is_contiguous() && out.scalar_type() == outs[0].scalar_type() && out.device() == gathered.device(),
+                op, ": outs should be contiguous, of one dtype and on gathered's device; out ", p, " is ",
+                out.scalar_type(), " on ", out.device());
+    const int64_t offset = regions[2 * p], room = regions[2 * p + 1];
+    TORCH_CHECK(room >= 0 && room <= out.numel(), op, ": out ", p, "'s room should be in [0, ", out.numel(),
+                "], its numel, got ", room);
+    const QuantizedSegment layout(room, int(bits), wire_buckets(0, out.numel()));
+    TORCH_CHECK(offset >= 0 && offset % align == 0 && offset + layout.size <= chunk, op, ": out ", p, "'s segment of ",
+                layout.size, " bytes at ", offset, " (8-byte aligned) should lie inside a chunk of ", chunk, " bytes");
+    where.push_back({offset, room, layout.buckets});
+  }
+  Device::unpack_gathered_segments(gathered.contiguous(), where, int(bits), factor, outs);
 }
 
 template <typename Device>
@@ -134,6 +235,9 @@ void register_quantize_ops(torch::Library& m) {
   m.impl("dequantize", &dequantize<Device>);
   m.impl("quantized_segment", &quantized_segment<Device>);
   m.impl("sparse_unpack_segments_into", &sparse_unpack_segments_into<Device>);
+  m.impl("pack_quantized_fixed", &pack_quantized_fixed<Device>);
+  m.impl("quantized_segments_fixed_into", &quantized_segments_fixed_into<Device>);
+  m.impl("sparse_unpack_gathered_segments_into", &sparse_unpack_gathered_segments_into<Device>);
 }
 
 }  // namespace torch_binding

@@ -290,6 +290,16 @@ void wire_rows_many_into(at::TensorList values, at::TensorList index, at::IntArr
   Device::wire_rows_many(sends, out.device());
 }
 
+// A bucket's chunk (out) and its sends' counts on its device, as the fixed-capacity writers take
+// them (wire_rows_fixed_into, quantize.h's quantized_segments_fixed_into).
+inline void check_fixed_chunk(const char* op, const at::Tensor& counts, const at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(), op,
+              ": out should be a contiguous 1-D uint8 tensor, got ", out.dim(), "-D ", out.scalar_type());
+  TORCH_CHECK(counts.scalar_type() == at::kLong && counts.dim() == 1 && counts.device() == out.device(), op,
+              ": counts should be a 1-D int64 tensor on out's device, got ", counts.dim(), "-D ", counts.scalar_type(),
+              " on ", counts.device());
+}
+
 // wire_rows_many_into of sends of fixed capacity: send p sends the first counts[p] of its values
 // and index; places[3p..3p+2] = (the byte offset of its number of rows, written as an int64; of
 // its rows, which have room for every element's; length). Nothing is read on the host.
@@ -302,11 +312,7 @@ void wire_rows_fixed_into(at::TensorList values, at::TensorList index, const at:
               ": index and counts should hold one entry and places three numbers (count slot, byte offset, length) ",
               "per values, got ", n, " values, ", index.size(), " index, ", counts.numel(), " counts and ",
               places.size(), " places");
-  TORCH_CHECK(out.scalar_type() == at::kByte && out.dim() == 1 && out.is_contiguous(), op,
-              ": out should be a contiguous 1-D uint8 tensor, got ", out.dim(), "-D ", out.scalar_type());
-  TORCH_CHECK(counts.scalar_type() == at::kLong && counts.dim() == 1 && counts.device() == out.device(), op,
-              ": counts should be a 1-D int64 tensor on out's device, got ", counts.dim(), "-D ", counts.scalar_type(),
-              " on ", counts.device());
+  check_fixed_chunk(op, counts, out);
   const typename Device::Guard guard(out.device());
   const at::Tensor all = counts.contiguous();
   std::vector<WireSend> sends;
@@ -486,10 +492,11 @@ std::vector<std::tuple<at::Tensor, at::Tensor>> banded(const std::vector<Sampled
   return candidates;
 }
 
-// A bucket's selections at fixed capacity (pack_sampled_fixed): each tensor's values and index
-// have the room of its capacity_of, and counts (int64, on their device) says how many are sent.
+// A bucket's selections at fixed capacity (pack_sampled_fixed, and quantize.h's pack_quantized_fixed):
+// each tensor's values (quantized: its codes) and index have the room of its capacity_of, and counts
+// (int64, on their device) says how many are sent. Quantized, each tensor's scales too.
 struct PackedFixed {
-  std::vector<at::Tensor> values, indices;
+  std::vector<at::Tensor> values, indices, scales;
   at::Tensor counts;
 };
 
@@ -549,8 +556,9 @@ struct TensorByTensor {
     return values;
   }
   // The bucket at fixed capacity: its packs as pack_tensors makes them, each sent straight into
-  // the room of its capacity (capacity_of), and their counts.
-  static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking) {
+  // the room of its capacity (capacity_of), and their counts. bits (1 or 2): sent by send_quantized
+  // (its codes have the room's bytes), else by send_selected.
+  static PackedFixed pack_fixed(const std::vector<SampledTensor>& tensors, bool masking, int bits = 0) {
     const auto chosen = selections<Device>(tensors);
     PackedFixed fixed;
     std::vector<int64_t> counts;
@@ -559,11 +567,19 @@ struct TensorByTensor {
       const auto& [acc, index] = chosen[p];
       const int64_t room = capacity_of(t), count = index.numel();
       TORCH_CHECK(count <= room, "pack_sampled_fixed: ", count, " selected, past the capacity of ", room);
-      fixed.values.push_back(at::empty({room}, t.args.grad.options().dtype(t.value_dtype)));
       fixed.indices.push_back(at::empty({room}, index.options()));
       if (count > 0)
         std::memcpy(fixed.indices.back().data_ptr(), index.contiguous().data_ptr(), count * sizeof(int32_t));
-      send_selected_into<Device>(acc, index, t.residual, t.momentum, masking, fixed.values.back());
+      if (bits > 0) {
+        fixed.values.push_back(at::empty({quantized_bytes(room, bits)}, acc.options().dtype(at::kByte)));
+        fixed.scales.push_back(at::empty({quantized_scales(bits)}, acc.options()));
+        const Feedback fb = send_feedback<Device>("pack_quantized_fixed", index, t.residual, t.momentum, masking);
+        Device::send_quantized(data_as<float>(acc.contiguous()), data_as<int32_t>(index.contiguous()), count, fb, bits,
+                               data_as<uint8_t>(fixed.values.back()), data_as<float>(fixed.scales.back()));
+      } else {
+        fixed.values.push_back(at::empty({room}, t.args.grad.options().dtype(t.value_dtype)));
+        send_selected_into<Device>(acc, index, t.residual, t.momentum, masking, fixed.values.back());
+      }
       counts.push_back(count);
     }
     fixed.counts = at::tensor(counts, at::TensorOptions().dtype(at::kLong));

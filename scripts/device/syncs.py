@@ -20,6 +20,7 @@ from sparsecomm.check.steps import free_port
 METHODS = {  # name -> (class, settings); None: DDP's own allreduce
     "DDP allreduce": None,
     "Threshold 1%": ("Threshold", dict(ratio=0.01, exchange="allgather")),
+    "Threshold 1%, 2-bit": ("Threshold", dict(ratio=0.01, quantize="2bit", exchange="allgather")),
     "DGC 0.1%": ("DGC", dict(ratio=0.001, momentum=0.9, exchange="allgather")),
     "DGC 0.1%, clip_norm": ("DGC", dict(ratio=0.001, momentum=0.9, clip_norm=1.0, exchange="allgather")),
     "TopK 1%": ("TopK", dict(ratio=0.01, exchange="allgather")),

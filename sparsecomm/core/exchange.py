@@ -25,8 +25,9 @@ class Packed:
     scales), and where they belong: int32 indices, or the start of a random block. TF's ops are
     functional: its packs also give the state after them (residual, momentum); torch's update
     the state in place and leave those None. A torch pack made at fixed capacity (a DDP bucket's)
-    is also `fixed`: (values, index, count), its selection their first `count` (a 1-element int64
-    tensor on the device), so that an exchange can send it without reading the count."""
+    is also `fixed`: (values, index, count), or quantized (codes, scales, index, count), its
+    selection their first `count` (a 1-element int64 tensor on the device), so that an exchange can
+    send it without reading the count."""
 
     values: object = None
     index: object = None

@@ -32,8 +32,11 @@ ranks' sends concatenated (an allgather, an alltoall) read back by the same walk
     codes    ceil(count * bits / 8) bytes, then zero padding to a multiple of 8 bytes
 
 A segment's offsets stand apart from its codes, so its buckets are told by counts (a bucket
-holds at most 65,535 elements: a uint16) rather than by marker rows. The segments' lengths
-differ per rank (count), so the reader walks them in rank order.
+holds at most 65,535 elements: a uint16) rather than by marker rows. Under Horovod the segments'
+lengths differ per rank (count), so the reader walks them in rank order. Under DDP and FSDP each
+is laid out for a room (the pack's capacity): ``Segment(room, ...)``'s offsets, whatever the count,
+which the writer puts in its first 8 bytes on the device (csrc/kernels/quantize.h's
+QuantizedSegment and write_fixed_segment_item); past the count nothing is written.
 """
 
 from dataclasses import dataclass

@@ -263,46 +263,23 @@ class RTopK(_PerRank):
 
 def _sampled_many(compressor, tensors, states, density, momenta=None, grad_scales=None, **feedback):
     """The sampled-threshold packs of Threshold and DGC (values quantized as the method says), one op
-    for all but 1-/2-bit codes; `feedback`: DGC's momentum settings of pack_sampled, with each
-    tensor's momentum and clipping factor."""
+    under DDP (1-/2-bit ones too, at fixed capacity); `feedback`: DGC's momentum settings of
+    pack_sampled, with each tensor's momentum and clipping factor."""
     method = compressor.method
-    value_dtype, bits = method.value_dtype and getattr(torch, method.value_dtype), method.bits
+    values = dict(value_dtype=method.value_dtype and getattr(torch, method.value_dtype), bits=method.bits)
     residuals = [compressor._residual_of(state, tensor) for tensor, state in zip(tensors, states)]
     nones = [None] * len(tensors)
-    momenta, grad_scales = momenta or nones, grad_scales or nones
-    if bits is None:  # (one op with the bucket's other packs, under DDP)
-        return compressor.packs.sampled_many(
-            tensors,
-            residuals,
-            density,
-            sample_ratio=method.sample_ratio,
-            **streams_of(states),
-            momenta=momenta,
-            grad_scales=grad_scales,
-            value_dtype=value_dtype,
-            **feedback,
-        )
-    compressor.packs.run()  # (DGC's clipping factors may wait in the queue)
-    return [
-        _quantized(method, tensor, residual, density, stream_of(state), momentum, grad_scale, feedback)
-        for tensor, residual, state, momentum, grad_scale in zip(tensors, residuals, states, momenta, grad_scales)
-    ]
-
-
-def _quantized(method, tensor, residual, density, stream, momentum, grad_scale, feedback):
-    """One tensor's 1-/2-bit sampled pack."""
-    values, index = ops.pack_sampled(
-        tensor,
-        residual,
+    return compressor.packs.sampled_many(
+        tensors,
+        residuals,
         density,
         sample_ratio=method.sample_ratio,
-        bits=method.bits,
-        **stream,
-        momentum=momentum,
-        grad_scale=grad_scale,
+        **streams_of(states),
+        momenta=momenta or nones,
+        grad_scales=grad_scales or nones,
+        **values,
         **feedback,
     )
-    return Packed(index=index, codes=values[0], scales=values[1], bits=method.bits)
 
 
 class Threshold(_Batched, _PerRank):

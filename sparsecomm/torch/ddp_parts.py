@@ -32,19 +32,9 @@ def _header(counts, device):
     return ints_on(counts, torch.int64, device).view(torch.uint8)
 
 
-def _counts(table, params):
-    """Each rank's row of `table` (uint8) starts with the header of `params` counts: them, per
-    rank, read on the host (on a GPU: one read per table)."""
-    return table[:, : COUNT * params].contiguous().view(torch.int64).tolist()
-
-
 def aligned(nbytes):
     """A region's bytes rounded up to whole counts, so the next header stays 8-byte aligned."""
     return -(-nbytes // COUNT) * COUNT
-
-
-def _bytes(tensor):
-    return tensor.contiguous().view(-1).view(torch.uint8)
 
 
 class BucketPart(abc.ABC):
@@ -109,45 +99,52 @@ class Reduced(BucketPart):
 class GatherLayout:
     """Where a bucket's parameters on the allgather route lie in each rank's chunk: after a header of
     their counts, each one's region of its capacity's bytes, in order. Worked out once per routes
-    (kept on the Bucket while they stand), from one step's Packeds: which are at fixed capacity (their
-    counts written by the op), which have counts the host knows, which are 1-/2-bit segments."""
+    (kept on the Bucket while they stand), from one step's Packeds: which are rows at fixed capacity
+    (their counts written by the op), rows whose counts the host knows, or 1-/2-bit segments at fixed
+    capacity (a bucket's 1-/2-bit packs are made so: SampledPacks)."""
 
     def __init__(self, names, numels, capacities, packeds, ranks):
         self.names, self.numels, n = names, numels, len(names)
-        self.readers, self.kinds, self.sizes = [], [], []  # each parameter's reader, kind and region bytes
+        self.kinds, self.sizes, self.rooms = [], [], []  # each parameter's kind, region bytes and pack's room
         for numel, capacity, packed in zip(numels, capacities, packeds):
-            if packed.bits is not None:
-                segment = wire.Segment(capacity, wire.scale_count(packed.bits), packed.bits, numel)
-                self.kinds.append("segments")
-                self.readers.append(("segments", packed.bits, numel))
-                self.sizes.append(segment.size)
+            fixed = packed.fixed
+            if packed.bits is not None:  # (laid out for the pack's room, in a region of the capacity's)
+                self.kinds.append(("segments", packed.bits))
+                self.sizes.append(_segment_bytes(capacity, packed.bits, numel))
+                self.rooms.append(fixed.index.numel())
                 continue
-            values = packed.fixed.values if packed.fixed is not None else packed.values
-            self.kinds.append("fixed" if packed.fixed is not None else "known")
-            self.readers.append(("rows", values.dtype, wire.row_bytes(values.element_size())))
-            self.sizes.append(_rows_bytes(0, capacity, values.element_size(), numel)[1])
+            values = fixed.values if fixed is not None else packed.values
+            self.kinds.append(("fixed" if fixed is not None else "known", values.dtype))
+            self.sizes.append(_region_bytes(capacity, values.element_size(), numel))
+            self.rooms.append(None)
         self.regions = list(zip(itertools.accumulate([COUNT * n, *self.sizes[:-1]]), self.sizes))
         self.chunk = COUNT * n + sum(self.sizes)
-        self.fixed = [i for i, kind in enumerate(self.kinds) if kind == "fixed"]
-        self.fixed_places = [(COUNT * i, self.regions[i][0], numels[i]) for i in self.fixed]
-        self.fixed_names = [names[i] for i in self.fixed]
-        self.known = [i for i, kind in enumerate(self.kinds) if kind == "known"]
-        self.segments = [i for i, kind in enumerate(self.kinds) if kind == "segments"]
-        self.rows = {}  # value dtype -> (the positions whose rows one unpack reads, their (slot, offset, bytes))
-        for i, reader in enumerate(self.readers):
-            if reader[0] == "rows":
-                positions, places = self.rows.setdefault(reader[1], ([], []))
-                positions.append(i)
-                places.append((i, *self.regions[i]))
+        self.groups = {}  # kind -> the positions of that kind, each kind written (and read) by one op
+        for i, kind in enumerate(self.kinds):
+            self.groups.setdefault(kind, []).append(i)
         # what travels a step, padding included: every region and its count, sent and received
         self.traffic = [(size + COUNT, (ranks - 1) * (size + COUNT)) for size in self.sizes]
+
+    def places(self, kind, positions):
+        """The places each kind's write op takes: (count slot, byte offset, numel) of fixed rows and
+        segments, (byte offset, numel) of rows whose counts the host knows."""
+        if kind[0] == "known":
+            return [(self.regions[i][0], self.numels[i]) for i in positions]
+        return [(COUNT * i, self.regions[i][0], self.numels[i]) for i in positions]
+
+    def reads(self, kind, positions):
+        """The places each kind's unpack takes: (count slot, byte offset, bytes) of rows, (byte
+        offset, room) of segments."""
+        if kind[0] == "segments":
+            return [(self.regions[i][0], self.rooms[i]) for i in positions]
+        return [(i, *self.regions[i]) for i in positions]
 
 
 class Gathered(BucketPart):
     """The allgather route: every rank's rows, or 1-/2-bit segment, of each parameter in one
-    all_gather, unpacked in rank order and averaged. The rows of all the parameters are unpacked by
-    one op, which reads the counts where they lie (on a GPU, no wait). Its parameters come together
-    (add_all), in the order of their GatherLayout."""
+    all_gather, unpacked in rank order and averaged. Each kind (rows of a value dtype, segments) is
+    written by one op and unpacked by one, which reads the counts where they lie (on a GPU, no
+    wait). Its parameters come together (add_all), in the order of their GatherLayout."""
 
     def __init__(self, ways, counters):
         self.ways, self.counters = ways, counters
@@ -155,21 +152,21 @@ class Gathered(BucketPart):
         self.everyone = None
 
     def add(self, grad, name, packed, capacity):
-        """One parameter alone (see add_all)."""
+        """One parameter alone: add_all of a layout of one."""
         layout = GatherLayout([name], [grad.numel()], [capacity], [packed], self.ways.size())
         return self.add_all(layout, [grad], [packed])[0]
 
     def add_all(self, layout, grads, packeds):
         """The bucket's gradients on this route and their Packeds (values or codes, with indices), in
-        `layout`'s order. A fixed-capacity one's count stays on the device: its rows' count is written
-        there, and its sent elements are counted there (Counters.account_on_device). Returns each
-        one's traffic (sent elements, sent bytes, received bytes)."""
+        `layout`'s order. A fixed-capacity one's count stays on the device: its rows' or segment's
+        count is written there, and its sent elements are counted there (Counters.account_on_device).
+        Returns each one's traffic (sent elements, sent bytes, received bytes)."""
         self.layout, self.grads, self.packeds = layout, grads, packeds
         traffic = [(0, *moved) for moved in layout.traffic]
-        for i in layout.known:
-            traffic[i] = (packeds[i].index.numel(), *layout.traffic[i])
-        for i in layout.segments:
-            traffic[i] = (packeds[i].index.numel(), *layout.traffic[i])
+        for (kind, _), positions in layout.groups.items():
+            if kind == "known":
+                for i in positions:
+                    traffic[i] = (packeds[i].index.numel(), *layout.traffic[i])
         return traffic
 
     def start(self):
@@ -178,38 +175,35 @@ class Gathered(BucketPart):
             return []
         device = self.grads[0].device
         mine = torch.zeros(layout.chunk, dtype=torch.uint8, device=device)
-        if layout.fixed:
-            values, indices, counts = Fixed.lists_of([self.packeds[i].fixed for i in layout.fixed])
-            ops.wire_rows_fixed_into(values, indices, counts, layout.fixed_places, out=mine)
-            self.counters.account_on_device(layout.fixed_names, counts)
-        if layout.known or layout.segments:
-            self._write_counted(mine, layout)
+        known = [i for (kind, _), positions in layout.groups.items() if kind == "known" for i in positions]
+        if known:  # (their rows' counts, from the host, before the ops write the others' on the device)
+            header = [0] * len(layout.names)
+            for i in known:
+                header[i] = self.packeds[i].index.numel() + wire.buckets(0, layout.numels[i])
+            mine[: COUNT * len(header)] = _header(header, device)
+        for kind, positions in layout.groups.items():
+            self._write(mine, layout, kind, positions)
         self.everyone = torch.empty(self.ways.size() * layout.chunk, dtype=torch.uint8, device=device)
         work = collectives.all_gather_into(self.everyone, mine, self.ways.group, async_op=True)
         return [work.get_future()]
 
-    def _write_counted(self, mine, layout):
-        """The rows and segments whose counts the host knows, with their counts in the header."""
-        header = [0] * len(layout.names)
-        for i in layout.known:
-            header[i] = self.packeds[i].index.numel() + wire.buckets(0, layout.numels[i])
-        for i in layout.segments:
-            header[i] = self.packeds[i].index.numel()
-        mine[: COUNT * len(header)] = _header(header, mine.device)
-        if layout.known:
-            packeds = [self.packeds[i] for i in layout.known]
-            places = [(layout.regions[i][0], layout.numels[i]) for i in layout.known]
-            _check_rooms(
-                layout,
-                layout.known,
-                [wire.rows_bytes(p.index.numel(), p.values.element_size(), 0, n) for p, (_, n) in zip(packeds, places)],
-            )
+    def _write(self, mine, layout, kind, positions):
+        """One kind's rows or segments into this rank's chunk, by one op."""
+        places = layout.places(kind, positions)
+        if kind[0] == "known":
+            packeds = [self.packeds[i] for i in positions]
+            sizes = [
+                wire.rows_bytes(p.index.numel(), p.values.element_size(), 0, n) for p, (_, n) in zip(packeds, places)
+            ]
+            _check_rooms(layout, positions, sizes)
             ops.wire_rows_many_into([p.values for p in packeds], [p.index for p in packeds], places, out=mine)
-        for i in layout.segments:
-            packed, at = self.packeds[i], layout.regions[i][0]
-            blob = ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, layout.numels[i])
-            _check_rooms(layout, [i], [blob.nbytes])
-            mine[at : at + blob.nbytes].copy_(blob)
+            return
+        fixed = Fixed.lists_of([self.packeds[i].fixed for i in positions])
+        if kind[0] == "fixed":
+            ops.wire_rows_fixed_into(*fixed, places, out=mine)
+        else:
+            ops.quantized_segments_fixed_into(*fixed, kind[1], places, out=mine)
+        self.counters.account_on_device([layout.names[i] for i in positions], fixed[-1])
 
     def finish(self):
         layout = self.layout
@@ -217,14 +211,13 @@ class Gathered(BucketPart):
             return
         ranks = self.ways.size()
         everyone = self.everyone.view(ranks, -1)
-        for value_dtype, (positions, places) in layout.rows.items():
-            outs = [self.grads[i] for i in positions]  # (contiguous views: the op reads their elements, not shape)
-            ops.sparse_unpack_gathered_rows(everyone, places, value_dtype, 1.0, ranks, outs=outs)
-        counts = _counts(everyone, len(layout.names)) if layout.segments else None
-        for i in layout.segments:
-            grad, (start, _), reader = self.grads[i], layout.regions[i], layout.readers[i]
-            blobs = [everyone[r, start : start + _segment_bytes(reader, counts[r][i])] for r in range(ranks)]
-            ops.sparse_unpack_segments(torch.cat(blobs), reader[1], ranks, grad.numel(), 1.0, ranks, out=grad.view(-1))
+        for kind, positions in layout.groups.items():
+            outs = [self.grads[i] for i in positions]  # (contiguous views: the ops read their elements, not shape)
+            reads = layout.reads(kind, positions)
+            if kind[0] == "segments":
+                ops.sparse_unpack_gathered_segments(everyone, reads, kind[1], 1.0, ranks, outs=outs)
+            else:
+                ops.sparse_unpack_gathered_rows(everyone, reads, kind[1], 1.0, ranks, outs=outs)
 
 
 def _check_rooms(layout, positions, nbytes):
@@ -238,13 +231,14 @@ def _check_rooms(layout, positions, nbytes):
 
 
 @functools.lru_cache(maxsize=4096)
-def _rows_bytes(room, capacity, value_bytes, numel):
-    """The bytes of a send's rows with `room` elements, and of its region (`capacity`'s, aligned):
+def _region_bytes(capacity, value_bytes, numel):
+    """The bytes of a region of rows of `capacity` elements, aligned: a function of the parameter's
+    shape and density, computed once, not per step."""
+    return aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
+
+
+@functools.lru_cache(maxsize=4096)
+def _segment_bytes(room, bits, numel):
+    """The bytes of a 1-/2-bit segment laid out for `room` elements (a multiple of 8, as a region's):
     a function of the parameter's shape and density, computed once, not per step."""
-    return wire.rows_bytes(room, value_bytes, 0, numel), aligned(wire.rows_bytes(capacity, value_bytes, 0, numel))
-
-
-def _segment_bytes(reader, count):
-    """The bytes a rank's 1-/2-bit segment of `count` elements takes, of its padded region."""
-    bits, numel = reader[1:]
-    return wire.Segment(count, wire.scale_count(bits), bits, numel).size
+    return wire.Segment(room, wire.scale_count(bits), bits, numel).size

@@ -160,6 +160,28 @@ def _wire_rows_fixed_into(values, index, counts, places, out):
     return None
 
 
+@_fake("pack_quantized_fixed")
+def _pack_quantized_fixed(
+    grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, bits
+):
+    rooms = [min(g.numel(), max(plans[6 * p], plans[6 * p + 3])) for p, g in enumerate(grads)]
+    codes = [g.new_empty(wire.code_bytes(room, bits), dtype=torch.uint8) for g, room in zip(grads, rooms)]
+    scales = [g.new_empty(wire.scale_count(bits), dtype=torch.float32) for g in grads]
+    indices = [g.new_empty(room, dtype=torch.int32) for g, room in zip(grads, rooms)]
+    device = grads[0].device if grads else "cpu"
+    return codes, scales, indices, torch.empty(len(grads), dtype=torch.int64, device=device)
+
+
+@_fake("quantized_segments_fixed_into")
+def _quantized_segments_fixed_into(codes, scales, index, counts, bits, places, out):
+    return None
+
+
+@_fake("sparse_unpack_gathered_segments_into")
+def _sparse_unpack_gathered_segments_into(gathered, regions, bits, scale, divisor, outs):
+    return None
+
+
 @_fake("wire_rows_many_into")
 def _wire_rows_many_into(values, index, places, out):
     return None

@@ -273,6 +273,40 @@ def pack_sampled_fixed(
     )
 
 
+def pack_quantized_fixed(
+    grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, bits
+):
+    """pack_sampled_fixed's selections sent by send_quantized (`bits`: 1 or 2), the bits of
+    pack_sampled(bits=...) tensor by tensor: ([codes], [scales], [index], counts), tensor p's codes
+    and index of the room of its capacity, its first counts[p] (int64, on the gradients' device) sent.
+    On a GPU the host reads nothing."""
+    return _ops.pack_quantized_fixed(
+        grads, residuals, momenta, momentum_factor, grad_scales, nesterov, masking, ratios, plans, seed, bits
+    )
+
+
+def quantized_segments_fixed_into(codes, scales, indices, counts, bits, places, *, out):
+    """The fixed-layout 1-/2-bit segments of pack_quantized_fixed's packs written into one uint8 chunk
+    `out` (1-D, contiguous): send p's first counts[p] elements (counts: int64 on out's device, not
+    read by the host), its segment laid out for its room (indices[p]'s length) whatever its count, at
+    byte places[p][1], a copy of its count at places[p][0], of a tensor of places[p][2] elements.
+    Returns out."""
+    flat = [number for place in places for number in place]
+    _ops.quantized_segments_fixed_into(codes, scales, indices, counts, bits, flat, out)
+    return out
+
+
+def sparse_unpack_gathered_segments(gathered, regions, bits, scale=1.0, divisor=1, *, outs):
+    """sparse_unpack_segments of many tensors' fixed segments gathered from every rank in one
+    collective (a DDP bucket's), into `outs` (contiguous, one dtype; on CUDA, views of one
+    allocation). Each row of `gathered` (uint8, 2-D) is a rank's chunk, regions[p] = (out p's
+    segment's byte offset, its room). The counts are read where the op runs: on a GPU the host
+    reads nothing."""
+    if outs:
+        flat = [number for region in regions for number in region]
+        _ops.sparse_unpack_gathered_segments_into(gathered, flat, bits, _unpack_scale(scale, outs[0]), divisor, outs)
+
+
 def random_k_indices(like, k, *, seed, tensor_id, step):
     """k distinct indices of [0, like.numel()), sorted, int32: a pure function of
     (seed, tensor_id, step), identical on every rank and device."""

@@ -4,7 +4,8 @@ Python into C++ once, not four ops per tensor. The op composes each tensor's pac
 sparsecomm.core.packing does, through the same op bodies: the same bits as ops.pack_sampled and
 ops.pack_topk, tensor by tensor. DGC's dense payloads (ops.momentum_step) and clipping factors
 queue the same way, into one ``momentum_step_many`` and one ``clip_factors_into``; rTop-k's top r
-(where a read waits) into one ``pack_sampled_fixed``."""
+(where a read waits) into one ``pack_sampled_fixed``; a DDP bucket's 1-/2-bit packs into one
+``pack_quantized_fixed``."""
 
 import contextlib
 import functools
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..core import wire
 from ..core.exchange import Packed
 from ..core.packing import Plan
 from . import ops
@@ -29,41 +31,45 @@ class Shared:
     nesterov: bool = False
     masking: bool = True
     value_dtype: torch.dtype | None = None  # None: each gradient's own
+    bits: int | None = None  # 1 or 2: quantized sends (pack_quantized_fixed)
 
 
 _shared = functools.lru_cache(maxsize=64)(Shared)  # (a compressor's few settings: made once, not per tensor)
 
 
 class Fixed:
-    """A pack made at fixed capacity: its values and index (each its capacity long) and its count,
-    entry `at` of the op's int64 counts on the device (the first `count` are sent); `made`: the op's
-    (values, indices, counts). Iterates as (values, index, count)."""
+    """A pack made at fixed capacity: its values and index (each its capacity long), or 1-/2-bit
+    codes, scales and index, and its count, entry `at` of the op's int64 counts on the device (the
+    first `count` are sent). `made`: the op's lists, (values, indices, counts) or (codes, scales,
+    indices, counts). Iterates as the op's entries of this pack, its count last."""
 
     __slots__ = ("made", "at")
 
     def __init__(self, made, at):
         self.made, self.at = made, at
 
-    values = property(lambda self: self.made[0][self.at])
-    index = property(lambda self: self.made[1][self.at])
-    counts = property(lambda self: self.made[2])
+    values = codes = property(lambda self: self.made[0][self.at])
+    scales = property(lambda self: self.made[1][self.at])  # (1-/2-bit packs only)
+    index = property(lambda self: self.made[-2][self.at])
+    counts = property(lambda self: self.made[-1])
 
     @property
     def count(self):
         """This pack's count, a 1-element int64 tensor (a view of the op's counts)."""
-        return self.made[2][self.at : self.at + 1]
+        return self.made[-1][self.at : self.at + 1]
 
     def __iter__(self):
-        return iter((self.values, self.index, self.count))
+        return iter((*(entries[self.at] for entries in self.made[:-1]), self.count))
 
     @staticmethod
     def lists_of(fixed):
-        """(values, indices, counts) of `fixed` packs in order, counts one int64 tensor: the op's own
-        lists where they are all of its packs in its order (a DDP bucket's), else gathered."""
+        """The op's lists of `fixed` packs in order, counts one int64 tensor: the op's own where they
+        are all of its packs in its order (a DDP bucket's), else gathered from the ops that made them."""
         made = fixed[0].made
         if len(fixed) == len(made[0]) and all(f.made is made and f.at == i for i, f in enumerate(fixed)):
             return made
-        return [f.values for f in fixed], [f.index for f in fixed], torch.cat([f.count for f in fixed])
+        lists = ([f.made[j][f.at] for f in fixed] for j in range(len(made) - 1))
+        return (*lists, torch.cat([f.count for f in fixed]))
 
 
 def _made(field):
@@ -82,17 +88,22 @@ def _made(field):
 
 
 class QueuedPack(Packed):
-    """A Packed whose values and index its SampledPacks fills: reading either first runs the
-    packs still queued, so no reader (an exchange, the loss scaler's overflow mark, the network
-    calibration's own pack) can see a pack not made yet. At fixed capacity (Packed.fixed), values
-    and index are cut to the counts when first read (one host read a bucket)."""
+    """A Packed whose values (or codes and scales) and index its SampledPacks fills: reading one
+    first runs the packs still queued, so no reader (an exchange, the loss scaler's overflow mark,
+    the network calibration's own pack) can see a pack not made yet. At fixed capacity
+    (Packed.fixed), values, codes and index are cut to the counts when first read (one host read a
+    bucket); a quantized pack's scales need no cut."""
 
     values = _made("values")
     index = _made("index")
+    codes = _made("codes")
+    scales = _made("scales")
 
-    def __init__(self, packs):
+    def __init__(self, packs, bits=None):
         # Packed's other fields keep their class defaults (None): this runs per tensor and step
         self._packs, self._cut, self._values, self._index, self._fixed = packs, None, None, None, None
+        self._codes = self._scales = None
+        self.bits = bits
 
     @property
     def fixed(self):
@@ -109,8 +120,11 @@ class _Cut:
     def __call__(self):
         for packed, count in zip(self.packs, self.counts.tolist()):
             fixed = packed.fixed
-            values, index = fixed.values, fixed.index
-            packed.values, packed.index, packed._cut = values[:count], index[:count], None
+            if packed.bits is None:
+                packed.values = fixed.values[:count]
+            else:
+                packed.codes, packed.scales = fixed.codes[: wire.code_bytes(count, packed.bits)], fixed.scales
+            packed.index, packed._cut = fixed.index[:count], None
 
 
 @dataclass
@@ -164,9 +178,16 @@ class SampledPacks:
         self._fixed = False  # the deferred packs at fixed capacity (QueuedPack.fixed)
 
     def sampled_many(self, grads, residuals, ratio, *, sample_ratio, ids, steps, momenta, grad_scales, **settings):
-        """ops.pack_sampled's packs (without bits) of gradients at one density, as Packeds of values and
-        index; per gradient its residual, momentum, clipping factor (None where absent) and selection
-        stream (ids, steps). `settings`: Shared's (momentum_factor, nesterov, masking, value_dtype)."""
+        """ops.pack_sampled's packs of gradients at one density, as Packeds of values and index (with
+        bits, of codes, scales and index); per gradient its residual, momentum, clipping factor (None
+        where absent) and selection stream (ids, steps). `settings`: Shared's (momentum_factor,
+        nesterov, masking, value_dtype, bits). With bits they queue at fixed capacity only (a DDP
+        bucket's); else each is made at once by the composite."""
+        bits = settings.get("bits")
+        if bits is not None and not (self._deferring and self._fixed):  # (Horovod's: variable-size segments)
+            self.run()  # (DGC's clipping factors may wait in the queue)
+            streams = zip(grads, residuals, ids, steps, momenta, grad_scales)
+            return [_quantized(*stream, ratio, sample_ratio, settings) for stream in streams]
         plans = _sampled_plans(tuple(g.numel() for g in grads), ratio, sample_ratio)
         return self._add(_shared(**settings), Batch(None, grads, residuals, momenta, grad_scales, plans, ids, steps))
 
@@ -253,7 +274,7 @@ class SampledPacks:
                 packed.values, packed.index = grad, None
 
     def _add(self, shared, batch):
-        batch.packeds = [QueuedPack(self) for _ in batch.grads]
+        batch.packeds = [QueuedPack(self, shared.bits) for _ in batch.grads]
         self._queue.setdefault(shared, []).append(batch)
         self._queued(None)
         return batch.packeds
@@ -293,7 +314,10 @@ def _run(shared, batches, fixed):
     """One op for every queued batch of `shared`: fills their Packeds."""
     numbers = [number for batch in batches for number in batch.plans[1]]
     numbers[4::6], numbers[5::6] = _joined(batches, "ids"), _joined(batches, "steps")
-    made = (ops.pack_sampled_fixed if fixed else ops.pack_sampled_many)(
+    pack = ops.pack_sampled_fixed if fixed else ops.pack_sampled_many
+    if shared.bits is not None:  # (queued at fixed capacity only: SampledPacks.sampled_many)
+        pack = functools.partial(_pack_quantized, shared.bits)
+    made = pack(
         _joined(batches, "grads"),
         _joined(batches, "residuals"),
         _joined(batches, "momenta"),
@@ -311,6 +335,30 @@ def _run(shared, batches, fixed):
         for packed, value, index in zip(packeds, *made):
             packed.values, packed.index = value, index
         return
-    cut = _Cut(packeds, made[2])
+    cut = _Cut(packeds, made[-1])
     for at, packed in enumerate(packeds):
         packed._fixed, packed._cut = (made, at), cut
+    if shared.bits is not None:  # (a quantized pack's scales need no cut: the loss scaler marks them)
+        for packed, scales in zip(packeds, made[1]):
+            packed._scales = scales
+
+
+def _pack_quantized(bits, *args):
+    """ops.pack_quantized_fixed with pack_sampled_fixed's arguments (its value dtype unused: codes)."""
+    return ops.pack_quantized_fixed(*args[:-1], bits)
+
+
+def _quantized(grad, residual, tensor_id, step, momentum, grad_scale, ratio, sample_ratio, settings):
+    """One tensor's 1-/2-bit sampled pack, made at once (ops.pack_sampled's composite)."""
+    (codes, scales), index = ops.pack_sampled(
+        grad,
+        residual,
+        ratio,
+        sample_ratio=sample_ratio,
+        tensor_id=tensor_id,
+        step=step,
+        momentum=momentum,
+        grad_scale=grad_scale,
+        **settings,
+    )
+    return Packed(index=index, codes=codes, scales=scales, bits=settings["bits"])

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import sparsecomm.torch as sct
+from sparsecomm.core import wire
 
 # A bucket's shapes: matrices of several sizes, a 1-D tensor and one below min_numel (both dense
 # by the default policy), matrices whose k is a few elements, and two large enough that their
@@ -38,10 +39,15 @@ def model():
 def sent(payload):
     """What a payload sends, as plain tensors: a fixed-capacity pack cut to its count."""
     fixed = payload.fixed
+    if fixed is not None and payload.bits is not None:
+        count = int(fixed.count)
+        return [fixed.index[:count], fixed.codes[: wire.code_bytes(count, payload.bits)], fixed.scales]
     if fixed is not None:
         count = int(fixed.count)
         return [fixed.values[:count], fixed.index[:count]]
-    return [t for t in (payload.values, payload.index, payload.codes, payload.scales) if t is not None]
+    if payload.bits is not None:
+        return [payload.index, payload.codes, payload.scales]
+    return [t for t in (payload.values, payload.index) if t is not None]
 
 
 def assert_same(a, b):

@@ -102,28 +102,65 @@ def test_parameters_of_another_model_are_refused():
         step(model, compression)
 
 
+BUCKET_UNPACKS = ("sparse_unpack_gathered_rows", "sparse_unpack_gathered_segments")
+TENSOR_UNPACKS = ("sparse_unpack_rows", "sparse_unpack_segments")  # (Horovod's: they read each rank's count)
+
+
+def _gathered(cls, **settings):
+    """A compressor of `cls` at 5% on the allgather route, over the parameters it is given."""
+
+    def make(named_parameters):
+        return cls(ratio=0.05, exchange="allgather", named_parameters=named_parameters, **settings)
+
+    return make
+
+
 @pytest.mark.usefixtures("group")
 @pytest.mark.parametrize(
-    "make, reads_counts",
+    "make, unpack",
     [
-        (lambda m: sct.Threshold(ratio=0.05, exchange="allgather", named_parameters=m), False),
-        (lambda m: sct.DGC(ratio=0.05, exchange="allgather", named_parameters=m), False),
-        (lambda m: sct.TopK(ratio=0.05, exchange="allgather", named_parameters=m), False),
-        (lambda m: sct.Threshold(ratio=0.05, quantize="2bit", exchange="allgather", named_parameters=m), True),
+        (_gathered(sct.Threshold), BUCKET_UNPACKS[0]),
+        (_gathered(sct.DGC), BUCKET_UNPACKS[0]),
+        (_gathered(sct.TopK), BUCKET_UNPACKS[0]),
+        (_gathered(sct.Threshold, quantize="1bit"), BUCKET_UNPACKS[1]),
+        (_gathered(sct.Threshold, quantize="2bit"), BUCKET_UNPACKS[1]),
     ],
-    ids=["Threshold", "DGC", "TopK", "Threshold_2bit"],
+    ids=["Threshold", "DGC", "TopK", "Threshold_1bit", "Threshold_2bit"],
 )
-def test_a_bucket_of_rows_is_unpacked_without_reading_its_counts_on_the_host(monkeypatch, make, reads_counts):
-    """The gathered rows' counts are read by the unpack op where it runs (on a GPU, no wait a
-    bucket); only 1-/2-bit segments still read them on the host (docs/kernels.md)."""
-    read = []
-    counts = sct.ddp_parts._counts
-    monkeypatch.setattr(sct.ddp_parts, "_counts", lambda *args: read.append(1) or counts(*args))
+def test_a_bucket_is_unpacked_by_one_op_that_reads_its_counts_where_it_runs(monkeypatch, make, unpack):
+    """The gathered rows' and 1-/2-bit segments' counts are read by the bucket's unpack op where it
+    runs (on a GPU, no wait a bucket): one op a bucket, never a tensor-at-a-time unpack."""
+    calls = []
+    for name in BUCKET_UNPACKS + TENSOR_UNPACKS:
+        original = getattr(sct.ops, name)
+        monkeypatch.setattr(
+            sct.ops, name, lambda *a, _name=name, _op=original, **k: calls.append(_name) or _op(*a, **k)
+        )
     model = common.torch_model()
     compression = make(model.named_parameters())
     step(model, compression)
-    assert bool(read) == reads_counts
+    assert calls and set(calls) == {unpack}
     assert any(s["exchange"] == "allgather" for s in compression.stats()["tensors"].values())
+
+
+def _counted(m):
+    """TopK whose bucket packs read their counts on the host (pack_sampled_many, not at fixed
+    capacity): the control of the binding's read counter."""
+    compression = sct.TopK(ratio=0.05, exchange="allgather", named_parameters=m, **common.EVERY)
+    deferred = compression.packs.deferred
+    compression.packs.deferred = lambda fixed=False: deferred(False)
+    return compression
+
+
+def _scaled(cls, **settings):
+    """A compressor under a GradScaler (not stepped: its scale stays the initial one, read on no
+    step): each pack's overflow mark reads its values before the exchange."""
+
+    def make(named_parameters):
+        scaler = torch.amp.GradScaler("cpu")
+        return _gathered(cls, loss_scaler=scaler, **common.EVERY, **settings)(named_parameters)
+
+    return make
 
 
 ON_GATHERED_ROUTES = {
@@ -138,8 +175,15 @@ ON_GATHERED_ROUTES = {
     "DGC_spardl": lambda m: sct.DGC(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
     "TopK_spardl": lambda m: sct.TopK(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
     "RTopK_spardl": lambda m: sct.RTopK(ratio=0.05, exchange="spardl", named_parameters=m, **common.EVERY),
+    "Threshold_2bit_loss_scaled": _scaled(sct.Threshold, quantize="2bit"),  # (its NaN mark: the scales, no cut)
+    "TopK_loss_scaled": _scaled(sct.TopK),
+    "TopK_counted": _counted,
 }
-READ = {"Threshold_2bit": [("tolist", "torch/ddp_parts.py:_counts")]}  # (docs/kernels.md), the recorder's control
+# The reads that stay (docs/kernels.md), each recorder's control: the loss scaler's overflow mark
+# cuts each pack's values to its count (a host read a tensor, its pack run alone), and the packs
+# made tensor-size (not at fixed capacity) read their counts inside the binding.
+READ = {"TopK_loss_scaled": [("tolist", "torch/sampled_packs.py:__call__")] * 4}
+BINDING_READS = {"TopK_counted"}
 
 
 @pytest.mark.usefixtures("group")
@@ -149,8 +193,8 @@ def test_a_step_on_the_allgather_and_spardl_routes_reads_nothing_on_the_host(hos
     """DDP's backward with the hook on the emulated CUDA binding, after the first step (which
     checks the settings): no read of tensor data by sparsecomm's Python, in any thread, and none
     by the binding (its packs at fixed capacity, their counts kept on the device, rTop-k's top r
-    too; SparDL's blocks chosen there). 2-bit segments still read their counts (the recorder's
-    control). stats() reads the counts."""
+    too, 1-/2-bit segments written and read at fixed offsets; SparDL's blocks chosen there). READ
+    and BINDING_READS are the recorders' controls. stats() reads the counts."""
     from host_reads import patched_reads
 
     model = common.torch_model()
@@ -164,9 +208,9 @@ def test_a_step_on_the_allgather_and_spardl_routes_reads_nothing_on_the_host(hos
         before = binding_reads()
         with patched_reads() as reads:
             loss.backward()
-        if step:  # (2-bit: a read a bucket, of one bucket here; the binding reads each rank's count)
+        if step:
             assert reads == READ.get(method, [])
-            assert (binding_reads() - before > 0) == (method in READ)
+            assert (binding_reads() - before > 0) == (method in BINDING_READS)
     tensors = compression.stats()["tensors"]
     assert {s["exchange"] for s in tensors.values()} == {"spardl" if "spardl" in method else "allgather"}
     if method == "TopK":  # exactly k a step, counted on the device (on one rank SparDL sends nothing)
@@ -203,15 +247,15 @@ def hook_launches(make, count):
 
 
 # A bucket's kernels (docs/kernels.md, "Launches"): the packs at fixed capacity (16, their wire rows
-# included) and the rows' unpack (3), whatever the number of tensors
-HOOK_LAUNCHES = {"Threshold": 19, "DGC": 19, "TopK": 19}
+# or 1-/2-bit segments included) and their unpack (3), whatever the number of tensors
+HOOK_LAUNCHES = {"Threshold": 19, "DGC": 19, "TopK": 19, "Threshold_2bit": 19}
 
 
 @pytest.mark.usefixtures("group")
 @pytest.mark.parametrize("host_binding", ["cuda-emulated"], indirect=True)
 @pytest.mark.parametrize("method", list(HOOK_LAUNCHES))
 def test_a_bucket_of_4_or_161_tensors_launches_the_same_kernels(host_binding, method):
-    """The whole hook of a step on the allgather route, at most 24 kernels a bucket (issue 58's bound)."""
+    """The whole hook of a step on the allgather route, at most 24 kernels a bucket."""
     make = lambda m: ON_GATHERED_ROUTES[method](m)  # noqa: E731
     counts = [hook_launches(make, count) for count in (4, 161)]
     assert counts == [HOOK_LAUNCHES[method]] * 2 and counts[0] <= 24

@@ -832,6 +832,124 @@ void check_send_quantized() {
     }
 }
 
+// A bucket's quantized sends at fixed capacity: a block a tensor (fewer blocks than tensors: the
+// grid-stride loop reuses each block's shared memory), each at its count of its room, against
+// send_quantized tensor by tensor. Nothing is written past a count's codes.
+void check_quantize_segments() {
+  const int64_t counts[] = {0, 1, 33, 511, 513, 4097, 7};
+  for (int bits : {1, 2}) {
+    Rng r{uint64_t(bits) * 71};
+    set_case("quantize_segments bits=%d, %zu tensors", bits, std::size(counts));
+    std::vector<SendState> states;
+    std::vector<std::vector<float>> accs;
+    std::vector<std::vector<int32_t>> indices;
+    std::vector<int64_t> limits;
+    for (int64_t count : counts) {  // a room of count + 9: garbage past each count
+      states.emplace_back(count + 20, int(count + bits) % 8, r);
+      accs.push_back(random_floats(count + 9, r));
+      indices.push_back(distinct_sorted(count + 9, count + 20, r));
+      limits.push_back(count);
+    }
+    const size_t n = std::size(counts), bytes = size_t(sc::quantized_bytes(4097 + 9, bits));
+    std::vector<std::vector<uint8_t>> cuda_codes(n, std::vector<uint8_t>(bytes, 0xa5)), cpu_codes = cuda_codes;
+    std::vector<std::vector<float>> cuda_scales(n, std::vector<float>(4, -1.0f)), cpu_scales = cuda_scales;
+    std::vector<sc::cuda::QuantizeSegment> table(n);
+    for (size_t s = 0; s < n; ++s) {
+      table[s].acc = accs[s].data(), table[s].index = indices[s].data(), table[s].limit = &limits[s];
+      table[s].fb = states[s].fb(true), table[s].codes = cuda_codes[s].data(), table[s].scales = cuda_scales[s].data();
+      sc::cpu::send_quantized(accs[s].data(), indices[s].data(), limits[s], states[s].fb(false), bits,
+                              cpu_codes[s].data(), cpu_scales[s].data());
+    }
+    sc::cuda::quantize_segments(table.data(), int64_t(n), bits, nullptr);
+    for (size_t s = 0; s < n; ++s) {
+      same("scales", cuda_scales[s], cpu_scales[s]);
+      same("codes", cuda_codes[s], cpu_codes[s]);
+      states[s].compare();
+    }
+  }
+}
+
+// Every "rank's" entries of the fixed segments of `sends` (two ranks: the bucket twice), against the
+// CPU's dequantize and segment_index up to each count, -0.0 at the tensor's first place past it.
+void check_segment_entries(const std::vector<sc::FixedSegmentSend>& sends, int bits) {
+  std::vector<sc::cuda::SegmentRead> reads;
+  int64_t buckets = 0, entries = 0, place = 0;
+  std::vector<float> cpu_values;
+  std::vector<int32_t> cpu_places;
+  for (int rank = 0; rank < 2; ++rank, place = 0)
+    for (const sc::FixedSegmentSend& s : sends) {
+      sc::cuda::SegmentRead read;
+      read.segment = s.segment, read.room = s.room, read.buckets = s.buckets;
+      read.bucket_at = buckets, read.at = entries, read.place = place;
+      reads.push_back(read);
+      const sc::QuantizedSegment layout(s.room, bits, s.buckets);
+      std::vector<float> values(size_t(s.room), -0.0f);
+      std::vector<int32_t> index(size_t(s.room), 0);
+      sc::cpu::dequantize(s.segment + layout.codes_at, reinterpret_cast<const float*>(s.segment + layout.scales_at),
+                          *s.count, bits, values.data());
+      if (!sc::cpu::segment_index(s.segment + layout.counts_at, s.buckets, s.segment + layout.offsets_at, *s.count,
+                                  index.data()))
+        fail("segment_index: the bucket counts do not add up");
+      for (int32_t& i : index) i += int32_t(place);
+      cpu_values.insert(cpu_values.end(), values.begin(), values.end());
+      cpu_places.insert(cpu_places.end(), index.begin(), index.end());
+      buckets += s.buckets, entries += s.room, place += s.buckets * sc::kWireBucket;
+    }
+  std::vector<int64_t> starts(static_cast<size_t>(buckets));
+  std::vector<float> cuda_values(size_t(entries), 1.0f);
+  std::vector<int32_t> cuda_places(size_t(entries), -1);
+  sc::cuda::segment_starts(reads.data(), int64_t(reads.size()), bits, starts.data(), nullptr);
+  sc::cuda::segment_entries(reads.data(), int64_t(reads.size()), entries, bits, starts.data(), cuda_values.data(),
+                            cuda_places.data(), nullptr);
+  same("values", cuda_values, cpu_values);
+  same("places", cuda_places, cpu_places);
+}
+
+// A bucket's fixed segments (over bytes that must stay where nothing is written), against the CPU
+// launcher's (the same items); then read back (check_segment_entries).
+void check_fixed_segments() {
+  struct Tensor {
+    int64_t room, count, numel;
+  };
+  const Tensor tensors[] = {{0, 0, 0}, {5, 1, 5}, {300, 300, 300}, {3000, 2000, 140000}, {40, 0, 70000}};
+  for (int bits : {1, 2}) {
+    Rng r{uint64_t(bits) * 73};
+    set_case("fixed_segments bits=%d", bits);
+    std::vector<std::vector<uint8_t>> codes;
+    std::vector<std::vector<float>> scales;
+    std::vector<std::vector<int32_t>> indices;
+    std::vector<int64_t> counts, at;
+    int64_t bytes = 0;
+    for (const Tensor& t : tensors) {
+      codes.emplace_back(size_t(sc::quantized_bytes(t.room, bits)));
+      for (uint8_t& c : codes.back()) c = uint8_t(r.next());
+      scales.push_back(random_floats(sc::quantized_scales(bits), r));
+      indices.push_back(distinct_sorted(t.count, t.numel, r));
+      indices.back().resize(size_t(t.room), int32_t(r.next()));  // garbage past the count
+      counts.push_back(t.count);
+      at.push_back(bytes);
+      bytes += sc::QuantizedSegment(t.room, bits, sc::wire_buckets(0, t.numel)).size;
+    }
+    std::vector<uint8_t> cuda_chunk(size_t(bytes + 8 * std::size(tensors)), 0xa5), cpu_chunk = cuda_chunk;
+    std::vector<sc::FixedSegmentSend> cuda_sends, cpu_sends;
+    int64_t items = 0;
+    for (size_t p = 0; p < std::size(tensors); ++p)
+      for (auto* sends : {&cuda_sends, &cpu_sends}) {
+        std::vector<uint8_t>& chunk = sends == &cuda_sends ? cuda_chunk : cpu_chunk;
+        sc::FixedSegmentSend s;
+        s.codes = codes[p].data(), s.scales = scales[p].data(), s.index = indices[p].data(), s.count = &counts[p];
+        s.room = tensors[p].room, s.buckets = sc::wire_buckets(0, tensors[p].numel), s.bits = bits;
+        s.segment = chunk.data() + 8 * std::size(tensors) + at[p], s.header = chunk.data() + 8 * p, s.at = items;
+        sends->push_back(s);
+        if (sends == &cpu_sends) items += sc::fixed_segment_items(s);
+      }
+    sc::cuda::fixed_segments(cuda_sends.data(), int64_t(cuda_sends.size()), items, nullptr);
+    if (sc::cpu::fixed_segments(cpu_sends.data(), int64_t(cpu_sends.size())) != -1) fail("cpu: a send refused");
+    same("chunk", cuda_chunk, cpu_chunk);
+    check_segment_entries(cpu_sends, bits);
+  }
+}
+
 // Not in the default run: a known divergence (tests/test_cuda_emulation.py expects it to fail).
 // The CPU sums the class in index order, the CUDA kernel in 512 strided partial sums and a
 // tree. Within a class all values have one sign, so the double sums differ by a few units in
@@ -1006,6 +1124,8 @@ constexpr Group kGroups[] = {
     {"momentum_segments", check_momentum_segments},
     {"sum_of_squares", check_sum_of_squares},
     {"send_quantized", check_send_quantized},
+    {"quantize_segments", check_quantize_segments},
+    {"fixed_segments", check_fixed_segments},
     {"dequantize", check_dequantize},
     {"sparse_unpack_sorted", check_sparse_unpack},
     {"random_k_indices", check_random_k},

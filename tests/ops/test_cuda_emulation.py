@@ -54,6 +54,8 @@ GROUPS = [
     "momentum_segments",
     "sum_of_squares",
     "send_quantized",
+    "quantize_segments",
+    "fixed_segments",
     "dequantize",
     "sparse_unpack_sorted",
     "random_k_indices",

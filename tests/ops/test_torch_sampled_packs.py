@@ -138,8 +138,9 @@ def test_topk_packs_equal_pack_topk_tensor_by_tensor(device, dtype, error_feedba
         assert_same_states(ours, one_by_one)
 
 
-def composed(grad, residual, momentum, plan, tensor_id, masking=True):
-    """The op's steps for one tensor, composed from the single ops in Python."""
+def composed(grad, residual, momentum, plan, tensor_id, masking=True, bits=None):
+    """The op's steps for one tensor, composed from the single ops in Python (bits: the send
+    quantized, (codes, scales) for the values)."""
     state = dict(momentum=momentum, momentum_factor=0.9 if momentum is not None else 0.0)
     if plan.sample_count:
         threshold = ops.sample_threshold(grad, residual, plan.ratio, sample_ratio=0.01, tensor_id=tensor_id, **state)
@@ -151,6 +152,8 @@ def composed(grad, residual, momentum, plan, tensor_id, masking=True):
     elif acc.numel() < plan.too_few:
         every = residual if residual is not None else momentum if momentum is not None else grad
         acc, index = ops.select_top(*ops.accumulate_candidates(every, None, 0.0), plan.k)
+    if bits is not None:
+        return ops.send_quantized(acc, index, residual, bits, momentum=momentum, masking=masking), index
     return ops.send_selected(acc, index, residual, grad.dtype, momentum=momentum, masking=masking), index
 
 

@@ -191,7 +191,7 @@ def test_sparse_unpack_rows_equals_sparse_unpack_of_the_columns(device, value_dt
 
 
 def test_segments_name_an_index_out_of_order_or_counts_that_do_not_add_up_on_the_cpu():
-    ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
+    ((codes, scales, _, index),) = reference.quantized_ranks(100, [20], 2, seed=1)
     codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
     with pytest.raises(RuntimeError, match=r"quantized_segment: index should be strictly ascending and below numel"):
         ops.quantized_segment(codes, scales, index.flip(0), 2, 100)
@@ -245,7 +245,7 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
         ops.sparse_unpack_rows(rows, torch.float32, 41, out=torch.empty(40))
     for op, args in (("sparse_unpack_rows", (rows, torch.float32, 40)), ("sparse_unpack_segments", None)):
         if args is None:
-            ((codes, scales, _, idx),) = _quantized_ranks(40, [5], 2, seed=2)
+            ((codes, scales, _, idx),) = reference.quantized_ranks(40, [5], 2, seed=2)
             args = (ops.quantized_segment(*(torch.from_numpy(x) for x in (codes, scales, idx)), 2, 40), 2, 1, 40)
         unpack = getattr(ops, op)
         with pytest.raises(RuntimeError, match=op + r": scale should be a 1-element float32 tensor, got 2 Float"):
@@ -256,42 +256,13 @@ def test_wire_rows_ops_pass_opcheck_and_name_bad_rows():
             unpack(*args, torch.ones(1), 0, out=torch.empty(40))
 
 
-def _reference_segment(codes, scales, index, numel):
-    """One rank's quantized segment of sparsecomm.core.wire built in numpy: the count (int64,
-    little-endian), the scales' bytes, each 65,535-element bucket's count and each index's offset
-    in its bucket (uint16), the codes, zeros to a multiple of 8."""
-    counts = np.bincount(index // wire.BUCKET, minlength=-(-numel // wire.BUCKET))
-    parts = [
-        np.array([index.size], "<i8").view(np.uint8),
-        scales.astype("<f4").view(np.uint8),
-        counts.astype("<u2").view(np.uint8),
-        (index % wire.BUCKET).astype("<u2").view(np.uint8),
-        codes,
-    ]
-    data = np.concatenate(parts)
-    return np.concatenate([data, np.zeros(-data.size % 8, np.uint8)])
-
-
-def _quantized_ranks(numel, counts, bits, seed):
-    """Each rank's (codes, scales, decoded, index) from reference.quantize of random values at
-    sorted distinct indices."""
-    gen = torch.Generator().manual_seed(seed)
-    ranks = []
-    for count in counts:
-        acc = torch.randn(count, generator=gen)
-        codes, scales, decoded = reference.quantize(acc, bits)
-        index = torch.randperm(numel, generator=gen)[:count].sort().values.int().numpy()
-        ranks.append((codes, scales, decoded, index))
-    return ranks
-
-
 @pytest.mark.parametrize("bits", [1, 2])
 @pytest.mark.parametrize("count", [0, 1, 5, 257])
 def test_quantized_segment_holds_count_scales_offsets_codes_and_padding(device, bits, count):
     """A tensor of 4 buckets, the last one partial."""
-    ((codes, scales, _, index),) = _quantized_ranks(200_000, [count], bits, seed=count)
+    ((codes, scales, _, index),) = reference.quantized_ranks(200_000, [count], bits, seed=count)
     got = ops.quantized_segment(*(torch.from_numpy(x).to(device) for x in (codes, scales, index)), bits, 200_000)
-    want = _reference_segment(codes, scales, index, 200_000)
+    want = reference.quantized_segment(codes, scales, index, 200_000)
     assert got.dtype == torch.uint8 and np.array_equal(got.cpu().numpy(), want)
     assert got.numel() == wire.Segment(count, scales.size, bits, 200_000).size
 
@@ -304,8 +275,8 @@ def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, 
     """3 ranks' segments (overlapping indices; one rank sent nothing) gathered in rank order, into
     a stale out: each rank's codes decoded with its own scales, cast to out's dtype, summed in
     rank order and scaled by scale / divisor."""
-    ranks = _quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
-    gathered = torch.from_numpy(np.concatenate([_reference_segment(c, s, i, 70_000) for c, s, _, i in ranks]))
+    ranks = reference.quantized_ranks(70_000, [3000, 0, 2500], bits, seed=bits)
+    gathered = torch.from_numpy(np.concatenate([reference.quantized_segment(c, s, i, 70_000) for c, s, _, i in ranks]))
     given, factor = _unpack_scale(scale, divisor, scale_form, device)
     want = torch.zeros(70_000)
     for _, _, decoded, index in ranks:
@@ -318,7 +289,7 @@ def test_sparse_unpack_segments_decodes_each_rank_with_its_scales(device, bits, 
 
 @pytest.mark.usefixtures("host_binding")
 def test_segment_ops_pass_opcheck_and_name_bad_segments():
-    ((codes, scales, _, index),) = _quantized_ranks(100, [20], 2, seed=1)
+    ((codes, scales, _, index),) = reference.quantized_ranks(100, [20], 2, seed=1)
     codes, scales, index = (torch.from_numpy(x) for x in (codes, scales, index))
     segment = ops.quantized_segment(codes, scales, index, 2, 100)
     torch.library.opcheck(ops._ops.quantized_segment.default, (codes, scales, index, 2, 100))
