@@ -1,6 +1,8 @@
-"""python -m benchmarks {kernels,e2e,trial,hsdp,hsdp-convergence,convergence,all,report} ...
+"""python -m benchmarks {kernels,hook-step,e2e,trial,hsdp,hsdp-convergence,convergence,all,report} ...
 
 kernels      every kernel against memcpy and torch.topk in the same run
+hook-step    the DDP hook's step on one rank against DDP's own allreduce step, and its cost per
+             tensor, on ResNet-50's 161 shapes and on 161 small matrices (benchmarks/hook_step.py)
 e2e          step time on an emulated 1 / 10 Gbit/s network and unshaped, for a communication-
              and a compute-heavy model: no exchange (the floor), dense, each method, PyTorch DDP
              (plain, fp16, PowerSGD); --network-model per-host (a namespace and a shaped NIC
@@ -15,12 +17,13 @@ hsdp-convergence
              the digits task on compressed HSDP (torchrun, 2 replicas of 2 ranks): native HSDP,
              DGC 0.1%, Threshold 1%, RandomBlock 1%, seeds 0 and 1 (benchmarks/hsdp_convergence.py)
 convergence  dense vs each method on real data (digits CNN, character- and word-level LMs)
-all          kernels, e2e, trial, hsdp, convergence and hsdp-convergence, then JSON + PNG figures
+all          kernels, hook-step, e2e, trial, hsdp, convergence and hsdp-convergence, then JSON + PNG figures
              in --out and docs/results.md (`make bench`); e2e also on hosts of several ranks
              (--host-layouts) and hsdp (--hsdp-layouts) where the per-host model runs
 report       the figures and docs/results.md again from --out's results.json, measuring nothing
              (--add-e2e RUN.json: first add a `bench e2e --json` run's rows to it, timed apart;
-             --add-hsdp / --add-hsdp-convergence RUN.json: a `bench hsdp` / `hsdp-convergence` run's)
+             --add-hsdp / --add-hsdp-convergence RUN.json: a `bench hsdp` / `hsdp-convergence` run's;
+             --add-hook-step RUN.json: a `bench hook-step` run's records in place of the page's)
 """
 
 import argparse
@@ -36,7 +39,7 @@ import torch
 
 from sparsecomm.check import kernels
 
-from . import first_steps, hsdp, hsdp_convergence, network
+from . import first_steps, hook_step, hsdp, hsdp_convergence, network
 
 
 def _kernels(args):
@@ -357,6 +360,12 @@ def _report_options(r):
             f"of the same {same}, the others kept (results.md names every run)",
         )
     r.add_argument(
+        "--add-hook-step",
+        metavar="RUN_JSON",
+        help="first replace results.json's hook-step records with those of a `bench hook-step --json` run "
+        "(results.md names the run that timed them)",
+    )
+    r.add_argument(
         "--convergence-from",
         metavar="JSON",
         help="first replace results.json's convergence records with those of a `bench convergence --json` "
@@ -370,6 +379,7 @@ def _parser():
     )
     sub = parser.add_subparsers(dest="command", required=True)
     k = sub.add_parser("kernels", help="time every kernel against memcpy and torch.topk in the same run")
+    hs = sub.add_parser("hook-step", help="the DDP hook's step and cost per tensor against DDP's own, on one rank")
     e = sub.add_parser("e2e", help="end-to-end step time on emulated networks")
     t = sub.add_parser("trial", help="the first steps of exchange=auto beside each fixed exchange's")
     h = sub.add_parser("hsdp", help="compressed HSDP's step time on emulated hosts of several ranks")
@@ -378,11 +388,15 @@ def _parser():
     hsdp_convergence.add_options(hc)
     c = sub.add_parser("convergence", help="dense vs each method on real data")
     a = sub.add_parser(
-        "all", help="kernels + e2e + trial + hsdp + convergence + hsdp-convergence, JSON/PNG in --out, docs/results.md"
+        "all",
+        help="kernels + hook-step + e2e + trial + hsdp + convergence + hsdp-convergence, JSON/PNG in --out, "
+        "docs/results.md",
     )
     r = sub.add_parser("report", help="figures and docs/results.md from a recorded run (--out/results.json)")
     for p in (k, a):
         kernels.add_options(p)
+    for p in (hs, a):
+        hook_step.add_options(p)
     for p in (e, a):
         _e2e_options(p)
     _trial_options(t, "--layouts")
@@ -390,7 +404,7 @@ def _parser():
     _hosts_options(a)
     for p in (c, a):
         _convergence_options(p)
-    for p in (k, e, c):
+    for p in (k, hs, e, c):
         p.add_argument("--json", help="write the records here")
     a.add_argument("--out", default="results", help="directory for JSON and PNG (default: results)")
     r.add_argument(
@@ -425,12 +439,15 @@ def _report(args, report):
     for added in args.add_convergence or ():
         with open(added) as f:
             results = report.with_convergence_added(results, json.load(f), added)
+    if args.add_hook_step:
+        with open(args.add_hook_step) as f:
+            results = report.with_hook_step_of(results, json.load(f), args.add_hook_step)
     hsdp_runs = [("hsdp", added) for added in args.add_hsdp or ()]
     hsdp_runs += [("hsdp_convergence", added) for added in args.add_hsdp_convergence or ()]
     for key, added in hsdp_runs:
         with open(added) as f:
             results = report.with_hsdp_added(results, key, json.load(f), added)
-    if args.add_e2e or args.convergence_from or args.add_convergence or hsdp_runs:
+    if args.add_e2e or args.convergence_from or args.add_convergence or hsdp_runs or args.add_hook_step:
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(results, f, indent=1)
         print(f"updated {args.out}/results.json")
@@ -471,6 +488,7 @@ def _all(args, report, commit, started):
         "command": command,
         "commit": commit,
         "kernels": _kernels(args),
+        "hook_step": hook_step.run(args),
     }
     results["e2e"] = _e2e(args) + _host_layouts(args)
     results["hsdp"] = _hsdp(args)
@@ -529,6 +547,8 @@ def main():
         return _trial_run(args, report, commit, started)
     if args.command == "kernels":
         records = _kernels(args)
+    elif args.command == "hook-step":
+        records = hook_step.run(args)
     elif args.command == "e2e":
         records = _e2e(args)
     elif args.command == "hsdp":

@@ -14,7 +14,7 @@ import re
 import shlex
 import statistics
 
-from . import first_steps, scaling
+from . import first_steps, hook_step, scaling
 from .convergence import change_text, final_text, final_value_text
 from .e2e import HOSTS_SUFFIX, PHASES, layout_label, local_ratio, ranks_per_host, ratio_text
 from .network import RATES
@@ -191,6 +191,13 @@ def with_convergence_added(results, run, path):
     earlier = results.get("convergence_from") or f"`{results['command']}` on {results.get('commit')}"
     source = f"{earlier}; {len(run['records'])} {'/'.join(tasks)} rows by {convergence_source(run, path)}"
     return dict(results, convergence=records, convergence_from=source)
+
+
+def with_hook_step_of(results, run, path):
+    """`results` with the hook-step records of `run`, read from `path`: what `bench hook-step --json`
+    writes or another run's results.json; hook_step_from names the run that timed them."""
+    records = run["records"] if "records" in run else run["hook_step"]
+    return dict(results, hook_step=records, hook_step_from=convergence_source(run, path, "hook_step"))
 
 
 # What an added `bench hsdp` or `bench hsdp-convergence` run's record replaces: the records of its
@@ -1184,26 +1191,19 @@ def _convergence_rows(conv, wide=True):
 
 
 def _data_text(conv):
-    """Which data each task's records were trained on, one line per task and data (the worker
-    records it: the stdlib corpus changes between Python releases)."""
-    lines = []
+    """Which data each task's records were trained on, in one line (the worker records it: the
+    stdlib corpus changes between Python releases); then a warning a task trained on several."""
+    said, warnings = [], []
     for task in dict.fromkeys(r["task"] for r in conv):
         kinds = []
         for r in conv:
             if r["task"] == task and r.get("data") not in kinds:
                 kinds.append(r.get("data"))
-        for d in kinds:
-            lines.append(
-                f"- {task} data: "
-                + (
-                    f"{d['source']}, sha256 {d['sha256'][:16]}."
-                    if d
-                    else "not recorded by the run that trained these records."
-                )
-            )
+        unknown = "not recorded by the run that trained it"
+        said += [f"{task}: " + (f"{d['source']}, sha256 {d['sha256'][:16]}" if d else unknown) for d in kinds]
         if len(kinds) > 1:
-            lines.append(f"- **{task}'s methods were not all trained on the same data**: compare them with care.")
-    return "\n".join(lines)
+            warnings.append(f"- **{task}'s methods were not all trained on the same data**: compare them with care.")
+    return "\n".join(["- Data: " + "; ".join(said) + ".", *warnings]) if said else ""
 
 
 def _reused(results):
@@ -1293,6 +1293,12 @@ def _kernel_section(kernels, rel):
         f"over it. Every kernel alone, both ratios at every size: [kernels.csv]({rel}/kernels.csv)."
     )
     return f"## Kernels\n\n{said}\n\n{_md_table(*_kernel_rows(kernels, wide=False))}"
+
+
+def _hook_step_text(results, rel):
+    """The DDP hook's own cost (benchmarks/hook_step.py), and which run timed it where not this one."""
+    source = results.get("hook_step_from")
+    return hook_step.text(results.get("hook_step") or [], rel, source and without_commits(source))
 
 
 # -- how it was measured ---------------------------------------------------------------------
@@ -1434,6 +1440,7 @@ def write_tables(results, out, more=None):
         "added.csv": _added_wide(results),
         "convergence.csv": _convergence_rows(results["convergence"]),
         "kernels.csv": _kernel_rows(results["kernels"]),
+        "hook_step.csv": hook_step.csv_rows(results.get("hook_step") or []),
         "hsdp.csv": (HSDP_HEADER, _hsdp_rows(results.get("hsdp") or [])),
         "hsdp_convergence.csv": (
             HSDP_CONVERGENCE_HEADER,
@@ -1481,6 +1488,7 @@ def write_markdown(results, out, path):
         _first_steps_block(results.get("trial"), results.get("trial_from")).strip("\n"),
         _convergence_section(results, rel),
         _kernel_section(results["kernels"], rel),
+        _hook_step_text(results, rel),
         scaled["tables"],
         _method_section(results, scaled["method"]),
     ]

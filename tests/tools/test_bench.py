@@ -152,7 +152,7 @@ def _check_the_tiny_page(out, text, results):
     assert f"| DGC 0.1% spardl | {dgc['step_ms']:.1f} | {dgc['received_bytes'] / 1e6:.3f} |" in text
     assert f"- **Network model: {results['e2e'][0]['network_model']}.**" in text and "- **Rows.**" in text
     assert "The compute model's rows were timed in 2 interleaved turns" in text
-    assert f"- digits data: {data['source']}, sha256 {data['sha256'][:16]}." in text
+    assert f"- Data: digits: {data['source']}, sha256 {data['sha256'][:16]}." in text
     dense = results["convergence"][0]
     assert f"| dense | {100 * dense['final']:.1f}% | +0.0 pt |" in text  # the mean; its range in convergence.csv
     finals = sorted(100 * f for f in dense["finals"])
@@ -207,6 +207,10 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
             "--trial-layouts",  # none: the first steps' cells run the comm model for 100 steps a row
             "--hsdp-layouts",  # none: compressed HSDP runs the comm model on 4 ranks (test_bench_hsdp.py)
             "--hsdp-convergence-methods",  # none: 4 ranks of digits, each row twice
+            "--hook-step-layouts",  # the DDP hook's step on one rank: 161 small matrices against 16, one step
+            "small",
+            "--hook-step-steps",
+            "1",
             "--warmup",
             "1",
             "--steps",
@@ -248,6 +252,7 @@ def test_make_bench_pipeline_end_to_end_on_a_tiny_setting(tmp_path):
     assert "allgather" in hooked["exchanges"] and 0 < hooked["received_bytes"] < e2e["dense"]["received_bytes"] / 5
     assert results["trial"] == [] and "First steps of exchange=auto" not in md.read_text()
     assert results["hsdp"] == results["hsdp_convergence"] == [] and "Compressed HSDP" not in md.read_text()
+    _check_the_hook_step(results["hook_step"], md.read_text())
     assert [r["method"] for r in results["convergence"]] == ["dense", "DGC 0.1%"]
     for r in results["convergence"]:  # each trained once per seed: the mean, and every seed's final
         assert r["seeds"] == [0, 1] and len(r["finals"]) == 2 and all(0 <= f <= 1 for f in r["finals"])
@@ -295,6 +300,57 @@ def test_report_rewrites_the_page_from_a_recorded_run_without_measuring(tmp_path
     assert commit_hashes(text) == [] and not DATE.search(text)  # the record names its commits, the page none
     assert recorded["commit"] and commit_hashes(recorded["convergence_from"])
     assert "](out/e2e.csv)" in text and (out / "e2e.csv").read_text().startswith("model,method,")
+
+
+def _check_the_hook_step(records, text):
+    """`bench all`'s hook step, shrunk: a record per method and tensor count, each hook's step over
+    DDP's allreduce step of the same round, its cost per tensor from its extra time at 161 and 16
+    tensors; the page's paragraph with DDP's own step and cost per tensor, and each hook's."""
+    text = text.replace("\n", " ")  # the paragraph, wrapped between words
+    methods = ["DDP allreduce", "DGC 0.1%", "Threshold 1%", "TopK 1%", "DGC 0.1% spardl", "RandomBlock 1%"]
+    assert [(r["method"], r["tensors"]) for r in records] == [(m, n) for n in (161, 16) for m in methods]
+    by = {(r["method"], r["tensors"]): r for r in records}
+    for r in records:
+        base = by[("DDP allreduce", r["tensors"])]
+        assert r["shapes"] == "small" and r["vs_allreduce"] == pytest.approx(r["step_ms"] / base["step_ms"])
+        assert r["extra_ms"] == pytest.approx(r["step_ms"] - base["step_ms"])  # one step: its own round's
+        extra_16 = by[(r["method"], 16)]["extra_ms"]
+        assert r["us_per_tensor"] == pytest.approx((by[(r["method"], 161)]["extra_ms"] - extra_16) / 145 * 1e3)
+    base, dgc = by[("DDP allreduce", 161)], by[("DGC 0.1%", 161)]
+    own = (base["step_ms"] - by[("DDP allreduce", 16)]["step_ms"]) / 145 * 1e3
+    assert f"161 matrices of 64x64: DDP's allreduce step {base['step_ms']:.1f} ms ({own:.0f} us a tensor); " in text
+    assert f"DGC 0.1% {dgc['vs_allreduce']:.2f}x ({dgc['us_per_tensor']:+.0f} us)" in text
+    assert "Timed by" not in text and "[hook_step.csv](out/hook_step.csv)" in text
+
+
+def test_an_added_hook_step_run_stands_on_the_page_with_its_command(tmp_path):
+    """`bench report --add-hook-step RUN.json`: the run's records replace the page's, in its paragraph
+    (ResNet-50's layout, the page still under 200 lines) and in hook_step.csv (every layout), the run
+    named without its commit."""
+    from benchmarks import hook_step, report
+
+    records = [
+        dict(shapes=shapes, method=method, tensors=n, step_ms=step, vs_allreduce=step / base, extra_ms=step - base)
+        for shapes in ("resnet50", "small")
+        for n, base in ((161, 40.0), (16, 30.0))
+        for method, step in (("DDP allreduce", base), ("DGC 0.1%", base * 1.5))
+    ]
+    for r in records:
+        r["us_per_tensor"] = 0.0 if r["method"] == "DDP allreduce" else (20.0 - 15.0) / 145 * 1e3
+    run = {"command": "python -m benchmarks hook-step --json hs.json", "commit": "0123abc", "records": records}
+    results = report.with_hook_step_of(_recorded(), run, "hs.json")
+    md = tmp_path / "results.md"
+    report.write_markdown(results, str(tmp_path), str(md))
+    text = md.read_text()
+    assert len(text.splitlines()) < 200 and max(map(len, text.splitlines())) <= 400 and commit_hashes(text) == []
+    text = text.replace("\n", " ")
+    assert "ResNet-50's 161 shapes: DDP's allreduce step 40.0 ms (69 us a tensor); DGC 0.1% 1.50x (+34 us)." in text
+    assert "161 matrices" not in text and "[hook_step.csv](./hook_step.csv)" in text
+    assert "Timed by `python -m benchmarks hook-step --json hs.json`." in text
+    with open(tmp_path / "hook_step.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == hook_step.CSV_HEADER and len(rows) == 1 + len(records)
+    assert rows[2] == ["resnet50", "DGC 0.1%", "161", "60.00", "1.50", "20.00", "34.5"]
 
 
 def _recorded():
@@ -412,7 +468,7 @@ def test_the_wide_tables_are_written_as_csv_files_the_page_links(tmp_path):
             return list(csv.reader(f))
 
     names = ["summary", "e2e", "hosts", "auto", "phases", "ways", "convergence", "kernels", "scaling"]
-    names += ["scaling_check", "scaling_hosts", "hsdp", "hsdp_convergence"]
+    names += ["scaling_check", "scaling_hosts", "hsdp", "hsdp_convergence", "hook_step"]
     assert sorted(p.name for p in out.glob("*.csv")) == sorted(f"{name}.csv" for name in names)
     for name in names:
         header, *rows = read(f"{name}.csv")
@@ -521,20 +577,16 @@ def test_the_results_page_says_which_data_each_task_was_trained_on():
 
     a, b = {"source": "corpus A", "sha256": "a" * 64}, {"source": "corpus B", "sha256": "b" * 64}
     record = lambda task, data: {"task": task, **({"data": data} if data else {})}  # noqa: E731
-    assert (
-        report._data_text([record("charlm", a), record("charlm", a)]) == f"- charlm data: corpus A, sha256 {'a' * 16}."
-    )
-    assert (
-        report._data_text([record("digits", None)])
-        == "- digits data: not recorded by the run that trained these records."
-    )
+    same = report._data_text([record("charlm", a), record("charlm", a)])
+    assert same == f"- Data: charlm: corpus A, sha256 {'a' * 16}."
+    assert report._data_text([record("digits", None)]) == "- Data: digits: not recorded by the run that trained it."
     mixed = report._data_text([record("charlm", a), record("charlm", b), record("digits", a)]).splitlines()
     assert mixed == [
-        f"- charlm data: corpus A, sha256 {'a' * 16}.",
-        f"- charlm data: corpus B, sha256 {'b' * 16}.",
+        f"- Data: charlm: corpus A, sha256 {'a' * 16}; charlm: corpus B, sha256 {'b' * 16}; "
+        f"digits: corpus A, sha256 {'a' * 16}.",
         "- **charlm's methods were not all trained on the same data**: compare them with care.",
-        f"- digits data: corpus A, sha256 {'a' * 16}.",
     ]
+    assert report._data_text([]) == ""
 
 
 def test_rows_are_interleaved_in_groups_that_fit_in_memory():
