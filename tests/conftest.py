@@ -25,15 +25,18 @@ def _devices():
 
 @pytest.fixture(scope="session")
 def cuda_emulated_ops():
-    """torch.ops.sparsecomm_cuda_emulated, built once per session into a cached build folder.
-    Skips where there is no compiler; a build error fails the tests that need it."""
+    """torch.ops.sparsecomm_cuda_emulated, built into a cached build folder and kept in the cache
+    folder of sparsecomm.install_horovod for as long as its inputs stay the same (a fresh clone
+    loads it). Skips where there is no compiler; a build error fails the tests that need it."""
     from torch.utils import cpp_extension
 
     if shutil.which("g++") is None or not cpp_extension.is_ninja_available():
         pytest.skip("the emulated CUDA binding needs g++ and ninja")
     import build_torch_binding
 
-    return build_torch_binding.load()
+    from sparsecomm import install_horovod
+
+    return build_torch_binding.load(cache=os.path.join(install_horovod.default_cache(), "cuda_emulation_torch"))
 
 
 def _route(request, binding):

@@ -11,10 +11,13 @@ By hand:  python tests/cuda_emulation/build_driver.py tsan /tmp/emu-tsan  (then 
 
 import concurrent.futures
 import glob
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CUDA_DIR = os.path.join(ROOT, "csrc", "cuda")
@@ -75,6 +78,38 @@ def write_emulated_sources(out_dir):
                 f.write(text)
         copies.append(copy)
     return copies
+
+
+def inputs_key(files, *extra):
+    """A hash of what a build reads: the compiler's version, every file of csrc/ and `files` (their
+    paths and bytes), and the strings `extra` (flags, versions)."""
+    digest = hashlib.sha256(subprocess.run(["g++", "--version"], capture_output=True).stdout)
+    sources = glob.glob(os.path.join(ROOT, "csrc", "**"), recursive=True)
+    for path in sorted(sources) + list(files):
+        if os.path.isfile(path):
+            with open(path, "rb") as f:
+                digest.update(os.path.relpath(path, ROOT).encode() + b"\0" + f.read() + b"\0")
+    for value in extra:
+        digest.update(value.encode() + b"\0")
+    return digest.hexdigest()[:20]
+
+
+def cached_path(cache_root, key, name):
+    """Where a build of `name` under `key` is kept in cache_root (it may not be there yet); builds
+    under other keys that no session used for a day are removed."""
+    for other in glob.glob(os.path.join(cache_root, "*")):
+        if os.path.basename(other) != key and time.time() - os.path.getmtime(other) > 86400:
+            shutil.rmtree(other, ignore_errors=True)
+    os.makedirs(os.path.join(cache_root, key), exist_ok=True)
+    os.utime(os.path.join(cache_root, key))  # in use
+    return os.path.join(cache_root, key, name)
+
+
+def keep(fresh, cached):
+    """Copies the build `fresh` to `cached`, whole or not at all, for a concurrent session."""
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    shutil.copy2(fresh, f"{cached}.{os.getpid()}")
+    os.replace(f"{cached}.{os.getpid()}", cached)
 
 
 def _compile(args):

@@ -12,13 +12,16 @@ races); the driver
 (tests/ops/test_cuda_emulation.py) runs the launchers under both sanitizers already. -O1 and one
 translation unit for ops.cpp + cuda.cpp keep the build short (torch's headers parsed once).
 
-The build goes to a cache folder (default: build/cuda_emulation_torch in the repository) and
-ninja rebuilds only what changed: about 1 s when nothing did.
+The build goes to a build folder (default: build/cuda_emulation_torch in the repository) and
+ninja rebuilds only what changed: about 1 s when nothing did. With `cache` (the suite passes
+~/.cache/sparsecomm/cuda_emulation_torch) the library is also kept there under a hash of every
+input, so that a fresh clone loads it instead of building it again (about 50 s).
 
 By hand:  python tests/cuda_emulation/build_torch_binding.py [BUILD_DIR]
 """
 
 import fcntl
+import glob
 import os
 import platform
 import sys
@@ -37,13 +40,32 @@ if platform.machine() == "x86_64":
     FLAGS.append("-DSC_EMU_FIBERS")
 
 
-def load(build_dir=DEFAULT_BUILD_DIR, verbose=False):
-    """Builds (if needed) and loads the library; registers sparsecomm's fake kernels for its
-    namespace too (opcheck); returns torch.ops.sparsecomm_cuda_emulated."""
+def load(build_dir=DEFAULT_BUILD_DIR, verbose=False, cache=None):
+    """Builds (if needed) and loads the library, from `cache` where it holds a build of the same
+    inputs; registers sparsecomm's fake kernels for its namespace too (opcheck); returns
+    torch.ops.sparsecomm_cuda_emulated."""
     import torch
-    from torch.utils import cpp_extension
 
     from sparsecomm.torch import fakes
+
+    if cache is None:
+        _build(build_dir, verbose)
+    else:
+        ours = [p for p in glob.glob(os.path.join(HERE, "**"), recursive=True) if "__pycache__" not in p]
+        key = build_driver.inputs_key(sorted(ours), torch.__version__, sys.version, *FLAGS)
+        cached = build_driver.cached_path(cache, key, f"{NAMESPACE}.so")
+        if os.path.exists(cached):
+            torch.ops.load_library(cached)
+        else:  # loaded from build_dir: a second copy would register the ops twice
+            build_driver.keep(_build(build_dir, verbose), cached)
+    for name, fake in fakes.FAKES.items():
+        torch.library.register_fake(f"{NAMESPACE}::{name}")(fake)
+    return getattr(torch.ops, NAMESPACE)
+
+
+def _build(build_dir, verbose):
+    """Builds the library into build_dir and loads it; returns its path."""
+    from torch.utils import cpp_extension
 
     os.makedirs(build_dir, exist_ok=True)
     # torch's own lock (a file named "lock") stays behind when a build is killed, and the next
@@ -64,9 +86,7 @@ def load(build_dir=DEFAULT_BUILD_DIR, verbose=False):
             is_python_module=False,
             verbose=verbose,
         )
-    for name, fake in fakes.FAKES.items():
-        torch.library.register_fake(f"{NAMESPACE}::{name}")(fake)
-    return getattr(torch.ops, NAMESPACE)
+    return os.path.join(build_dir, f"{NAMESPACE}.so")
 
 
 if __name__ == "__main__":

@@ -19,14 +19,11 @@ A build from scratch adds 12 to 19 s, and about 1 s when nothing has changed.
 """
 
 import concurrent.futures
-import glob
-import hashlib
 import importlib.util
 import os
 import re
 import shutil
 import subprocess
-import time
 
 import pytest
 from paths import TESTS
@@ -85,47 +82,28 @@ def _missing_sanitizers(tmp_path):
     return None
 
 
-def _build_key():
-    """A hash of what a driver's build reads: every file of csrc/, the driver, build_driver.py
-    (its flags) and the compiler's version."""
-    digest = hashlib.sha256(subprocess.run(["g++", "--version"], capture_output=True).stdout)
-    sources = glob.glob(os.path.join(build_driver.ROOT, "csrc", "**"), recursive=True)
-    for path in sorted(sources) + [build_driver.DRIVER, build_driver.__file__]:
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                digest.update(os.path.relpath(path, build_driver.ROOT).encode() + b"\0" + f.read() + b"\0")
-    return digest.hexdigest()[:20]
-
-
 @pytest.fixture(scope="session")
 def drivers(tmp_path_factory):
     """{variant: path of the driver}, both variants built in parallel, once for as long as what
     they are built from stays the same: into the cache folder of sparsecomm.install_horovod
-    (~/.cache/sparsecomm, $SPARSECOMM_CACHE), under a hash of every input (_build_key)."""
+    (~/.cache/sparsecomm, $SPARSECOMM_CACHE), under a hash of every input (build_driver.inputs_key:
+    csrc/, the driver, build_driver.py's flags, the compiler)."""
     out = tmp_path_factory.mktemp("cuda_emulation")
     missing = _missing_sanitizers(out)
     if missing:
         pytest.skip(f"sanitizer runtimes unavailable: {missing}")
     builds = os.path.join(install_horovod.default_cache(), "cuda_emulation")
-    cache = os.path.join(builds, _build_key())
-    for other in glob.glob(os.path.join(builds, "*")):  # 15 MB a build: those no session used for a day
-        if other != cache and time.time() - os.path.getmtime(other) > 86400:
-            shutil.rmtree(other, ignore_errors=True)
+    key = build_driver.inputs_key([build_driver.DRIVER, build_driver.__file__])
 
     def built(variant):
-        driver = os.path.join(cache, variant, "driver")
+        driver = build_driver.cached_path(builds, key, os.path.join(variant, "driver"))
         if not os.path.exists(driver):
-            fresh = build_driver.build(variant, str(out / variant), 1)
-            os.makedirs(os.path.dirname(driver), exist_ok=True)
-            shutil.copy2(fresh, f"{driver}.{os.getpid()}")
-            os.replace(f"{driver}.{os.getpid()}", driver)  # whole or not at all, for a concurrent session
+            build_driver.keep(build_driver.build(variant, str(out / variant), 1), driver)
         return driver
 
     with concurrent.futures.ThreadPoolExecutor(len(VARIANTS)) as pool:
         futures = {v: pool.submit(built, v) for v in VARIANTS}
-        found = {v: f.result() for v, f in futures.items()}
-    os.utime(cache)  # in use
-    return found
+        return {v: f.result() for v, f in futures.items()}
 
 
 def _run(driver, *args):
