@@ -7,8 +7,9 @@
 #   make demo   train a small real model on 2 ranks, dense vs sparsecomm, print a table
 #   make check  self-check of this machine (its GPUs when present): op tests, kernel benchmark,
 #               2-rank training; a verdict table, exit 1 on a FAIL (CHECK_ARGS=--quick: about 1 min)
-#   make bench  kernels, end-to-end speed on an emulated 1/10 Gbit/s network, convergence on
-#               real data; writes docs/results/ (JSON, PNG) and docs/results.md
+#   make bench  kernels, the DDP hook's step on one rank, end-to-end speed on an emulated
+#               1/10 Gbit/s network, convergence on real data; writes docs/results/ (JSON, PNG)
+#               and docs/results.md
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
