@@ -166,7 +166,9 @@ def test_everyday_model_equals_the_simulation(run, config):
         want = simulate_dgc(size, 0.1, **(given or {}), **settings)
     else:
         want = simulate(size, ratio=0.1, **given, **settings)
-    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=1e-7)
+    # 3 ranks: the 1/3 rounds an update of the embedding's size (entries near 1, whose float32 ulp is
+    # 1.2e-7), and where the step cancels the entry to near 0 that ulp stays whole.
+    tol = dict(rtol=0, atol=0) if size == 2 else dict(rtol=1e-6, atol=5e-7)
     assert_ranks_close([r["history"][config] for r in ranks], want, **tol)
     frozen = {n: p for n, p in common.torch_everyday_model().named_parameters() if n.startswith("frozen.")}
     assert all(torch.equal(ranks[0]["history"][config][-1][n], p) for n, p in frozen.items())
