@@ -49,12 +49,9 @@ horovod)
   # The same script a user runs in their own environment (docs/install.md): it builds Horovod
   # 0.28.1 for the installed torch and TF with the edits it needs, caching the wheel OUTSIDE the
   # clone keyed by every version it was compiled against, so fresh clones (and CI) just install it.
+  # It ends with horovodrun --check-build, which must list TensorFlow, PyTorch, Gloo and MPI.
   "$PY" -m sparsecomm.install_horovod --cache "$CACHE" \
     || fail "building or installing Horovod $HOROVOD_VERSION" "read the message above; MPI headers (step system) and torch/TF (step deps) must be installed"
-  out=$(PATH="$VENV/bin:$PATH" TF_CPP_MIN_LOG_LEVEL=3 "$VENV/bin/horovodrun" --check-build 2>&1) || true
-  for fw in TensorFlow PyTorch MPI Gloo; do
-    echo "$out" | grep -q "\[X\] $fw" || fail "horovodrun --check-build does not list $fw" "delete the wheel cache under $CACHE/wheels and re-run make env"
-  done
   ;;
 
 *) echo "unknown step: $step" >&2; exit 2 ;;

@@ -236,14 +236,15 @@ def build_wheel(found, wheel_dir, sdist=None, without_mpi=False, gpu_operations=
             shutil.copy(built, wheel_dir)
 
 
-def check_build(found, nccl=False):
-    """horovodrun --check-build must list every installed framework (and NCCL, if asked)."""
+def check_build(found, nccl=False, mpi=False):
+    """horovodrun --check-build must list every installed framework, Gloo, and MPI and NCCL if asked."""
     horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
     path = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PATH=path)
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, env=env).stdout
     print("\n".join("    " + line for line in out.splitlines() if line.strip()))
     wanted = [name for key, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")) if key in found] + ["Gloo"]
+    wanted += ["MPI"] if mpi else []
     wanted += ["NCCL"] if nccl else []
     missing = [name for name in wanted if f"[X] {name}" not in out]
     if missing:
@@ -301,7 +302,8 @@ def main(argv=None):
         pip("install", "-q", "--no-deps", "--force-reinstall", wheel)
         offline = ["--no-index", "--find-links", args.find_links] if args.find_links else []
         pip("install", "-q", *offline, *RUNTIME_DEPS)
-        check_build(found, nccl=args.gpu_operations == "NCCL")
+        mpi = shutil.which("mpicc") is not None and not args.without_mpi  # as build_env decides
+        check_build(found, nccl=args.gpu_operations == "NCCL", mpi=mpi)
     except (InstallError, subprocess.CalledProcessError) as error:
         print(f"[install_horovod] FAILED: {error}", file=sys.stderr)
         return 1
