@@ -243,15 +243,20 @@ def check_build(found, nccl=False, mpi=False):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PATH=path)
     out = subprocess.run([horovodrun, "--check-build"], capture_output=True, text=True, env=env).stdout
     print("\n".join("    " + line for line in out.splitlines() if line.strip()))
-    wanted = [name for key, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")) if key in found] + ["Gloo"]
-    wanted += ["MPI"] if mpi else []
-    wanted += ["NCCL"] if nccl else []
-    missing = [name for name in wanted if f"[X] {name}" not in out]
+    missing = missing_from_build(out, found, nccl, mpi)
     if missing:
         raise InstallError(
             f"horovodrun --check-build does not list {', '.join(missing)}: delete the cached wheel "
             "and run again, then read its build.log"
         )
+
+
+def missing_from_build(out, found, nccl=False, mpi=False):
+    """What horovodrun --check-build's output `out` does not list of what check_build asks for."""
+    wanted = [name for key, name in (("torch", "PyTorch"), ("tensorflow", "TensorFlow")) if key in found] + ["Gloo"]
+    wanted += ["MPI"] if mpi else []
+    wanted += ["NCCL"] if nccl else []
+    return [name for name in wanted if f"[X] {name}" not in out]
 
 
 def default_cache():

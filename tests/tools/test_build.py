@@ -13,6 +13,8 @@ import sys
 import pytest
 from paths import ROOT
 
+from sparsecomm import install_horovod
+
 CUDA_SOURCES = sorted(glob.glob(os.path.join(ROOT, "csrc", "cuda", "*.cu")))
 # The torch bindings compiled only into CUDA builds (setup.py's rule).
 CUDA_BINDINGS = sorted(glob.glob(os.path.join(ROOT, "csrc", "torch", "cuda*.cpp")))
@@ -130,6 +132,18 @@ def test_horovod_has_tensorflow_pytorch_mpi_and_gloo(ran):
     _, _, out = ran["horovodrun", "--check-build"]
     for capability in ("TensorFlow", "PyTorch", "MPI", "Gloo"):
         assert f"[X] {capability}" in out, out
+
+
+def test_install_horovod_names_what_the_build_does_not_list(ran):
+    """make env's check of Horovod's build (install_horovod.check_build), on this build's table."""
+    _, _, out = ran["horovodrun", "--check-build"]
+    both = {"torch": "2.13.0", "tensorflow": "2.21.0"}  # the frameworks found (their versions unread)
+    assert install_horovod.missing_from_build(out, both, mpi=True) == []
+    assert install_horovod.missing_from_build(out, both, nccl=True, mpi=True) == ["NCCL"]  # a CPU build
+    without_mpi = out.replace("[X] MPI", "[ ] MPI")
+    assert install_horovod.missing_from_build(without_mpi, both, mpi=True) == ["MPI"]
+    assert install_horovod.missing_from_build(without_mpi, both) == []
+    assert install_horovod.missing_from_build(out.replace("[X] PyTorch", "[ ] PyTorch"), both) == ["PyTorch"]
 
 
 def test_there_are_cuda_sources():
