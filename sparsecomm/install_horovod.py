@@ -105,6 +105,11 @@ def find_nccl(work):
     return None
 
 
+def builds_with_mpi(without_mpi=False):
+    """Whether Horovod is built with MPI: where mpicc is found, unless --without-mpi."""
+    return shutil.which("mpicc") is not None and not without_mpi
+
+
 def build_env(found, work, without_mpi=False, gpu_operations="auto"):
     """Horovod's build switches for what is installed, and the lines that say what was chosen.
     without_mpi: Gloo only, even where mpicc is found. gpu_operations: "auto" (NCCL for a CUDA
@@ -119,7 +124,7 @@ def build_env(found, work, without_mpi=False, gpu_operations="auto"):
         env.pop(f"HOROVOD_WITHOUT_{name}", None)
     env["HOROVOD_WITH_PYTORCH" if "torch" in found else "HOROVOD_WITHOUT_PYTORCH"] = "1"
     env["HOROVOD_WITH_TENSORFLOW" if "tensorflow" in found else "HOROVOD_WITHOUT_TENSORFLOW"] = "1"
-    mpi = shutil.which("mpicc") is not None and not without_mpi
+    mpi = builds_with_mpi(without_mpi)
     env["HOROVOD_WITH_MPI" if mpi else "HOROVOD_WITHOUT_MPI"] = "1"
     why_not = "--without-mpi" if without_mpi else "no mpicc on the PATH"
     notes = ["MPI: " + ("yes (mpicc found)" if mpi else f"no ({why_not}; Gloo only)")]
@@ -307,8 +312,7 @@ def main(argv=None):
         pip("install", "-q", "--no-deps", "--force-reinstall", wheel)
         offline = ["--no-index", "--find-links", args.find_links] if args.find_links else []
         pip("install", "-q", *offline, *RUNTIME_DEPS)
-        mpi = shutil.which("mpicc") is not None and not args.without_mpi  # as build_env decides
-        check_build(found, nccl=args.gpu_operations == "NCCL", mpi=mpi)
+        check_build(found, nccl=args.gpu_operations == "NCCL", mpi=builds_with_mpi(args.without_mpi))
     except (InstallError, subprocess.CalledProcessError) as error:
         print(f"[install_horovod] FAILED: {error}", file=sys.stderr)
         return 1
