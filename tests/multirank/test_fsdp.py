@@ -3,7 +3,7 @@ replicas x 2 shards) and 6 (3 x 2), Gloo (tests/workers/fsdp_train.py: every met
 allgather, SparDL and dense routes and auto, the default policy, DGC's clipping, a model of three
 sharded layers with a frozen one, the everyday model (a tied weight, a frozen layer and a branch
 some ranks skip on some steps, whose zeros FSDP reduces), gradient accumulation without sync, bf16
-parameters reduced in float32 or bf16, SGD momentum; 30 steps). Each run's full
+parameters reduced in float32 or bf16, SGD momentum; 10 steps). Each run's full
 parameters against the single-process simulation of the replicas and shards
 (simulated_hsdp.py), the replicas against each other bit for bit, ratio 1 against FSDP's own
 HSDP, a checkpoint resumed under the 4-rank run against not stopping, and replicas initialised
@@ -16,7 +16,9 @@ from launch import torchrun
 from simulated_hsdp import simulate_hsdp
 from simulated_training import assert_history_close
 
-STEPS, LR, RESUME_AT = 30, 0.5, 14
+# 10 steps: the everyday branch's 3-step cycle three times over, and a resume from step 4 with
+# its 5 steps after (error feedback and momentum carried through the checkpoint).
+STEPS, LR, RESUME_AT = 10, 0.5, 4
 RANKS = (4, 6)
 # The worker's configurations -> simulate_hsdp's settings. The default policy sends dense every
 # shard under 1,024 elements and every 1-D one: all but 0.weight's (16 x 64).

@@ -33,7 +33,7 @@ SHARDS = 2
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
-parser.add_argument("--steps", type=int, default=30)
+parser.add_argument("--steps", type=int, default=10)
 parser.add_argument("--lr", type=float, default=0.5)
 parser.add_argument("--only", nargs="*", help="these configurations alone")
 parser.add_argument("--resume-at", type=int, help="also stop after this step and resume from a checkpoint")
