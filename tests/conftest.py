@@ -1,5 +1,6 @@
 import os
 import shutil
+import subprocess
 import sys
 
 import pytest
@@ -10,6 +11,40 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emulation"))  #
 # The checkout's benchmarks/ (test_bench.py, test_scaling.py), last: an installed sparsecomm that a
 # test's own pytest runs against (test_install.py) comes first.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def pytest_configure(config):
+    """Preloads tests/sched_yield.c into every process the suite starts (ranks, launchers, pip):
+    4-6 ranks on 2 cores spend less time spinning (docs/testing.md). SPARSECOMM_TEST_SCHED_YIELD=os
+    keeps the system's sched_yield; without a C compiler, so does the suite."""
+    if os.environ.get("SPARSECOMM_TEST_SCHED_YIELD") == "os" or "sched_yield" in os.environ.get("LD_PRELOAD", ""):
+        return  # asked not to, or an xdist worker that inherited it
+    shim = _built_sched_yield()
+    if shim:
+        os.environ["LD_PRELOAD"] = " ".join(filter(None, [shim, os.environ.get("LD_PRELOAD")]))
+
+
+def _built_sched_yield():
+    """tests/sched_yield.c compiled into the cache folder, once for each version of its source."""
+    import hashlib
+    import tempfile
+
+    from sparsecomm import install_horovod
+
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source = os.path.join(os.path.dirname(__file__), "sched_yield.c")
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    folder = os.path.join(install_horovod.default_cache(), "sched_yield")
+    built = os.path.join(folder, f"sched_yield-{digest}.so")
+    if not os.path.exists(built):
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as scratch:  # written whole, then renamed
+            subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", f"{scratch}/s.so", source], check=True)
+            os.replace(f"{scratch}/s.so", built)
+    return built
 
 
 # The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU
