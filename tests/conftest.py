@@ -29,6 +29,8 @@ def _built_sched_yield():
     import hashlib
     import tempfile
 
+    from build_driver import cached_path, keep
+
     from sparsecomm import install_horovod
 
     compiler = shutil.which("cc") or shutil.which("gcc")
@@ -36,14 +38,12 @@ def _built_sched_yield():
         return None
     source = os.path.join(os.path.dirname(__file__), "sched_yield.c")
     with open(source, "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    folder = os.path.join(install_horovod.default_cache(), "sched_yield")
-    built = os.path.join(folder, f"sched_yield-{digest}.so")
+        key = hashlib.sha256(f.read()).hexdigest()[:16]
+    built = cached_path(os.path.join(install_horovod.default_cache(), "sched_yield"), key, "sched_yield.so")
     if not os.path.exists(built):
-        os.makedirs(folder, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=folder) as scratch:  # written whole, then renamed
+        with tempfile.TemporaryDirectory() as scratch:
             subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", f"{scratch}/s.so", source], check=True)
-            os.replace(f"{scratch}/s.so", built)
+            keep(f"{scratch}/s.so", built)
     return built
 
 

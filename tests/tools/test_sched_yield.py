@@ -11,7 +11,7 @@ import pytest
 CALLS = 200
 PROBE = f"""
 import ctypes, json, time
-shims = sorted({{line.split()[-1] for line in open("/proc/self/maps") if "/sched_yield-" in line}})
+shims = sorted({{line.split()[-1] for line in open("/proc/self/maps") if line.endswith("/sched_yield.so\\n")}})
 address = lambda library: ctypes.cast(library.sched_yield, ctypes.c_void_p).value
 libc = ctypes.CDLL(None)
 start = time.perf_counter()
