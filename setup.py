@@ -105,9 +105,12 @@ def cpu_flags():
     # No floating-point contraction (FMA): kernels round once per operation, so CPU, CUDA, torch,
     # TF and a numpy reference agree bit for bit. OpenMP splits the memory-bound passes. TF's
     # bundled Eigen does not compile with AVX512-FP16 (a native build on Sapphire Rapids).
+    # Python's own flags hold -g; the debug info of torch's and TF's headers doubled the compile
+    # time, so it is off (-g0, the last -g wins) unless SPARSECOMM_DEBUG_INFO=1.
     arch = cpu_arch()
     no_fp16 = ["-mno-avx512fp16"] if "__AVX512FP16__" in march_macros() else []
-    return ["-O3", "-ffp-contract=off", "-fopenmp"] + ([f"-march={arch}"] + no_fp16 if arch else [])
+    debug = [] if _switch("SPARSECOMM_DEBUG_INFO") else ["-g0"]
+    return ["-O3", "-ffp-contract=off", "-fopenmp", *debug] + ([f"-march={arch}"] + no_fp16 if arch else [])
 
 
 def link_flags():

@@ -202,3 +202,14 @@ def test_tf_gpu_kernels_compile(source, ran):
     instantiated for every registered dtype, but nothing is linked or run."""
     pytest.importorskip("tensorflow")
     _assert_compiled(ran, "tf", source, NO_HEADERS)
+
+
+@pytest.mark.skipif(os.environ.get("SPARSECOMM_DEBUG_INFO") == "1", reason="SPARSECOMM_DEBUG_INFO=1 keeps it")
+def test_the_built_libraries_carry_no_debug_info():
+    """setup.py compiles with -g0 (docs/install.md, "Build switches"): Python's own -g made the
+    libraries about 15 times larger and their build about twice as long."""
+    libraries = glob.glob(os.path.join(ROOT, "sparsecomm", "**", "*.so"), recursive=True)
+    assert libraries, "no built library under sparsecomm/ (make build)"
+    for library in libraries:
+        with open(library, "rb") as f:
+            assert b".debug_info" not in f.read(), f"{library} holds a .debug_info section"
