@@ -43,9 +43,15 @@ $(VENV)/.stamp-horovod: scripts/setup_env.sh sparsecomm/install_horovod.py spars
 # The extension is rebuilt whenever a source under csrc/ or setup.py changes.
 build: $(VENV)/.stamp-build
 
+# Its compiles go through ccache where it is installed (make env installs it; CCACHE_DISABLE=1 turns
+# it off): a fresh clone's build reads back the objects of any earlier build of the same sources.
+CCACHE_MASQUERADE := $(wildcard /usr/lib/ccache)
+CCACHE_ENV := $(if $(CCACHE_MASQUERADE),PATH="$(CCACHE_MASQUERADE):$$PATH" CCACHE_BASEDIR="$(CURDIR)" \
+  CCACHE_DIR="$${CCACHE_DIR:-$${SPARSECOMM_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/sparsecomm}/ccache}")
+
 $(VENV)/.stamp-build: $(VENV)/.stamp-horovod setup.py $(CSRC)
 	@echo "[build] compiling sparsecomm's extension (torch ops; TF op library)"
-	@$(PY) -m pip install -q --no-deps --no-build-isolation -e . > $(VENV)/build.log 2>&1 \
+	@$(CCACHE_ENV) $(PY) -m pip install -q --no-deps --no-build-isolation -e . > $(VENV)/build.log 2>&1 \
 	  || { tail -40 $(VENV)/build.log; echo "[build] FAILED: see $(VENV)/build.log"; exit 1; }
 	@touch $@
 

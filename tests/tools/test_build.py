@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 
+import compile_cache
 import pytest
 from paths import ROOT
 
@@ -39,37 +40,41 @@ def _cuda_include():
 
 def _nvcc(source, folder):
     arch = os.environ.get("SPARSECOMM_CUDA_ARCH", "sm_90")
-    out = folder / (os.path.basename(source) + ".o")
-    return [
-        "nvcc",
-        "-c",
-        f"-arch={arch}",
-        "-std=c++17",
-        "-O3",
-        "--fmad=false",
-        "-Werror",
-        "all-warnings",
-        source,
-        "-o",
-        str(out),
-    ]
+    return ["nvcc", f"-arch={arch}", "-std=c++17", "-O3", "--fmad=false", "-Werror", "all-warnings"] + _object(
+        source, folder
+    )
+
+
+def _object(source, folder):
+    """Where a compile check writes its object: compiled, not only parsed, so that ccache keeps it."""
+    return ["-c", source, "-o", str(folder / (os.path.basename(source) + ".o"))]
+
+
+def _stub_folder():
+    """A CPU torch wheel lacks one generated header of c10/cuda: a stub of it, in a folder whose path
+    stays the same from run to run (ccache hashes the include paths outside the checkout)."""
+    folder = os.path.join(install_horovod.default_cache(), "compile_checks")
+    stub = os.path.join(folder, "c10", "cuda", "impl", "cuda_cmake_macros.h")
+    if not os.path.exists(stub):
+        os.makedirs(os.path.dirname(stub), exist_ok=True)
+        with open(f"{stub}.{os.getpid()}", "w") as f:
+            f.write("#pragma once\n")
+        os.replace(f"{stub}.{os.getpid()}", stub)
+    return folder
 
 
 def _torch_binding(source, folder, cuda_include):
-    """Syntax only: a CPU torch wheel lacks one generated header, stubbed in `folder`, and the CUDA libraries."""
+    """Compiled without linking: a CPU torch wheel lacks one generated header (stubbed) and the CUDA libraries."""
     import sysconfig
 
     from torch.utils import cpp_extension
 
-    stub = folder / "c10" / "cuda" / "impl"
-    stub.mkdir(parents=True, exist_ok=True)
-    (stub / "cuda_cmake_macros.h").write_text("#pragma once\n")
-    cmd = ["g++", "-std=c++20", "-fsyntax-only", "-Wall", "-Werror", f"-I{folder}", f"-I{cuda_include}"]
+    cmd = ["g++", "-std=c++20", "-Wall", "-Werror", f"-I{_stub_folder()}", f"-I{cuda_include}"]
     cmd += [f"-I{sysconfig.get_paths()['include']}"] + [f"-I{p}" for p in cpp_extension.include_paths()]
-    return cmd + [source]
+    return cmd + _object(source, folder)
 
 
-def _tf_gpu_kernels(source, cuda_include):
+def _tf_gpu_kernels(source, folder, cuda_include):
     """TF's headers as system headers (their own warnings are not ours); -std=c++20 as torch's
     BuildExtension builds the TF library."""
     import tensorflow as tf
@@ -77,11 +82,8 @@ def _tf_gpu_kernels(source, cuda_include):
     flags = []
     for flag in tf.sysconfig.get_compile_flags():
         flags += ["-isystem", flag[2:]] if flag.startswith("-I") else [flag]
-    return (
-        ["g++"]
-        + flags
-        + ["-std=c++20", "-fsyntax-only", "-Wall", "-Werror", "-DGOOGLE_CUDA=1", "-isystem", cuda_include, source]
-    )
+    cmd = ["g++", *flags, "-std=c++20", "-Wall", "-Werror", "-DGOOGLE_CUDA=1", "-isystem", cuda_include]
+    return cmd + _object(source, folder)
 
 
 def _commands(folder):
@@ -100,7 +102,7 @@ def _commands(folder):
             import tensorflow  # noqa: F401
         except ImportError:
             return checks
-        checks.update({("tf", s): _tf_gpu_kernels(s, cuda_include) for s in TF_FAMILIES})
+        checks.update({("tf", s): _tf_gpu_kernels(s, folder, cuda_include) for s in TF_FAMILIES})
     return checks
 
 
@@ -110,14 +112,18 @@ def ran(tmp_path_factory):
     on one core, and the suite runs in one): {(check, source): (command, exit code, output)}.
     The tests each read their own."""
     commands = _commands(tmp_path_factory.mktemp("compiled"))
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
 
-    def run(cmd):
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    def run(key, cmd):
+        # The compiles go through ccache (tests/compile_cache.py): run from the checkout, they share
+        # their objects with a run from another clone.
+        shown, env = (cmd, dict(os.environ)) if key[0] == "horovodrun" else compile_cache.command(cmd, ROOT)
+        result = subprocess.run(
+            shown, capture_output=True, text=True, timeout=300, env=dict(env, TF_CPP_MIN_LOG_LEVEL="3"), cwd=ROOT
+        )
         return cmd, result.returncode, result.stdout + result.stderr
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        futures = {key: pool.submit(run, cmd) for key, cmd in commands.items()}
+        futures = {key: pool.submit(run, key, cmd) for key, cmd in commands.items()}
         return {key: future.result() for key, future in futures.items()}
 
 

@@ -4,19 +4,25 @@ only a framework and Horovod: torch 2.13 (CPU), TensorFlow without torch, and th
 torch 2.14.1 (its CUDA kernels compile here; nothing runs them without a GPU). Each runs from a
 folder outside the checkout, so only the installed package can be imported.
 
-About 3 minutes on the 2-core machine with the three environments built side by side (5 one after
-the other), the CUDA build the longest (one architecture, TORCH_CUDA_ARCH_LIST=9.0)."""
+The frameworks are installed once per machine, each into an environment kept in the cache folder
+(`framework_layer`), which the fresh environments reach through a .pth file; Horovod, the build
+tools and sparsecomm are installed into each fresh environment, and the sdist's compiles go
+through ccache (tests/compile_cache.py). The three environments are built side by side."""
 
 import concurrent.futures
 import glob
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 
+import compile_cache
 import pytest
+from build_driver import cached_path
 from paths import ROOT
 from setuptools import find_packages
 
@@ -107,9 +113,33 @@ def horovod_wheel():
     return wheels[0]
 
 
-def fresh_venv(path, *packages):
-    """A new virtual environment at `path` with `packages`; returns its python."""
+def framework_layer(*packages):
+    """The site-packages folder of an environment holding `packages` (a framework and what Horovod
+    needs at run time), built once per machine for each set of them and kept in the cache folder:
+    installing torch's CUDA build alone writes 5.4 GB. Sets unused for a day are removed."""
+    key = hashlib.sha256("\0".join([sys.version, *packages]).encode()).hexdigest()[:16]
+    layer = cached_path(os.path.join(install_horovod.default_cache(), "install_layers"), key, "venv")
+    if not os.path.exists(os.path.join(layer, "complete")):
+        partial = f"{layer}.{os.getpid()}"
+        shutil.rmtree(partial, ignore_errors=True)
+        run([sys.executable, "-m", "venv", partial], cwd=os.path.dirname(partial))
+        run([os.path.join(partial, "bin", "python"), "-m", "pip", "install", "-q", *packages], cwd=partial)
+        open(os.path.join(partial, "complete"), "w").close()
+        try:
+            os.rename(partial, layer)
+        except OSError:  # another session's build got there first
+            shutil.rmtree(partial, ignore_errors=True)
+    (site,) = glob.glob(os.path.join(layer, "lib", "python*", "site-packages"))
+    return site
+
+
+def fresh_venv(path, layer, *packages):
+    """A new virtual environment at `path` that reaches `layer` (framework_layer) through a .pth file,
+    with the build tools and `packages` installed into it; returns its python."""
     run([sys.executable, "-m", "venv", path], cwd=path.parent)
+    (site,) = glob.glob(str(path / "lib" / "python*" / "site-packages"))
+    with open(os.path.join(site, "framework_layer.pth"), "w") as f:
+        f.write(layer + "\n")
     python = str(path / "bin" / "python")
     run([python, "-m", "pip", "install", "-q", "setuptools>=69", "wheel", *packages], cwd=path, env=venv_env(path))
     return python
@@ -118,9 +148,11 @@ def fresh_venv(path, *packages):
 def install_sdist(python, venv, sdist, **extra_env):
     """The docs' command, with a pip cache of the venv's own that must stay free of sparsecomm: pip
     keeps a wheel built from an sdist under the sdist's path and installs it in any environment
-    (the three builds here share one sdist, so a cached torch build could land in the TF one)."""
+    (the three builds here share one sdist, so a cached torch build could land in the TF one). pip
+    builds in a temporary folder, which ccache's paths are made relative to."""
     cache = venv / "pip-cache"
     env = dict(venv_env(venv), PIP_CACHE_DIR=str(cache), **extra_env)
+    env.update(compile_cache.env_for(tempfile.gettempdir(), env["PATH"]))
     proc = run([python, "-m", "pip", *INSTALL, sdist], cwd=venv, env=env)
     assert glob.glob(str(cache / "**" / "sparsecomm-*.whl"), recursive=True) == [], "pip cached the build"
     return proc
@@ -128,7 +160,7 @@ def install_sdist(python, venv, sdist, **extra_env):
 
 def framework_venv(venv, sdist, framework_pin):
     """A fresh environment at `venv` with one framework, the Horovod wheel and the sdist installed."""
-    python = fresh_venv(venv, framework_pin, horovod_wheel(), *install_horovod.RUNTIME_DEPS)
+    python = fresh_venv(venv, framework_layer(framework_pin, *install_horovod.RUNTIME_DEPS), horovod_wheel())
     install_sdist(python, venv, sdist)
     return venv, python
 
@@ -138,7 +170,7 @@ def cuda_build(venv, sdist):
     with nvcc: CUDA_HOME comes from the nvcc found; one architecture keeps the build short."""
     if shutil.which("nvcc") is None:
         pytest.skip("no nvcc on the PATH: the CUDA build needs the CUDA toolkit")
-    python = fresh_venv(venv, "torch==2.14.1", "pytest>=8,<10")
+    python = fresh_venv(venv, framework_layer("torch==2.14.1", "pytest>=8,<10"))
     install_sdist(python, venv, sdist, TORCH_CUDA_ARCH_LIST="9.0")
     return venv, python
 
