@@ -57,11 +57,11 @@ $(VENV)/.stamp-build: $(VENV)/.stamp-horovod setup.py $(CSRC)
 
 # The whole suite: kernels vs references, compressors, horovodrun multi-rank runs (torch and
 # TF), and the CUDA compile check (nvcc -c of every .cu, whenever nvcc exists). TEST_WORKERS=N:
-# N pytest-xdist workers, a test file each at a time (their module fixtures launch once); on 2 cores
-# the suite is CPU-bound and one process (0) loses little (docs/testing.md).
-TEST_WORKERS ?= 0
+# N pytest-xdist workers; the tests that start processes run on one of them, one after another, and
+# the single-process files beside them (tests/conftest.py); TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: build lint
-	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # Style (configs: pyproject.toml's [tool.ruff], .clang-format); the versions are pinned in
 # requirements.txt, since a formatter's output changes between releases.

@@ -47,6 +47,39 @@ def _built_sched_yield():
     return built
 
 
+# Under pytest-xdist (make test: two workers, --dist loadgroup), the tests that start processes
+# (horovodrun, torchrun, pip, compilers) run as one group, one after another on one worker, and the
+# single-process files beside them on the other workers, a file at a time (a module's fixtures run
+# once). Two multi-rank jobs side by side would each wait on peers that the other's ranks keep off
+# the cores. (xdist's own xdist_group marks rename node ids, which pytest 9 no longer allows.)
+SINGLE_PROCESS = ("compressors", "ops")
+PROCESSES = "processes"
+
+
+def _group(nodeid):
+    """The group of a test: PROCESSES, or its file for a single-process test."""
+    path = nodeid.split("::")[0].split("/")
+    return "/".join(path) if len(path) > 2 and path[1] in SINGLE_PROCESS else PROCESSES
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        def _split_scope(self, nodeid):
+            return _group(nodeid)
+
+    config.option.loadscopereorder = False  # the groups in collection order: PROCESSES first
+    return Groups(config, log)
+
+
+def pytest_collection_modifyitems(config, items):
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection sets the groups' order
+        items.sort(key=lambda item: _group(item.nodeid) != PROCESSES)
+
+
 # The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU
 # (tests/cuda_emulation/build_torch_binding.py): a device for the op tests, on CPU tensors.
 EMULATED = "cuda-emulated"
