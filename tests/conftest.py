@@ -62,6 +62,7 @@ def _group(nodeid):
     return "/".join(path) if len(path) > 2 and path[1] in SINGLE_PROCESS else PROCESSES
 
 
+@pytest.hookimpl(optionalhook=True)  # an environment without xdist runs the op tests too (test_install.py)
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
