@@ -6,9 +6,10 @@
 
 CI (.ci/run) prints the 20 longest files after the suite.
 
-The tests run one after the other (TEST_WORKERS=0), so each test's start is the suite's start
-plus the times of the tests before it. Idle is vmstat's `id` column averaged over a file's
-samples; a file shorter than vmstat's interval may have none, and without the log none has (-)."""
+A test's start is its `started` property (tests/conftest.py writes it; make test's two workers run
+tests side by side), or else the suite's start plus the times of the tests before it. Idle is
+vmstat's `id` column averaged over a file's samples; a file shorter than vmstat's interval may have
+none, and without the log none has (-)."""
 
 import argparse
 import collections
@@ -25,7 +26,9 @@ def test_spans(junit_path):
     spans = []
     for case in suite.iter("testcase"):
         seconds = float(case.get("time"))
-        spans.append((case.get("classname"), start, seconds))
+        started = case.find("properties/property[@name='started']")
+        begun = start if started is None else datetime.datetime.fromtimestamp(float(started.get("value")))
+        spans.append((case.get("classname"), begun, seconds))
         start += datetime.timedelta(seconds=seconds)
     return spans
 

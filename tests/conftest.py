@@ -47,19 +47,25 @@ def _built_sched_yield():
     return built
 
 
-# Under pytest-xdist (make test: two workers, --dist loadgroup), the tests that start processes
-# (horovodrun, torchrun, pip, compilers) run as one group, one after another on one worker, and the
-# single-process files beside them on the other workers, a file at a time (a module's fixtures run
-# once). Two multi-rank jobs side by side would each wait on peers that the other's ranks keep off
-# the cores. (xdist's own xdist_group marks rename node ids, which pytest 9 no longer allows.)
-SINGLE_PROCESS = ("compressors", "ops")
-PROCESSES = "processes"
+# Under pytest-xdist (make test: two workers, --dist loadgroup), the multi-rank tests run as one
+# group, one after another on one worker: two multi-rank jobs side by side would each wait on peers
+# that the other's ranks keep off the cores. Every other file is a group of its own (a module's
+# fixtures run once), handed to whichever worker is free: the tools' files (builds, installs, the
+# benchmark's runs) first, then the single-process files. (xdist's own xdist_group marks rename
+# node ids, which pytest 9 no longer allows.)
+MULTIRANK = "tests/multirank/"
+ORDER = (MULTIRANK, "tests/tools/")
 
 
 def _group(nodeid):
-    """The group of a test: PROCESSES, or its file for a single-process test."""
-    path = nodeid.split("::")[0].split("/")
-    return "/".join(path) if len(path) > 2 and path[1] in SINGLE_PROCESS else PROCESSES
+    """The group of a test: every multi-rank test one group, any other test its file."""
+    path = nodeid.split("::")[0]
+    return MULTIRANK if path.startswith(MULTIRANK) else path
+
+
+def _rank(nodeid):
+    """Where a test's group stands in the order the scheduler hands groups out."""
+    return next((i for i, prefix in enumerate(ORDER) if nodeid.startswith(prefix)), len(ORDER))
 
 
 @pytest.hookimpl(optionalhook=True)  # an environment without xdist runs the op tests too (test_install.py)
@@ -72,13 +78,13 @@ def pytest_xdist_make_scheduler(config, log):
         def _split_scope(self, nodeid):
             return _group(nodeid)
 
-    config.option.loadscopereorder = False  # the groups in collection order: PROCESSES first
+    config.option.loadscopereorder = False  # the groups in collection order (ORDER)
     return Groups(config, log)
 
 
 def pytest_collection_modifyitems(config, items):
     if hasattr(config, "workerinput"):  # an xdist worker: its collection sets the groups' order
-        items.sort(key=lambda item: _group(item.nodeid) != PROCESSES)
+        items.sort(key=lambda item: _rank(item.nodeid))
 
 
 # The torch CUDA binding (csrc/torch/cuda.cpp) over the CUDA launchers executed on the CPU
@@ -136,15 +142,23 @@ def host_binding(request):
 _LAUNCHED = []  # every test's multi-rank jobs, from whichever process ran it (an xdist worker too)
 
 
+_STARTED = pytest.StashKey[float]()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Each test phase's report carries the jobs it launched (tests/launch.py), to the process
-    that prints the summary."""
+    that prints the summary; the teardown's, when the test started (seconds since the epoch), which
+    the JUnit XML keeps for scripts/suite_profile.py (tests of two workers overlap)."""
     from launch import LAUNCHES
 
     report = (yield).get_result()
     report.user_properties.extend(("launched", list(launch)) for launch in LAUNCHES)
     LAUNCHES.clear()
+    if call.when == "setup":
+        item.stash[_STARTED] = call.start
+    elif call.when == "teardown" and _STARTED in item.stash:
+        report.user_properties.append(("started", f"{item.stash[_STARTED]:.3f}"))
 
 
 def pytest_runtest_logreport(report):

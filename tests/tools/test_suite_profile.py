@@ -46,3 +46,27 @@ def test_top_keeps_the_longest_files_and_a_missing_log_leaves_idle_unknown(tmp_p
         "| `tests.b` | 20 | 57.1% | 1 | - |",
         "| all | 35 | | 3 | |",
     ]
+
+
+def test_tests_of_two_workers_start_where_their_started_property_says(tmp_path):
+    """Two workers: a.x runs 0-10 s and b.z 2-22 s beside it (their `started` property, which
+    tests/conftest.py writes); without it b.z would start at 10 s."""
+    import datetime
+
+    epoch = datetime.datetime(2026, 1, 1).timestamp()  # local time, as vmstat -t prints it
+
+    def case(name, test, started, seconds):
+        started = f'<properties><property name="started" value="{epoch + started:.3f}"/></properties>'
+        return f'<testcase classname="{name}" name="{test}" time="{seconds}">{started}</testcase>'
+
+    junit = JUNIT.split("<testcase")[0] + case("tests.a", "x", 0, 10.0) + case("tests.b", "z", 2, 20.0)
+    (tmp_path / "junit.xml").write_text(junit + "</testsuite></testsuites>\n")
+    (tmp_path / "vmstat.log").write_text(VMSTAT)
+    out = subprocess.run(
+        [sys.executable, SCRIPT, "junit.xml", "vmstat.log"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert out.stdout.splitlines()[2:] == [
+        "| `tests.b` | 20 | 66.7% | 1 | 50% |",
+        "| `tests.a` | 10 | 33.3% | 1 | 40% |",
+        "| all | 30 | | 2 | |",
+    ], out.stdout + out.stderr
