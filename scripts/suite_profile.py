@@ -1,4 +1,4 @@
-"""Where the suite's time goes, per test file: seconds, tests, and how idle the cores were.
+"""Where the suite's time goes, per test file: seconds, tests, how idle the cores were, CPU seconds.
 
     vmstat -t 10 > vmstat.log &            # the cores' idle share, every 10 s
     make test PYTEST_ARGS="--junitxml=junit.xml"
@@ -9,7 +9,8 @@ CI (.ci/run) prints the 20 longest files after the suite.
 A test's start is its `started` property (tests/conftest.py writes it; make test's two workers run
 tests side by side), or else the suite's start plus the times of the tests before it. Idle is
 vmstat's `id` column averaged over a file's samples; a file shorter than vmstat's interval may have
-none, and without the log none has (-)."""
+none, and without the log none has (-). CPU seconds are the `cpu` property (the test's process and
+the processes it started and waited for; - where no test of the file has it)."""
 
 import argparse
 import collections
@@ -18,17 +19,22 @@ import os
 import xml.etree.ElementTree as ElementTree
 
 
+def _property(case, name):
+    found = case.find(f"properties/property[@name='{name}']")
+    return None if found is None else float(found.get("value"))
+
+
 def test_spans(junit_path):
-    """[(test file, start, seconds)] in run order, from pytest's JUnit XML."""
+    """[(test file, start, seconds, CPU seconds or None)] in run order, from pytest's JUnit XML."""
     root = ElementTree.parse(junit_path).getroot()
     suite = root.find("testsuite") if root.tag == "testsuites" else root
     start = datetime.datetime.fromisoformat(suite.get("timestamp")).replace(tzinfo=None)
     spans = []
     for case in suite.iter("testcase"):
         seconds = float(case.get("time"))
-        started = case.find("properties/property[@name='started']")
-        begun = start if started is None else datetime.datetime.fromtimestamp(float(started.get("value")))
-        spans.append((case.get("classname"), begun, seconds))
+        started = _property(case, "started")
+        begun = start if started is None else datetime.datetime.fromtimestamp(started)
+        spans.append((case.get("classname"), begun, seconds, _property(case, "cpu")))
         start += datetime.timedelta(seconds=seconds)
     return spans
 
@@ -49,15 +55,21 @@ def idle_samples(vmstat_path):
 
 
 def per_file(spans, samples):
-    """{test file: [seconds, tests, idle percents seen]}."""
-    files = collections.defaultdict(lambda: [0.0, 0, []])
-    for name, start, seconds in spans:
+    """{test file: [seconds, tests, idle percents seen, CPU seconds or None]}."""
+    files = collections.defaultdict(lambda: [0.0, 0, [], None])
+    for name, start, seconds, cpu in spans:
         end = start + datetime.timedelta(seconds=seconds)
         row = files[name]
         row[0] += seconds
         row[1] += 1
         row[2].extend(idle for when, idle in samples if start <= when <= end)
+        if cpu is not None:
+            row[3] = (row[3] or 0.0) + cpu
     return files
+
+
+def _cpu(seconds):
+    return "-" if seconds is None else f"{seconds:.0f}"
 
 
 def main():
@@ -68,12 +80,14 @@ def main():
     args = parser.parse_args()
     sampled = args.vmstat and os.path.exists(args.vmstat)
     files = per_file(test_spans(args.junit), idle_samples(args.vmstat) if sampled else [])
-    total = sum(seconds for seconds, _, _ in files.values())
-    print("| test file | seconds | share | tests | cores idle |\n|---|---|---|---|---|")
-    for name, (seconds, tests, idle) in sorted(files.items(), key=lambda item: -item[1][0])[: args.top]:
+    total = sum(row[0] for row in files.values())
+    cpus = [row[3] for row in files.values() if row[3] is not None]
+    print("| test file | seconds | share | tests | cores idle | CPU s |\n|---|---|---|---|---|---|")
+    for name, (seconds, tests, idle, cpu) in sorted(files.items(), key=lambda item: -item[1][0])[: args.top]:
         shown = f"{sum(idle) / len(idle):.0f}%" if idle else "-"
-        print(f"| `{name}` | {seconds:.0f} | {seconds / total:.1%} | {tests} | {shown} |")
-    print(f"| all | {total:.0f} | | {sum(tests for _, tests, _ in files.values())} | |")
+        print(f"| `{name}` | {seconds:.0f} | {seconds / total:.1%} | {tests} | {shown} | {_cpu(cpu)} |")
+    tests = sum(row[1] for row in files.values())
+    print(f"| all | {total:.0f} | | {tests} | | {_cpu(sum(cpus) if cpus else None)} |")
 
 
 if __name__ == "__main__":

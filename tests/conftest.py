@@ -143,13 +143,28 @@ _LAUNCHED = []  # every test's multi-rank jobs, from whichever process ran it (a
 
 
 _STARTED = pytest.StashKey[float]()
+_CPU_AT_START = pytest.StashKey[float]()
+
+
+def _cpu_seconds():
+    """CPU seconds of this process and of the children it has waited for (launchers, their ranks)."""
+    import resource
+
+    usages = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return sum(usage.ru_utime + usage.ru_stime for usage in usages)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_START] = _cpu_seconds()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     """Each test phase's report carries the jobs it launched (tests/launch.py), to the process
-    that prints the summary; the teardown's, when the test started (seconds since the epoch), which
-    the JUnit XML keeps for scripts/suite_profile.py (tests of two workers overlap)."""
+    that prints the summary; the teardown's, when the test started (seconds since the epoch) and
+    the CPU seconds it used, which the JUnit XML keeps for scripts/suite_profile.py (tests of two
+    workers overlap, and the suite is CPU-bound)."""
     from launch import LAUNCHES
 
     report = (yield).get_result()
@@ -159,6 +174,7 @@ def pytest_runtest_makereport(item, call):
         item.stash[_STARTED] = call.start
     elif call.when == "teardown" and _STARTED in item.stash:
         report.user_properties.append(("started", f"{item.stash[_STARTED]:.3f}"))
+        report.user_properties.append(("cpu", f"{_cpu_seconds() - item.stash[_CPU_AT_START]:.2f}"))
 
 
 def pytest_runtest_logreport(report):
