@@ -89,9 +89,6 @@ def _launch(cmd, summary, timeout):
     """Runs a launcher's command line in a process group of its own: (exit code, output, seconds).
     On a time-out, kills the whole group (no orphaned ranks) and fails the test."""
     env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
-    # Horovod's background thread meets the other ranks every cycle, idle or not: at its default
-    # 1 ms that is a sixth of a TF launch's CPU on 2 shared cores (docs/testing.md).
-    env.setdefault("HOROVOD_CYCLE_TIME", "10")
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
     started = time.monotonic()
     # The ranks' temporary files go to a folder removed with the launch: TF's autograph writes one
