@@ -3,7 +3,8 @@
 `K` is a framework's kernel set (sparsecomm/torch/ops.py and sparsecomm/tensorflow/ops.py
 each build one, `KERNELS`): the compiled ops in a functional form, where every op that
 updates the state returns it (torch updates in place and returns the same tensors), plus
-`numel`, `size`, `gather_float` and `cond` (a Python branch in torch, tf.cond in a graph).
+`numel`, `size`, `gather_float`, `cond` and `where` (Python's branch and conditional expression
+in torch, tf.cond and tf.where in a graph).
 
 acc = residual + (momentum_factor * momentum + grad), element-wise. Every pack returns
 (values, index, residual, momentum): the values to send (or (codes, scales) when quantized),
@@ -165,15 +166,18 @@ def pack_sampled(
         stream = dict(sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
         threshold = K.sample_threshold(grad, residual, ratio, **stream, **state)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
-    count, k = K.size(acc), plan.k  # an integer: compared with the integer bounds of the band, exactly
-    acc, index = K.cond(
-        count > plan.too_many,
-        lambda: K.select_top(acc, index, k),
-        lambda: K.cond(
-            count < plan.too_few, lambda: _every_element(K, grad, residual, momentum, k), lambda: (acc, index)
-        ),
-    )
+    if plan.sample_count:  # (with none, every element is a candidate: the band holds)
+        acc, index = _within_band(K, plan, acc, index, lambda: _every_element(K, grad, residual, momentum, plan.k))
     return _send(K, acc, index, residual, momentum, masking, value_dtype or K.dtype(grad), bits)
+
+
+def _within_band(K, plan, acc, index, every_element):
+    """The candidates brought into the plan's band: above it, their exact top k (a selection,
+    not a branch: select_top keeps min(count, k), so within the band it keeps them all, which
+    spares a TF graph a tf.cond); below it, every_element()."""
+    count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
+    acc_top, index_top = K.select_top(acc, index, K.where(count > plan.too_many, plan.k, count))
+    return K.cond(count < plan.too_few, every_element, lambda: (acc_top, index_top))
 
 
 COMPOSITES = (pack_above, pack_topk, pack_rtopk, pack_indices, pack_randomk, pack_sampled)

@@ -56,7 +56,8 @@ def block_unpack(values, numel, start, scale=1.0):
 
 
 def _flat(x):
-    return tf.reshape(x, [-1])
+    """x (a tensor or an array) as a 1-D tensor: a 1-D tensor as it is, with no op."""
+    return x if isinstance(x, (tf.Tensor, tf.Variable)) and x.shape.rank == 1 else tf.reshape(x, [-1])
 
 
 def _numel(grad):
@@ -75,7 +76,7 @@ def _given(out, state):
 
 
 def _i64(x):
-    return tf.cast(x, tf.int64)
+    return tf.constant(x, tf.int64) if isinstance(x, int) else tf.cast(x, tf.int64)
 
 
 def sample_threshold(
@@ -236,6 +237,7 @@ class _Kernels:
     gather = staticmethod(tf.gather)
     gather_float = staticmethod(lambda x, index: tf.cast(tf.gather(_flat(x), index), tf.float32))
     cond = staticmethod(tf.cond)
+    where = staticmethod(tf.where)
 
 
 KERNELS = _Kernels()

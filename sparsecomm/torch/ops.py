@@ -318,7 +318,10 @@ class _Kernels:
     place and returned as it is."""
 
     sample_threshold = staticmethod(sample_threshold)
-    select_top = staticmethod(select_top)
+
+    @staticmethod
+    def select_top(acc, index, k):  # every candidate kept: no copy
+        return (acc, index) if k >= acc.numel() else select_top(acc, index, k)
 
     @staticmethod
     def random_k_indices(like, k, *, seed, tensor_id, step):  # at most every element
@@ -348,6 +351,7 @@ class _Kernels:
     gather = staticmethod(lambda x, index: x[index.long()])
     gather_float = staticmethod(lambda x, index: x.reshape(-1)[index.long()].float())
     cond = staticmethod(lambda pred, then, otherwise: then() if pred else otherwise())
+    where = staticmethod(lambda pred, then, otherwise: then if pred else otherwise)
 
 
 KERNELS = _Kernels()

@@ -80,3 +80,13 @@ def test_bad_arguments_are_named():
         ops.block_unpack(tf.zeros(3), 10, 10)
     with pytest.raises((TypeError, tf.errors.InvalidArgumentError, tf.errors.NotFoundError)):
         ops.block_pack(tf.zeros(10, tf.int32), None, 0, 1)
+
+
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_the_installed_self_test_passes_here_on_numpy_inputs(framework, capsys):
+    """python -m sparsecomm.selftest (what sparsecomm.info and the quick check run from an install)
+    hands the ops numpy arrays, not tensors: every check passes here too, so that a wrapper that
+    takes only tensors fails this file, not only test_install.py's fresh environments."""
+    from sparsecomm import selftest
+
+    assert selftest.main(["--framework", framework]) == 0, capsys.readouterr().out

@@ -10,6 +10,7 @@ import torch
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
+from sparsecomm.core import packing  # noqa: E402
 from sparsecomm.tensorflow import ops as tf_ops  # noqa: E402
 from sparsecomm.torch import ops as torch_ops  # noqa: E402
 
@@ -270,6 +271,28 @@ def test_tf_threshold_rank_uses_the_double_ratio(ratio):
             tf_ops.pack_sampled(_tf(grad), _tf(residual), ratio, **kw)[1],
             torch_ops.pack_sampled(grad, residual.clone(), ratio, **kw)[1],
         )
+
+
+@pytest.mark.parametrize("count,kept", [(3, "every"), (4, "all"), (6, "all"), (7, "top"), (12, "top")])
+@pytest.mark.parametrize("framework", ["torch", "tf"])
+def test_the_band_keeps_its_bounds_exactly_in_both_kernel_sets(framework, count, kept):
+    """The sampled pack's band of 4 to 6 candidates for k = 5, at and beyond its bounds: below it
+    every element's top k, within it (bounds included) every candidate, above it the exact top 5 of
+    the candidates (ties: lower index), in index order; against numpy, in graph for TF."""
+    acc = np.array([0.5, -3.0, 2.0, 2.0, -1.0, 4.0, 0.25, -2.0, 1.0, 3.0, -0.5, 2.0][:count], np.float32)
+    index = np.arange(0, 2 * count, 2, dtype=np.int32)
+    order = sorted(range(count), key=lambda i: (-abs(acc[i]), i))[:5] if kept == "top" else range(count)
+    want_acc, want_index = (acc[sorted(order)], index[sorted(order)]) if kept != "every" else (acc[:1], index[:1])
+    plan = packing.Plan(ratio=0.5, sample_count=1, k=5, too_few=4, too_many=6)
+    if framework == "torch":
+        every = lambda: (torch.from_numpy(acc[:1]), torch.from_numpy(index[:1]))  # noqa: E731
+        got = packing._within_band(torch_ops.KERNELS, plan, torch.from_numpy(acc), torch.from_numpy(index), every)
+    else:
+        every = lambda: (tf.constant(acc[:1]), tf.constant(index[:1]))  # noqa: E731
+        within = tf.function(lambda a, i: packing._within_band(tf_ops.KERNELS, plan, a, i, every))
+        got = within(tf.constant(acc), tf.constant(index))
+    np.testing.assert_array_equal(np.asarray(got[0]), want_acc)
+    np.testing.assert_array_equal(np.asarray(got[1]), want_index)
 
 
 def _assert_dgc_ops_same(torch_dtype, tf_dtype, graph, scale_momentum_step, **momentum):
