@@ -12,7 +12,7 @@
 //     dequantize
 //   the steps that differ by device, over tensors (each says why where it is defined):
 //     sample_threshold<T>, accumulate_candidates<T> (allocates outputs 0 and 1), select_top
-//     (likewise), sparse_unpack<T>, random_k_indices
+//     and select_every<T> (likewise), sparse_unpack<T>, random_k_indices
 //   CpuDevice only: wire_rows, wire_columns<T> (allocates outputs 0 and 1); their GPU kernels
 //   run them on host memory (select.cc says why)
 #pragma once

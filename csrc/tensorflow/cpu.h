@@ -64,6 +64,18 @@ class CpuDevice {
     return output_vector(1, i.data(), kept);
   }
 
+  // select_top of every element of `every` as a candidate: accumulate_candidates' pass with no
+  // state at threshold 0 (which NaN passes too), then the selection, on this op's own lists.
+  template <typename T>
+  absl::Status select_every(const Tensor& every, int64_t k) const {
+    std::vector<float> acc;
+    std::vector<int32_t> index;
+    cpu::accumulate_candidates(raw<T>(every), Feedback{}, every.NumElements(), 0.0f, acc, index);
+    const int64_t kept = cpu::select_top(acc.data(), index.data(), int64_t(acc.size()), k);
+    TF_RETURN_IF_ERROR(output_vector(0, acc.data(), kept));
+    return output_vector(1, index.data(), kept);
+  }
+
   // Sums duplicates in input order directly (the GPU sorts the indices first).
   template <typename T>
   absl::Status sparse_unpack(const Tensor& values, const Tensor& index, UnpackScale scale, Tensor* dense) const {

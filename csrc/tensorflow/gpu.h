@@ -3,8 +3,9 @@
 // CUDA builds); syntax-checked without a GPU by tests/test_build.py, never run on one so far.
 //
 // Host synchronisation: once, in accumulate_candidates (the number of candidates sizes its
-// outputs). Nothing else waits for the device: the threshold stays there, select_top's size
-// min(count, k) is known on the host, and index ranges are not checked (check_index).
+// outputs), and once more in select_every, for a tensor below its band. Nothing else waits for
+// the device: the threshold stays there, select_top's size min(count, k) is known on the host,
+// and index ranges are not checked (check_index).
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -92,6 +93,26 @@ class GpuDevice {
       return cuda::select_top(acc.flat<float>().data(), index.flat<int32_t>().data(), count, k,
                               acc_top->flat<float>().data(), index_top->flat<int32_t>().data(), scratch, stream_);
     });
+  }
+
+  // select_top of every element of `every` as a candidate, as the CPU's: the candidate pass with
+  // no state at a threshold of 0 into temporaries, then the selection. A tensor below its band
+  // only: its count is brought to the host once more.
+  template <typename T>
+  absl::Status select_every(const Tensor& every, int64_t k) const {
+    const int64_t numel = every.NumElements();
+    Tensor zero, offsets, acc, index;
+    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({1}), &zero));
+    float* threshold = zero.flat<float>().data();
+    TF_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(threshold, 0, sizeof(float), stream_), "zeroing"));
+    int64_t total = 0;
+    TF_RETURN_IF_ERROR(count_candidates(raw<T>(every), Feedback{}, numel, threshold, &offsets, &total));
+    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({total}), &acc));
+    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_INT32, TensorShape({total}), &index));
+    cuda::compact_candidates(raw<T>(every), numel, threshold, offsets.flat<int64_t>().data(), acc.flat<float>().data(),
+                             index.flat<int32_t>().data(), stream_);
+    TF_RETURN_IF_ERROR(launched());
+    return select_top(acc, index, k);
   }
 
   // Duplicates add in input order, deterministically: a stable sort groups them (threads

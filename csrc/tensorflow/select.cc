@@ -245,6 +245,52 @@ class SelectTopOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_CPU), SelectTopOp<CpuDevice>);
 
+// ---- SparsecommSelectBand ----
+// A sampled selection brought into its band (sparsecomm/core/packing.py, Plan) in one op, not a
+// tf.cond, whose two branch functions cost a graph more than the ops in them: fewer than too_few
+// candidates, the top k of every element of `every` (the tensor that holds each element's acc; a
+// second, read-only pass); more than too_many, the top k of the candidates; else the candidates.
+REGISTER_OP("SparsecommSelectBand")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("k: int >= 0")
+    .Attr("too_few: int")
+    .Attr("too_many: int")
+    .Input("acc: float")
+    .Input("index: int32")
+    .Input("every: T")
+    .Output("acc_out: float")
+    .Output("index_out: int32")
+    .SetShapeFn([](InferenceContext* c) { return unknown_vectors(c, 0, 2); });
+
+template <typename Device, typename T>
+class SelectBandOp : public OpKernel {
+ public:
+  explicit SelectBandOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("k", &k_));
+    OP_REQUIRES_OK(c, c->GetAttr("too_few", &too_few_));
+    OP_REQUIRES_OK(c, c->GetAttr("too_many", &too_many_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& acc = c->input(0);
+    const Tensor& index = c->input(1);
+    OP_REQUIRES_OK(c, check_pair(acc, index, "acc", "index"));
+    const int64_t count = acc.NumElements();  // known on the host: no device is waited for
+    if (count < too_few_) {
+      OP_REQUIRES_OK(c, check_indexable(c->input(2).NumElements()));
+      OP_REQUIRES_OK(c, Device(c).template select_every<T>(c->input(2), k_));
+    } else if (count > too_many_) {
+      OP_REQUIRES_OK(c, Device(c).select_top(acc, index, k_));
+    } else {
+      c->set_output(0, acc);
+      c->set_output(1, index);
+    }
+  }
+
+ private:
+  int64_t k_, too_few_, too_many_;
+};
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSelectBand").Device(DEVICE_CPU), "T", SelectBandOp, CpuDevice);
+
 // ---- SparsecommSendSelected ----
 REGISTER_OP("SparsecommSendSelected")
     .Attr("dtype: {float, half, bfloat16}")
@@ -469,6 +515,7 @@ SC_REGISTER_FLOAT_KERNELS(Name("SparsecommAccumulate").Device(DEVICE_GPU), "T", 
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommMomentumStep").Device(DEVICE_GPU), "T", MomentumStepOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSumOfSquares").Device(DEVICE_GPU), "T", SumOfSquaresOp, GpuDevice);
 REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_GPU).HostMemory("k"), SelectTopOp<GpuDevice>);
+SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSelectBand").Device(DEVICE_GPU), "T", SelectBandOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_GPU), "dtype", SendSelectedOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_GPU), "T", SparseUnpackOp, GpuDevice);
 // The wire rows' GPU kernels are the CPU pass on host memory (TF's own Pack does this for

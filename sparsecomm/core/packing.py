@@ -3,8 +3,7 @@
 `K` is a framework's kernel set (sparsecomm/torch/ops.py and sparsecomm/tensorflow/ops.py
 each build one, `KERNELS`): the compiled ops in a functional form, where every op that
 updates the state returns it (torch updates in place and returns the same tensors), plus
-`numel`, `size`, `gather_float`, `cond` and `where` (Python's branch and conditional expression
-in torch, tf.cond and tf.where in a graph).
+`numel`, `dtype`, `gather` and `gather_float`.
 
 acc = residual + (momentum_factor * momentum + grad), element-wise. Every pack returns
 (values, index, residual, momentum): the values to send (or (codes, scales) when quantized),
@@ -38,12 +37,6 @@ def pack_above(K, grad, residual, threshold, *, momentum=None, momentum_factor=0
         grad, residual, threshold, momentum=momentum, momentum_factor=momentum_factor
     )
     return _send(K, acc, index, residual, momentum, masking, K.dtype(grad))
-
-
-def _every_element(K, grad, residual, momentum, k):
-    """The exact top k of every element's acc (a second, read-only pass)."""
-    acc, index, _, _ = K.accumulate_candidates(_accumulated(grad, residual, momentum), None, 0.0)
-    return K.select_top(acc, index, k)
 
 
 @dataclass(frozen=True)
@@ -91,11 +84,7 @@ def top_candidates(
         stream = dict(sample_ratio=sample_ratio, seed=seed, tensor_id=tensor_id, step=step)
         threshold = K.sample_threshold(grad, residual, plan.ratio, **stream, **state)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
-    k = plan.k
-    acc, index = K.cond(
-        K.size(acc) < k, lambda: _every_element(K, grad, residual, momentum, k), lambda: K.select_top(acc, index, k)
-    )
-    return acc, index, residual, momentum
+    return (*_within_band(K, plan, acc, index, _accumulated(grad, residual, momentum)), residual, momentum)
 
 
 def pack_topk(K, grad, residual, k, *, masking=True, **selection):
@@ -167,17 +156,16 @@ def pack_sampled(
         threshold = K.sample_threshold(grad, residual, ratio, **stream, **state)
     acc, index, residual, momentum = K.accumulate_candidates(grad, residual, threshold, **state)
     if plan.sample_count:  # (with none, every element is a candidate: the band holds)
-        acc, index = _within_band(K, plan, acc, index, lambda: _every_element(K, grad, residual, momentum, plan.k))
+        acc, index = _within_band(K, plan, acc, index, _accumulated(grad, residual, momentum))
     return _send(K, acc, index, residual, momentum, masking, value_dtype or K.dtype(grad), bits)
 
 
-def _within_band(K, plan, acc, index, every_element):
-    """The candidates brought into the plan's band: above it, their exact top k (a selection,
-    not a branch: select_top keeps min(count, k), so within the band it keeps them all, which
-    spares a TF graph a tf.cond); below it, every_element()."""
-    count = K.size(acc)  # an integer: compared with the integer bounds of the band, exactly
-    acc_top, index_top = K.select_top(acc, index, K.where(count > plan.too_many, plan.k, count))
-    return K.cond(count < plan.too_few, every_element, lambda: (acc_top, index_top))
+def _within_band(K, plan, acc, index, every):
+    """The candidates (acc, index) brought into the plan's band: below it, the exact top k of
+    every element of `every` (the tensor that holds each element's acc: a second, read-only
+    pass); above it, the exact top k of the candidates; within it, the candidates. One op in a
+    TF graph, where a branch would cost a tf.cond (K.select_band)."""
+    return K.select_band(acc, index, every, plan.k, plan.too_few, plan.too_many)
 
 
 COMPOSITES = (pack_above, pack_topk, pack_rtopk, pack_indices, pack_randomk, pack_sampled)

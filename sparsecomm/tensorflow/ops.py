@@ -165,6 +165,14 @@ def select_top(acc, index, k):
     return tuple(_lib.sparsecomm_select_top(acc, index, _i64(k)))
 
 
+def select_band(acc, index, every, k, too_few, too_many):
+    """A selection brought into its band in one op: fewer than too_few candidates, the top k of
+    every element of `every` (the tensor holding each element's acc); more than too_many, the
+    top k of the candidates; else the candidates as they are (sparsecomm.core.packing.Plan)."""
+    band = dict(k=int(k), too_few=int(too_few), too_many=int(too_many))
+    return tuple(_lib.sparsecomm_select_band(acc, index, _flat(every), **band))
+
+
 def send_selected(acc, index, residual, dtype, *, momentum=None, masking=True):
     """(values, residual, momentum): values in `dtype`; sent elements keep their rounding error."""
     values, res, mom = _lib.sparsecomm_send_selected(
@@ -219,7 +227,7 @@ class _Kernels:
     sample_threshold = staticmethod(sample_threshold)
     accumulate_candidates = staticmethod(accumulate_candidates)
     accumulate = staticmethod(accumulate)
-    select_top = staticmethod(select_top)
+    select_band = staticmethod(select_band)
     send_selected = staticmethod(send_selected)
     send_quantized = staticmethod(send_quantized)
 
@@ -232,12 +240,9 @@ class _Kernels:
         return random_k_indices(numel, min(k, numel), seed=seed, tensor_id=tensor_id, step=step)
 
     numel = staticmethod(_numel)
-    size = staticmethod(tf.size)
     dtype = staticmethod(lambda t: t.dtype)
     gather = staticmethod(tf.gather)
     gather_float = staticmethod(lambda x, index: tf.cast(tf.gather(_flat(x), index), tf.float32))
-    cond = staticmethod(tf.cond)
-    where = staticmethod(tf.where)
 
 
 KERNELS = _Kernels()

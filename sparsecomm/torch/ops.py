@@ -320,8 +320,12 @@ class _Kernels:
     sample_threshold = staticmethod(sample_threshold)
 
     @staticmethod
-    def select_top(acc, index, k):  # every candidate kept: no copy
-        return (acc, index) if k >= acc.numel() else select_top(acc, index, k)
+    def select_band(acc, index, every, k, too_few, too_many):  # TF's select_band, composed
+        if acc.numel() < too_few:
+            acc, index = accumulate_candidates(every, None, 0.0)
+        elif acc.numel() <= too_many:
+            return acc, index
+        return select_top(acc, index, k)
 
     @staticmethod
     def random_k_indices(like, k, *, seed, tensor_id, step):  # at most every element
@@ -346,12 +350,9 @@ class _Kernels:
         return (*send_quantized(acc, index, residual, bits, momentum=momentum, masking=masking), residual, momentum)
 
     numel = staticmethod(torch.Tensor.numel)
-    size = staticmethod(torch.Tensor.numel)
     dtype = staticmethod(lambda t: t.dtype)
     gather = staticmethod(lambda x, index: x[index.long()])
     gather_float = staticmethod(lambda x, index: x.reshape(-1)[index.long()].float())
-    cond = staticmethod(lambda pred, then, otherwise: then() if pred else otherwise())
-    where = staticmethod(lambda pred, then, otherwise: then if pred else otherwise)
 
 
 KERNELS = _Kernels()

@@ -273,26 +273,26 @@ def test_tf_threshold_rank_uses_the_double_ratio(ratio):
         )
 
 
-@pytest.mark.parametrize("count,kept", [(3, "every"), (4, "all"), (6, "all"), (7, "top"), (12, "top")])
+@pytest.mark.parametrize("count,kept", [(0, "every"), (3, "every"), (4, "all"), (6, "all"), (7, "top"), (12, "top")])
 @pytest.mark.parametrize("framework", ["torch", "tf"])
 def test_the_band_keeps_its_bounds_exactly_in_both_kernel_sets(framework, count, kept):
     """The sampled pack's band of 4 to 6 candidates for k = 5, at and beyond its bounds: below it
-    every element's top k, within it (bounds included) every candidate, above it the exact top 5 of
-    the candidates (ties: lower index), in index order; against numpy, in graph for TF."""
+    the top 5 of every element (of the tensor that holds acc, NaN as +inf), within it (bounds
+    included) every candidate, above it the top 5 of the candidates (ties: lower index), in index
+    order; against numpy, in a graph for TF."""
     acc = np.array([0.5, -3.0, 2.0, 2.0, -1.0, 4.0, 0.25, -2.0, 1.0, 3.0, -0.5, 2.0][:count], np.float32)
     index = np.arange(0, 2 * count, 2, dtype=np.int32)
-    order = sorted(range(count), key=lambda i: (-abs(acc[i]), i))[:5] if kept == "top" else range(count)
-    want_acc, want_index = (acc[sorted(order)], index[sorted(order)]) if kept != "every" else (acc[:1], index[:1])
+    every = np.array([0.1, -0.7, np.nan, 0.3, -0.7, 0.9, 0.2, -0.4, 0.6], np.float32)
+    top = lambda x: sorted(sorted(range(len(x)), key=lambda i: (-np.nan_to_num(abs(x[i]), nan=np.inf), i))[:5])  # noqa: E731
+    want = {"every": (every[top(every)], top(every)), "all": (acc, index), "top": (acc[top(acc)], index[top(acc)])}
     plan = packing.Plan(ratio=0.5, sample_count=1, k=5, too_few=4, too_many=6)
     if framework == "torch":
-        every = lambda: (torch.from_numpy(acc[:1]), torch.from_numpy(index[:1]))  # noqa: E731
-        got = packing._within_band(torch_ops.KERNELS, plan, torch.from_numpy(acc), torch.from_numpy(index), every)
+        got = packing._within_band(torch_ops.KERNELS, plan, *map(torch.from_numpy, (acc, index, every)))
     else:
-        every = lambda: (tf.constant(acc[:1]), tf.constant(index[:1]))  # noqa: E731
-        within = tf.function(lambda a, i: packing._within_band(tf_ops.KERNELS, plan, a, i, every))
-        got = within(tf.constant(acc), tf.constant(index))
-    np.testing.assert_array_equal(np.asarray(got[0]), want_acc)
-    np.testing.assert_array_equal(np.asarray(got[1]), want_index)
+        within = tf.function(lambda *xs: packing._within_band(tf_ops.KERNELS, plan, *xs))
+        got = within(*map(tf.constant, (acc, index, every.reshape(3, 3))))
+    np.testing.assert_array_equal(np.asarray(got[0]), want[kept][0])
+    np.testing.assert_array_equal(np.asarray(got[1]), want[kept][1])
 
 
 def _assert_dgc_ops_same(torch_dtype, tf_dtype, graph, scale_momentum_step, **momentum):
