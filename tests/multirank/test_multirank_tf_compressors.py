@@ -184,6 +184,17 @@ def test_ratio_one_equals_dense(run, config):
             torch.testing.assert_close(got[name], dense[name], **tol)
 
 
+def test_the_retraced_configs_traced_their_step_twice_and_the_others_once(run):
+    """The state carrying across two traces is checked by the replay of the configs that retrace:
+    one per compressor class, and its quantized and warm-up forms (tests/workers/tf_train.py)."""
+    retraced = {"random_block_0.1", "randomk_0.1", "topk_0.1", "rtopk_0.1", "threshold_0.1"}
+    retraced |= {"threshold_0.1_2bit", "dgc_0.1", "dgc_0.05_warmup_clip"}
+    traced = {config for config in REPLAYS if f"{config}/traces" in run[0]}
+    assert traced == set(REPLAYS) - {"topk_0.1_eager", "topk_0.1_allreduce"}
+    for config in traced:
+        assert int(run[0][f"{config}/traces"]) == (2 if config in retraced else 1), config
+
+
 def test_plain_unnamed_variables_get_unique_names_in_stats(run):
     for rank in run:
         for config in (c for c in REPLAYS if c.startswith("plain_")):
