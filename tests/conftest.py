@@ -51,20 +51,35 @@ def _built_sched_yield():
 # group, one after another on one worker: two multi-rank jobs side by side would each wait on peers
 # that the other's ranks keep off the cores. Every other file is a group of its own (a module's
 # fixtures run once), handed to whichever worker is free: the tools' files (builds, installs, the
-# benchmark's runs) first, then the single-process files. (xdist's own xdist_group marks rename
-# node ids, which pytest 9 no longer allows.)
+# benchmark's runs) first, then the single-process files, then the LATE multi-rank files, short
+# torch launches that a worker out of other work takes beside the group's last launches. (xdist's
+# own xdist_group marks rename node ids, which pytest 9 no longer allows.)
 MULTIRANK = "tests/multirank/"
 ORDER = (MULTIRANK, "tests/tools/")
+LATE = tuple(
+    f"{MULTIRANK}test_{name}.py"
+    for name in (
+        "multirank_spardl",
+        "multirank_torch_options",
+        "multirank_torch",
+        "multirank_torch_state",
+        "multirank_torch_loss_scale",
+        "multirank_torch_nonfinite",
+    )
+)
 
 
 def _group(nodeid):
-    """The group of a test: every multi-rank test one group, any other test its file."""
+    """The group of a test: its file for a LATE one, every other multi-rank test one group, any
+    other test its file."""
     path = nodeid.split("::")[0]
-    return MULTIRANK if path.startswith(MULTIRANK) else path
+    return MULTIRANK if path.startswith(MULTIRANK) and path not in LATE else path
 
 
 def _rank(nodeid):
     """Where a test's group stands in the order the scheduler hands groups out."""
+    if nodeid.split("::")[0] in LATE:
+        return len(ORDER) + 1
     return next((i for i, prefix in enumerate(ORDER) if nodeid.startswith(prefix)), len(ORDER))
 
 

@@ -94,3 +94,10 @@ def test_the_suite_records_when_each_test_started_and_its_cpu_with_its_children(
     found = {p.get("name"): float(p.get("value")) for p in case.iter("property")}
     assert before <= found["started"] <= time.time(), found
     assert 0.5 <= found["cpu"] < 5, found
+
+
+def test_every_late_multi_rank_file_exists():
+    """A LATE file renamed or removed would leave a stale name behind (tests/conftest.py)."""
+    from conftest import LATE
+
+    assert LATE and all(os.path.exists(os.path.join(ROOT, path)) for path in LATE), LATE
