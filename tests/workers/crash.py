@@ -79,7 +79,7 @@ def tf_training():
 
         return tf.identity(x), grad
 
-    @tf.function
+    @tf.function(autograph=False)  # docs/testing.md, "TF workers"
     def step(x, y):
         with tf.GradientTape() as tape:
             hidden = tf.nn.relu(x @ watched(w0) + b0)

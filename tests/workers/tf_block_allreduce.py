@@ -32,7 +32,7 @@ residuals = {
 }
 
 
-@tf.function
+@tf.function(autograph=False)  # docs/testing.md, "TF workers"
 def exchange(grad, residual, step, name, numel, length):
     start = ops.random_block_start(SEED, selection.tensor_id(name), step, numel)
     values, residual_out = ops.block_pack(grad, residual.read_value(), start, length)
@@ -64,7 +64,7 @@ idx = common.rows(0, hvd.rank(), hvd.size(), len(y_all))
 w = tf.Variable(tf.zeros([64, 10]))
 
 
-@tf.function
+@tf.function(autograph=False)  # docs/testing.md, "TF workers"
 def train_step(x, y):
     with tf.GradientTape() as tape:
         loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=x @ w))

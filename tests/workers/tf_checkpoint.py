@@ -33,7 +33,7 @@ def build(make_compression):
     ]
     compression = make_compression(variables)  # all four unnamed ("Variable"): state goes by position
 
-    @tf.function
+    @tf.function(autograph=False)  # docs/testing.md, "TF workers"
     def step(x, y):
         with tf.GradientTape() as tape:
             hidden = tf.nn.relu(x @ variables[0] + variables[1])

@@ -90,7 +90,7 @@ def main():
         def make_step(model, compression):
             variables = [v for _, v in model]
 
-            @tf.function
+            @tf.function(autograph=False)  # docs/testing.md, "TF workers"
             def step(xb, yb):
                 with tf.GradientTape() as tape:
                     loss = loss_of(model, xb, yb)

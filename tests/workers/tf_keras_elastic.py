@@ -91,7 +91,7 @@ def main():
             # Horovod's tape calls .ref() on its sources, which Keras 3 variables lack: their tf.Variables
             sources = [v.value for v in variables]
 
-            @tf.function
+            @tf.function(autograph=False)  # docs/testing.md, "TF workers"
             def step(xb, yb):
                 with tf.GradientTape() as tape:
                     loss = LOSS(yb, branch(xb, training=True))

@@ -57,7 +57,7 @@ class Run:
         self.poison = tf.Variable(0.0)
         kernel = self.model.layers[0].kernel
 
-        @tf.function
+        @tf.function(autograph=False)  # docs/testing.md, "TF workers"
         def step(x, y):
             with tf.GradientTape() as tape:
                 logits = self.model(x)
