@@ -2,6 +2,7 @@
 // launchers, on the host.
 #pragma once
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include "../cpu/launchers.h"
@@ -43,16 +44,8 @@ class CpuDevice {
   // instead; cpu::kept_capacity says why they are reused).
   template <typename T>
   absl::Status accumulate_candidates(const Tensor& grad, const Feedback& fb, const Tensor& threshold) const {
-    static thread_local std::vector<float> acc;
-    static thread_local std::vector<int32_t> index;
-    acc.clear();
-    index.clear();
-    cpu::accumulate_candidates(raw<T>(grad), fb, grad.NumElements(), threshold.flat<float>()(0), acc, index);
-    absl::Status status = output_vector(0, acc.data(), int64_t(acc.size()));
-    if (status.ok()) status = output_vector(1, index.data(), int64_t(index.size()));
-    cpu::kept_capacity(acc);
-    cpu::kept_capacity(index);
-    return status;
+    auto [acc, index] = candidates<T>(grad, fb, threshold.flat<float>()(0));
+    return output_kept(acc, index, int64_t(acc.size()));
   }
 
   // cpu::select_top works in place: on copies, the inputs being read-only (the GPU sorts).
@@ -65,15 +58,11 @@ class CpuDevice {
   }
 
   // select_top of every element of `every` as a candidate: accumulate_candidates' pass with no
-  // state at threshold 0 (which NaN passes too), then the selection, on this op's own lists.
+  // state at threshold 0 (which NaN passes too), then the selection in place, on the same lists.
   template <typename T>
   absl::Status select_every(const Tensor& every, int64_t k) const {
-    std::vector<float> acc;
-    std::vector<int32_t> index;
-    cpu::accumulate_candidates(raw<T>(every), Feedback{}, every.NumElements(), 0.0f, acc, index);
-    const int64_t kept = cpu::select_top(acc.data(), index.data(), int64_t(acc.size()), k);
-    TF_RETURN_IF_ERROR(output_vector(0, acc.data(), kept));
-    return output_vector(1, index.data(), kept);
+    auto [acc, index] = candidates<T>(every, Feedback{}, 0.0f);
+    return output_kept(acc, index, cpu::select_top(acc.data(), index.data(), int64_t(acc.size()), k));
   }
 
   // Sums duplicates in input order directly (the GPU sorts the indices first).
@@ -113,6 +102,28 @@ class CpuDevice {
   }
 
  private:
+  // The candidates of a pass, appended to this thread's lists, which are reused from call to call
+  // (one pair per element type; output_kept gives back a list that grew too large).
+  template <typename T>
+  static std::pair<std::vector<float>&, std::vector<int32_t>&> candidates(const Tensor& grad, const Feedback& fb,
+                                                                          float threshold) {
+    static thread_local std::vector<float> acc;
+    static thread_local std::vector<int32_t> index;
+    acc.clear();
+    index.clear();
+    cpu::accumulate_candidates(raw<T>(grad), fb, grad.NumElements(), threshold, acc, index);
+    return {acc, index};
+  }
+
+  // Outputs 0 and 1: the first n of candidates' lists; then their capacity kept or given back.
+  absl::Status output_kept(std::vector<float>& acc, std::vector<int32_t>& index, int64_t n) const {
+    absl::Status status = output_vector(0, acc.data(), n);
+    if (status.ok()) status = output_vector(1, index.data(), n);
+    cpu::kept_capacity(acc);
+    cpu::kept_capacity(index);
+    return status;
+  }
+
   // Output `output`: a vector holding data[0, n).
   template <typename V>
   absl::Status output_vector(int output, const V* data, int64_t n) const {

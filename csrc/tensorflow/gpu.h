@@ -61,25 +61,11 @@ class GpuDevice {
   // Threads cannot append to one list in index order: count per tile, scan, then compact.
   template <typename T>
   absl::Status accumulate_candidates(const Tensor& grad, const Feedback& fb, const Tensor& threshold) const {
-    const int64_t numel = grad.NumElements();
-    const float* t = threshold.flat<float>().data();
-    Tensor offsets;
-    int64_t total = 0;
-    TF_RETURN_IF_ERROR(count_candidates(raw<T>(grad), fb, numel, t, &offsets, &total));
-    Tensor *acc = nullptr, *index = nullptr;
-    TF_RETURN_IF_ERROR(c_->allocate_output(0, TensorShape({total}), &acc));
-    TF_RETURN_IF_ERROR(c_->allocate_output(1, TensorShape({total}), &index));
-    // acc is read back from the tensor that now holds it (feedback.h): residual, momentum or grad.
-    const float* state = fb.residual_out ? fb.residual_out : fb.momentum_out;
-    const int64_t* offset = offsets.flat<int64_t>().data();
-    if (state) {
-      cuda::compact_candidates(state, numel, t, offset, acc->flat<float>().data(), index->flat<int32_t>().data(),
-                               stream_);
-    } else {
-      cuda::compact_candidates(raw<T>(grad), numel, t, offset, acc->flat<float>().data(), index->flat<int32_t>().data(),
-                               stream_);
-    }
-    return launched();
+    auto outputs = [&](int64_t total, Tensor** acc, Tensor** index) {
+      TF_RETURN_IF_ERROR(c_->allocate_output(0, TensorShape({total}), acc));
+      return c_->allocate_output(1, TensorShape({total}), index);
+    };
+    return candidates(raw<T>(grad), fb, grad.NumElements(), threshold.flat<float>().data(), outputs);
   }
 
   // A stable sort by magnitude instead of the CPU's in-place selection (sort.cu).
@@ -100,18 +86,17 @@ class GpuDevice {
   // only: its count is brought to the host once more.
   template <typename T>
   absl::Status select_every(const Tensor& every, int64_t k) const {
-    const int64_t numel = every.NumElements();
-    Tensor zero, offsets, acc, index;
+    Tensor zero, acc, index;
     TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({1}), &zero));
     float* threshold = zero.flat<float>().data();
     TF_RETURN_IF_ERROR(cuda_status(cudaMemsetAsync(threshold, 0, sizeof(float), stream_), "zeroing"));
-    int64_t total = 0;
-    TF_RETURN_IF_ERROR(count_candidates(raw<T>(every), Feedback{}, numel, threshold, &offsets, &total));
-    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({total}), &acc));
-    TF_RETURN_IF_ERROR(c_->allocate_temp(DT_INT32, TensorShape({total}), &index));
-    cuda::compact_candidates(raw<T>(every), numel, threshold, offsets.flat<int64_t>().data(), acc.flat<float>().data(),
-                             index.flat<int32_t>().data(), stream_);
-    TF_RETURN_IF_ERROR(launched());
+    auto temporaries = [&](int64_t total, Tensor** acc_out, Tensor** index_out) {
+      *acc_out = &acc;
+      *index_out = &index;
+      TF_RETURN_IF_ERROR(c_->allocate_temp(DT_FLOAT, TensorShape({total}), &acc));
+      return c_->allocate_temp(DT_INT32, TensorShape({total}), &index);
+    };
+    TF_RETURN_IF_ERROR(candidates(raw<T>(every), Feedback{}, every.NumElements(), threshold, temporaries));
     return select_top(acc, index, k);
   }
 
@@ -153,6 +138,29 @@ class GpuDevice {
     Tensor scratch;
     TF_RETURN_IF_ERROR(c_->allocate_temp(DT_INT8, TensorShape({int64_t(launch(nullptr))}), &scratch));
     launch(scratch.flat<int8_t>().data());
+    return launched();
+  }
+
+  // count_candidates, then the candidates compacted into the two tensors that allocate(total,
+  // &acc, &index) makes (the op's outputs, or temporaries). acc is read back from the tensor that
+  // now holds it (feedback.h): residual, momentum or grad.
+  template <typename S, typename Allocate>
+  absl::Status candidates(const S* grad, const Feedback& fb, int64_t numel, const float* threshold,
+                          Allocate allocate) const {
+    Tensor offsets;
+    int64_t total = 0;
+    TF_RETURN_IF_ERROR(count_candidates(grad, fb, numel, threshold, &offsets, &total));
+    Tensor *acc = nullptr, *index = nullptr;
+    TF_RETURN_IF_ERROR(allocate(total, &acc, &index));
+    const float* state = fb.residual_out ? fb.residual_out : fb.momentum_out;
+    const int64_t* offset = offsets.flat<int64_t>().data();
+    float* acc_data = acc->flat<float>().data();
+    int32_t* index_data = index->flat<int32_t>().data();
+    if (state) {
+      cuda::compact_candidates(state, numel, threshold, offset, acc_data, index_data, stream_);
+    } else {
+      cuda::compact_candidates(grad, numel, threshold, offset, acc_data, index_data, stream_);
+    }
     return launched();
   }
 
