@@ -1,3 +1,4 @@
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -14,6 +15,34 @@ sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def pytest_configure(config):
+    _share_digits()
+    _preload_sched_yield()
+
+
+def pytest_unconfigure(config):
+    for folder in _DIGITS_FOLDER:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+_DIGITS_FOLDER = []  # the folder this process saved the digits in, if it did
+
+
+def _share_digits():
+    """The workers' digits (common.digits), saved once a session where every process the suite starts
+    reads them: a rank then skips importing scikit-learn. An xdist worker inherits the controller's."""
+    import tempfile
+
+    import common
+
+    if os.environ.get(common.DIGITS_FILE) or importlib.util.find_spec("sklearn") is None:
+        return
+    _DIGITS_FOLDER.append(tempfile.mkdtemp(prefix="sparsecomm-digits-"))
+    path = os.path.join(_DIGITS_FOLDER[0], "digits.npz")
+    common.save_digits(path)
+    os.environ[common.DIGITS_FILE] = path
+
+
+def _preload_sched_yield():
     """Preloads tests/sched_yield.c into every process the suite starts (ranks, launchers, pip):
     4-6 ranks on 2 cores spend less time spinning (docs/testing.md). SPARSECOMM_TEST_SCHED_YIELD=os
     keeps the system's sched_yield; without a C compiler, so does the suite."""
