@@ -1,35 +1,15 @@
-"""`python -m sparsecomm.check` (what `make check` runs): a real --quick run on this machine
-(without a GPU the cuda steps SKIP with the reason, and the CPU ones PASS, the 2-rank horovodrun
-training included); the verdict and exit code on fabricated results; and the decisions of the
-GPU paths (which backend, or why a step cannot run) on fabricated environments, since this
-machine and CI have no GPU to take them."""
+"""`python -m sparsecomm.check` (what `make check` runs): the verdict and exit code on fabricated
+results; the op test step's two routes (a checkout's pytest, an install's self-test) run for
+real; and the decisions of the GPU paths (which backend, or why a step cannot run) on fabricated
+environments, since this machine and CI have no GPU to take them. A whole --quick run, from an
+installed package as a user runs it: test_install.py."""
 
 import dataclasses
 import json
 import re
-import subprocess
-import sys
-
-import torch
-from launch import LAUNCHES
 
 from sparsecomm.check import cli, environment, report, steps
 from sparsecomm.check.report import FAIL, PASS, SKIP, Result
-
-STEPS = [
-    "environment",
-    "op tests (cpu)",
-    "op tests (cuda)",
-    "kernel benchmark (cuda)",
-    "kernel benchmark (cpu)",
-    "DDP hook step (cuda)",
-    "DDP hook step (cpu)",
-    "2-rank training (cpu)",
-    "2-rank training (cuda)",
-    "DDP training (cpu)",
-    "DDP training (cuda)",
-]
-CUDA_STEPS = [s for s in STEPS if "cuda" in s]
 
 
 def _row(table, step):
@@ -37,51 +17,6 @@ def _row(table, step):
     line = next(line for line in table.splitlines() if line.startswith(step + "  "))
     status, _seconds, detail = line[len(step) :].split(maxsplit=2)
     return status, detail
-
-
-def test_quick_check_on_this_machine(tmp_path):
-    out = tmp_path / "check.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparsecomm.check", "--quick", "--json", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert out.exists(), proc.stdout[-4000:] + proc.stderr[-4000:]
-    result = {s["step"]: s for s in json.loads(out.read_text())["steps"]}
-    LAUNCHES.append(
-        ("horovodrun -np 2 --gloo sparsecomm.check.worker", proc.returncode, result["2-rank training (cpu)"]["seconds"])
-    )
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert list(result) == STEPS
-    table = proc.stdout.rsplit("\nsparsecomm self-check\n", 1)[1]
-    for step, r in result.items():
-        assert _row(table, step) == (r["status"], r["detail"])
-    # strict xfails, where a known divergence is pinned, are reported, not failures
-    assert re.fullmatch(r"\d+ passed(, \d+ xfailed)? \(pytest .*\)", result["op tests (cpu)"]["detail"])
-    assert "x a memcpy" in result["kernel benchmark (cpu)"]["detail"] or torch.cuda.is_available()
-    hook = result["DDP hook step (cpu)"]["detail"]
-    assert (
-        re.match(r"161 tensors of 64x64, 1 rank, against DDP's allreduce step: DGC 0.1% \d+\.\d\dx", hook)
-        or torch.cuda.is_available()
-    )
-    training = result["2-rank training (cpu)"]
-    assert training["status"] == PASS and "ranks bitwise equal" in training["detail"], training
-    ddp = result["DDP training (cpu)"]
-    assert ddp["status"] == PASS and ddp["detail"].startswith("Gloo, 2 ranks: DGC/TopK/Threshold/RandomBlock"), ddp
-    if torch.cuda.is_available():
-        assert all(result[s]["status"] != FAIL for s in CUDA_STEPS), result
-        return
-    assert all(result[s]["status"] == PASS for s in STEPS if s not in CUDA_STEPS), result
-    for step in CUDA_STEPS:
-        assert result[step]["status"] == SKIP
-        assert result[step]["detail"].startswith("no CUDA device (torch.cuda.is_available() is False)")
-    assert (
-        "\nverdict: OK (6 passed, 0 failed, 5 skipped): nothing failed, but these did NOT run here: "
-        + ", ".join(CUDA_STEPS)
-        + "\n"
-        in table
-    )
 
 
 def test_a_failed_step_makes_the_exit_code_1_and_a_skip_does_not(tmp_path, capsys):
@@ -240,6 +175,17 @@ def test_the_kernel_summary_reads_the_largest_size_at_the_smallest_density():
         "4,000 floats at density 0.001: DGC/Threshold pack 2.0x a memcpy, 2.0x faster than torch.topk; "
         "exact top-k pack 8.0x a memcpy, 2.0x slower than torch.topk; copy 0.1 GB/s"
     )
+
+
+def test_the_op_test_step_of_a_checkout_runs_its_op_tests_and_counts_them(monkeypatch):
+    """The checkout's own route (the installed one is test_install.py's), on one of its op test
+    files: the suite runs every one of them already."""
+    env = environment.probe()
+    assert env.tests is not None  # a checkout: its tests/ beside the package
+    monkeypatch.setattr(steps, "OP_TEST_FILES", ("ops/test_torch_block_ops.py",))
+    status, detail = steps.op_tests(env, "cpu", quick=True)
+    assert status == PASS, detail
+    assert re.fullmatch(r"\d+ passed \(pytest -k 'not cuda' tests/\{ops/test_torch_block_ops.py\}\)", detail), detail
 
 
 def test_a_failing_op_test_fails_its_step_and_names_the_test(tmp_path, capsys):

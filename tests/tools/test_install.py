@@ -12,6 +12,7 @@ through ccache (tests/compile_cache.py). The three environments are built side b
 import concurrent.futures
 import glob
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -23,10 +24,12 @@ import tempfile
 import compile_cache
 import pytest
 from build_driver import cached_path
+from launch import LAUNCHES
 from paths import ROOT
 from setuptools import find_packages
 
 from sparsecomm import install_horovod
+from sparsecomm.check.report import PASS
 
 USER_SCRIPTS = os.path.join(ROOT, "tests", "install")
 INSTALL = ["install", "--no-cache-dir", "--no-build-isolation"]  # docs/install.md's command, before the sdist
@@ -228,12 +231,51 @@ def test_info_reports_the_build_and_its_self_test_passes(framework, torch_venv, 
     assert "(installed)" in out and re.search(rf"{framework} kernels \(cpu\) +PASS", out) and "verdict: OK" in out, out
 
 
-def test_the_self_check_runs_from_an_installed_package(torch_venv):
-    """No tests/ beside the package (its op tests are the self-test) and nothing of the benchmarks (tqdm)."""
+# `python -m sparsecomm.check --quick`'s steps, in order; the CPU build of torch skips the cuda ones
+CHECK_STEPS = [
+    "environment",
+    "op tests (cpu)",
+    "op tests (cuda)",
+    "kernel benchmark (cuda)",
+    "kernel benchmark (cpu)",
+    "DDP hook step (cuda)",
+    "DDP hook step (cpu)",
+    "2-rank training (cpu)",
+    "2-rank training (cuda)",
+    "DDP training (cpu)",
+    "DDP training (cuda)",
+]
+
+
+def test_the_self_check_runs_from_an_installed_package(torch_venv, tmp_path):
+    """`make check` as a user runs it: the table, the JSON and the exit code, the CPU steps PASS
+    (the 2-rank horovodrun and torchrun trainings included) and the cuda ones SKIP with the reason.
+    No tests/ beside the package (its op tests are the self-test) and nothing of the benchmarks (tqdm)."""
     venv, python = torch_venv
-    out = run([python, "-m", "sparsecomm.check", "--quick"], cwd=venv, env=venv_env(venv), timeout=600).stdout
-    assert re.search(r"op tests \(cpu\) +PASS .*sparsecomm.selftest", out), out
-    assert re.search(r"2-rank training \(cpu\) +PASS", out) and "verdict: OK" in out, out
+    out = tmp_path / "check.json"
+    command = [python, "-m", "sparsecomm.check", "--quick", "--json", str(out)]
+    proc = run(command, cwd=venv, env=venv_env(venv), timeout=600, check=False)
+    said = proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert proc.returncode == 0 and out.exists(), said
+    result = {s["step"]: s for s in json.loads(out.read_text())["steps"]}
+    LAUNCHES.append(("horovodrun -np 2 --gloo sparsecomm.check.worker", 0, result["2-rank training (cpu)"]["seconds"]))
+    assert list(result) == CHECK_STEPS
+    table = proc.stdout.rsplit("\nsparsecomm self-check\n", 1)[1]
+    for step, r in result.items():
+        row = rf"^{re.escape(step)} +{r['status']} +\S+ +{re.escape(r['detail'])}$"
+        assert re.search(row, table, re.M), (row, table)
+    cuda = [step for step in CHECK_STEPS if "cuda" in step]
+    assert all(result[s]["status"] == PASS for s in CHECK_STEPS if s not in cuda), result
+    assert all(result[s]["detail"].startswith("no CUDA device (torch.cuda.is_available() is False)") for s in cuda)
+    selftest = r"\d+ passed, 0 failed \(python -m sparsecomm.selftest: .*\)"
+    assert re.fullmatch(selftest, result["op tests (cpu)"]["detail"]), result
+    assert "x a memcpy" in result["kernel benchmark (cpu)"]["detail"]
+    hook = result["DDP hook step (cpu)"]["detail"]
+    assert re.match(r"161 tensors of 64x64, 1 rank, against DDP's allreduce step: DGC 0.1% \d+\.\d\dx", hook), hook
+    assert "ranks bitwise equal" in result["2-rank training (cpu)"]["detail"], result
+    assert result["DDP training (cpu)"]["detail"].startswith("Gloo, 2 ranks: DGC/TopK/Threshold/RandomBlock"), result
+    verdict = "\nverdict: OK (6 passed, 0 failed, 5 skipped): nothing failed, but these did NOT run here: "
+    assert verdict + ", ".join(cuda) + "\n" in table, table
 
 
 def test_a_plain_isolated_install_stops_early_naming_the_command(torch_venv, sdist):
