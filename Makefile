@@ -32,7 +32,7 @@ $(VENV)/.stamp-venv: $(VENV)/.stamp-system
 	@scripts/setup_env.sh venv
 	@touch $@
 
-$(VENV)/.stamp-deps: requirements.txt $(VENV)/.stamp-venv
+$(VENV)/.stamp-deps: requirements.txt benchmarks/requirements.txt $(VENV)/.stamp-venv
 	@scripts/setup_env.sh deps
 	@touch $@
 

@@ -45,6 +45,11 @@ deps)
   say "installing requirements.txt into $VENV (torch from the local wheel, TensorFlow from the registry)"
   pip_ install -q -r requirements.txt \
     || fail "pip install -r requirements.txt" "read pip's message above; torch must stay pinned to 2.13.0 (a local CPU wheel)"
+  # The benchmarks' packages, apart: a process sees them once it imports benchmarks (benchmarks/__init__.py).
+  say "installing benchmarks/requirements.txt into $VENV/bench-packages"
+  rm -rf "$VENV/bench-packages"
+  pip_ install -q --target "$VENV/bench-packages" -r benchmarks/requirements.txt \
+    || fail "pip install --target $VENV/bench-packages -r benchmarks/requirements.txt" "read pip's message above"
   ;;
 
 horovod)

@@ -12,6 +12,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "cuda_emulation"))  #
 # The checkout's benchmarks/ (test_bench.py, test_scaling.py), last: an installed sparsecomm that a
 # test's own pytest runs against (test_install.py) comes first.
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchmarks  # noqa: E402, F401  (puts the benchmarks' packages on the path: scikit-learn's digits)
 
 
 def pytest_configure(config):

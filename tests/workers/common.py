@@ -6,7 +6,9 @@ under test."""
 import argparse
 import functools
 import hashlib
+import importlib
 import os
+import sys
 import time
 
 import numpy as np
@@ -155,6 +157,9 @@ def _loaded_digits():
     if saved:
         with np.load(saved) as arrays:
             return arrays["x"], arrays["y"]
+    # run alone: scikit-learn from the benchmarks' packages (benchmarks/requirements.txt)
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    importlib.import_module("benchmarks")
     from sklearn.datasets import load_digits
 
     x, y = load_digits(return_X_y=True)
