@@ -168,7 +168,7 @@ def _loaded_digits():
 
 def save_digits(path):
     """Writes digits() to `path` for the processes that find it in DIGITS_FILE: they skip importing
-    scikit-learn, about 1.2 CPU s a process (tests/conftest.py saves them once a session)."""
+    scikit-learn (tests/conftest.py saves them once a session; docs/testing.md says what it saves)."""
     x, y = _loaded_digits()
     np.savez(path, x=x, y=y)
 
