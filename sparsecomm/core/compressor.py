@@ -89,13 +89,14 @@ class Settings(Hooks):
             cls.__signature__ = arguments.signature(cls.method_type.__name__, cls.framework)
             cls.__doc__ = arguments.documented(cls.__doc__, cls.method_type.__name__, cls.framework)
 
-    def __init__(self, method, min_numel=1024, dense_1d=True, dense=(), **exchange):
-        """`method`: a core Method; the policy's arguments; exchange=, network=, dense_fallback= of
-        the per-rank-coordinate methods (arguments.Given sorts a constructor call into these)."""
+    def __init__(self, method, min_numel=1024, dense_1d=True, dense=(), process_set=None, **exchange):
+        """`method`: a core Method; the policy's arguments; Horovod's process set the compressor runs
+        over (None: every rank); exchange=, network=, dense_fallback= of the per-rank-coordinate
+        methods (arguments.Given sorts a constructor call into these)."""
         self.method = method
         self.policy = Policy.checked(method.owner, min_numel, dense_1d, dense)
         self.planner = Planner(method.owner, method, self.policy, **exchange)
-        self._instance = report.next_instance()  # names the settings check (same on every rank)
+        self._instance = report.next_instance(process_set)  # names the settings check (same on every rank)
         self._world = None  # the number of ranks the settings were checked for (None: check at the next compress)
         self._reset_seen = False  # an elastic reset happened since the last check: adopt rank 0's shared state
 

@@ -1,16 +1,25 @@
 """What a compressor says about itself, written once: its settings text and stats() (the
 cross-rank check of the settings is sparsecomm.core.agreement)."""
 
+import collections
 import itertools
 
-_instances = itertools.count()  # names each compressor's settings check, in construction order (same on every rank)
+# the ranks of a process set -> a count of the compressors built over them (next_instance)
+_instances = collections.defaultdict(itertools.count)
 
 # The per-tensor counters of stats(): what this rank handed the collectives.
 COUNTERS = ("calls", "sent_elements", "dense_bytes", "sent_bytes", "received_bytes")
 
 
-def next_instance():
-    return next(_instances)
+def next_instance(process_set=None):
+    """Names a compressor's settings check: its place among the compressors built before it over
+    the same ranks (`process_set`: Horovod's names its ranks; None, the global set or anything
+    else counts as every rank). So the name is the same on every rank of the set, whatever
+    compressors a rank builds for other sets."""
+    ranks = tuple(getattr(process_set, "ranks", None) or ())
+    if not ranks or getattr(process_set, "process_set_id", None) == 0:
+        return str(next(_instances[()]))
+    return f"{next(_instances[ranks])}.ranks_{'_'.join(map(str, ranks))}"
 
 
 def settings_text(owner, settings):

@@ -60,7 +60,7 @@ class Compressor(_OverHorovod, Settings, tf.Module):
     def __init__(self, *args, **kwargs):
         tf.Module.__init__(self)
         given = arguments.Given(type(self).__name__, self.method_type, self.framework, args, kwargs)
-        Settings.__init__(self, given.method, **given.settings)
+        Settings.__init__(self, given.method, process_set=given.process_set, **given.settings)
         self._name = self.method.owner
         self._process_set = given.process_set
         self._scaler = loss_scaling.checked_scaler(self._name, given.loss_scaler)

@@ -61,7 +61,7 @@ class Compressor(HorovodHooks, _OverCollectives, Settings):
 
     def __init__(self, *args, **kwargs):
         given = arguments.Given(type(self).__name__, self.method_type, self.framework, args, kwargs)
-        super().__init__(given.method, **given.settings)
+        super().__init__(given.method, process_set=given.process_set, **given.settings)
         self._name = self.method.owner
         self.process_set = given.process_set  # the optimizer's (None: all ranks); the agreement check runs over it
         self.collectives = collectives.Horovod(self.process_set)  # a hook's: use_collectives

@@ -181,3 +181,20 @@ def test_the_error_names_a_tensor_absent_on_some_rank_and_the_first_differing_fi
     assert agreement.digest({"a": {"step": 1}, "b": {"step": 2}}) == agreement.digest(
         {"b": {"step": 2}, "a": {"step": 1}}
     )
+
+
+def test_the_check_is_named_by_the_compressors_built_before_it_over_the_same_ranks():
+    """A rank that builds compressors for a process set it is in, and one that is not, name the
+    check of a later compressor over every rank alike (its collectives would wait forever on
+    different names; tests/workers/cross_framework.py --sizes runs this on 4 ranks)."""
+    import horovod.torch as hvd
+
+    from sparsecomm.torch import TopK
+
+    pair = hvd.ProcessSet([0, 1])
+    first = TopK(ratio=0.1)
+    in_the_pair = [TopK(ratio=0.1, process_set=pair) for _ in range(2)]
+    over_all = [TopK(ratio=0.1), TopK(ratio=0.1, process_set=hvd.global_process_set)]
+    assert [int(c._instance) for c in over_all] == [int(first._instance) + 1, int(first._instance) + 2]
+    numbers = [c._instance.split(".") for c in in_the_pair]
+    assert [part for _, part in numbers] == ["ranks_0_1"] * 2 and int(numbers[1][0]) == int(numbers[0][0]) + 1
