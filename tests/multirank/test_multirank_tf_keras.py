@@ -44,17 +44,31 @@ def test_checkpoint_restore_continue_equals_not_stopping(tmp_path):
             assert got[f"{config}/steps"].tolist() == [5, 5, 5, 5]  # restored steps, then 2 more
 
 
-@pytest.mark.parametrize("size", [2, 3, 4], ids=lambda n: f"np{n}")
-def test_torch_and_tf_compressors_give_the_same_bits(tmp_path, size):
+SIZES = (2, 3, 4)
+
+
+@pytest.fixture(scope="module")
+def cross_framework(tmp_path_factory):
+    """The folder where each framework's ranks saved each size: one launch of 4 ranks per
+    framework, the sizes one after another on the first 2, 3 and 4 ranks (the smaller two as
+    process sets: tests/workers/cross_framework.py --sizes)."""
+    out = tmp_path_factory.mktemp("cross_framework")
+    for framework in ("torch", "tf"):
+        sizes = map(str, SIZES)
+        horovodrun(max(SIZES), "cross_framework.py", "--out", out, "--framework", framework, "--sizes", *sizes)
+    return out
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda n: f"np{n}")
+def test_torch_and_tf_compressors_give_the_same_bits(cross_framework, size):
     """Same settings and per-rank gradients (f32, f16, bf16; one with a NaN and +-inf on rank 1
     at step 1) through each framework's hvd.allreduce(..., compression=): every step's result
     and the final residual and momentum are bitwise equal (NaN payloads included), for every
     method (including quantized, warm-up and policy-dense DGC) and exchange (allgather and
-    SparDL; the torch SparDL equals the plain replay on 2-4 ranks, tests/multirank/test_multirank_spardl.py)."""
-    for framework in ("torch", "tf"):
-        horovodrun(size, "cross_framework.py", "--out", tmp_path, "--framework", framework)
+    SparDL; the torch SparDL equals the plain replay on 2-4 ranks, tests/multirank/test_multirank_spardl.py).
+    2 and 3 ranks run as a process set of a 4-rank job, 4 ranks as the job itself."""
     for rank in range(size):
-        torch_out, tf_out = (dict(np.load(tmp_path / f"{f}_rank{rank}.npz")) for f in ("torch", "tf"))
+        torch_out, tf_out = (dict(np.load(cross_framework / f"{f}_np{size}_rank{rank}.npz")) for f in ("torch", "tf"))
         # TF creates a residual for every compressed variable up front; torch on first use
         extra = set(tf_out) - set(torch_out)
         assert set(torch_out) <= set(tf_out) and all("/residual/" in k and not tf_out[k].any() for k in extra), extra

@@ -1,7 +1,11 @@
 """Worker: the same compressors, settings and per-rank gradients through Horovod's own
 allreduce-with-compression, in PyTorch (--framework torch) or TensorFlow (--framework tf).
 Saves what every step returned and the compressor state, for a bitwise comparison of the
-two runs."""
+two runs.
+
+--sizes N ...: one run per N, one after another in the same launch, on the first N ranks: a
+process set of them (the whole job for the largest N; the other ranks wait). One launch then
+covers several sizes, instead of a launch, and each rank's start, per size."""
 
 import argparse
 import os
@@ -16,6 +20,7 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--framework", choices=["torch", "tf"], required=True)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--host-sets", action="store_true", help="only HIERARCHICAL, on the hosts horovodrun's -H gives")
+parser.add_argument("--sizes", type=int, nargs="+", help="runs on the first N ranks, for each N (default: all)")
 args = parser.parse_args()
 
 TENSORS = {"a.weight": ((40, 50), "float32"), "b.weight": ((300,), "float16"), "c.weight": ((7, 33), "bfloat16")}
@@ -57,10 +62,30 @@ if args.host_sets:
 
 
 def init(hvd):
-    """hvd.init, with the hosts' process sets where the hierarchical configs run."""
+    """hvd.init, with the hosts' process sets where the hierarchical configs run: {size: the
+    process set of the first `size` ranks} for --sizes (the global set for the job's size)."""
     from sparsecomm.host_sets import host_process_sets
 
-    hvd.init(process_sets=host_process_sets() if args.host_sets else None)
+    if args.host_sets:
+        hvd.init(process_sets=host_process_sets())
+        return {None: hvd.global_process_set}
+    world = int(os.environ["HOROVOD_SIZE"])
+    sizes = args.sizes or [world]
+    sets = {n: hvd.ProcessSet(list(range(n))) for n in sizes if n != world}
+    hvd.init(process_sets=list(sets.values()))
+    return {n: sets.get(n, hvd.global_process_set) for n in sizes}
+
+
+def save_each(hvd, sets, run, zeros):
+    """run(process_set) -> the arrays of one size, for each size this rank is in, saved under
+    its size; then every rank meets (Horovod shuts down as soon as any rank ends)."""
+    for size, process_set in sets.items():
+        if process_set.included():
+            out = run(process_set)
+            suffix = "" if size is None else f"_np{size}"
+            np.savez(os.path.join(args.out, f"{args.framework}{suffix}_rank{process_set.rank()}.npz"), **out)
+            print(f"{args.framework} rank {process_set.rank()} of {process_set.size()}: {len(out)} arrays")
+    hvd.allreduce(zeros, name="done")
 
 
 # Rank 1's gradient of a.weight at step 1 has a NaN and +-inf (the NaN/Inf policy in both frameworks).
@@ -81,27 +106,31 @@ def run_torch():
 
     import sparsecomm.torch as family
 
-    init(hvd)
+    sets = init(hvd)
     params = {
         n: torch.nn.Parameter(torch.zeros(shape, dtype=getattr(torch, dtype))) for n, (shape, dtype) in TENSORS.items()
     }
-    out = {}
-    for config, (cls, kwargs) in CONFIGS.items():
-        kwargs = dict(kwargs)
-        policy = {} if kwargs.pop("policy", False) else common.EVERY
-        compressor = getattr(family, cls)(named_parameters=list(params.items()), **kwargs, **policy)
-        for step in range(args.steps):
-            for name, p in params.items():
-                p.grad = torch.from_numpy(gradient(name, step, hvd.rank())).to(p.dtype)
-                got = hvd.allreduce(p.grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}")
-                out[f"{config}/{step}/{name}"] = got.float().numpy()
-        for name, per in compressor.stats()["tensors"].items():
-            out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
-        for name, state in compressor.state.parameters.items():
-            for key in ("residual", "momentum"):
-                if getattr(state, key) is not None:
-                    out[f"{config}/{key}/{name}"] = getattr(state, key).numpy()
-    return hvd.rank(), out
+
+    def run(process_set):
+        out, on = {}, set_arguments(hvd, process_set)
+        for config, (cls, kwargs) in CONFIGS.items():
+            kwargs = dict(kwargs)
+            policy = {} if kwargs.pop("policy", False) else common.EVERY
+            compressor = getattr(family, cls)(named_parameters=list(params.items()), **kwargs, **policy, **on)
+            for step in range(args.steps):
+                for name, p in params.items():
+                    p.grad = torch.from_numpy(gradient(name, step, process_set.rank())).to(p.dtype)
+                    got = hvd.allreduce(p.grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}", **on)
+                    out[f"{config}/{step}/{name}"] = got.float().numpy()
+            for name, per in compressor.stats()["tensors"].items():
+                out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
+            for name, state in compressor.state.parameters.items():
+                for key in ("residual", "momentum"):
+                    if getattr(state, key) is not None:
+                        out[f"{config}/{key}/{name}"] = getattr(state, key).numpy()
+        return out
+
+    save_each(hvd, sets, run, torch.zeros(1))
 
 
 def run_tf():
@@ -110,27 +139,37 @@ def run_tf():
 
     import sparsecomm.tensorflow as family
 
-    init(hvd)
+    sets = init(hvd)
     variables = [(n, tf.Variable(tf.zeros(shape, dtype))) for n, (shape, dtype) in TENSORS.items()]
-    out = {}
-    for config, (cls, kwargs) in {**CONFIGS, **(AUTO_HOSTS if args.host_sets else {})}.items():
-        kwargs = dict(kwargs)
-        policy = {} if kwargs.pop("policy", False) else common.EVERY
-        compressor = getattr(family, cls)(variables=variables, **kwargs, **policy)
-        if config in AUTO_HOSTS:
-            measure_hosts_then_set(compressor, out, config)
-        for step in range(args.steps):
-            for name, v in variables:
-                grad = tf.cast(tf.constant(gradient(name, step, hvd.rank())), v.dtype)
-                got = hvd.allreduce(grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}")
-                out[f"{config}/{step}/{name}"] = tf.cast(got, tf.float32).numpy()
-        for name, per in compressor.stats()["tensors"].items():
-            out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
-        for state in compressor.state:
-            for key in ("residual", "momentum"):
-                if getattr(state, key) is not None:
-                    out[f"{config}/{key}/{state.variable_name}"] = getattr(state, key).numpy()
-    return hvd.rank(), out
+
+    def run(process_set):
+        out, on = {}, set_arguments(hvd, process_set)
+        for config, (cls, kwargs) in {**CONFIGS, **(AUTO_HOSTS if args.host_sets else {})}.items():
+            kwargs = dict(kwargs)
+            policy = {} if kwargs.pop("policy", False) else common.EVERY
+            compressor = getattr(family, cls)(variables=variables, **kwargs, **policy, **on)
+            if config in AUTO_HOSTS:
+                measure_hosts_then_set(compressor, out, config)
+            for step in range(args.steps):
+                for name, v in variables:
+                    grad = tf.cast(tf.constant(gradient(name, step, process_set.rank())), v.dtype)
+                    got = hvd.allreduce(grad, op=hvd.Average, compression=compressor, name=f"{config}.{name}", **on)
+                    out[f"{config}/{step}/{name}"] = tf.cast(got, tf.float32).numpy()
+            for name, per in compressor.stats()["tensors"].items():
+                out[f"{config}/exchange/{name}"] = np.array(per.get("exchange", "fixed"))
+            for state in compressor.state:
+                for key in ("residual", "momentum"):
+                    if getattr(state, key) is not None:
+                        out[f"{config}/{key}/{state.variable_name}"] = getattr(state, key).numpy()
+        return out
+
+    save_each(hvd, sets, run, tf.zeros(1))
+
+
+def set_arguments(hvd, process_set):
+    """The process_set= of the compressor and the allreduce: none for the whole job (the default
+    a user leaves), else the set."""
+    return {} if process_set is hvd.global_process_set else {"process_set": process_set}
 
 
 def measure_hosts_then_set(compressor, out, config):
@@ -147,6 +186,4 @@ def measure_hosts_then_set(compressor, out, config):
     compressor._measure_network = measured
 
 
-rank, out = run_torch() if args.framework == "torch" else run_tf()
-np.savez(os.path.join(args.out, f"{args.framework}_rank{rank}.npz"), **out)
-print(f"{args.framework} rank {rank}: {len(out)} arrays")
+run_torch() if args.framework == "torch" else run_tf()
