@@ -38,5 +38,14 @@ def assert_same_params(got, want, what):
 def gathered_selections(numel, per_rank, ranks, dtype, seed):
     """What an allgather brings to unpack: one index-ordered selection per rank, overlapping."""
     gen = torch.Generator().manual_seed(seed)
-    index = torch.cat([torch.randperm(numel, generator=gen)[:per_rank].sort().values for _ in range(ranks)]).int()
+    index = torch.cat([_distinct(numel, per_rank, gen) for _ in range(ranks)]).int()
     return torch.randn(ranks * per_rank, generator=gen).to(dtype), index
+
+
+def _distinct(numel, count, gen):
+    """`count` distinct indices below `numel`, sorted. A permutation of all of them costs a
+    second at the streamed unpacks' 16M elements: there, draw twice as many and keep `count`."""
+    drawn = torch.randint(numel, (2 * count,), generator=gen).unique() if numel >= 4 * count else None
+    if drawn is None or drawn.numel() < count:
+        return torch.randperm(numel, generator=gen)[:count].sort().values
+    return drawn[torch.randperm(drawn.numel(), generator=gen)[:count]].sort().values

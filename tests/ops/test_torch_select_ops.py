@@ -543,11 +543,13 @@ STREAMED_BYTES = 32 << 20  # csrc/cpu/stream.h: kStreamMinBytes, from which the 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("offset", [1, 3, 8])
 @pytest.mark.parametrize("streamed", [False, True])
-def test_unpacks_into_an_unaligned_out_write_exactly_its_elements(device, dtype, offset, streamed):
+def test_unpacks_into_an_unaligned_out_write_exactly_its_elements(request, device, dtype, offset, streamed):
     """The CPU unpacks stream a large output (non-temporal stores, which need 16-byte
     alignment): an `out` that starts and ends off that alignment is written whole, and not one
     element past it on either side; a small output is written through the cache."""
-    large = streamed and device == "cpu"  # (the CUDA unpacks do not stream: small on the other devices)
+    # The CUDA unpacks do not stream: small on the other devices, the emulated one included
+    # (its tensors are on the CPU, so `device` alone does not tell it apart).
+    large = streamed and request.node.callspec.params["device"] == "cpu"
     numel = STREAMED_BYTES // torch.empty(0, dtype=dtype).element_size() + 1 if large else 70_001
     values, index = gathered_selections(numel, 2000, 2, dtype, seed=7)
     buffer = torch.full((numel + 16,), 7.0, dtype=dtype, device=device)
