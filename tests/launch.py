@@ -153,12 +153,35 @@ def ranks_fixture(launch, script, *args, **options):
     return run
 
 
+def sizes_fixture(script, *args, sizes=(2, 3), **options):
+    """A module fixture over `sizes`: (the size, what each of its ranks saved) of `script`, every
+    size from one horovodrun launch on the largest (saved_sizes), made at the first size's setup."""
+    launched = {}
+
+    @pytest.fixture(scope="module", params=sizes, ids=lambda n: f"np{n}")
+    def run(request, tmp_path_factory):
+        if not launched:
+            launched.update(saved_sizes(tmp_path_factory, max(sizes), script, sizes, *args, **options))
+        return request.param, launched[request.param]
+
+    return run
+
+
 def saved_ranks(tmp_path_factory, launch, np, script, *args, **options):
     """Runs `script` by `launch` (horovodrun or torchrun, with `options`) on np ranks, its --out a new
     folder: what each rank saved there, in rank order (_saved())."""
     out = tmp_path_factory.mktemp(f"{os.path.splitext(os.path.basename(script))[0]}_np{np}")
     launch(np, script, "--out", out, *args, **options)
     return [_saved(out, f"rank{r}") for r in range(np)]
+
+
+def saved_sizes(tmp_path_factory, np, script, sizes, *args, **options):
+    """Runs `script` by horovodrun on np ranks with --sizes (tests/workers/common.py's sizes_of:
+    each size in turn on the first N ranks, one launch for all): {size: what each of its ranks
+    saved, in rank order}."""
+    out = tmp_path_factory.mktemp(f"{os.path.splitext(os.path.basename(script))[0]}_sizes")
+    horovodrun(np, script, "--out", out, "--sizes", *sizes, *args, **options)
+    return {size: [_saved(out / f"np{size}", f"rank{r}") for r in range(size)] for size in sizes}
 
 
 def _saved(folder, name):

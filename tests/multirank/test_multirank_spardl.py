@@ -1,14 +1,15 @@
-"""The SparDL exchange and exchange="auto" (PyTorch) under horovodrun -np 2, 3 and 4, against a
-plain-torch replay of the N ranks (tests/simulation.py: each method's selection, then
-simulation.spardl), plus byte counts: SparDL's stay O(k) per rank as N grows, allgather's
-grow with N (measured on 2-4 ranks, and simulated for 8, 16 and 64)."""
+"""The SparDL exchange and exchange="auto" (PyTorch) on 2, 3 and 4 ranks (one horovodrun -np 4,
+the smaller sizes process sets of it), against a plain-torch replay of the N ranks
+(tests/simulation.py: each method's selection, then simulation.spardl), plus byte counts:
+SparDL's stay O(k) per rank as N grows, allgather's grow with N (measured on 2-4 ranks, and
+simulated for 8, 16 and 64)."""
 
 import common
 import pytest
 import reference
 import simulation
 import torch
-from launch import horovodrun, saved_ranks
+from launch import horovodrun, saved_sizes
 from replay import LR, STEPS, replay
 
 from sparsecomm.core import cost, plan, trial
@@ -17,10 +18,15 @@ from sparsecomm.core.plan import OBSERVED_STEPS
 SLOW = cost.Network(bandwidth=1e7, latency=1e-6)
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One launch of 4 ranks: 2 and 3 ranks as process sets of it, then the 4 (common.sizes_of)."""
+    return saved_sizes(tmp_path_factory, 4, "torch_spardl.py", (2, 3, 4), "--steps", STEPS, "--lr", LR, timeout=600)
+
+
 @pytest.fixture(scope="module", params=[2, 3, 4], ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    args = ("--steps", STEPS, "--lr", LR)
-    return saved_ranks(tmp_path_factory, horovodrun, request.param, "torch_spardl.py", *args, timeout=600)
+def run(runs, request):
+    return runs[request.param]
 
 
 def _auto_exchange(size, numel, k):

@@ -1,12 +1,13 @@
-"""Horovod + TensorFlow + sparsecomm's TF op library under horovodrun -np 2 and -np 3,
-against a single-process simulation of the N ranks (plain torch/numpy reference)."""
+"""Horovod + TensorFlow + sparsecomm's TF op library on 2 and 3 ranks (one horovodrun -np 3,
+the 2 ranks a process set of it), against a single-process simulation of the N ranks (plain
+torch/numpy reference)."""
 
 import common
 import numpy as np
 import pytest
 import reference
 import torch
-from launch import horovodrun, ranks_fixture
+from launch import sizes_fixture
 
 pytest.importorskip("tensorflow")
 STEPS, SEED, RATIO = 4, 5, 0.2
@@ -19,7 +20,7 @@ def gradient(name, step, rank):
     return torch.from_numpy(rng.standard_normal(numel).astype(np.float32)).to(dtype)
 
 
-run = ranks_fixture(horovodrun, "tf_block_allreduce.py", "--steps", STEPS)
+run = sizes_fixture("tf_block_allreduce.py", "--steps", STEPS)
 
 
 @pytest.mark.parametrize("name", list(TENSORS))

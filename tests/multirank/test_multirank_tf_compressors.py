@@ -1,6 +1,6 @@
-"""sparsecomm.tensorflow compressors under horovodrun -np 2 and -np 3 with stock
-hvd.DistributedGradientTape in tf.function (plus eager and hvd.allreduce), against a
-single-process plain-torch replay of the N ranks.
+"""sparsecomm.tensorflow compressors on 2 and 3 ranks (one horovodrun -np 3, the 2 ranks a
+process set of it) with stock hvd.DistributedGradientTape in tf.function (plus eager and
+hvd.allreduce), against a single-process plain-torch replay of the N ranks.
 
 The workers record each rank's local gradient at each step; the replay feeds those to the
 reference of each method (tests/simulation.py: error feedback, selection, quantization,
@@ -15,7 +15,7 @@ import pytest
 import reference
 import simulation
 import torch
-from launch import horovodrun, saved_ranks
+from launch import saved_sizes
 from simulation import METHODS, dgc_density
 
 pytest.importorskip("tensorflow")
@@ -135,10 +135,15 @@ def replay(
     return history
 
 
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """One launch of 3 ranks: 2 ranks as a process set of it, then the 3 (common.sizes_of)."""
+    return saved_sizes(tmp_path_factory, 3, "tf_train.py", (2, 3), "--steps", STEPS, "--lr", LR, timeout=600)
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=lambda n: f"np{n}")
-def run(request, tmp_path_factory):
-    args = ("--steps", STEPS, "--lr", LR)
-    return saved_ranks(tmp_path_factory, horovodrun, request.param, "tf_train.py", *args, timeout=600)
+def run(request, runs):
+    return runs[request.param]
 
 
 def params_of(rank, config, step):

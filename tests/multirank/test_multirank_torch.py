@@ -1,15 +1,16 @@
-"""Every compressor under horovodrun -np 2 and -np 3 with stock hvd.DistributedOptimizer
-(tests/workers/torch_train.py, 26 configurations: each method and its options, DGC's warm-up,
-clipping and policy, dense with and without momentum), each rank against a single-process
-simulation of the N ranks (simulated_training.py), and the ranks against each other bit for bit."""
+"""Every compressor on 2 and 3 ranks (one horovodrun -np 3, the 2 ranks a process set of it)
+with stock hvd.DistributedOptimizer (tests/workers/torch_train.py, 26 configurations: each
+method and its options, DGC's warm-up, clipping and policy, dense with and without momentum),
+each rank against a single-process simulation of the N ranks (simulated_training.py), and the
+ranks against each other bit for bit."""
 
 import common
 import pytest
 import torch
-from launch import horovodrun, ranks_fixture
+from launch import sizes_fixture
 from simulated_training import LR, SIMULATIONS, STEPS, assert_history_close, assert_ranks_close, simulated
 
-run = ranks_fixture(horovodrun, "torch_train.py", "--steps", STEPS, "--lr", LR)
+run = sizes_fixture("torch_train.py", "--steps", STEPS, "--lr", LR)
 
 
 @pytest.mark.parametrize("config", list(SIMULATIONS))

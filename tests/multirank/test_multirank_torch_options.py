@@ -1,10 +1,11 @@
-"""hvd.DistributedOptimizer's options with sparsecomm compressors under horovodrun -np 2 and
--np 3, against the plain-torch simulation of test_multirank_torch.py."""
+"""hvd.DistributedOptimizer's options with sparsecomm compressors on 2 and 3 ranks (one
+horovodrun -np 3, the 2 ranks a process set of it), against the plain-torch simulation of
+test_multirank_torch.py."""
 
 import common
 import pytest
 import torch
-from launch import horovodrun, ranks_fixture
+from launch import horovodrun, sizes_fixture
 from simulated_training import assert_history_close, assert_ranks_close, simulate
 
 STEPS, LR = 4, 0.5
@@ -19,7 +20,7 @@ SIMULATIONS = {
 }
 
 
-run = ranks_fixture(horovodrun, "torch_options.py", "--steps", STEPS, "--lr", LR)
+run = sizes_fixture("torch_options.py", "--steps", STEPS, "--lr", LR)
 
 
 @pytest.mark.parametrize("config", list(SIMULATIONS))

@@ -36,13 +36,68 @@ def worker_parser(steps=None, lr=None):
     return parser
 
 
-def start_torch(**init):
-    """hvd.init(**init) for a torch worker, on one thread: the ranks share this machine's cores."""
+def add_sizes_argument(parser):
+    """--sizes N ...: run on the first N ranks, for each N (sizes_of)."""
+    parser.add_argument("--sizes", type=int, nargs="+", help="runs on the first N ranks, for each N (default: all)")
+    return parser
+
+
+def sizes_of(hvd, sizes, **init):
+    """hvd.init(**init), with a process set of the first N ranks for each N of `sizes` below the
+    job's size: {N: that set, or the global set for the job's size}. for_each_size runs them one
+    after another, so that one launch covers several sizes (a launch, and each rank's start,
+    cost more than most workers' runs)."""
+    if not sizes:
+        hvd.init(**init)
+        return {hvd.size(): hvd.global_process_set}
+    world = int(os.environ["HOROVOD_SIZE"])
+    sets = {n: hvd.ProcessSet(list(range(n))) for n in sizes if n != world}
+    hvd.init(process_sets=list(sets.values()), **init)
+    return {n: sets.get(n, hvd.global_process_set) for n in sizes}
+
+
+def set_arguments(hvd, process_set):
+    """The process_set= of a compressor, an optimizer or a collective: none for the whole job (the
+    default a user leaves), else the set."""
+    return {} if process_set is hvd.global_process_set else {"process_set": process_set}
+
+
+def broadcast_torch_model(hvd, model, process_set):
+    """Rank 0's parameters to every rank of `process_set`: hvd.broadcast_parameters, as Horovod's
+    recipe writes it, for the whole job; tensor by tensor in a set (Horovod 0.28.1's
+    broadcast_parameters takes no process set)."""
+    if process_set is hvd.global_process_set:
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        return
+    for name, tensor in model.state_dict().items():
+        hvd.broadcast_(tensor, root_rank=0, name=f"broadcast.{name}", process_set=process_set)
+
+
+def for_each_size(hvd, sets, run, zeros):
+    """run(size, process_set) on each set this rank is in, one after another; then every rank
+    meets in an allreduce of `zeros` (Horovod shuts down as soon as any rank ends)."""
+    for size, process_set in sets.items():
+        if process_set.included():
+            run(size, process_set)
+    hvd.allreduce(zeros, name="sizes.done")
+
+
+def size_folder(out, size):
+    """Where a worker run by sizes saves the ranks of `size` (launch.saved_sizes reads it)."""
+    folder = os.path.join(out, f"np{size}")
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def start_torch(sizes=None, **init):
+    """hvd.init(**init) for a torch worker, on one thread: the ranks share this machine's cores.
+    Returns sizes_of's sets of `sizes`."""
     import horovod.torch as hvd
     import torch
 
-    hvd.init(**init)
+    sets = sizes_of(hvd, sizes, **init)
     torch.set_num_threads(1)
+    return sets
 
 
 def train_compressors(sc):
@@ -409,28 +464,32 @@ class ElasticScenario:
             os._exit(1)
 
 
-def train_recorded(configs, dtypes, steps, lr):
+def train_recorded(configs, dtypes, steps, lr, process_set=None):
     """SGD steps of the digits MLP under hvd.DistributedOptimizer for each config (name -> a
-    function of the model giving its compression; dtypes: name -> the model's dtype where not
-    float32): every rank's local gradients (after backward, before the exchange), exchanged
-    gradients and parameters after every step, and the compressor's final stats and residuals."""
+    function of the model giving its compression, given process_set= where `process_set` is not
+    the whole job; dtypes: name -> the model's dtype where not float32): every rank's local
+    gradients (after backward, before the exchange), exchanged gradients and parameters after
+    every step, and the compressor's final stats and residuals."""
     import horovod.torch as hvd
     import torch
 
+    process_set = process_set or hvd.global_process_set
+    on = set_arguments(hvd, process_set)
     x_all, y_all = digits()
     results = {}
     for config, make_compression in configs.items():
         dtype = dtypes.get(config, torch.float32)
         model = torch_model().to(dtype)
-        compression = make_compression(model)
+        compression = make_compression(model, **on)
         opt = hvd.DistributedOptimizer(
             torch.optim.SGD(model.parameters(), lr=lr),
             named_parameters=model.named_parameters(),
             compression=compression,
+            **on,
         )
         grads, params, exchanged = [], [], []
         for step in range(steps):
-            idx = rows(step, hvd.rank(), hvd.size(), len(y_all))
+            idx = rows(step, process_set.rank(), process_set.size(), len(y_all))
             opt.zero_grad()
             x = torch.from_numpy(x_all[idx]).to(dtype)
             torch.nn.functional.cross_entropy(model(x).float(), torch.from_numpy(y_all[idx])).backward()

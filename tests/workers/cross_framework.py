@@ -3,9 +3,8 @@ allreduce-with-compression, in PyTorch (--framework torch) or TensorFlow (--fram
 Saves what every step returned and the compressor state, for a bitwise comparison of the
 two runs.
 
---sizes N ...: one run per N, one after another in the same launch, on the first N ranks: a
-process set of them (the whole job for the largest N; the other ranks wait). One launch then
-covers several sizes, instead of a launch, and each rank's start, per size."""
+--sizes N ...: one run per N, one after another in the same launch, on the first N ranks
+(common.sizes_of: a process set of them, the whole job for the job's size)."""
 
 import argparse
 import os
@@ -20,8 +19,7 @@ parser.add_argument("--out", required=True)
 parser.add_argument("--framework", choices=["torch", "tf"], required=True)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--host-sets", action="store_true", help="only HIERARCHICAL, on the hosts horovodrun's -H gives")
-parser.add_argument("--sizes", type=int, nargs="+", help="runs on the first N ranks, for each N (default: all)")
-args = parser.parse_args()
+args = common.add_sizes_argument(parser).parse_args()
 
 TENSORS = {"a.weight": ((40, 50), "float32"), "b.weight": ((300,), "float16"), "c.weight": ((7, 33), "bfloat16")}
 # name -> (class name, arguments); every tensor compressed (EVERY) except with "policy"
@@ -62,30 +60,27 @@ if args.host_sets:
 
 
 def init(hvd):
-    """hvd.init, with the hosts' process sets where the hierarchical configs run: {size: the
-    process set of the first `size` ranks} for --sizes (the global set for the job's size)."""
+    """hvd.init, with the hosts' process sets where the hierarchical configs run ({None: the
+    global set}), else with the sets of --sizes (common.sizes_of)."""
     from sparsecomm.host_sets import host_process_sets
 
     if args.host_sets:
         hvd.init(process_sets=host_process_sets())
         return {None: hvd.global_process_set}
-    world = int(os.environ["HOROVOD_SIZE"])
-    sizes = args.sizes or [world]
-    sets = {n: hvd.ProcessSet(list(range(n))) for n in sizes if n != world}
-    hvd.init(process_sets=list(sets.values()))
-    return {n: sets.get(n, hvd.global_process_set) for n in sizes}
+    return common.sizes_of(hvd, args.sizes)
 
 
 def save_each(hvd, sets, run, zeros):
     """run(process_set) -> the arrays of one size, for each size this rank is in, saved under
-    its size; then every rank meets (Horovod shuts down as soon as any rank ends)."""
-    for size, process_set in sets.items():
-        if process_set.included():
-            out = run(process_set)
-            suffix = "" if size is None else f"_np{size}"
-            np.savez(os.path.join(args.out, f"{args.framework}{suffix}_rank{process_set.rank()}.npz"), **out)
-            print(f"{args.framework} rank {process_set.rank()} of {process_set.size()}: {len(out)} arrays")
-    hvd.allreduce(zeros, name="done")
+    its size (none for --host-sets)."""
+
+    def saved(size, process_set):
+        out = run(process_set)
+        suffix = "" if size is None else f"_np{size}"
+        np.savez(os.path.join(args.out, f"{args.framework}{suffix}_rank{process_set.rank()}.npz"), **out)
+        print(f"{args.framework} rank {process_set.rank()} of {process_set.size()}: {len(out)} arrays")
+
+    common.for_each_size(hvd, sets, saved, zeros)
 
 
 # Rank 1's gradient of a.weight at step 1 has a NaN and +-inf (the NaN/Inf policy in both frameworks).
@@ -112,7 +107,7 @@ def run_torch():
     }
 
     def run(process_set):
-        out, on = {}, set_arguments(hvd, process_set)
+        out, on = {}, common.set_arguments(hvd, process_set)
         for config, (cls, kwargs) in CONFIGS.items():
             kwargs = dict(kwargs)
             policy = {} if kwargs.pop("policy", False) else common.EVERY
@@ -143,7 +138,7 @@ def run_tf():
     variables = [(n, tf.Variable(tf.zeros(shape, dtype))) for n, (shape, dtype) in TENSORS.items()]
 
     def run(process_set):
-        out, on = {}, set_arguments(hvd, process_set)
+        out, on = {}, common.set_arguments(hvd, process_set)
         for config, (cls, kwargs) in {**CONFIGS, **(AUTO_HOSTS if args.host_sets else {})}.items():
             kwargs = dict(kwargs)
             policy = {} if kwargs.pop("policy", False) else common.EVERY
@@ -164,12 +159,6 @@ def run_tf():
         return out
 
     save_each(hvd, sets, run, tf.zeros(1))
-
-
-def set_arguments(hvd, process_set):
-    """The process_set= of the compressor and the allreduce: none for the whole job (the default
-    a user leaves), else the set."""
-    return {} if process_set is hvd.global_process_set else {"process_set": process_set}
 
 
 def measure_hosts_then_set(compressor, out, config):

@@ -7,7 +7,8 @@ every step, so the test can replay the exchange with a plain reference, bit for 
 The batch size alternates between two values. The RETRACED configs (one per compressor class,
 its quantized and warm-up forms) trace their step for each batch size, and the compressor state
 must carry across the two traces; the others trace once, for any batch size (a TF trace is
-most of this worker's time)."""
+most of this worker's time). --sizes: each size in turn on the first N ranks (common.sizes_of),
+saved in the folder np<N>."""
 
 import os
 
@@ -18,8 +19,8 @@ import tensorflow as tf
 
 import sparsecomm.tensorflow
 
-args = common.worker_parser(steps=5, lr=0.5).parse_args()
-hvd.init()
+args = common.add_sizes_argument(common.worker_parser(steps=5, lr=0.5)).parse_args()
+SETS = common.sizes_of(hvd, args.sizes)
 x_all, y_all = common.digits()
 BATCHES = (16, 12)  # alternating: two traces of a RETRACED config's step function
 RETRACED = (
@@ -59,13 +60,15 @@ TRAINED = common.train_compressors(sparsecomm.tensorflow)
 
 
 def bound(config, variables=lambda model: model):
-    """The compressor of TRAINED[config], bound to variables(the model's (name, variable) pairs)."""
-    return lambda model: TRAINED[config](dict(variables=variables(model)))
+    """The compressor of TRAINED[config], bound to variables(the model's (name, variable) pairs),
+    over the process set that `on` gives (common.set_arguments)."""
+    return lambda model, on: TRAINED[config](dict(variables=variables(model), **on))
 
 
-# name -> (compression for the model's (name, variable) pairs, DistributedGradientTape options, how the step runs)
+# name -> (compression for the model's (name, variable) pairs and the set's arguments,
+# DistributedGradientTape options, how the step runs)
 CONFIGS = {
-    "dense": (lambda m: hvd.Compression.none, {}),
+    "dense": (lambda m, on: hvd.Compression.none, {}),
     **{config: (bound(config), {}) for config in TRAINED},
     "topk_0.1_sum": (bound("topk_0.1"), {"op": hvd.Sum}),
     "topk_0.1_predivide": (bound("topk_0.1"), {"gradient_predivide_factor": 2.0}),
@@ -80,7 +83,8 @@ CONFIGS = {
 }
 
 
-def make_step(model, compression, options, mode, retraced):
+def make_step(model, compression, options, mode, retraced, on):
+    """The step of one config; `on`: the process set's arguments (common.set_arguments)."""
     variables = [v for _, v in model]
 
     def step(x, y):
@@ -89,10 +93,12 @@ def make_step(model, compression, options, mode, retraced):
         local = tape.gradient(loss, variables)
         if mode == "allreduce":  # hvd.allreduce with compression=, gradient by gradient
             grads = [
-                hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"g{i}") for i, g in enumerate(local)
+                hvd.allreduce(g, op=hvd.Average, compression=compression, name=f"g{i}", **on)
+                for i, g in enumerate(local)
             ]
         else:
-            grads = hvd.DistributedGradientTape(tape, compression=compression, **options).gradient(loss, variables)
+            distributed = hvd.DistributedGradientTape(tape, compression=compression, **options, **on)
+            grads = distributed.gradient(loss, variables)
         for v, g in zip(variables, grads):
             v.assign_sub(args.lr * g)
         return local
@@ -102,27 +108,30 @@ def make_step(model, compression, options, mode, retraced):
     return tf.function(step, input_signature=None if retraced else ANY_BATCH)
 
 
-out = {}
-for config, (make_compression, options, *mode) in CONFIGS.items():
-    model = tf_model()
-    compression = make_compression(model)
-    step_fn = make_step(model, compression, options, mode[0] if mode else "function", config in RETRACED)
-    for step in range(args.steps):
-        idx = common.rows(step, hvd.rank(), hvd.size(), len(y_all), batch=BATCHES[step % 2])
-        local = step_fn(tf.constant(x_all[idx]), tf.constant(y_all[idx]))
-        for (name, v), g in zip(model, local):
-            out[f"{config}/grad/{step}/{name}"] = g.numpy()
-            out[f"{config}/param/{step}/{name}"] = v.numpy()
-    if hasattr(step_fn, "experimental_get_tracing_count"):
-        out[f"{config}/traces"] = np.array(step_fn.experimental_get_tracing_count())
-    if hasattr(compression, "stats"):
-        stats = compression.stats()
-        out[f"{config}/stats/sent_bytes"] = np.array(stats["sent_bytes"])
-        out[f"{config}/stats/dense_bytes"] = np.array(stats["dense_bytes"])
-        out[f"{config}/stats/received_bytes"] = np.array(stats["received_bytes"])
-        out[f"{config}/stats/calls"] = np.array(stats["calls"])
-        out[f"{config}/stats/names"] = np.array(list(stats["tensors"]))
-for name, v in tf_model():
-    out[f"initial/{name}"] = v.numpy()
-np.savez(os.path.join(args.out, f"rank{hvd.rank()}.npz"), **out)
-print(f"rank {hvd.rank()}/{hvd.size()}: {len(CONFIGS)} configs x {args.steps} steps done")
+def run(size, process_set):
+    """Every config on the ranks of `process_set`, saved in the folder of `size`."""
+    on, out = common.set_arguments(hvd, process_set), {}
+    for config, (make_compression, options, *mode) in CONFIGS.items():
+        model = tf_model()
+        compression = make_compression(model, on)
+        step_fn = make_step(model, compression, options, mode[0] if mode else "function", config in RETRACED, on)
+        for step in range(args.steps):
+            idx = common.rows(step, process_set.rank(), size, len(y_all), batch=BATCHES[step % 2])
+            local = step_fn(tf.constant(x_all[idx]), tf.constant(y_all[idx]))
+            for (name, v), g in zip(model, local):
+                out[f"{config}/grad/{step}/{name}"] = g.numpy()
+                out[f"{config}/param/{step}/{name}"] = v.numpy()
+        if hasattr(step_fn, "experimental_get_tracing_count"):
+            out[f"{config}/traces"] = np.array(step_fn.experimental_get_tracing_count())
+        if hasattr(compression, "stats"):
+            stats = compression.stats()
+            for key in ("sent_bytes", "dense_bytes", "received_bytes", "calls"):
+                out[f"{config}/stats/{key}"] = np.array(stats[key])
+            out[f"{config}/stats/names"] = np.array(list(stats["tensors"]))
+    for name, v in tf_model():
+        out[f"initial/{name}"] = v.numpy()
+    np.savez(os.path.join(common.size_folder(args.out, size), f"rank{process_set.rank()}.npz"), **out)
+    print(f"rank {process_set.rank()}/{size}: {len(CONFIGS)} configs x {args.steps} steps done")
+
+
+common.for_each_size(hvd, SETS, run, tf.zeros(1))
