@@ -161,7 +161,10 @@ def sizes_fixture(script, *args, sizes=(2, 3), **options):
     @pytest.fixture(scope="module", params=sizes, ids=lambda n: f"np{n}")
     def run(request, tmp_path_factory):
         if not launched:
+            launched[None] = "tried"  # once: after a failed launch, the other sizes fail without another
             launched.update(saved_sizes(tmp_path_factory, max(sizes), script, sizes, *args, **options))
+        if request.param not in launched:
+            pytest.fail(f"the launch of {script} for every size failed: see np{sizes[0]}'s error", pytrace=False)
         return request.param, launched[request.param]
 
     return run
