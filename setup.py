@@ -244,12 +244,21 @@ except ImportError:
     _BaseBuildExt = build_ext
 
 
+# Commands that only describe or package the sources: they set build_ext up (to list its sources)
+# but never run it, so they need not import the frameworks (TF's probe is a 3-4 s process).
+DESCRIBING_COMMANDS = {"sdist", "egg_info", "dist_info"}
+
+
 class BuildExt(_BaseBuildExt):
     """Decides what to build for the frameworks present (when the command is set up, before
     setuptools prepares its extensions), records it in _build_info.json beside the package,
-    and compiles the TF library's .cu sources. An sdist at most sets it up, never runs it."""
+    and compiles the TF library's .cu sources. An sdist or a metadata step keeps the
+    placeholders and never runs it."""
 
     def finalize_options(self):
+        if set(self.distribution.commands) <= DESCRIBING_COMMANDS:
+            self.build_info = {}
+            return super().finalize_options()
         self.build_info = {
             "sparsecomm": VERSION,
             "python": platform.python_version(),

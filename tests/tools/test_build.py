@@ -219,3 +219,39 @@ def test_the_built_libraries_carry_no_debug_info():
     for library in libraries:
         with open(library, "rb") as f:
             assert b".debug_info" not in f.read(), f"{library} holds a .debug_info section"
+
+
+@pytest.mark.parametrize(
+    "command,probes",
+    [(["egg_info"], False), (["dist_info"], False), (["sdist"], False), (["build_ext", "--dry-run"], True)],
+    ids=["egg_info", "dist_info", "sdist", "build_ext"],
+)
+def test_only_a_build_looks_for_tensorflow(command, probes, tmp_path):
+    """pip's metadata steps and an sdist set build_ext up but never run it: they must not start
+    setup.py's TensorFlow probe (a process importing TF, 3-4 s). A `tensorflow` first on the probe's
+    path notes its import, then fails it; the build is the control that the note is seen."""
+    fake = tmp_path / "path" / "tensorflow"
+    fake.mkdir(parents=True)
+    note = tmp_path / "imported"
+    (fake / "__init__.py").write_text(f"open({str(note)!r}, 'w').close()\nraise ImportError('not here')\n")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    for name in ("setup.py", "pyproject.toml", "MANIFEST.in", "README.md"):
+        shutil.copy2(os.path.join(ROOT, name), tree / name)
+    for folder in ("csrc", "sparsecomm"):
+        shutil.copytree(os.path.join(ROOT, folder), tree / folder, ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    env = dict(os.environ, PYTHONPATH=str(fake.parent), SPARSECOMM_WITH_TORCH="0")
+    out = str(tmp_path / "out")
+    os.makedirs(out)
+    arguments = {"egg_info": ["--egg-base", out], "dist_info": ["--output-dir", out], "sdist": ["--dist-dir", out]}
+    proc = subprocess.run(
+        [sys.executable, "setup.py", "-q", *command, *arguments.get(command[0], [])],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert note.exists() == probes, proc.stdout[-2000:] + proc.stderr[-2000:]
+    if not probes:
+        assert proc.returncode == 0, proc.stderr[-3000:]
