@@ -10,6 +10,9 @@ allreduce, the tf-keras DistributedOptimizer) and a Keras 3 path (``sparsecomm.t
 
 from ..host_sets import host_process_sets
 from . import ops
+from .autograph import leave_horovod_unconverted
 from .compression import DGC, RandomBlock, RandomK, RTopK, Threshold, TopK
+
+leave_horovod_unconverted()
 
 __all__ = ["DGC", "RandomBlock", "RandomK", "RTopK", "Threshold", "TopK", "host_process_sets", "ops"]
