@@ -18,9 +18,10 @@ def leave_horovod_unconverted():
         return False
     try:
         from tensorflow.python.autograph.core import config
-    except ImportError:  # another TF layout: autograph converts Horovod, as before
+
+        rules = tuple(config.CONVERSION_RULES)
+        if not any(isinstance(rule, config.DoNotConvert) and rule.matches(MODULE) for rule in rules):
+            config.CONVERSION_RULES = (config.DoNotConvert(MODULE),) + rules
+    except (ImportError, AttributeError):  # another TF layout: autograph converts Horovod, as before
         return False
-    rules = tuple(config.CONVERSION_RULES)
-    if not any(isinstance(rule, config.DoNotConvert) and rule.matches(MODULE) for rule in rules):
-        config.CONVERSION_RULES = (config.DoNotConvert(MODULE),) + rules
     return True
