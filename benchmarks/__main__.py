@@ -39,7 +39,7 @@ import torch
 
 from sparsecomm.check import kernels
 
-from . import first_steps, hook_step, hsdp, hsdp_convergence, network
+from . import e2e, first_steps, hook_step, hsdp, hsdp_convergence, network
 
 
 def _kernels(args):
@@ -64,8 +64,6 @@ def _progress(what, total, describe):
 
 
 def _e2e(args):
-    from . import e2e
-
     records = []
     runs = [(ranks, net, model) for model in args.models for ranks in args.ranks for net in args.networks]
     advance = _progress("e2e", len(runs), lambda r: r)
@@ -111,8 +109,6 @@ def _host_layouts(args):
 def _trial(args):
     """`bench trial`'s cells (and `bench all`'s): the first steps of auto and each fixed exchange
     (first_steps), with a table a cell."""
-    from . import e2e
-
     if not args.layouts:
         return []
     steps = args.steps or e2e.STEPS[first_steps.MODEL]
@@ -228,7 +224,7 @@ def _e2e_options(p):
     rows, default_rows = _e2e_rows()
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit", "unshaped"])
-    p.add_argument("--models", nargs="+", default=["comm", "compute"])
+    p.add_argument("--models", nargs="+", default=["comm", "compute"], choices=e2e.MODELS)
     p.add_argument("--e2e-methods", dest="methods", nargs="+", default=list(default_rows), choices=list(rows))
     p.add_argument(
         "--network-model",

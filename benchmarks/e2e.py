@@ -22,7 +22,18 @@ NETWORKS = ("1gbit", "10gbit", None)  # None: unshaped
 # interval from the 17th to the 32nd (16 pairs, from the 4th to the 13th, left it 20% wide, wider
 # than the 3% that exchange="auto" is judged by); 8 pairs, the comm model's, from the smallest to
 # the largest.
-STEPS = {"comm": 8, "compute": 48}
+STEPS = {"comm": 8, "comm-small": 8, "compute": 48}
+# The models (benchmarks.e2e_worker.model_and_batch): MLPs, a large gradient for little compute, by
+# their widths (outer, hidden), and a CNN. comm-small has a quarter of comm's parameters in the same
+# layers: the same exchanges at a quarter of the bytes, for quick runs such as the tests.
+MLP_WIDTHS = {"comm": (1024, 4096), "comm-small": (512, 2048)}
+MODELS = (*MLP_WIDTHS, "compute")
+
+
+def mlp_name(model):
+    """An MLP model's layers, as the demo prints them: 'MLP 1024-4096-4096-1024'."""
+    outer, hidden = MLP_WIDTHS[model]
+    return f"MLP {outer}-{hidden}-{hidden}-{outer}"
 
 
 # A step's phases, timed apart by the worker: zero_grad and the forward pass; the backward pass

@@ -33,6 +33,9 @@ up at least N steps, from its compressor freshly built, and its record keeps tho
 Models (data content does not change the step time, so inputs are fixed random tensors):
   comm     MLP 1024-4096-4096-1024 (25.2M parameters, 101 MB of float32 gradient), batch 8:
            little compute, a large gradient: communication dominates on a slow network.
+  comm-small
+           the comm model at a quarter, MLP 512-2048-2048-512 (6.3M parameters, 25 MB): the
+           same exchanges for quick runs, such as the tests'.
   compute  a CNN on 32x32x3 images (0.29M parameters), batch 32: compute dominates.
 """
 
@@ -48,7 +51,7 @@ from dataclasses import dataclass, field
 import horovod.torch as hvd
 import torch
 
-from benchmarks.e2e import PHASES
+from benchmarks.e2e import MLP_WIDTHS, MODELS, PHASES
 from benchmarks.first_steps import means
 from sparsecomm.core.plan import SETTLING_STEPS
 from sparsecomm.torch import DGC, RandomBlock, Threshold, TopK, destroy_process_group, host_process_sets
@@ -116,15 +119,16 @@ POWERSGD_START = 2  # PowerSGD's first compressed iteration (it needs >= 2 with 
 
 def model_and_batch(kind):
     torch.manual_seed(0)
-    if kind == "comm":
+    if kind in MLP_WIDTHS:
+        outer, hidden = MLP_WIDTHS[kind]
         model = torch.nn.Sequential(
-            torch.nn.Linear(1024, 4096),
+            torch.nn.Linear(outer, hidden),
             torch.nn.ReLU(),
-            torch.nn.Linear(4096, 4096),
+            torch.nn.Linear(hidden, hidden),
             torch.nn.ReLU(),
-            torch.nn.Linear(4096, 1024),
+            torch.nn.Linear(hidden, outer),
         )
-        return model, torch.randn(8, 1024), torch.randint(0, 1024, (8,))
+        return model, torch.randn(8, outer), torch.randint(0, outer, (8,))
     conv = lambda i, o: [torch.nn.Conv2d(i, o, 3, padding=1), torch.nn.ReLU()]  # noqa: E731
     model = torch.nn.Sequential(
         *conv(3, 32),
@@ -525,7 +529,7 @@ def make_row(kind, method, first_steps=0):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["comm", "compute"], required=True)
+    parser.add_argument("--model", choices=MODELS, required=True)
     parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=8)

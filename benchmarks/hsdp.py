@@ -54,7 +54,7 @@ def add_options(p):
     p.add_argument("--networks", nargs="+", default=["1gbit", "10gbit"], help="1gbit, 10gbit, unshaped")
     p.add_argument("--hosts", type=int, default=2, help="replicas: one host each (default 2)")
     p.add_argument("--ranks-per-host", type=int, default=2, help="ranks a host, sharding its model (default 2)")
-    p.add_argument("--model", choices=["comm", "compute"], default="comm", help="the e2e bench's (default comm)")
+    p.add_argument("--model", choices=e2e.MODELS, default="comm", help="the e2e bench's (default comm)")
     p.add_argument("--hsdp-methods", dest="methods", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument(
         "--network-model",

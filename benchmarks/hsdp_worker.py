@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
 import sparsecomm.torch as sct
-from benchmarks.e2e import PHASES
+from benchmarks.e2e import MODELS, PHASES
 from benchmarks.e2e_worker import Row, init_torch_distributed, model_and_batch, timed_steps, turns
 from benchmarks.hsdp import FLOOR, HOOKED, NATIVE, ROWS
 from benchmarks.hsdp_mesh import replica_mesh, save_records, shard_layers
@@ -155,7 +155,7 @@ def init():
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=["comm", "compute"], required=True)
+    parser.add_argument("--model", choices=MODELS, required=True)
     parser.add_argument("--ranks-per-host", type=int, required=True)
     parser.add_argument("--methods", nargs="+", default=list(ROWS), choices=list(ROWS))
     parser.add_argument("--warmup", type=int, default=3)

@@ -248,9 +248,14 @@ NETWORK_ORDER = ("1gbit", "10gbit", "unshaped")
 NETWORK_NAMES = {"1gbit": "1 Gbit/s", "10gbit": "10 Gbit/s"}
 MODELS = {
     "comm": "an MLP 1024-4096-4096-1024, 25.2M parameters, 101 MB of gradient, batch 8",
+    "comm-small": "an MLP 512-2048-2048-512, 6.3M parameters, 25 MB of gradient, batch 8",
     "compute": "a CNN on 32x32x3 images, 0.29M parameters, batch 32",
 }
-SHORT = {"comm": "an MLP with 101 MB of gradient", "compute": "a small CNN"}
+SHORT = {
+    "comm": "an MLP with 101 MB of gradient",
+    "comm-small": "an MLP with 25 MB of gradient",
+    "compute": "a small CNN",
+}
 # The peers a user compares with, as the summary names them: Horovod's own compression and
 # PyTorch DDP's communication hooks.
 PEERS = {"dense fp16": "Horovod fp16", "DDP fp16": "DDP fp16 hook", "DDP PowerSGD": "DDP PowerSGD hook"}

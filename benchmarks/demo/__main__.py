@@ -1,9 +1,9 @@
 """`python -m benchmarks.demo` (what `make demo` runs): the short version of `make bench`, in
 a few minutes. Two ranks, dense allreduce vs DGC at 0.1%:
 
-  1. speed: the communication-heavy model (MLP, 25.2M parameters) on an emulated 1 Gbit/s
-     network (a network namespace with a shaped loopback; plain loopback where that is not
-     allowed, and it says so);
+  1. speed: the communication-heavy model (MLP, 25.2M parameters; --model comm-small, 6.3M) on
+     an emulated 1 Gbit/s network (a network namespace with a shaped loopback; plain loopback
+     where that is not allowed, and it says so);
   2. accuracy: a small CNN on scikit-learn's digits, same seeds and epochs.
 
 With --ddp, the speed run compares PyTorch DDP's own allreduce with DGC at 0.1% as DDP's
@@ -24,12 +24,12 @@ DDP_SPEED = ("DDP dense", "DDP + DGC 0.1%")
 ACCURACY = {"dense": "dense", "DGC 0.1% auto": "DGC 0.1%", "DDP dense": "dense", "DDP + DGC 0.1%": "DGC 0.1%"}
 
 
-def figure(speed, accuracy, path):
+def figure(speed, accuracy, path, model):
     plt = report._plt()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.bar([r["method"] for r in speed], [r["step_ms"] for r in speed], color=["grey", "tab:blue"])
     left.set_ylabel("ms per step")
-    left.set_title(f"25.2M-parameter MLP, 2 ranks, {speed[0]['network']}")
+    left.set_title(f"{e2e.mlp_name(model)}, 2 ranks, {speed[0]['network']}")
     for r in accuracy:
         right.plot(range(1, len(r["curve"]) + 1), r["curve"], label=r["method"])
     right.set_xlabel("epoch")
@@ -49,11 +49,14 @@ def main():
     parser.add_argument("--steps", type=int, default=5, help="timed steps of the speed run (default 5)")
     parser.add_argument("--out", default="demo-results", help="directory for demo.png and demo.json")
     parser.add_argument("--ddp", action="store_true", help="time PyTorch DDP, dense and with the DGC hook")
+    parser.add_argument(
+        "--model", default="comm", choices=list(e2e.MLP_WIDTHS), help="the speed run's MLP (default comm, 25.2M)"
+    )
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     net = None if args.network == "unshaped" else args.network
-    print(f"== speed: 2 ranks, MLP 1024-4096-4096-1024, {args.network}", flush=True)
-    speed = e2e.run_one(2, net, "comm", list(DDP_SPEED if args.ddp else SPEED), warmup=2, steps=args.steps)
+    print(f"== speed: 2 ranks, {e2e.mlp_name(args.model)}, {args.network}", flush=True)
+    speed = e2e.run_one(2, net, args.model, list(DDP_SPEED if args.ddp else SPEED), warmup=2, steps=args.steps)
     print(f"== accuracy: 2 ranks, CNN on digits, {args.epochs} epochs", flush=True)
     accuracy = convergence.run("digits", 2, list(dict.fromkeys(ACCURACY.values())), args.epochs, seeds=(0,))
     by_method = {r["method"]: r for r in accuracy}
@@ -87,7 +90,7 @@ def main():
         "step (the speed model).\nbytes vs dense: payload per step in the digits run (DGC's warm-up included). "
         "The full matrix is `make bench` (docs/results.md)."
     )
-    figure(speed, accuracy, os.path.join(args.out, "demo.png"))
+    figure(speed, accuracy, os.path.join(args.out, "demo.png"), args.model)
     with open(os.path.join(args.out, "demo.json"), "w") as f:
         json.dump({"rows": rows, "speed": speed, "accuracy": accuracy}, f, indent=1)
     print(f"wrote {args.out}/demo.png and {args.out}/demo.json")

@@ -833,7 +833,7 @@ def _host_bytes(out):
     bytes less the control messages at the floor's rate)."""
     methods = ["floor", "DGC 0.1% allgather", "DGC 0.1% hierarchical"]
     command = [sys.executable, "-m", "benchmarks", "e2e", "--network-model", "per-host", "--ranks", "4"]
-    command += ["--ranks-per-host", "2", "--networks", "unshaped", "--models", "comm", "--e2e-methods", *methods]
+    command += ["--ranks-per-host", "2", "--networks", "unshaped", "--models", "comm-small", "--e2e-methods", *methods]
     proc = subprocess.run(
         command + ["--warmup", "1", "--steps", "4", "--json", str(out)], capture_output=True, text=True, timeout=300
     )
@@ -843,7 +843,7 @@ def _host_bytes(out):
     assert all(
         r["ranks"] == 4 and r["ranks_per_host"] == 2 and r["network_model"] == "per-host, hosts of 2" for r in records
     )
-    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm\s+2x2\s+unshaped", proc.stdout), proc.stdout
+    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm-small\s+2x2\s+unshaped", proc.stdout), proc.stdout
     assert records[2]["exchanges"] == ["hierarchical"]
     seconds = [statistics.mean(r["step_times_ms"]) for r in records]
     rate = records[0]["nic_received_bytes"] / seconds[0]  # the floor exchanges nothing

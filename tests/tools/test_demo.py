@@ -1,5 +1,6 @@
-"""`make demo` end to end, shrunk (unshaped loopback, 1 timed step, 1 epoch): it runs 2 ranks,
-prints the table and writes the figure and the JSON; with --ddp, through PyTorch DDP."""
+"""`make demo` end to end, shrunk (unshaped loopback, the comm model at a quarter, 1 timed step,
+1 epoch): it runs 2 ranks, prints the table and writes the figure and the JSON; with --ddp,
+through PyTorch DDP."""
 
 import json
 import subprocess
@@ -19,6 +20,8 @@ def test_demo_prints_the_table_and_writes_the_figure(tmp_path, way):
             "benchmarks.demo",
             "--network",
             "unshaped",
+            "--model",
+            "comm-small",
             "--steps",
             "1",
             "--epochs",
