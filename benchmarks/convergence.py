@@ -12,20 +12,18 @@ SEEDS = (0, 1)  # every method trains once per seed; the records give the mean a
 
 
 def run(task, ranks=2, methods=None, epochs=None, seeds=SEEDS, log=print):
-    """The records of `task`, one per method: each trained once per seed, then merged."""
-    trained = []
+    """The records of `task`, one per method: each trained once per seed (the seeds in one launch),
+    then merged."""
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in seeds:
-            out = os.path.join(tmp, f"records-{seed}.json")
-            args = (
-                ["--task", task, "--out", out, "--seed", str(seed)]
-                + (["--methods", *methods] if methods else [])
-                + (["--epochs", str(epochs)] if epochs else [])
-            )
-            horovodrun(ranks, "benchmarks.convergence_worker", args, "[convergence]", log=log)
-            with open(out) as f:
-                trained += json.load(f)
-    return merged(trained)
+        out = os.path.join(tmp, "records.json")
+        args = (
+            ["--task", task, "--out", out, "--seeds", *map(str, seeds)]
+            + (["--methods", *methods] if methods else [])
+            + (["--epochs", str(epochs)] if epochs else [])
+        )
+        horovodrun(ranks, "benchmarks.convergence_worker", args, "[convergence]", log=log)
+        with open(out) as f:
+            return merged(json.load(f))
 
 
 def merged(records):

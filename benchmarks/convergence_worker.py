@@ -17,7 +17,7 @@ Every row trains on the same schedule, so that the compression is all that diffe
 rows: the learning rate rises linearly over the task's warm-up epochs (DGC's density warm-up
 runs over the same steps), the averaged gradient is clipped to the task's clip_norm (DGC
 clips locally instead, at clip_norm / sqrt(N), its paper's version of the same rule), and
---seed sets the model's initial weights and the data order.
+a seed (--seeds: each in turn) sets the model's initial weights and the data order.
 """
 
 import argparse
@@ -367,7 +367,9 @@ def main():
     parser.add_argument("--task", choices=list(TASKS), required=True)
     parser.add_argument("--methods", nargs="+")
     parser.add_argument("--epochs", type=int)
-    parser.add_argument("--seed", type=int, default=0, help="the model's initial weights and the data order")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=[0], help="one after another; each sets the weights and data order"
+    )
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     hvd.init()
@@ -376,14 +378,15 @@ def main():
         TASKS[args.task]["epochs"] = args.epochs
     names = args.methods or list(methods(args.task, 1))
     records = []
-    for method in names:
-        records.append(train(args.task, method, hvd.size(), hvd.rank(), args.seed))
-        if hvd.rank() == 0:
-            print(
-                f"[convergence] {args.task} {method:<22} seed {args.seed} final {records[-1]['metric']} "
-                f"{records[-1]['final']:.4f}",
-                flush=True,
-            )
+    for seed in args.seeds:
+        for method in names:
+            records.append(train(args.task, method, hvd.size(), hvd.rank(), seed))
+            if hvd.rank() == 0:
+                print(
+                    f"[convergence] {args.task} {method:<22} seed {seed} final {records[-1]['metric']} "
+                    f"{records[-1]['final']:.4f}",
+                    flush=True,
+                )
     if hvd.rank() == 0:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)
