@@ -18,6 +18,9 @@ import benchmarks  # noqa: E402, F401  (puts the benchmarks' packages on the pat
 def pytest_configure(config):
     _share_digits()
     _preload_sched_yield()
+    # OpenMP threads (torch's and the CPU kernels') sleep once their parallel region is done
+    # instead of spinning for it: the cores they would spin on run other tests' ranks.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def pytest_unconfigure(config):
