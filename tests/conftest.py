@@ -92,6 +92,8 @@ ORDER = (MULTIRANK, "tests/tools/")
 LATE = tuple(
     f"{MULTIRANK}test_{name}.py"
     for name in (
+        "ddp",
+        "ddp_scaled",
         "multirank_spardl",
         "multirank_torch_options",
         "multirank_torch",
