@@ -817,8 +817,9 @@ def test_e2e_on_2_hosts_of_2_ranks_where_hierarchical_halves_what_a_host_receive
     steps: 0.38-0.39, the other host's k pairs against 3 ranks' k). The control messages flow at a
     rate, not per step (each process set's controller coordinates every cycle, the cross sets'
     over the NIC), so they are taken off at the floor's rate times each row's step time: a slow
-    step otherwise counts as many bytes (once 1.19 MB against the allgather's 0.44). Unshaped
-    veths: a shaped link drops packets at its queue, and their resends count too."""
+    step otherwise counts as many bytes (once 1.19 MB against the allgather's 0.44). The full comm
+    model: comm-small's quarter of the pairs leaves that estimate's error no margin (0.62 once).
+    Unshaped veths: a shaped link drops packets at its queue, and their resends count too."""
     _per_host_or_skip()
     for attempt in range(2):  # a slow spell in one row's 4 steps skews the control bytes taken off: once more
         rate, seconds, flat, hierarchical = _host_bytes(tmp_path / f"e2e{attempt}.json")
@@ -833,7 +834,7 @@ def _host_bytes(out):
     bytes less the control messages at the floor's rate)."""
     methods = ["floor", "DGC 0.1% allgather", "DGC 0.1% hierarchical"]
     command = [sys.executable, "-m", "benchmarks", "e2e", "--network-model", "per-host", "--ranks", "4"]
-    command += ["--ranks-per-host", "2", "--networks", "unshaped", "--models", "comm-small", "--e2e-methods", *methods]
+    command += ["--ranks-per-host", "2", "--networks", "unshaped", "--models", "comm", "--e2e-methods", *methods]
     proc = subprocess.run(
         command + ["--warmup", "1", "--steps", "4", "--json", str(out)], capture_output=True, text=True, timeout=300
     )
@@ -843,7 +844,7 @@ def _host_bytes(out):
     assert all(
         r["ranks"] == 4 and r["ranks_per_host"] == 2 and r["network_model"] == "per-host, hosts of 2" for r in records
     )
-    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm-small\s+2x2\s+unshaped", proc.stdout), proc.stdout
+    assert "2 hosts of 2 ranks" in proc.stdout and re.search(r"comm\s+2x2\s+unshaped", proc.stdout), proc.stdout
     assert records[2]["exchanges"] == ["hierarchical"]
     seconds = [statistics.mean(r["step_times_ms"]) for r in records]
     rate = records[0]["nic_received_bytes"] / seconds[0]  # the floor exchanges nothing
