@@ -1,6 +1,9 @@
 // The quantize family's TF ops (csrc/kernels/quantize.h) over csrc/cpu/quantize.cpp and
 // csrc/cuda/select.cu: the same launchers as the torch ops. Functional like select.cc:
 // residual and momentum come in and go out (0 elements: absent).
+#include <cstring>
+#include <vector>
+
 #include "common.h"
 #include "cpu.h"
 #if GOOGLE_CUDA
@@ -95,10 +98,138 @@ class DequantizeOp : public OpKernel {
 };
 REGISTER_KERNEL_BUILDER(Name("SparsecommDequantize").Device(DEVICE_CPU), DequantizeOp<CpuDevice>);
 
+// ---- SparsecommQuantizedSegment ----
+// This rank's segment of the wire (sparsecomm/core/wire.py) of a tensor of `numel`: its count,
+// scales, bucket counts, offsets and codes, zero-padded to 8 bytes. One op, as torch's: in graph
+// ops it took about 15 a tensor.
+REGISTER_OP("SparsecommQuantizedSegment")
+    .Attr("bits: int")
+    .Attr("numel: int >= 0")
+    .Input("codes: uint8")
+    .Input("scales: float")
+    .Input("index: int32")
+    .Output("segment: uint8")
+    .SetShapeFn([](InferenceContext* c) { return unknown_vectors(c, 0, 1); });
+
+class QuantizedSegmentOp : public OpKernel {
+ public:
+  explicit QuantizedSegmentOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, get_bits(c, &bits_));
+    OP_REQUIRES_OK(c, c->GetAttr("numel", &numel_));
+    OP_REQUIRES(c, numel_ < (int64_t(1) << 31), invalid("numel should be below 2^31, got ", numel_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& codes = c->input(0);
+    const Tensor& scales = c->input(1);
+    const Tensor& index = c->input(2);
+    const int64_t count = index.NumElements();
+    OP_REQUIRES(c, count <= numel_, invalid("quantized_segment: ", count, " indices for ", numel_, " elements"));
+    OP_REQUIRES(c, codes.NumElements() == quantized_bytes(count, bits_),
+                invalid("quantized_segment: codes should have ", quantized_bytes(count, bits_), " bytes for ", count,
+                        " values of ", bits_, " bits, got ", codes.NumElements()));
+    OP_REQUIRES(c, scales.NumElements() == quantized_scales(bits_),
+                invalid("quantized_segment: scales should be ", quantized_scales(bits_), " values, got ",
+                        scales.NumElements()));
+    const QuantizedSegment s(count, bits_, wire_buckets(0, numel_));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({s.size}), &out));
+    uint8_t* segment = out->flat<uint8_t>().data();
+    std::fill(segment, segment + s.size, uint8_t(0));
+    std::memcpy(segment, &count, QuantizedSegment::kCountBytes);
+    std::memcpy(segment + s.scales_at, scales.flat<float>().data(), sizeof(float) * quantized_scales(bits_));
+    OP_REQUIRES(c,
+                cpu::segment_offsets(index.flat<int32_t>().data(), count, s.buckets, segment + s.counts_at,
+                                     segment + s.offsets_at),
+                invalid("quantized_segment: index should be strictly ascending in [0, ", numel_, ")"));
+    std::memcpy(segment + s.codes_at, codes.flat<uint8_t>().data(), codes.NumElements());
+  }
+
+ private:
+  int bits_;
+  int64_t numel_;
+};
+REGISTER_KERNEL_BUILDER(Name("SparsecommQuantizedSegment").Device(DEVICE_CPU), QuantizedSegmentOp);
+
+// ---- SparsecommSegmentColumns ----
+// Every rank's segment, gathered in rank order, read back: the codes decoded with their rank's
+// scales and the indices, rank after rank. One op whatever the number of ranks: in graph ops
+// each rank's segment took about 15 (its count read in the graph to find the next).
+REGISTER_OP("SparsecommSegmentColumns")
+    .Attr("bits: int")
+    .Attr("ranks: int >= 1")
+    .Attr("numel: int >= 0")
+    .Input("gathered: uint8")
+    .Output("values: float")
+    .Output("index: int32")
+    .SetShapeFn([](InferenceContext* c) { return unknown_vectors(c, 0, 2); });
+
+class SegmentColumnsOp : public OpKernel {
+ public:
+  explicit SegmentColumnsOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, get_bits(c, &bits_));
+    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
+    OP_REQUIRES_OK(c, c->GetAttr("numel", &numel_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& gathered = c->input(0);
+    const uint8_t* base = gathered.flat<uint8_t>().data();
+    const int64_t bytes = gathered.NumElements();
+    std::vector<int64_t> starts, counts;
+    int64_t start = 0, total = 0;
+    for (int64_t r = 0; r < ranks_; ++r) {
+      int64_t count = -1;
+      if (start + QuantizedSegment::kCountBytes <= bytes) std::memcpy(&count, base + start, sizeof(count));
+      OP_REQUIRES(c, count >= 0 && count <= numel_ && count <= bytes - start,
+                  invalid("segment_columns: segment ", r, " of ", ranks_, " at byte ", start, " of ", bytes,
+                          " has no count that fits (", count, ")"));
+      starts.push_back(start);
+      counts.push_back(count);
+      start += QuantizedSegment(count, bits_, wire_buckets(0, numel_)).size;
+      total += count;
+    }
+    OP_REQUIRES(
+        c, start == bytes,
+        invalid("segment_columns: ", ranks_, " segments should fill gathered (", bytes, " bytes), got ", start));
+    Tensor *values = nullptr, *index = nullptr;
+    OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({total}), &values));
+    OP_REQUIRES_OK(c, c->allocate_output(1, TensorShape({total}), &index));
+    int64_t filled = 0;
+    for (int64_t r = 0; r < ranks_; ++r) {
+      const QuantizedSegment s(counts[r], bits_, wire_buckets(0, numel_));
+      const uint8_t* segment = base + starts[r];
+      float scales[4];  // quantized_scales(bits) of them, copied: the segment's bytes need not be aligned
+      std::memcpy(scales, segment + s.scales_at, sizeof(float) * quantized_scales(bits_));
+      cpu::dequantize(segment + s.codes_at, scales, s.room, bits_, values->flat<float>().data() + filled);
+      OP_REQUIRES(c,
+                  cpu::segment_index(segment + s.counts_at, s.buckets, segment + s.offsets_at, s.room,
+                                     index->flat<int32_t>().data() + filled),
+                  invalid("segment_columns: segment ", r, "'s bucket counts do not add up to its count ", s.room));
+      filled += s.room;
+    }
+  }
+
+ private:
+  int bits_;
+  int64_t ranks_, numel_;
+};
+REGISTER_KERNEL_BUILDER(Name("SparsecommSegmentColumns").Device(DEVICE_CPU), SegmentColumnsOp);
+
 #if GOOGLE_CUDA
 // ---- GPU kernels: the same bodies over GpuDevice (gpu.h); count is read on the host.
 REGISTER_KERNEL_BUILDER(Name("SparsecommSendQuantized").Device(DEVICE_GPU), SendQuantizedOp<GpuDevice>);
 REGISTER_KERNEL_BUILDER(Name("SparsecommDequantize").Device(DEVICE_GPU).HostMemory("count"), DequantizeOp<GpuDevice>);
+// The segments' GPU kernels are the CPU pass on host memory, as the wire rows' (select.cc): bytes
+// of the selection, and SegmentColumns' output count needs the segments' counts on the host.
+REGISTER_KERNEL_BUILDER(Name("SparsecommQuantizedSegment")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("codes")
+                            .HostMemory("scales")
+                            .HostMemory("index")
+                            .HostMemory("segment"),
+                        QuantizedSegmentOp);
+REGISTER_KERNEL_BUILDER(
+    Name("SparsecommSegmentColumns").Device(DEVICE_GPU).HostMemory("gathered").HostMemory("values").HostMemory("index"),
+    SegmentColumnsOp);
 #endif  // GOOGLE_CUDA
 
 }  // namespace tf_binding

@@ -20,7 +20,6 @@ import tensorflow as tf
 
 from .. import host_sets, prerequisites
 from ..core import cost
-from ..core import wire as wire_format
 from ..core.exchange import Exchange
 from ..core.plan import SparDLLayout
 from . import ops
@@ -196,26 +195,11 @@ class Allgather(InGraph):
         )
 
 
-def _bytes(tensor, shape):
-    """A tensor's bytes as in memory (tf.bitcast), as uint8 of the given shape."""
-    return tf.reshape(tf.bitcast(tensor, tf.uint8), shape)
-
-
-def _view(data, dtype):
-    """uint8 bytes as dtype (tf.bitcast): [..., n * size] -> [n]."""
-    return tf.bitcast(tf.reshape(data, [-1, dtype.size]), dtype)
-
-
 def _rows(values, index, start, length):
     """The wire rows of sparsecomm.core.wire of a send of [start, start + length) (index int32,
     strictly ascending in it): uint8 [k + buckets, 2 + value bytes]. One op (the torch op's
     launcher): as graph ops, they dominated the tracing of every exchange."""
     return ops.wire_rows(values, index, start, length)
-
-
-def _u16_bytes(ints):
-    """int64 values below 2^16 as their uint16 bytes, [n, 2]."""
-    return _bytes(tf.cast(ints, tf.uint16), [-1, 2])
 
 
 def _from_rows(rows, value_dtype):
@@ -225,40 +209,15 @@ def _from_rows(rows, value_dtype):
 
 
 def _segment(packed, numel):
-    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D) of a tensor of `numel`."""
-    count = tf.size(packed.index, out_type=tf.int64)
-    layout = wire_format.Segment(count, wire_format.scale_count(packed.bits), packed.bits, numel)
-    index = tf.cast(packed.index, tf.int64)
-    bucket = index // wire_format.BUCKET
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(bucket), bucket, wire_format.buckets(0, numel))
-    parts = [
-        _bytes(count, [-1]),
-        _bytes(packed.scales, [-1]),
-        _u16_bytes(counts),
-        _u16_bytes(index - bucket * wire_format.BUCKET),
-    ]
-    body = tf.concat([tf.reshape(p, [-1]) for p in parts] + [packed.codes], 0)
-    return tf.concat([body, tf.zeros([layout.size - tf.size(body, out_type=tf.int64)], tf.uint8)], 0)
+    """This rank's quantized segment of sparsecomm.core.wire (uint8, 1-D) of a tensor of `numel`:
+    one op, the torch op's bytes."""
+    return ops.quantized_segment(packed.codes, packed.scales, packed.index, packed.bits, numel)
 
 
 def _from_segments(gathered, bits, ranks, numel):
-    """Every rank's codes decoded with that rank's scales, in rank order, and the indices. The
-    segments' lengths differ: each count is read in the graph, from its segment's header."""
-    values, indices, start = [], [], 0
-    n_scales, buckets = wire_format.scale_count(bits), wire_format.buckets(0, numel)
-    for _ in range(ranks):
-        count = _view(gathered[start : start + wire_format.COUNT_BYTES], tf.int64)[0]
-        layout = wire_format.Segment(count, n_scales, bits, numel)
-        part = gathered[start : start + layout.size]
-        scales = _view(part[layout.scales : layout.counts], tf.float32)
-        codes = part[layout.codes : layout.codes + wire_format.code_bytes(count, bits)]
-        values.append(ops.dequantize(codes, scales, count, bits))
-        counts = tf.cast(_view(part[layout.counts : layout.offsets], tf.uint16), tf.int64)
-        offsets = tf.cast(_view(part[layout.offsets : layout.codes], tf.uint16), tf.int64)
-        index = tf.repeat(tf.range(buckets, dtype=tf.int64), counts) * wire_format.BUCKET + offsets
-        indices.append(tf.cast(index, tf.int32))
-        start += layout.size
-    return tf.concat(values, 0), tf.concat(indices, 0)
+    """Every rank's codes decoded with that rank's scales, in rank order, and the indices: one op
+    whatever the number of ranks (each segment's count read where the op runs)."""
+    return ops.segment_columns(gathered, bits, ranks, numel)
 
 
 # --- SparDL: the torch exchange's twin (sparsecomm/torch/exchange.py explains it) ---------

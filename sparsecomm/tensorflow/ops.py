@@ -193,6 +193,18 @@ def dequantize(codes, scales, count, bits):
     return _lib.sparsecomm_dequantize(codes, scales, _i64(count), bits=int(bits))
 
 
+def quantized_segment(codes, scales, index, bits, numel):
+    """One rank's 1-/2-bit segment of sparsecomm.core.wire (uint8, 1-D) of a tensor of `numel`:
+    send_quantized's codes and scales at `index` (int32, strictly ascending); the torch op's bytes."""
+    return _lib.sparsecomm_quantized_segment(codes, scales, index, bits=int(bits), numel=int(numel))
+
+
+def segment_columns(gathered, bits, ranks, numel):
+    """(values float32, index int32) of `ranks` segments of quantized_segment gathered one after
+    another: each rank's codes decoded with its scales, in rank order."""
+    return tuple(_lib.sparsecomm_segment_columns(gathered, bits=int(bits), ranks=int(ranks), numel=int(numel)))
+
+
 def sparse_unpack(values, index, numel, scale=1.0, divisor=1):
     """Dense 1-D tensor in values' dtype: scale / divisor * (sum of the values at each index, in
     float32; duplicates add), rounded once. `scale` may be a 1-element float32 tensor (Horovod's

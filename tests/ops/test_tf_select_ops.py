@@ -220,14 +220,14 @@ def test_tf_rounding_to_the_value_dtype_is_torch_bits_nans_included(torch_dtype,
 @pytest.mark.parametrize("bits", [1, 2])
 def test_tf_quantized_segments_are_torch_bytes_and_read_back_alike(bits):
     """The TF exchange's 1-/2-bit segments (count, scales, bucket counts, offsets, codes): byte for
-    byte torch's, and the indices and values read back from two ranks' gathered segments."""
+    byte torch's, and the indices and values read back from three ranks' gathered segments."""
     from types import SimpleNamespace
 
     from sparsecomm.tensorflow import exchange
 
     gen, numel = torch.Generator().manual_seed(bits), 200_000
     torch_segments, tf_segments = [], []
-    for count in (3000, 0):
+    for count in (3000, 0, 1200):  # each rank's own scales: the third's decode must not take the first's
         index = torch.randperm(numel, generator=gen)[:count].sort().values.int()
         codes = torch.randint(0, 256, ((count * bits + 7) // 8,), generator=gen, dtype=torch.uint8)
         scales = torch.randn(2 if bits == 1 else 4, generator=gen)
@@ -240,11 +240,68 @@ def test_tf_quantized_segments_are_torch_bytes_and_read_back_alike(bits):
         )
         tf_segments.append(exchange._segment(packed, numel))
         np.testing.assert_array_equal(tf_segments[-1].numpy(), torch_segments[-1].numpy())
-    values, index = exchange._from_segments(tf.concat(tf_segments, 0), bits, 2, numel)
+    values, index = exchange._from_segments(tf.concat(tf_segments, 0), bits, 3, numel)
     want = torch.zeros(numel)
-    torch_ops.sparse_unpack_segments(torch.cat(torch_segments), bits, 2, numel, out=want)
-    got = tf.scatter_nd(tf.expand_dims(index, 1), values, [numel])  # distinct indices: no order to keep
+    torch_ops.sparse_unpack_segments(torch.cat(torch_segments), bits, 3, numel, out=want)
+    got = tf.tensor_scatter_nd_add(tf.zeros([numel]), tf.expand_dims(index, 1), values)  # overlaps add, as torch's
     np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def _segment_of(count, bits, numel, seed):
+    """(codes, scales, index) of `count` random sends of a tensor of `numel`, as TF tensors."""
+    gen = torch.Generator().manual_seed(seed)
+    index = torch.randperm(numel, generator=gen)[:count].sort().values.int()
+    codes = torch.randint(0, 256, ((count * bits + 7) // 8,), generator=gen, dtype=torch.uint8)
+    return (
+        tf.constant(codes.numpy()),
+        tf.constant(torch.randn(2 if bits == 1 else 4).numpy()),
+        tf.constant(index.numpy()),
+    )
+
+
+def test_tf_segments_are_read_back_in_one_op_whatever_the_number_of_ranks():
+    """The gathered segments of 2 ranks or 7 trace to the same graph: the decode does not grow
+    with the job (it took about 15 graph ops a rank)."""
+    numel = 1000
+
+    def ops_of(ranks):
+        segments = tf.concat(
+            [tf_ops.quantized_segment(*_segment_of(5, 2, numel, r), 2, numel) for r in range(ranks)], 0
+        )
+        graph = tf.function(lambda g: tf_ops.segment_columns(g, 2, ranks, numel)).get_concrete_function(segments).graph
+        return sorted(op.type for op in graph.get_operations())
+
+    assert ops_of(2) == ops_of(7) == ["Identity", "Identity", "Placeholder", "SparsecommSegmentColumns"]
+
+
+def test_tf_segments_refuse_what_does_not_fit():
+    codes, scales, index = _segment_of(40, 1, 70_000, 0)
+    segment = tf_ops.quantized_segment(codes, scales, index, 1, 70_000).numpy()
+    read = lambda data, ranks=1: tf_ops.segment_columns(tf.constant(data), 1, ranks, 70_000)  # noqa: E731
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"2 segments should fill gathered \(232 bytes\), got 224"):
+        read(np.concatenate([segment, segment, np.zeros(8, np.uint8)]), ranks=2)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"segment 1 of 2 at byte 112 of 120 has no count that fits \(40\)"
+    ):
+        read(np.concatenate([segment, segment[:8]]), ranks=2)  # a second count, and no room for its segment
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"segment 1 of 2 at byte 112 of 112 has no count that fits"
+    ):
+        read(segment, ranks=2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="segment 0 of 1 at byte 0 of 4 has no count that fits"):
+        read(segment[:4])
+    broken = segment.copy()
+    broken[16] += 1  # the first bucket's count (after the count and 2 scales): 41 of 40
+    with pytest.raises(tf.errors.InvalidArgumentError, match="segment 0's bucket counts do not add up to its count 40"):
+        read(broken)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"index should be strictly ascending in \[0, 70000\)"):
+        tf_ops.quantized_segment(codes, scales, tf.reverse(index, [0]), 1, 70_000)
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match="codes should have 5 bytes for 40 values of 1 bits, got 4"
+    ):
+        tf_ops.quantized_segment(codes[:4], scales, index, 1, 70_000)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="scales should be 2 values, got 4"):
+        tf_ops.quantized_segment(codes, tf.zeros([4]), index, 1, 70_000)
 
 
 def test_tf_random_k_and_threshold_equal_torch():
