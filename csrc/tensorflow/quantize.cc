@@ -19,6 +19,16 @@ absl::Status get_bits(OpKernelConstruction* c, int* bits) {
   return *bits == 1 || *bits == 2 ? absl::OkStatus() : invalid("bits should be 1 or 2, got ", *bits);
 }
 
+// `count` values' codes and their scales, as send_quantized writes them.
+absl::Status check_quantized(const char* op, const Tensor& codes, const Tensor& scales, int64_t count, int bits) {
+  if (count < 0 || codes.NumElements() != quantized_bytes(count, bits))
+    return invalid(op, ": codes should have ", quantized_bytes(count, bits), " bytes for ", count, " values of ", bits,
+                   " bits, got ", codes.NumElements());
+  if (scales.NumElements() != quantized_scales(bits))
+    return invalid(op, ": scales should be ", quantized_scales(bits), " values, got ", scales.NumElements());
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // ---- SparsecommSendQuantized ----
@@ -82,11 +92,7 @@ class DequantizeOp : public OpKernel {
     const Tensor& scales = c->input(1);
     int64_t count;
     OP_REQUIRES_OK(c, scalar_input(c, 2, "count", &count));
-    OP_REQUIRES(c, count >= 0 && codes.NumElements() == quantized_bytes(count, bits_),
-                invalid("codes should have ", quantized_bytes(count, bits_), " bytes for ", count, " values of ", bits_,
-                        " bits, got ", codes.NumElements()));
-    OP_REQUIRES(c, scales.NumElements() == quantized_scales(bits_),
-                invalid("scales should be ", quantized_scales(bits_), " values, got ", scales.NumElements()));
+    OP_REQUIRES_OK(c, check_quantized("dequantize", codes, scales, count, bits_));
     Tensor* values = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({count}), &values));
     OP_REQUIRES_OK(c, Device(c).dequantize(codes.flat<uint8_t>().data(), scales.flat<float>().data(), count, bits_,
@@ -124,12 +130,7 @@ class QuantizedSegmentOp : public OpKernel {
     const Tensor& index = c->input(2);
     const int64_t count = index.NumElements();
     OP_REQUIRES(c, count <= numel_, invalid("quantized_segment: ", count, " indices for ", numel_, " elements"));
-    OP_REQUIRES(c, codes.NumElements() == quantized_bytes(count, bits_),
-                invalid("quantized_segment: codes should have ", quantized_bytes(count, bits_), " bytes for ", count,
-                        " values of ", bits_, " bits, got ", codes.NumElements()));
-    OP_REQUIRES(c, scales.NumElements() == quantized_scales(bits_),
-                invalid("quantized_segment: scales should be ", quantized_scales(bits_), " values, got ",
-                        scales.NumElements()));
+    OP_REQUIRES_OK(c, check_quantized("quantized_segment", codes, scales, count, bits_));
     const QuantizedSegment s(count, bits_, wire_buckets(0, numel_));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(c, c->allocate_output(0, TensorShape({s.size}), &out));
@@ -169,12 +170,14 @@ class SegmentColumnsOp : public OpKernel {
     OP_REQUIRES_OK(c, get_bits(c, &bits_));
     OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
     OP_REQUIRES_OK(c, c->GetAttr("numel", &numel_));
+    buckets_ = wire_buckets(0, numel_);
   }
   void Compute(OpKernelContext* c) override {
     const Tensor& gathered = c->input(0);
     const uint8_t* base = gathered.flat<uint8_t>().data();
     const int64_t bytes = gathered.NumElements();
-    std::vector<int64_t> starts, counts;
+    std::vector<int64_t> starts;
+    std::vector<QuantizedSegment> segments;
     int64_t start = 0, total = 0;
     for (int64_t r = 0; r < ranks_; ++r) {
       int64_t count = -1;
@@ -183,8 +186,8 @@ class SegmentColumnsOp : public OpKernel {
                   invalid("segment_columns: segment ", r, " of ", ranks_, " at byte ", start, " of ", bytes,
                           " has no count that fits (", count, ")"));
       starts.push_back(start);
-      counts.push_back(count);
-      start += QuantizedSegment(count, bits_, wire_buckets(0, numel_)).size;
+      segments.emplace_back(count, bits_, buckets_);
+      start += segments.back().size;
       total += count;
     }
     OP_REQUIRES(
@@ -195,7 +198,7 @@ class SegmentColumnsOp : public OpKernel {
     OP_REQUIRES_OK(c, c->allocate_output(1, TensorShape({total}), &index));
     int64_t filled = 0;
     for (int64_t r = 0; r < ranks_; ++r) {
-      const QuantizedSegment s(counts[r], bits_, wire_buckets(0, numel_));
+      const QuantizedSegment& s = segments[r];
       const uint8_t* segment = base + starts[r];
       float scales[4];  // quantized_scales(bits) of them, copied: the segment's bytes need not be aligned
       std::memcpy(scales, segment + s.scales_at, sizeof(float) * quantized_scales(bits_));
@@ -210,7 +213,7 @@ class SegmentColumnsOp : public OpKernel {
 
  private:
   int bits_;
-  int64_t ranks_, numel_;
+  int64_t ranks_, numel_, buckets_;
 };
 REGISTER_KERNEL_BUILDER(Name("SparsecommSegmentColumns").Device(DEVICE_CPU), SegmentColumnsOp);
 

@@ -424,5 +424,9 @@ def test_tf_errors_are_named():
         tf_ops.sparse_unpack(tf.ones(1), tf.constant([0], tf.int32), 5, divisor=0)
     with pytest.raises(tf.errors.InvalidArgumentError, match="bits should be 1 or 2, got 3"):
         tf_ops.send_quantized(tf.ones(1), tf.constant([0], tf.int32), None, 3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dequantize: codes should have 3 bytes for 20 values"):
+        tf_ops.dequantize(tf.zeros([4], tf.uint8), tf.zeros([2]), 20, 1)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="dequantize: scales should be 2 values, got 4"):
+        tf_ops.dequantize(tf.zeros([3], tf.uint8), tf.zeros([4]), 20, 1)
     with pytest.raises(ValueError, match="shape should be static"):
         tf.function(lambda g: tf_ops.pack_topk(g, None, 1)).get_concrete_function(tf.TensorSpec([None], tf.float32))
