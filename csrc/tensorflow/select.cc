@@ -3,6 +3,9 @@
 // so both frameworks give identical bits. Functional: residual and momentum come in and go out
 // (0 elements: absent); an output reuses its input's buffer when TF can forward it, so the
 // update is usually in place.
+#include <cmath>
+#include <string>
+
 #include "common.h"
 #include "cpu.h"
 #if GOOGLE_CUDA
@@ -372,6 +375,47 @@ class SparseUnpackOp : public OpKernel {
 };
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_CPU), "T", SparseUnpackOp, CpuDevice);
 
+// ---- SparsecommCheckedScale ----
+// Horovod's reduced placeholder, sparsecomm/core/placement.py's marker c * [M ranks, the ranks
+// that came first, the sum of their firsts], checked to come from exactly `ranks` ranks whose
+// first is `first` (placement.agrees' rule: tests/ops/test_tf_select_ops.py runs both on the
+// same reductions); its first element, the op's scale c * M. Fails with `refusal` otherwise.
+REGISTER_OP("SparsecommCheckedScale")
+    .Attr("ranks: int >= 1")
+    .Attr("first: int >= 0")
+    .Attr("refusal: string")
+    .Input("reduced: float")
+    .Output("scale: float")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Vector(1));
+      return absl::OkStatus();
+    });
+
+class CheckedScaleOp : public OpKernel {
+ public:
+  explicit CheckedScaleOp(OpKernelConstruction* c) : OpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("ranks", &ranks_));
+    OP_REQUIRES_OK(c, c->GetAttr("first", &first_));
+    OP_REQUIRES_OK(c, c->GetAttr("refusal", &refusal_));
+  }
+  void Compute(OpKernelContext* c) override {
+    const Tensor& reduced = c->input(0);
+    OP_REQUIRES(c, reduced.NumElements() == 3, invalid("reduced should have 3 elements, got ", reduced.NumElements()));
+    const auto r = reduced.flat<float>();
+    const double scale = r(0), firsts = r(1), first_ranks = r(2);
+    // The sums are integers times c, which is `firsts` when exactly one rank came first.
+    const bool agrees = std::abs(scale - static_cast<double>(ranks_) * firsts) < 0.5 * firsts &&
+                        std::abs(first_ranks - scale * static_cast<double>(first_)) < 0.5 * firsts;
+    OP_REQUIRES(c, agrees, invalid(refusal_, "; reduced marker [", scale, ", ", firsts, ", ", first_ranks, "]"));
+    c->set_output(0, reduced.Slice(0, 1));
+  }
+
+ private:
+  int64_t ranks_, first_;
+  std::string refusal_;
+};
+REGISTER_KERNEL_BUILDER(Name("SparsecommCheckedScale").Device(DEVICE_CPU), CheckedScaleOp);
+
 // ---- SparsecommWireRows, SparsecommWireColumns ----
 // The wire rows of sparsecomm/core/wire.py (kernels/wire.h) built and read by one op each, the
 // torch ops' launchers: as a few dozen graph ops a tensor, they dominated the exchange's tracing.
@@ -518,6 +562,10 @@ REGISTER_KERNEL_BUILDER(Name("SparsecommSelectTop").Device(DEVICE_GPU).HostMemor
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSelectBand").Device(DEVICE_GPU), "T", SelectBandOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSendSelected").Device(DEVICE_GPU), "dtype", SendSelectedOp, GpuDevice);
 SC_REGISTER_FLOAT_KERNELS(Name("SparsecommSparseUnpack").Device(DEVICE_GPU), "T", SparseUnpackOp, GpuDevice);
+// The check reads Horovod's 3 reduced floats on the host: TF copies them there once Horovod's
+// (asynchronous) allreduce is done, and the scale back.
+REGISTER_KERNEL_BUILDER(Name("SparsecommCheckedScale").Device(DEVICE_GPU).HostMemory("reduced").HostMemory("scale"),
+                        CheckedScaleOp);
 // The wire rows' GPU kernels are the CPU pass on host memory (TF's own Pack does this for
 // int32): csrc/cuda has no launcher for them (torch's CUDA binding uses torch's scatters), and
 // WireColumns' output count would need a host synchronisation anyway. A GPU graph copies the

@@ -7,7 +7,8 @@ Two registries, by who carries the payload:
 - CARRIED ("dense", "shared"): start hands Horovod's allreduce the payload itself;
 - IN_GRAPH ("allgather", "spardl", "hierarchical", and "dense" for a stage of a schedule that
   goes dense, as DGC's warm-up may): the collectives run inside compress, and compress hands
-  Horovod a 1-element placeholder holding 1.0 (named after the variable). It comes back as 1
+  Horovod a placeholder (named after the variable): core.placement's marker, whose first
+  element is 1.0 and whose reduction the graph checks. That element comes back as 1
   under op=Average and as the process set's size M under op=Sum, so `finish` adds the values
   at their indices scaled by output / M, in one op: the optimizer's semantics, without being
   told the op (as in torch).
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from .. import host_sets, prerequisites
-from ..core import cost
+from ..core import cost, placement
 from ..core.exchange import Exchange
 from ..core.plan import SparDLLayout
 from . import ops
@@ -48,8 +49,24 @@ def wire_bytes(dtype):
     return tf.as_dtype(_WIRE.get(dtype, dtype)).size
 
 
-def placeholder(name):
-    return tf.ones([1], tf.float32, name=collective_name(name, "placeholder").replace(".", "_"))
+def placeholder(name, process_set):
+    """core.placement's marker of this rank over `process_set` (one element, 1.0, before
+    hvd.init): its first element comes back as Horovod's op scaling."""
+    hvd, name = horovod(), collective_name(name, "placeholder").replace(".", "_")
+    if not hvd.is_initialized():
+        return tf.ones([1], tf.float32, name=name)
+    return tf.constant(placement.marker(hvd.rank(), process_set.ranks), tf.float32, name=name)
+
+
+def checked_scale(output, owner, process_set, given):
+    """Horovod's reduced placeholder as the op's scale (1 element), once one op has checked that
+    Horovod reduced the markers over exactly `process_set` (core.placement; `given`: the
+    compressor's process_set= argument). A failed check fails the step with InvalidArgumentError
+    and core.placement's message. Every step: three floats."""
+    if output.shape[0] == 1:  # (no marker: traced before hvd.init)
+        return output
+    ranks = process_set.ranks
+    return ops.checked_scale(output, len(ranks), min(ranks), placement.refusal(owner, ranks, given))
 
 
 @dataclass

@@ -214,6 +214,13 @@ def sparse_unpack(values, index, numel, scale=1.0, divisor=1):
     return _lib.sparsecomm_sparse_unpack(values, index, tf.reshape(scale, [-1]), numel=int(numel), divisor=int(divisor))
 
 
+def checked_scale(reduced, ranks, first, refusal):
+    """The op's scale (1 element) of Horovod's reduced placeholder, core.placement's marker,
+    checked to come from exactly `ranks` ranks whose first is `first`; the step fails with
+    `refusal` otherwise (InvalidArgumentError)."""
+    return _lib.sparsecomm_checked_scale(reduced, ranks=int(ranks), first=int(first), refusal=refusal)
+
+
 def wire_rows(values, index, start, length):
     """The wire rows of sparsecomm.core.wire of a send of [start, start + length) (index int32,
     strictly ascending in it): uint8 [k + buckets, 2 + value bytes]; the torch op's bytes."""

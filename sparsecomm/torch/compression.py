@@ -71,6 +71,7 @@ class Compressor(HorovodHooks, _OverCollectives, Settings):
         self._buckets = {}  # a bucket's key (its parameters', or a tensor's name and shape) -> Bucket
         self._in_flight = exchange.InFlight()
         self._grouping = Grouping()  # Horovod's tensors prepared in groups (HorovodHooks)
+        self._marking = False  # this step's placeholders are core.placement's markers (HorovodHooks)
         if self.planner.auto is not None:  # auto first times the hooks: how much of each exchange the backward hides
             self.planner.auto.watch_backward()
         elastic.register_handlers(Compressor)
@@ -78,7 +79,9 @@ class Compressor(HorovodHooks, _OverCollectives, Settings):
     def routing(self, device: torch.device):
         """(ranks, the ranks to route for) of the next gradients on `device`: the settings check
         and auto's measurement where they are due. Once a tensor (Horovod) or a bucket (DDP)."""
+        world = self._world
         ranks = self._check_world()
+        self._marking |= ranks != world  # a check: every rank's at the same compress (core.placement)
         return ranks, self._prepare_routing(ranks, measure=True, device=device)
 
     def prepare(self, tensor: torch.Tensor, state: ParameterState, routing=None):

@@ -8,10 +8,11 @@ route of sparsecomm.core.plan, in the registry EXCHANGES.
 The dense and shared routes hand Horovod the payload itself. The per-rank-coordinate exchanges
 start asynchronous collectives named after the parameter (so several tensors are in flight at
 once and the overlap with backward is kept) and hand Horovod a 1-element placeholder holding
-1.0. Horovod reduces it with the optimizer's own op and scaling: it comes back as 1 under
-op=Average (whatever gradient_predivide_factor) and as the process set's size M under op=Sum.
-So `finish` scales the sum of all ranks' contributions by output / M, the optimizer's
-semantics, without being told the op.
+1.0 (on the step of a settings check, core.placement's marker instead, whose first element is
+1.0: horovod_hooks). Horovod reduces it with the optimizer's own op and scaling: it comes back
+as 1 under op=Average (whatever gradient_predivide_factor) and as the process set's size M
+under op=Sum. So `finish` scales the sum of all ranks' contributions by output / M, the
+optimizer's semantics, without being told the op.
 """
 
 import functools

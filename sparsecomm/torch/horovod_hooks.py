@@ -3,19 +3,24 @@
 hvd.DistributedOptimizer hands the compressor one gradient at a time, in the order its backward
 pass makes them, or a Horovod group's (groups=, num_groups=) one after another. A tensor on a
 per-rank-coordinate route (allgather, spardl, hierarchical) need not be packed at once: compress
-hands Horovod the 1-element placeholder those exchanges hand it anyway, and the tensor waits for
+hands Horovod the placeholder those exchanges hand it anyway, and the tensor waits for
 its group. A group is a run, of at most GROUP_BYTES (DDP's default bucket), of the order in which
 the last step handed its tensors over; when its last tensor arrives, the waiting ones are prepared
 as one bucket (sparsecomm.torch.bucket: one pack op, one host read on a GPU) and their exchanges
 start. A tensor that arrives out of that order, and the first decompress of a step, start every
 tensor still waiting first: nothing waits past its step. Horovod matches collectives by name, so
 the groups need not be alike on every rank. Tensors go one by one while auto watches or tries its
-routes (it times each one) and under a loss scaler (its rollback may change a tensor's route)."""
+routes (it times each one) and under a loss scaler (its rollback may change a tensor's route).
+The placeholders of the step of a settings check (the first, and the first after an elastic
+reset or load_state_dict) are core.placement's markers, checked in decompress (one host read
+each, on that step only): the optimizer's process set must be the compressor's."""
 
 import time
 
 import torch
 
+from ..core import placement
+from . import exchange
 from .bucket import Bucket
 
 GROUP_BYTES = 25 * 2**20
@@ -30,6 +35,15 @@ class Deferred:
 
     def __init__(self, tensor, state, route, routing):
         self.tensor, self.state, self.route, self.routing, self.ctx = tensor, state, route, routing, None
+
+
+class Marked:
+    """decompress's context of the placeholder handed as the marker of core.placement."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
 
 
 class Grouping:
@@ -95,7 +109,7 @@ class HorovodHooks:
             if route in SPARSE_ROUTES:
                 deferred = Deferred(tensor, state, route, routing)
                 self._grouping.arrive(self._start_group, state.name, nbytes, deferred)
-                return torch.ones(1, dtype=torch.float32, device=tensor.device), deferred
+                return self._marked(torch.ones(1, dtype=torch.float32, device=tensor.device), deferred)
         state, route, payload, k, ranks = self.prepare(tensor, state, routing)
         handed, ctx, traffic = self._in_flight.start(
             route, payload, tensor, state, k, self.collectives.process_set(), ranks
@@ -104,11 +118,14 @@ class HorovodHooks:
         if self.planner.watching():
             self.planner.auto.backward.note_handoff(state.name, time.perf_counter())
         self._grouping.arrive(self._start_group, state.name, nbytes)
-        return handed, ctx
+        return self._marked(handed, ctx) if route in SPARSE_ROUTES else (handed, ctx)
 
     def decompress(self, tensor: torch.Tensor, ctx) -> torch.Tensor:
         """Horovod's hook: the dense gradient from what the allreduce returned."""
         self._grouping.end_step(self._start_group)
+        self._marking, reduced_marker = False, None
+        if isinstance(ctx, Marked):
+            reduced_marker, tensor, ctx = tensor.tolist(), tensor[:1], ctx.inner  # (a host read, on a check's step)
         if isinstance(ctx, Deferred):
             ctx = ctx.ctx
         if self.planner.watching():
@@ -116,7 +133,18 @@ class HorovodHooks:
         result = self._in_flight.finish(tensor, ctx, self.state.counters.account_later)
         if self.planner.timing_steps():  # after the unpack, and the wait for a gather inside it
             self.planner.auto.steps.note_decompress(time.perf_counter())
+        if reduced_marker is not None:  # (after the exchange's phases, which every rank runs)
+            placement.check(self.method.owner, reduced_marker, self.collectives.process_set().ranks, self.process_set)
         return result
+
+    def _marked(self, placeholder, ctx):
+        """A placeholder of the step of a settings check (until its first decompress) becomes
+        core.placement's marker: every rank checks at the same compress, so all hand markers."""
+        hvd = exchange.horovod()
+        if not self._marking or not hvd.is_initialized():
+            return placeholder, ctx
+        mark = placement.marker(hvd.rank(), self.collectives.process_set().ranks)
+        return torch.tensor(mark, dtype=torch.float32, device=placeholder.device), Marked(ctx)
 
     def _may_wait(self):
         """Whether a tensor may wait for its group: an order to group by, routes that stand, no loss

@@ -105,3 +105,15 @@ def test_settings_or_checkpoints_that_differ_across_ranks_raise_the_same_error_e
                 rf"tensor 'w', step: {steps}\.",
                 output,
             ), output[-3000:]
+    # The graph checks the reduced placeholder (core.placement): each rank's compressor over the
+    # rank alone under a tape over both, and hvd.Min, fail it on every rank.
+    for rank in range(2):
+        for case, given in (
+            ("compressor alone", rf"process_set with ranks \[{rank}\]"),
+            ("op Min", "process_set=None, every rank"),
+        ):
+            assert re.search(
+                rf"rank {rank}: {case}: InvalidArgumentError: .*TopK: Horovod reduced the compressor's placeholder "
+                rf"over other ranks than the compressor's \({given}\), or with an op other",
+                output,
+            ), output[-3000:]

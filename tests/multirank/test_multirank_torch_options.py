@@ -44,17 +44,34 @@ def test_fp16_training_keeps_fp16_parameters(run):
     assert all(t.dtype == torch.float16 for t in ranks[0]["topk_fp16"][-1].values())
 
 
+def process_set_run(tmp_path_factory):
+    """torch_process_set.py's folder of saved ranks and its output, launched once per worker."""
+    out = tmp_path_factory.getbasetemp() / "process_set"
+    if not (out / "output.txt").exists():
+        out.mkdir(exist_ok=True)
+        (out / "output.txt").write_text(horovodrun(3, "torch_process_set.py", "--out", out, "--steps", STEPS))
+    return out, (out / "output.txt").read_text()
+
+
 @pytest.mark.parametrize(
     "config,simulation",
     [("topk", dict(method="topk", ratio=0.1)), ("random_block", dict(method="random_block", ratio=0.1, seed=3))],
 )
 def test_a_process_set_of_two_among_three_ranks_equals_two_ranks(config, simulation, tmp_path_factory):
-    out = tmp_path_factory.getbasetemp() / "process_set"
-    if not (out / "rank1.pt").exists():
-        out.mkdir(exist_ok=True)
-        output = horovodrun(3, "torch_process_set.py", "--out", out, "--steps", STEPS)
-        assert "rank 2: outside the process set" in output
+    out, output = process_set_run(tmp_path_factory)
+    assert "rank 2: outside the process set" in output
     assert not (out / "rank2.pt").exists()
     want = simulate(2, steps=STEPS, lr=LR, **simulation)
     for rank in range(2):
         assert_history_close(torch.load(out / f"rank{rank}.pt")[config], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mismatch", ["optimizer_only", "compressor_only"])
+def test_a_process_set_given_to_only_one_of_optimizer_and_compressor_is_refused_on_every_rank(
+    mismatch, tmp_path_factory
+):
+    # The pair and rank 2 alone: given to the optimizer only, the compressors' gathers join
+    # across the sets; to the compressor only, each set averages alone. Both silently wrong.
+    _, output = process_set_run(tmp_path_factory)
+    for rank in range(3):
+        assert f"rank {rank}: {mismatch} refused: TopK: Horovod reduced the compressor's placeholder" in output, output

@@ -10,7 +10,9 @@ import torch
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 tf = pytest.importorskip("tensorflow")
-from sparsecomm.core import packing  # noqa: E402
+from placements import layouts  # noqa: E402
+
+from sparsecomm.core import packing, placement  # noqa: E402
 from sparsecomm.tensorflow import ops as tf_ops  # noqa: E402
 from sparsecomm.torch import ops as torch_ops  # noqa: E402
 
@@ -430,3 +432,21 @@ def test_tf_errors_are_named():
         tf_ops.dequantize(tf.zeros([3], tf.uint8), tf.zeros([4]), 20, 1)
     with pytest.raises(ValueError, match="shape should be static"):
         tf.function(lambda g: tf_ops.pack_topk(g, None, 1)).get_concrete_function(tf.TensorSpec([None], tf.float32))
+
+
+def test_tf_checked_scale_keeps_core_placements_rule():
+    """SparsecommCheckedScale, written in C++ for the graph, refuses exactly the reduced markers
+    that core.placement.agrees refuses (every pair of partitions of up to 4 ranks, three op
+    scalings), with placement's message; otherwise its output is the first element."""
+    for optimizer_set, compressor_set_of, reductions in layouts(4):
+        for said in reductions:
+            for rank in optimizer_set:
+                ranks = compressor_set_of[rank]
+                agrees = placement.agrees(*said, ranks)
+                try:
+                    scale = tf_ops.checked_scale(tf.constant(said), len(ranks), min(ranks), "TopK: refused")
+                    assert agrees and scale.numpy().tolist() == said[:1], (said, ranks)
+                except tf.errors.InvalidArgumentError as error:
+                    assert not agrees and "} TopK: refused; reduced marker [" in error.message, (said, ranks)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="reduced should have 3 elements, got 1"):
+        tf_ops.checked_scale(tf.constant([1.0]), 2, 0, "TopK: refused")

@@ -1,6 +1,8 @@
-"""Worker: ranks construct TF compressors with different settings, or restore checkpoints of
-different steps before the step is traced (on every rank, or on one only); every rank must
-get the same clear error on the first (traced) step, with no hang, and equal settings must train."""
+"""Worker (2 ranks): ranks construct TF compressors with different settings, or restore checkpoints
+of different steps before the step is traced (on every rank, or on one only); every rank must
+get the same clear error on the first (traced) step, with no hang, and equal settings must train.
+Then each rank's compressor runs over the rank alone under a tape over both, and the tape reduces
+with op=hvd.Min: the graph's check of the reduced placeholder (core.placement) must refuse both."""
 
 import os
 import tempfile
@@ -10,15 +12,17 @@ import tensorflow as tf
 
 from sparsecomm.tensorflow import RandomBlock, TopK
 
-hvd.init()
+alone = [hvd.ProcessSet([0]), hvd.ProcessSet([1])]  # each rank's set of itself
+hvd.init(process_sets=alone)
 
 
-def stepper(w, compression):
+def stepper(w, compression, op=hvd.Average):
     @tf.function
     def step():
         with tf.GradientTape() as tape:
             loss = tf.reduce_sum(w * w)
-        (grad,) = hvd.DistributedGradientTape(tape, compression=compression).gradient(loss, [w])
+        tape = hvd.DistributedGradientTape(tape, compression=compression, op=op)
+        (grad,) = tape.gradient(loss, [w])
         w.assign_sub(0.1 * grad)
 
     return step
@@ -30,6 +34,9 @@ def attempt(case, step):
         print(f"rank {hvd.rank()}: {case}trained")
     except ValueError as error:
         print(f"rank {hvd.rank()}: {case}ValueError: {error}")
+    except tf.errors.InvalidArgumentError as error:  # a check in the graph
+        said = [line for line in error.message.splitlines() if "sparsecomm" not in line and ": " in line]
+        print(f"rank {hvd.rank()}: {case}InvalidArgumentError: {said[0] if said else error.message}")
 
 
 for ratio in (0.1, 0.1 if hvd.rank() == 0 else 0.2):
@@ -51,3 +58,17 @@ for case, restored in (("different steps: ", 1 if hvd.rank() == 0 else 3), ("one
     if restored is not None:
         tf.train.Checkpoint(w=w, compression=compression).read(saved[restored]).assert_consumed()
     attempt(case, stepper(w, compression))
+
+# The graph's check of the reduced placeholder (core.placement): each rank's compressor over the
+# rank alone under a tape over both (each would average alone), and an op that is neither Sum
+# nor Average.
+w = tf.Variable(tf.ones([64, 32]))
+attempt(
+    "compressor alone: ",
+    stepper(w, TopK(exchange="allgather", ratio=0.1, variables=[w], process_set=alone[hvd.rank()])),
+)
+w = tf.Variable(tf.ones([64, 32]))
+attempt("op Min: ", stepper(w, TopK(exchange="allgather", ratio=0.1, variables=[w]), op=hvd.Min))
+# Horovod shuts every rank down as soon as one finishes: a rank still running a collective
+# would see its process set gone. All ranks meet here.
+hvd.allreduce(tf.zeros([1]), name="done")
