@@ -81,10 +81,16 @@ def write_emulated_sources(out_dir):
 
 
 def inputs_key(files, *extra):
-    """A hash of what a build reads: the compiler's version, every file of csrc/ and `files` (their
-    paths and bytes), and the strings `extra` (flags, versions)."""
+    """A hash of what a build reads: the compiler's version, every file of csrc/ but the TF binding
+    and the notes (neither the driver nor the torch binding reads them) and `files` (their paths
+    and bytes), and the strings `extra` (flags, versions)."""
     digest = hashlib.sha256(subprocess.run(["g++", "--version"], capture_output=True).stdout)
-    sources = glob.glob(os.path.join(ROOT, "csrc", "**"), recursive=True)
+    unread = os.path.join(ROOT, "csrc", "tensorflow", "")
+    sources = [
+        path
+        for path in glob.glob(os.path.join(ROOT, "csrc", "**"), recursive=True)
+        if not path.startswith(unread) and not path.endswith(".md")
+    ]
     for path in sorted(sources) + list(files):
         if os.path.isfile(path):
             with open(path, "rb") as f:

@@ -6,9 +6,9 @@ tests/cuda_emulation/driver.cpp runs every launcher of csrc/cuda/launchers.h and
 the same inputs and compares every output and state buffer bit for bit (NaN payloads aside).
 
 About 50 s on the project's 2-core machine when idle: the two builds in parallel (~17 s; a
-later session reuses them while csrc/, the driver, its flags and g++ stay the same), then the
-runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024 threads at every barrier, ASan
-~4 s). docs/kernels.md says what this proves and what it cannot.
+later session reuses them while csrc/ (its TF binding and notes aside), the driver, its flags
+and g++ stay the same), then the runs (ThreadSanitizer ~30 s: 2 cores switch between up to 1024
+threads at every barrier, ASan ~4 s). docs/kernels.md says what this proves and what it cannot.
 
 The torch CUDA binding (csrc/torch/cuda.cpp) on the same emulation is tested by the op tests
 themselves, on their "cuda-emulated" device (tests/conftest.py,
