@@ -115,14 +115,13 @@ class Landed:
 class InGraph(Exchange):
     """An exchange that runs inside compress (start), finished in decompress."""
 
-    def finish(self, output, landed):
-        """The result scaled by output / M, in the gradient's dtype and shape. Sparse (values and
-        index): sparse_unpack reads output as its scale, so the zeroing, the adds and the scaling
-        are one pass, as torch's. A dense stage's float32 sum: times the scale, rounded once (the
-        same arithmetic). `dense` None: every stage is sparse; `values` None: every stage is
-        dense; both given: the stage that ran says (a 0-element dense: sparse)."""
+    def finish(self, scale, landed):
+        """The result times `scale` / M, in the gradient's dtype and shape (`scale`: checked_scale's
+        one element). Sparse (values and index): sparse_unpack reads the scale, so the zeroing, the
+        adds and the scaling are one pass, as torch's. A dense stage's float32 sum: times the
+        scale, rounded once (the same arithmetic). `dense` None: every stage is sparse; `values`
+        None: every stage is dense; both given: the stage that ran says (a 0-element dense: sparse)."""
         values, index, dense, wire = landed.values, landed.index, landed.dense, landed.wire
-        scale = tf.reshape(output, [-1])[:1]
         sparse = lambda: ops.sparse_unpack(values, index, wire.numel, scale, divisor=wire.ranks)  # noqa: E731
         summed = lambda: tf.cast(dense * (scale[0] / float(wire.ranks)), wire.dtype)  # noqa: E731
         if dense is None:
