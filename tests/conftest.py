@@ -85,8 +85,9 @@ def _built_sched_yield():
 # that the other's ranks keep off the cores. Every other file is a group of its own (a module's
 # fixtures run once), handed to whichever worker is free: the tools' files (builds, installs, the
 # benchmark's runs) first, then the single-process files, then the LATE multi-rank files, short
-# torch launches that a worker out of other work takes beside the group's last launches. (xdist's
-# own xdist_group marks rename node ids, which pytest 9 no longer allows.)
+# torch launches that a worker out of other work takes beside the group's last launches. The
+# elastic files end the group: a failure run's survivors wait out Gloo's time-out, idle time that
+# the late files use. (xdist's own xdist_group marks rename node ids, which pytest 9 no longer allows.)
 MULTIRANK = "tests/multirank/"
 ORDER = (MULTIRANK, "tests/tools/")
 LATE = tuple(
@@ -102,6 +103,7 @@ LATE = tuple(
         "multirank_torch_nonfinite",
     )
 )
+ENDING = (f"{MULTIRANK}test_elastic_keras.py", f"{MULTIRANK}test_elastic.py")
 
 
 def _group(nodeid):
@@ -112,10 +114,13 @@ def _group(nodeid):
 
 
 def _rank(nodeid):
-    """Where a test's group stands in the order the scheduler hands groups out."""
-    if nodeid.split("::")[0] in LATE:
-        return len(ORDER) + 1
-    return next((i for i, prefix in enumerate(ORDER) if nodeid.startswith(prefix)), len(ORDER))
+    """Where a test's group stands in the order the scheduler hands groups out, and where its
+    file stands in its group (the ENDING files last)."""
+    path = nodeid.split("::")[0]
+    if path in LATE:
+        return len(ORDER) + 1, 0
+    group = next((i for i, prefix in enumerate(ORDER) if nodeid.startswith(prefix)), len(ORDER))
+    return group, ENDING.index(path) + 1 if path in ENDING else 0
 
 
 @pytest.hookimpl(optionalhook=True)  # an environment without xdist runs the op tests too (test_install.py)
