@@ -24,16 +24,16 @@ def per_rank(compressor, tensor, state, overflow=None):
         outcome = tf.switch_case(tf.cast(stage, tf.int32), stages)
     values, index, dense, residual, momentum, count, sent, received = outcome
     with tf.control_dependencies(state.updates(residual, momentum, True)):
-        placeholder = exchange.placeholder(state.variable_name, compressor.collective_set())
+        placeholder = exchange.placeholder(state.variable_name, wire.process_set)
     placeholder = state.counted(placeholder, count, sent, received)
     if "dense" not in routes:
         dense = None
     elif routes.count("dense") == len(routes):
         values = index = None
     landed = Landed(values, index, dense, residual, wire)
-    owner, ranks, given = compressor.method.owner, compressor.collective_set(), compressor.process_set
+    owner, given = compressor.method.owner, compressor.process_set
     return placeholder, lambda output: IN_GRAPH[routes[-1]].finish(
-        exchange.checked_scale(output, owner, ranks, given), landed
+        exchange.checked_scale(output, owner, wire.process_set, given), landed
     )
 
 
