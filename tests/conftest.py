@@ -245,6 +245,20 @@ def pytest_terminal_summary(terminalreporter):
 
 
 @pytest.fixture
+def tf_horovod():
+    """horovod.tensorflow, initialized for one in-process test and shut down after it: Horovod
+    0.28.1's library of one framework, loaded after the other's hvd.init(), breaks that one's
+    process sets ("Horovod has not been initialized"), and a later test of this process may load
+    it. mpi4py starts MPI first, so that Horovod's shutdown leaves MPI up for the next init."""
+    import horovod.tensorflow as hvd
+    from mpi4py import MPI  # noqa: F401
+
+    hvd.init()
+    yield hvd
+    hvd.shutdown()
+
+
+@pytest.fixture
 def one_thread():
     """The multi-rank workers compute on one thread: so does a simulation compared with them bit
     for bit, for the same float sums."""

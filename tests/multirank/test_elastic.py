@@ -51,13 +51,11 @@ def test_tf_compressors_follow_a_worker_joining_and_leaving(shrink, recipe, tmp_
     )
 
 
-def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
-    import horovod.tensorflow as hvd
+def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch, tf_horovod):
     import tensorflow as tf
 
     from sparsecomm.tensorflow import TopK
 
-    hvd.init()
     monkeypatch.setenv("HOROVOD_ELASTIC", "1")
     w = tf.Variable(tf.ones([64, 64]))
     compression = TopK(ratio=0.1, exchange="allgather", variables=[("w", w)])
@@ -73,15 +71,13 @@ def test_a_tf_step_traced_for_other_ranks_refuses_to_run(monkeypatch):
         step()
 
 
-def test_a_reset_by_elastic_run_makes_the_next_tf_trace_adopt_rank_0s_steps(monkeypatch):
+def test_a_reset_by_elastic_run_makes_the_next_tf_trace_adopt_rank_0s_steps(monkeypatch, tf_horovod):
     # A worker replaced at the same number of ranks, without track: only elastic.run's reset says so.
-    import horovod.tensorflow as hvd
     import tensorflow as tf
 
     from sparsecomm.core import agreement
     from sparsecomm.tensorflow import RandomBlock, elastic
 
-    hvd.init()
     w = tf.Variable(tf.ones([64, 64]))
     compression = RandomBlock(ratio=0.1, variables=[("w", w)], min_numel=0)
     monkeypatch.setattr(type(compression), "_ranks", lambda self: 2)

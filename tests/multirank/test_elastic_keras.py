@@ -45,13 +45,11 @@ def test_keras3_state_follows_a_worker_joining_and_leaving(shrink, tmp_path):
 
 
 @pytest.fixture
-def keras_parts():
-    import horovod.tensorflow as hvd
+def keras_parts(tf_horovod):
     import keras
 
     import sparsecomm.tensorflow as sctf
 
-    hvd.init()
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(4), keras.layers.Dense(3)])
     compression = sctf.TopK(  # every variable sparse (the 3-element bias's 1 row and marker are not smaller)
         ratio=0.25,
