@@ -21,6 +21,9 @@ def pytest_configure(config):
     # OpenMP threads (torch's and the CPU kernels') sleep once their parallel region is done
     # instead of spinning for it: the cores they would spin on run other tests' ranks.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    # Horovod's background thread cycles every millisecond, idle or not; every 5 ms, a launch's
+    # ranks leave more of the cores to the other worker (docs/testing.md).
+    os.environ.setdefault("HOROVOD_CYCLE_TIME", "5")
 
 
 def pytest_unconfigure(config):
