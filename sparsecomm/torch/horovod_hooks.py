@@ -140,9 +140,12 @@ class HorovodHooks:
     def _marked(self, placeholder, ctx):
         """A placeholder of the step of a settings check (until its first decompress) becomes
         core.placement's marker: every rank checks at the same compress, so all hand markers."""
-        if not (self._marking and exchange.horovod().is_initialized()):  # (the flag first: once a tensor)
+        if not self._marking:  # every tensor but those of a settings check's step
             return placeholder, ctx
-        mark = placement.marker(exchange.horovod().rank(), self.collectives.process_set().ranks)
+        hvd = exchange.horovod()
+        if not hvd.is_initialized():
+            return placeholder, ctx
+        mark = placement.marker(hvd.rank(), self.collectives.process_set().ranks)
         return torch.tensor(mark, dtype=torch.float32, device=placeholder.device), Marked(ctx)
 
     def _may_wait(self):
