@@ -5,6 +5,7 @@ under test."""
 
 import argparse
 import functools
+import gc
 import hashlib
 import importlib
 import os
@@ -12,6 +13,11 @@ import sys
 import time
 
 import numpy as np
+
+# The workers beside this file are short jobs whose imports (torch or TF, Horovod) make most of
+# their objects, which each full collection walks (docs/testing.md); soak.py sets the defaults back.
+if os.path.dirname(os.path.abspath(sys.argv[0])) == os.path.dirname(os.path.abspath(__file__)):
+    gc.set_threshold(100_000, 50, 100)
 
 BATCH = 16
 # the file where digits() are saved, if any (save_digits)
