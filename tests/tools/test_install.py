@@ -156,7 +156,7 @@ def install_sdist(python, venv, sdist, **extra_env):
     builds in a temporary folder, which ccache's paths are made relative to."""
     cache = venv / "pip-cache"
     env = dict(venv_env(venv), PIP_CACHE_DIR=str(cache), **extra_env)
-    env.update(compile_cache.env_for(tempfile.gettempdir(), env["PATH"]))
+    env.update(compile_cache.env_for(tempfile.gettempdir(), env["PATH"], unhashed_include=venv / "include"))
     proc = run([python, "-m", "pip", *INSTALL, sdist], cwd=venv, env=env)
     assert glob.glob(str(cache / "**" / "sparsecomm-*.whl"), recursive=True) == [], "pip cached the build"
     return proc
