@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 # The workers beside this file are short jobs whose imports (torch or TF, Horovod) make most of
-# their objects, which each full collection walks (docs/testing.md); soak.py sets the defaults back.
+# their objects, which each full collection walks (docs/testing.md); soak.py sets Python's back.
+PYTHON_GC_THRESHOLDS = gc.get_threshold()
 if os.path.dirname(os.path.abspath(sys.argv[0])) == os.path.dirname(os.path.abspath(__file__)):
     gc.set_threshold(100_000, 50, 100)
 

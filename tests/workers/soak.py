@@ -31,7 +31,7 @@ parser.add_argument("--lr", type=float, default=0.1)
 parser.add_argument("--leak", default=None)
 parser.add_argument("--only", nargs="*", help="these compressors only (default: all)")
 args = parser.parse_args()
-gc.set_threshold(700, 10, 10)  # Python's defaults (common.py raises them): memory as a user's process holds it
+gc.set_threshold(*common.PYTHON_GC_THRESHOLDS)  # common.py raises them: memory as a user's process holds it
 PAGE = os.sysconf("SC_PAGE_SIZE")
 RATIO = 0.05
 KEPT = []  # what --leak keeps
